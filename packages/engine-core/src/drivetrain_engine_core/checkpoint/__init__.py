@@ -1,0 +1,27 @@
+"""The on-disk checkpoint layout shared by every backend and by ckpt-tools (ARCHITECTURE §5)."""
+
+from .layout import (
+    LATEST_FILE,
+    complete_steps,
+    prune_old_steps,
+    publish_step,
+    resolve_step_dir,
+    step_dir_name,
+    temporary_step_dir,
+)
+from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
+
+__all__ = [
+    "LATEST_FILE",
+    "MANIFEST_FILE",
+    "Manifest",
+    "complete_steps",
+    "prune_old_steps",
+    "publish_step",
+    "read_manifest",
+    "resolve_step_dir",
+    "step_dir_name",
+    "temporary_step_dir",
+    "verify_files",
+    "write_manifest",
+]

@@ -1,0 +1,115 @@
+"""``manifest.json``: written last into a step directory, it is what makes a step complete.
+
+It records which backend and world size wrote the step, what model it holds, and the size and SHA-256 of
+every file, so that a missing or truncated shard is found before any tensor is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+
+MANIFEST_FILE = "manifest.json"
+FORMAT = "drivetrain-checkpoint/1"
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(kw_only=True, frozen=True)
+class Manifest:
+    """Everything a reader needs to know about a step before opening its shards.
+
+    Attributes:
+        backend: engine backend that wrote the step (selects the merger).
+        global_step: training step the state belongs to.
+        world_size: number of ranks that wrote it.
+        model_type: ``language_model`` or ``value_model``.
+        model_path: the Hugging Face directory the model was built from (config, tokenizer).
+        lora: the LoRA config as a dict, or ``None``.
+        backend_info: backend layout details (parallel sizes, state-dict format).
+        files: relative path -> ``{"size": int, "sha256": str}`` for every file of the step.
+    """
+
+    backend: str
+    global_step: int
+    world_size: int
+    model_type: str
+    model_path: str
+    lora: dict[str, Any] | None = None
+    backend_info: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format: str = FORMAT
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, read in chunks so that large shards never sit in memory whole."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def describe_files(step_dir: Path) -> dict[str, dict[str, Any]]:
+    """Size and digest of every file under ``step_dir`` except the manifest itself."""
+    described = {}
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
+        relative = path.relative_to(step_dir).as_posix()
+        if relative != MANIFEST_FILE:
+            described[relative] = {"size": path.stat().st_size, "sha256": file_digest(path)}
+    return described
+
+
+def write_manifest(step_dir: Path, manifest: Manifest) -> Manifest:
+    """Describe the step's files into ``manifest`` and write it atomically; returns the written manifest."""
+    complete = dataclasses.replace(manifest, files=describe_files(step_dir))
+    temporary = step_dir / f".{MANIFEST_FILE}.tmp"
+    temporary.write_text(json.dumps(dataclasses.asdict(complete), indent=2, sort_keys=True))
+    os.replace(temporary, step_dir / MANIFEST_FILE)
+    return complete
+
+
+def read_manifest(step_dir: Path | str) -> Manifest:
+    """Read a step's manifest.
+
+    Raises:
+        CheckpointError: the manifest is missing (an incomplete step) or unreadable.
+    """
+    path = Path(step_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} does not exist: {step_dir} is not a complete checkpoint step (a save was interrupted, "
+            "or the path is not a step directory). Pick a step listed by `drivetrain ckpt ls ROOT`."
+        )
+    try:
+        values = json.loads(path.read_text())
+        return Manifest(**values)
+    except (json.JSONDecodeError, TypeError) as e:
+        raise CheckpointError(f"{path} is not a valid drivetrain manifest: {e}") from e
+
+
+def verify_files(step_dir: Path | str, manifest: Manifest, *, checksums: bool = True) -> None:
+    """Check that every file the manifest lists exists with its size (and digest).
+
+    Raises:
+        CheckpointError: naming the first missing, truncated or altered file.
+    """
+    root = Path(step_dir)
+    for relative, expected in sorted(manifest.files.items()):
+        path = root / relative
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing (listed in {root / MANIFEST_FILE}).")
+        size = path.stat().st_size
+        if size != expected["size"]:
+            raise CheckpointError(
+                f"checkpoint file {path} has {size} bytes, the manifest says {expected['size']}: it is truncated "
+                "or was rewritten. Re-save the step or use another one."
+            )
+        if checksums and file_digest(path) != expected["sha256"]:
+            raise CheckpointError(f"checkpoint file {path} does not match its SHA-256 in the manifest: it is corrupt.")

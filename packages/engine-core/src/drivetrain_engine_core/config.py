@@ -1,0 +1,253 @@
+"""Typed, frozen configuration dataclasses shared by every engine backend.
+
+Backends subclass :class:`EngineConfig` in their own package to add their knobs (FSDP mesh sizes, Megatron
+parallel sizes, ...). Every check lives in ``__post_init__`` and its message names the field and the fix, so
+a wrong config fails before any process group or model is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+ModelType = Literal["language_model", "value_model"]
+MODEL_TYPES: tuple[str, ...] = ("language_model", "value_model")
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _require_choice(value: str, choices: tuple[str, ...], field_name: str) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{field_name}={value!r} is not supported; choose one of {list(choices)}.{hint}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class LoraConfig:
+    """Low-rank adapters (PEFT LoRA) applied to the model before sharding.
+
+    Attributes:
+        rank: adapter rank ``r``.
+        alpha: scaling numerator; the adapter output is scaled by ``alpha / rank``.
+        target_modules: module-name suffixes that receive adapters.
+        dropout: adapter dropout; keep 0 where results must be reproducible.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.rank > 0, f"lora.rank must be positive, got {self.rank}.")
+        _require(len(self.target_modules) > 0, "lora.target_modules must name at least one module.")
+        _require(0.0 <= self.dropout < 1.0, f"lora.dropout must be in [0, 1), got {self.dropout}.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ModelConfig:
+    """Which model to build and what it is used for.
+
+    Attributes:
+        path: a local Hugging Face model directory (``config.json`` plus weights, tokenizer optional).
+        model_type: ``language_model`` (log-probs, entropy) or ``value_model`` (a scalar value per token).
+        from_config_only: build from ``config.json`` with freshly initialised weights instead of loading them.
+        trust_remote_code: forwarded to transformers.
+        lora: adapters to train instead of the full model; ``None`` trains every parameter.
+        gradient_checkpointing: recompute activations in backward to save memory.
+        use_remove_padding: run packed no-padding rows (``True``) or padded rows (``False``); results match.
+    """
+
+    path: str
+    model_type: ModelType = "language_model"
+    from_config_only: bool = False
+    trust_remote_code: bool = False
+    lora: LoraConfig | None = None
+    gradient_checkpointing: bool = False
+    use_remove_padding: bool = True
+
+    def __post_init__(self) -> None:
+        _require(bool(self.path), "model.path must name a local Hugging Face model directory.")
+        _require_choice(self.model_type, MODEL_TYPES, "model.model_type")
+
+
+@dataclass(kw_only=True, frozen=True)
+class MicroBatchConfig:
+    """How a batch is cut into micro-batches inside ``forward_backward_batch``.
+
+    Exactly one of the two limits is set. ``max_tokens`` selects dynamic batching: micro-batches are filled
+    up to that many tokens (a hard cap) and balanced by workload, with the same count on every data-parallel
+    rank.
+
+    Attributes:
+        micro_batch_size: sequences per micro-batch (fixed batching).
+        max_tokens: token budget per micro-batch (dynamic batching).
+    """
+
+    micro_batch_size: int | None = 1
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(
+            (self.micro_batch_size is None) != (self.max_tokens is None),
+            "micro_batch: set exactly one of micro_batch_size (fixed) or max_tokens (dynamic), "
+            f"got micro_batch_size={self.micro_batch_size}, max_tokens={self.max_tokens}.",
+        )
+        if self.micro_batch_size is not None:
+            _require(self.micro_batch_size > 0, f"micro_batch.micro_batch_size must be > 0, got {self.micro_batch_size}.")
+        if self.max_tokens is not None:
+            _require(self.max_tokens > 0, f"micro_batch.max_tokens must be > 0, got {self.max_tokens}.")
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether micro-batches are sized by a token budget rather than a sequence count."""
+        return self.max_tokens is not None
+
+
+@dataclass(kw_only=True, frozen=True)
+class EngineConfig:
+    """Backend-independent engine settings; backends subclass this to add their own.
+
+    Attributes:
+        backend: registered backend name (``fsdp``, ``megatron``, ...).
+        device: device type the model runs on (``cpu``, ``cuda``, ...); never hard-coded in a backend.
+        param_dtype: dtype of compute (mixed precision); master weights stay float32.
+        micro_batch: micro-batching policy.
+        param_offload: keep parameters on CPU outside ``train_mode``/``eval_mode``.
+        optimizer_offload: keep optimizer state on CPU outside ``train_mode``.
+        seed: seed for model initialisation and dropout.
+        dist_timeout_s: timeout of collective operations, so that a failed rank never hangs the others forever.
+    """
+
+    backend: str = "fsdp"
+    device: str = "cpu"
+    param_dtype: str = "float32"
+    micro_batch: MicroBatchConfig = field(default_factory=MicroBatchConfig)
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    seed: int = 0
+    dist_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _require(bool(self.backend), "engine.backend must name an installed backend, e.g. 'fsdp'.")
+        _require(bool(self.device), "engine.device must name a device type, e.g. 'cpu' or 'cuda'.")
+        _require_choice(self.param_dtype, DTYPES, "engine.param_dtype")
+        _require(self.dist_timeout_s > 0, f"engine.dist_timeout_s must be > 0, got {self.dist_timeout_s}.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class OptimizerConfig:
+    """AdamW with an LR schedule of linear warm-up then constant or cosine decay.
+
+    Attributes:
+        lr: peak learning rate.
+        betas, eps, weight_decay: AdamW hyper-parameters.
+        clip_grad: max global grad norm; ``None`` disables clipping (the norm is still reported).
+        lr_schedule: ``constant`` or ``cosine`` after warm-up.
+        warmup_steps: steps of linear warm-up from 0 to ``lr``.
+        total_steps: schedule length; required by ``cosine``.
+        min_lr_ratio: cosine floor as a fraction of ``lr``.
+    """
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    clip_grad: float | None = 1.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.lr >= 0, f"optimizer.lr must be >= 0, got {self.lr}.")
+        _require_choice(self.lr_schedule, LR_SCHEDULES, "optimizer.lr_schedule")
+        _require(self.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}.")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
+        if self.clip_grad is not None:
+            _require(self.clip_grad > 0, f"optimizer.clip_grad must be > 0 or None, got {self.clip_grad}.")
+        if self.lr_schedule == "cosine":
+            _require(
+                self.total_steps is not None and self.total_steps > self.warmup_steps,
+                "optimizer.lr_schedule='cosine' needs optimizer.total_steps greater than warmup_steps, "
+                f"got total_steps={self.total_steps}, warmup_steps={self.warmup_steps}.",
+            )
+
+
+@dataclass(kw_only=True, frozen=True)
+class CheckpointConfig:
+    """What a checkpoint holds and how many are kept.
+
+    Attributes:
+        save_optimizer: include optimizer state (needed to resume training, not to export weights).
+        max_ckpt_to_keep: keep the newest N complete steps; ``None`` keeps all.
+    """
+
+    save_optimizer: bool = True
+    max_ckpt_to_keep: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_ckpt_to_keep is not None:
+            _require(self.max_ckpt_to_keep > 0, f"checkpoint.max_ckpt_to_keep must be > 0, got {self.max_ckpt_to_keep}.")
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+def config_from_dict(cls: type[ConfigT], values: dict[str, Any], *, where: str = "") -> ConfigT:
+    """Build a (possibly nested) config dataclass from plain values, as read from YAML.
+
+    Unknown keys are an error that lists the known ones and the closest match; nested dataclass fields are
+    built recursively and lists become tuples, so YAML files map one-to-one onto the dataclasses.
+
+    Raises:
+        ConfigError: a key is unknown or a value fails validation.
+    """
+    prefix = where or cls.__name__
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(known), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown option {prefix}.{unknown[0]}; known options: {sorted(known)}.{hint}")
+    kwargs: dict[str, Any] = {}
+    for name, value in values.items():
+        kwargs[name] = _coerce(known[name], value, f"{prefix}.{name}")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{prefix}: {e}") from e
+
+
+def _coerce(config_field: dataclasses.Field, value: Any, where: str) -> Any:
+    nested = _nested_dataclass(config_field)
+    if nested is not None and isinstance(value, dict):
+        return config_from_dict(nested, value, where=where)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _nested_dataclass(config_field: dataclasses.Field) -> type | None:
+    """The dataclass type a field holds (``X`` or ``X | None``), resolved from its default or annotation."""
+    if config_field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        default = config_field.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(default):
+            return type(default)
+    annotation = str(config_field.type)
+    for candidate in (LoraConfig, MicroBatchConfig):
+        if candidate.__name__ in annotation:
+            return candidate
+    return None

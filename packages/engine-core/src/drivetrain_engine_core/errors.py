@@ -1,0 +1,28 @@
+"""Exception types shared by every drivetrain package, so callers can catch one family per kind of mistake."""
+
+from __future__ import annotations
+
+from .config import ConfigError
+
+
+class DrivetrainError(Exception):
+    """Base class of drivetrain's own errors."""
+
+
+class EngineStateError(DrivetrainError, RuntimeError):
+    """An engine method was called in a state that does not allow it (not initialised, wrong mode, ...)."""
+
+
+class BatchError(DrivetrainError, ValueError):
+    """A batch does not follow the no-padding data format; the message names the field and the fix."""
+
+
+class CheckpointError(DrivetrainError, RuntimeError):
+    """A checkpoint is incomplete, corrupt or incompatible; the message names the file."""
+
+
+class PluginError(DrivetrainError, LookupError):
+    """A plugin, engine, role or merger could not be found or loaded."""
+
+
+__all__ = ["BatchError", "CheckpointError", "ConfigError", "DrivetrainError", "EngineStateError", "PluginError"]

@@ -1,0 +1,72 @@
+"""Types that cross the boundary between the engine, the loss function and the caller."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from tensordict import TensorDict
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """What a loss function needs beyond the micro-batch to normalise globally.
+
+    Losses divide by ``global_token_count`` (loss-mask tokens in the whole mini-batch, summed over all
+    data-parallel ranks) or ``global_sequence_count``, never by micro-batch sizes, so loss and gradient are the
+    same whatever the micro-batching, dynamic batching or data-parallel size.
+
+    Attributes:
+        global_token_count: loss-mask tokens of the mini-batch over every data-parallel rank.
+        global_sequence_count: sequences of the mini-batch over every data-parallel rank.
+        data_parallel_size: number of data-parallel ranks.
+        micro_batch_index: index of the micro-batch on this rank.
+        num_micro_batches: micro-batches on this rank (equal on every rank).
+    """
+
+    global_token_count: int
+    global_sequence_count: int
+    data_parallel_size: int
+    micro_batch_index: int = 0
+    num_micro_batches: int = 1
+
+
+LossFn = Callable[[TensorDict, TensorDict, LossContext], tuple[torch.Tensor, dict[str, float]]]
+"""``loss_fn(model_output, micro_batch, context) -> (loss, metrics)``.
+
+``model_output`` holds jagged per-token ``log_probs`` (and ``entropy`` when asked) for language models or
+``values`` for value models, aligned with ``micro_batch["input_ids"]``: position ``i`` scores token ``i``
+given the tokens before it (position 0 of every sequence is 0). ``loss`` is this micro-batch's
+contribution to the global mini-batch loss (a scalar); ``metrics`` are plain floats.
+"""
+
+
+@dataclass
+class MicroBatchResult:
+    """What a backend returns for one micro-batch (in micro-batch order).
+
+    Attributes:
+        outputs: per-token outputs as jagged tensors, ``None`` on ranks that hold no outputs.
+        loss: the detached, unscaled loss contribution, ``None`` without a loss function or output.
+        metrics: metrics returned by the loss function.
+    """
+
+    outputs: TensorDict | None
+    loss: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ForwardBackwardOutput:
+    """Result of ``forward_backward_batch`` / ``train_batch`` / ``infer_batch``.
+
+    Attributes:
+        outputs: per-token outputs in the caller's sample order (``None`` where ``is_output_rank`` is false).
+        loss: the mini-batch loss over all data-parallel ranks, or ``None`` without a loss function.
+        metrics: per-micro-batch metric values keyed by name, plus engine metrics (``grad_norm``, ``lr``).
+    """
+
+    outputs: TensorDict | None
+    loss: float | None
+    metrics: dict[str, list[float] | float] = field(default_factory=dict)
