@@ -10,16 +10,21 @@ from .layout import (
     temporary_step_dir,
 )
 from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
+from .merger import AUTO_CLASSES, PEFT_PREFIX, CheckpointMerger, split_peft_name
 
 __all__ = [
+    "AUTO_CLASSES",
     "LATEST_FILE",
     "MANIFEST_FILE",
+    "PEFT_PREFIX",
+    "CheckpointMerger",
     "Manifest",
     "complete_steps",
     "prune_old_steps",
     "publish_step",
     "read_manifest",
     "resolve_step_dir",
+    "split_peft_name",
     "step_dir_name",
     "temporary_step_dir",
     "verify_files",
