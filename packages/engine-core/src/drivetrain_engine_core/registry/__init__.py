@@ -1,0 +1,20 @@
+"""Typed registrars that plugin hooks fill: engines, roles and checkpoint mergers."""
+
+from .base import KeyedRegistry, Registration
+from .engines import ANY_DEVICE, EngineEntry, EngineRegistry
+from .mergers import CheckpointMergerRegistry
+from .roles import NamedEntry, RoleRegistry
+from .source import DIRECT_SOURCE, PluginSource
+
+__all__ = [
+    "ANY_DEVICE",
+    "DIRECT_SOURCE",
+    "CheckpointMergerRegistry",
+    "EngineEntry",
+    "EngineRegistry",
+    "KeyedRegistry",
+    "NamedEntry",
+    "PluginSource",
+    "Registration",
+    "RoleRegistry",
+]
