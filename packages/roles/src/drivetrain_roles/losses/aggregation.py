@@ -1,0 +1,94 @@
+"""Per-token tensors to one scalar, normalised by the *global* mini-batch counts.
+
+Every loss of this package is a sum over tokens (or sequences) of the micro-batch divided by a count of the
+whole mini-batch over every data-parallel rank (:class:`~drivetrain_engine_core.outputs.LossContext`). Summing
+the micro-batch results therefore gives the mini-batch loss exactly, whatever the micro-batching, dynamic
+batching or data-parallel size, and so does the gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from drivetrain_engine_core.outputs import LossContext
+
+AggregationMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+AGGREGATION_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def check_aggregation_mode(mode: str) -> None:
+    """Raise ``ValueError`` naming the valid modes when ``mode`` is not one of them."""
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(
+            f"loss aggregation mode {mode!r} is not supported; choose one of {list(AGGREGATION_MODES)}."
+        )
+
+
+@dataclass(frozen=True)
+class FlatTokens:
+    """The flat view of jagged per-token tensors that share one layout.
+
+    Attributes:
+        mask: float ``(total_tokens,)`` loss mask (1 where the token is trained on).
+        offsets: ``(num_sequences + 1,)`` start of each sequence in the flat tensors.
+    """
+
+    mask: torch.Tensor
+    offsets: torch.Tensor
+
+    @classmethod
+    def from_jagged(cls, loss_mask: torch.Tensor) -> FlatTokens:
+        """Read the layout from a jagged ``loss_mask`` (ragged dim 1, ARCHITECTURE §4)."""
+        return cls(mask=loss_mask.values().float(), offsets=loss_mask.offsets())
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.offsets.numel() - 1)
+
+    def sequence_ids(self) -> torch.Tensor:
+        """``(total_tokens,)`` index of the sequence each token belongs to."""
+        lengths = self.offsets.diff()
+        return torch.repeat_interleave(torch.arange(self.num_sequences, device=lengths.device), lengths)
+
+    def per_sequence_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``(num_sequences,)`` masked sum of ``values`` within each sequence (differentiable)."""
+        sums = torch.zeros(self.num_sequences, dtype=values.dtype, device=values.device)
+        return sums.index_add(0, self.sequence_ids().to(values.device), values * self.mask.to(values.dtype))
+
+
+def flat_values(tensor: torch.Tensor) -> torch.Tensor:
+    """The flat ``(total_tokens, ...)`` values of a jagged tensor; dense tensors pass through."""
+    return tensor.values() if tensor.is_nested else tensor
+
+
+def aggregate(
+    values: torch.Tensor, tokens: FlatTokens, context: LossContext, mode: str = "token-mean"
+) -> torch.Tensor:
+    """This micro-batch's contribution to the mini-batch aggregate of per-token ``values``.
+
+    Args:
+        values: flat ``(total_tokens,)`` per-token values.
+        tokens: the micro-batch's mask and sequence layout.
+        context: the global counts.
+        mode: ``token-mean`` (masked sum / global loss tokens), ``seq-mean-token-sum`` (per-sequence masked
+            sums, summed and divided by the global sequence count) or ``seq-mean-token-mean`` (per-sequence
+            masked means, likewise; a sequence without loss tokens counts as 0).
+
+    Returns:
+        A scalar; the sum over every micro-batch on every rank is the mini-batch aggregate.
+    """
+    check_aggregation_mode(mode)
+    if mode == "token-mean":
+        return (values * tokens.mask.to(values.dtype)).sum() / max(context.global_token_count, 1)
+    per_sequence = tokens.per_sequence_sum(values)
+    if mode == "seq-mean-token-mean":
+        counts = tokens.per_sequence_sum(torch.ones_like(values)).clamp(min=1.0)
+        per_sequence = per_sequence / counts
+    return per_sequence.sum() / max(context.global_sequence_count, 1)
+
+
+def masked_fraction(condition: torch.Tensor, tokens: FlatTokens, context: LossContext) -> float:
+    """Contribution of this micro-batch to the global fraction of loss tokens where ``condition`` holds."""
+    return float(aggregate(condition.detach().float(), tokens, context, "token-mean"))

@@ -1,0 +1,50 @@
+"""Estimators of KL(pi || pi_ref) per token from the two log-probabilities of the sampled token.
+
+With ``delta = log pi_ref - log pi`` (sampled from pi): ``k1 = -delta`` is unbiased but high-variance and can
+be negative; ``k2 = delta**2 / 2`` is low-variance but biased; ``k3 = exp(delta) - 1 - delta`` (the "low
+variance" estimator) is unbiased and always >= 0. See J. Schulman, "Approximating KL Divergence" (2020).
+"""
+
+from __future__ import annotations
+
+import torch
+
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+K3_CLAMP = 10.0
+"""k3 is clamped to [-10, 10] per token: one token whose ratio explodes must not dominate the batch."""
+
+
+def canonical_estimator(name: str) -> str:
+    """Map aliases (``kl``, ``mse``, ``low_var_kl``) to ``k1``/``k2``/``k3``.
+
+    Raises:
+        ValueError: the estimator is unknown.
+    """
+    canonical = _ALIASES.get(name, name)
+    if canonical not in KL_ESTIMATORS:
+        raise ValueError(
+            f"KL estimator {name!r} is not supported; choose one of {list(KL_ESTIMATORS)} "
+            f"(aliases: {sorted(_ALIASES)})."
+        )
+    return canonical
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL estimate between the current policy and the reference.
+
+    Args:
+        log_probs: log pi of the sampled tokens (any shape).
+        ref_log_probs: log pi_ref of the same tokens.
+        estimator: ``k1``, ``k2`` or ``k3`` (or an alias).
+
+    Returns:
+        A tensor of the same shape as ``log_probs``.
+    """
+    estimator = canonical_estimator(estimator)
+    delta = ref_log_probs - log_probs
+    if estimator == "k1":
+        return -delta
+    if estimator == "k2":
+        return 0.5 * delta.square()
+    return (torch.exp(delta) - 1.0 - delta).clamp(min=-K3_CLAMP, max=K3_CLAMP)

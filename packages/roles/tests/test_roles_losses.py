@@ -1,0 +1,163 @@
+"""Each loss against hand-computed values, and its invariance to how a mini-batch is cut into pieces."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from drivetrain_engine_core.outputs import LossContext
+from drivetrain_roles.losses import (
+    PolicyLossConfig,
+    ValueLossConfig,
+    kl_penalty,
+    policy_loss_fn,
+    sft_loss_fn,
+    value_loss_fn,
+)
+from tensordict import TensorDict
+
+
+def jagged(rows: list[list[float]], requires_grad: bool = False) -> torch.Tensor:
+    return torch.nested.nested_tensor(
+        [torch.tensor(r, dtype=torch.float32) for r in rows], layout=torch.jagged, requires_grad=requires_grad
+    )
+
+
+def context_for(mask_rows: list[list[float]]) -> LossContext:
+    tokens = int(sum(sum(r) for r in mask_rows))
+    return LossContext(global_token_count=tokens, global_sequence_count=len(mask_rows), data_parallel_size=1)
+
+
+LOG_PROBS = [[0.0, -1.0, -2.0], [0.0, -0.5]]
+MASK = [[0.0, 1.0, 1.0], [0.0, 1.0]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        ("token-mean", 3.5 / 3),
+        ("seq-mean-token-sum", (3.0 + 0.5) / 2),
+        ("seq-mean-token-mean", (1.5 + 0.5) / 2),
+    ],
+)
+def test_sft_loss_matches_hand_computation(mode: str, expected: float) -> None:
+    output = TensorDict({"log_probs": jagged(LOG_PROBS)}, batch_size=[2])
+    batch = TensorDict({"loss_mask": jagged(MASK)}, batch_size=[2])
+    loss, _ = sft_loss_fn(mode)(output, batch, context_for(MASK))
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_sft_loss_rejects_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="seq-mean-token-mean"):
+        sft_loss_fn("mean")
+
+
+def test_policy_loss_matches_hand_computation() -> None:
+    # Four response tokens: clipped above (A>0), clipped below (A<0), dual-clipped (A<0, ratio 5), unclipped.
+    ratios = [1.5, 0.5, 5.0, 1.0]
+    advantages = [1.0, -1.0, -1.0, 2.0]
+    log_probs = [0.0, *[math.log(r) for r in ratios]]
+    output = TensorDict(
+        {"log_probs": jagged([log_probs]), "entropy": jagged([[0.0, 1.0, 2.0, 3.0, 4.0]])}, batch_size=[1]
+    )
+    mask = [[0.0, 1.0, 1.0, 1.0, 1.0]]
+    batch = TensorDict(
+        {
+            "loss_mask": jagged(mask),
+            "old_log_probs": jagged([[0.0] * 5]),
+            "advantages": jagged([[0.0, *advantages]]),
+            "ref_log_prob": jagged([[0.0, *[lp - 1.0 for lp in log_probs[1:]]]]),
+        },
+        batch_size=[1],
+    )
+    config = PolicyLossConfig(entropy_coeff=0.1, kl_loss_coef=0.5, kl_estimator="k1")
+    loss, metrics = policy_loss_fn(config)(output, batch, context_for(mask))
+    pg_loss = (-1.2 + 0.8 + 3.0 - 2.0) / 4
+    entropy = (1 + 2 + 3 + 4) / 4
+    kl = 1.0  # k1 = log pi - log pi_ref = 1 on every token
+    assert metrics["pg_loss"] == pytest.approx(pg_loss, rel=1e-6)
+    assert metrics["pg_clipfrac"] == pytest.approx(0.5)
+    assert metrics["pg_clipfrac_lower"] == pytest.approx(0.25)
+    assert metrics["approx_kl"] == pytest.approx(-sum(math.log(r) for r in ratios) / 4, rel=1e-6)
+    assert metrics["entropy"] == pytest.approx(entropy)
+    assert metrics["kl_loss"] == pytest.approx(kl)
+    assert loss.item() == pytest.approx(pg_loss - 0.1 * entropy + 0.5 * kl, rel=1e-6)
+
+
+def test_policy_loss_without_dual_clip_keeps_large_negative_advantage_loss() -> None:
+    output = TensorDict({"log_probs": jagged([[0.0, math.log(5.0)]]), "entropy": jagged([[0.0, 0.0]])}, [1])
+    batch = TensorDict(
+        {
+            "loss_mask": jagged([[0.0, 1.0]]),
+            "old_log_probs": jagged([[0.0, 0.0]]),
+            "advantages": jagged([[0.0, -1.0]]),
+        },
+        [1],
+    )
+    loss, _ = policy_loss_fn(PolicyLossConfig(clip_ratio_c=None))(output, batch, context_for([[0.0, 1.0]]))
+    assert loss.item() == pytest.approx(5.0, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "expected"),
+    [("k1", 1.0), ("k2", 0.5), ("k3", math.exp(-1.0)), ("low_var_kl", math.exp(-1.0))],
+)
+def test_kl_estimators_match_hand_computation(estimator: str, expected: float) -> None:
+    value = kl_penalty(torch.tensor([-1.0]), torch.tensor([-2.0]), estimator)
+    assert value.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_kl_rejects_unknown_estimator() -> None:
+    with pytest.raises(ValueError, match="k3"):
+        PolicyLossConfig(kl_estimator="k4")
+
+
+def test_value_loss_matches_hand_computation() -> None:
+    output = TensorDict({"values": jagged([[0.0, 1.0, 0.2]])}, [1])
+    mask = [[0.0, 1.0, 1.0]]
+    batch = TensorDict(
+        {
+            "loss_mask": jagged(mask),
+            "values": jagged([[0.0, 0.0, 0.0]]),
+            "returns": jagged([[0.0, 2.0, 0.0]]),
+        },
+        [1],
+    )
+    loss, metrics = value_loss_fn(ValueLossConfig(cliprange_value=0.5))(output, batch, context_for(mask))
+    # token 1: v clipped to 0.5 -> 0.5 * (0.5 - 2)^2 = 1.125 (clipped); token 2: 0.5 * 0.2^2 = 0.02.
+    assert loss.item() == pytest.approx((1.125 + 0.02) / 2, rel=1e-6)
+    assert metrics["vf_clipfrac"] == pytest.approx(0.5)
+
+
+def _sft_pieces(mode: str, log_probs: torch.Tensor, masks: list[list[float]], groups: list[list[int]]):
+    """Sum of the losses of ``groups`` of sequences, each with the global context, and the gradient."""
+    context = context_for(masks)
+    leaf = log_probs.clone().requires_grad_(True)
+    offsets = [0]
+    for row in masks:
+        offsets.append(offsets[-1] + len(row))
+    total = torch.zeros(())
+    for group in groups:
+        rows = [leaf[offsets[i] : offsets[i + 1]] for i in group]
+        output = TensorDict(
+            {"log_probs": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, [len(group)]
+        )
+        batch = TensorDict({"loss_mask": jagged([masks[i] for i in group])}, [len(group)])
+        loss, _ = sft_loss_fn(mode)(output, batch, context)
+        total = total + loss
+    total.backward()
+    return total.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_loss_and_gradient_do_not_depend_on_how_the_batch_is_split(mode: str) -> None:
+    torch.manual_seed(0)
+    masks = [[0, 0, 1, 1, 1], [0, 1], [0, 0, 0, 1, 1, 1, 1], [0, 1, 1]]
+    log_probs = -torch.rand(sum(len(m) for m in masks))
+    whole, whole_grad = _sft_pieces(mode, log_probs, masks, [[0, 1, 2, 3]])
+    # Micro-batches of two, uneven "dynamic" pieces, and two data-parallel shards of unequal token counts.
+    for groups in ([[0, 1], [2, 3]], [[2], [0, 3], [1]], [[0, 2, 3], [1]]):
+        total, grad = _sft_pieces(mode, log_probs, masks, groups)
+        torch.testing.assert_close(total, whole, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(grad, whole_grad, rtol=1e-6, atol=1e-7)
