@@ -1,0 +1,138 @@
+"""Build a megatron-core ``GPTModel`` from a Hugging Face config and weights through mbridge, and export back.
+
+mbridge 0.15.1 knows how Qwen2, Llama, ... map onto ``GPTModel``, but assumes Transformer Engine and
+transformers 4. Rather than patching it, :func:`make_bridge` subclasses the registered bridge class with
+:class:`_DrivetrainBridgeMixin`, which
+
+- builds the local (non-Transformer-Engine) layer spec with drivetrain's SDPA core attention
+  (:mod:`.attention`), whose norms are separate modules (``input_layernorm``, ``pre_mlp_layernorm``), and
+  maps those names onto the Hugging Face norm weights;
+- reads ``rope_theta`` from ``rope_parameters`` (transformers 5) and refuses RoPE scaling it cannot map;
+- pins the ``TransformerConfig`` values drivetrain relies on (sequence parallel off unless asked, per-token
+  loss summation, no fused kernels) through mbridge's own ``set_extra_args``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from mbridge import AutoBridge
+from mbridge.core.bridge import _MODEL_REGISTRY, Bridge
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+from transformers import PretrainedConfig
+
+from .attention import SdpaCoreAttention
+
+_NORM_MAPPING = {
+    "input_layernorm.weight": "model.layers.{layer}.input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "model.layers.{layer}.post_attention_layernorm.weight",
+}
+
+
+class _DrivetrainBridgeMixin:
+    """Overrides that adapt an mbridge LLM bridge to the local layer spec and transformers 5."""
+
+    hf_config: PretrainedConfig
+    config: Any
+    has_vp_stage = True  # megatron-core 0.16 layer specs take ``vp_stage``
+
+    def _get_transformer_layer_spec(self, vp_stage: int | None = None) -> Any:
+        spec = get_gpt_decoder_block_spec(
+            self.config, use_transformer_engine=False, normalization=self.config.normalization, vp_stage=vp_stage
+        )
+        spec = copy.deepcopy(spec)
+        for layer_spec in spec.layer_specs:
+            layer_spec.submodules.self_attention.submodules.core_attention = SdpaCoreAttention
+        return spec
+
+    def _get_gptmodel_args(self) -> dict[str, Any]:
+        return {
+            "vocab_size": self.hf_config.vocab_size,
+            "max_sequence_length": self.hf_config.max_position_embeddings,
+            "position_embedding_type": "rope",
+            "rotary_base": rope_theta(self.hf_config),
+        }
+
+    def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
+        for suffix, hf_name in _NORM_MAPPING.items():
+            if mcore_weights_name.startswith("decoder.layers.") and mcore_weights_name.endswith(suffix):
+                return [hf_name.format(layer=mcore_weights_name.split(".")[2])]
+        return super()._weight_name_mapping_mcore_to_hf(mcore_weights_name)  # type: ignore[misc]
+
+
+def rope_theta(hf_config: PretrainedConfig) -> float:
+    """The RoPE base of a transformers 4 or 5 config.
+
+    Raises:
+        ValueError: the config uses a RoPE scaling type that ``GPTModel``'s plain rotary embedding cannot express.
+    """
+    parameters = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = parameters.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(
+            f"rope_type={rope_type!r} in {hf_config.model_type} config is not supported by the megatron backend "
+            "(only 'default' RoPE maps onto GPTModel here); use the fsdp backend for this model."
+        )
+    theta = parameters.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ValueError(f"{hf_config.model_type} config has neither rope_parameters['rope_theta'] nor rope_theta.")
+    return float(theta)
+
+
+def bridge_class(hf_config: PretrainedConfig) -> type[Bridge]:
+    """drivetrain's subclass of the mbridge bridge registered for ``hf_config.model_type``.
+
+    Raises:
+        ValueError: mbridge has no bridge for this model type.
+    """
+    base = _MODEL_REGISTRY.get(hf_config.model_type)
+    if base is None:
+        raise ValueError(
+            f"model_type {hf_config.model_type!r} has no mbridge bridge; supported: "
+            f"{sorted(AutoBridge.list_supported_models())}. Use the fsdp backend for this model."
+        )
+    return type(f"Drivetrain{base.__name__}", (_DrivetrainBridgeMixin, base), {})
+
+
+def make_bridge(hf_config: PretrainedConfig, dtype: torch.dtype, transformer_overrides: dict[str, Any]) -> Bridge:
+    """A bridge for ``hf_config`` whose ``TransformerConfig`` carries ``transformer_overrides``.
+
+    Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
+    """
+    bridge = bridge_class(hf_config)(hf_config, dtype=dtype)
+    bridge.set_extra_args(**transformer_overrides)
+    return bridge
+
+
+def build_model_chunks(bridge: Bridge, vpp_size: int | None) -> list[torch.nn.Module]:
+    """One ``GPTModel`` per virtual-pipeline stage on this rank, with the right pre/post-process flags."""
+    from megatron.core import parallel_state as mpu
+
+    provider: Callable[..., torch.nn.Module] = bridge._model_provider([])
+    chunks = []
+    for stage in range(vpp_size or 1):
+        vp_stage = stage if vpp_size else None
+        chunk = provider(
+            pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage,
+        )
+        chunk.vp_stage = vp_stage
+        chunks.append(chunk)
+    return chunks
+
+
+def load_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module], model_path: str) -> None:
+    """Copy the Hugging Face safetensors weights under ``model_path`` into the (unwrapped) model chunks."""
+    with torch.no_grad():
+        bridge.load_weights(chunks, model_path)
+
+
+def export_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full tensor)`` for every weight, gathered over tensor and pipeline ranks (collective)."""
+    with torch.no_grad():
+        for name, tensor in bridge.export_weights(chunks):
+            yield name, tensor.detach().clone()

@@ -1,0 +1,69 @@
+"""``MegatronEngineConfig``: the Megatron-Core backend's parallel layout and options.
+
+Layout checks that need no process group are made here, so a wrong config fails at construction;
+device-dependent refusals (sequence parallel on CPU) are made by the engine's ``initialize``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drivetrain_engine_core.config import ConfigError, EngineConfig
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(kw_only=True, frozen=True)
+class MegatronEngineConfig(EngineConfig):
+    """Megatron-Core engine settings.
+
+    Attributes:
+        tensor_model_parallel_size: ranks that split each weight matrix (TP).
+        pipeline_model_parallel_size: ranks that split the layers into stages (PP).
+        virtual_pipeline_model_parallel_size: model chunks per pipeline rank (interleaved schedule), or
+            ``None``; needs ``pipeline_model_parallel_size > 1`` and layers divisible by PP x VPP.
+        context_parallel_size: ranks that split each sequence (CP); needs Transformer Engine attention.
+        sequence_parallel: shard activations along the sequence in TP regions; needs CUDA and TP > 1.
+        use_distributed_optimizer: shard optimizer state over data-parallel ranks (megatron's
+            DistributedOptimizer); checkpoints store it ``dp_reshardable``.
+        make_vocab_size_divisible_by: pad the vocabulary to a multiple of this times TP (``None``: no padding).
+    """
+
+    backend: str = "megatron"
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    make_vocab_size_divisible_by: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"engine.{name} must be an integer >= 1, got {value!r}.")
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None:
+            _require(
+                vpp >= 2 and self.pipeline_model_parallel_size >= 2,
+                "engine.virtual_pipeline_model_parallel_size needs pipeline_model_parallel_size >= 2 and a value "
+                f">= 2 (got vpp={vpp}, pp={self.pipeline_model_parallel_size}); set it to None to disable.",
+            )
+        _require(
+            not self.sequence_parallel or self.tensor_model_parallel_size > 1,
+            "engine.sequence_parallel=True needs tensor_model_parallel_size > 1; set sequence_parallel=False.",
+        )
+        if self.make_vocab_size_divisible_by is not None:
+            _require(
+                self.make_vocab_size_divisible_by >= 1,
+                f"engine.make_vocab_size_divisible_by must be >= 1 or None, got {self.make_vocab_size_divisible_by}.",
+            )
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks that hold one copy of the model: TP x PP x CP."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
