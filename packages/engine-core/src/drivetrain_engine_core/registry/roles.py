@@ -27,6 +27,9 @@ class NamedRegistry(KeyedRegistry):
     install_hint: str = ""
     """Install command suggested when a name is missing."""
 
+    required_base: str | None = None
+    """``"module:attr"`` of the class every target must subclass, imported only on ``get``."""
+
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(key[0] for key in self._entries)
@@ -57,7 +60,15 @@ class NamedRegistry(KeyedRegistry):
                 f"no {self.kind} named {name!r} is registered; registered: {registered or 'none'}.{hint} "
                 f"Install the plugin that provides it, e.g. {self.install_hint}."
             )
-        return resolve_target(registration.target, what=self.kind, source=registration.source)
+        cls = resolve_target(registration.target, what=self.kind, source=registration.source)
+        if self.required_base is not None:
+            base = resolve_target(self.required_base, what="base class", source=registration.source)
+            if not issubclass(cls, base):
+                raise PluginError(
+                    f"{self.kind} {registration.path}, registered by {registration.source.describe()}, does not "
+                    f"subclass {self.required_base.replace(':', '.')}."
+                )
+        return cls
 
 
 class RoleRegistry(NamedRegistry):

@@ -1,0 +1,110 @@
+"""The ``drivetrain`` command line: built-in ``plugins`` and ``engines`` listings, plus plugin commands.
+
+Plugins add sub-commands through the ``register_commands(cli)`` hook when the CLI first looks up a command.
+A plugin whose registration fails is reported on stderr and the other commands keep working. Errors users can
+fix (:class:`~.errors.DrivetrainError`, :class:`~.config.ConfigError`) end the command with a short message
+and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from .config import ConfigError
+from .errors import DrivetrainError
+from .plugins import DrivetrainPlugins, PluginInfo, plugins
+
+
+class DrivetrainGroup(click.Group):
+    """Root group that pulls in plugin commands on first lookup and turns user errors into messages."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._commands_from: DrivetrainPlugins | None = None
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._add_plugin_commands()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._add_plugin_commands()
+        return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (DrivetrainError, ConfigError) as e:
+            # One line, because click prints the message after "Error: " and users read it in a terminal.
+            raise click.ClickException(" ".join(str(e).split("\n"))) from e
+
+    def _add_plugin_commands(self) -> None:
+        loaded = plugins()
+        if self._commands_from is loaded:
+            return
+        self._commands_from = loaded
+        for info in loaded.register_commands(self):
+            click.echo(
+                f"drivetrain: plugin {info.name!r} ({info.distribution} {info.version}) could not add its "
+                f"commands: {info.error}",
+                err=True,
+            )
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _plugin_lines(info: PluginInfo) -> list[str]:
+    head = f"{info.name}: {info.distribution} {info.version} [{info.status}]"
+    lines = [head if info.error is None else f"{head} {info.error}"]
+    return lines + [f"    {line}" for line in info.registered]
+
+
+@click.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of text.")
+def plugins_command(as_json: bool) -> None:
+    """List every discovered plugin: distribution, version, status, what it registered, error if any."""
+    infos = plugins().plugins
+    if as_json:
+        _echo_json([info.to_dict() for info in infos])
+        return
+    if not infos:
+        click.echo("no drivetrain plugins installed; e.g. pip install drivetrain-engine-fsdp")
+    for info in infos:
+        click.echo("\n".join(_plugin_lines(info)))
+
+
+@click.command("engines")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of text.")
+def engines_command(as_json: bool) -> None:
+    """List every registered (model_type, backend, device) with its engine class and distribution."""
+    entries = plugins().engines.entries()
+    if as_json:
+        _echo_json([dataclasses.asdict(entry) for entry in entries])
+        return
+    if not entries:
+        click.echo("no engines registered; install a backend, e.g. pip install drivetrain-engine-fsdp")
+    for e in entries:
+        click.echo(f"{e.model_type}/{e.backend}/{e.device} -> {e.engine} ({e.distribution} {e.version})")
+
+
+def build_cli() -> DrivetrainGroup:
+    """A fresh root group with the built-in commands (tests build one per case)."""
+
+    @click.group(cls=DrivetrainGroup, name="drivetrain")
+    @click.version_option(package_name="drivetrain-engine-core", prog_name="drivetrain")
+    def root() -> None:
+        """drivetrain: a backend-agnostic training engine for LLM post-training."""
+
+    root.add_command(plugins_command)
+    root.add_command(engines_command)
+    return root  # type: ignore[return-value]
+
+
+main = build_cli()
+
+__all__ = ["DrivetrainGroup", "build_cli", "main"]
