@@ -1,0 +1,25 @@
+"""Test helpers for drivetrain engines: tiny models and tokenizer, a local launcher, references, conformance.
+
+Needs the ``testing`` extra (``pip install drivetrain-engine-core[testing]``). Names are imported lazily so
+that a launcher child, which imports this package to find its entry point, does not pay for transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "build_tiny_tokenizer": "tokenizer",
+    "make_tiny_model_dir": "models",
+    "run_distributed": "launcher",
+    "free_port": "launcher",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; it exports {__all__}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

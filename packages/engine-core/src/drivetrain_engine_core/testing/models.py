@@ -1,0 +1,86 @@
+"""Tiny Hugging Face model directories built from configs, for tests that must load models for real.
+
+The directory is written with ``save_pretrained`` (safetensors), so engines under test exercise their
+normal ``from_pretrained`` loading path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+ARCHITECTURES = ("qwen2", "llama")
+MODEL_TYPES = ("language_model", "value_model")
+
+TINY_CONFIG: dict[str, Any] = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "attention_dropout": 0.0,
+    "hidden_dropout": 0.0,
+    "classifier_dropout": 0.0,
+    "dtype": "float32",
+}
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"make_tiny_model_dir: {name}={value!r} is not supported; use one of {choices}.")
+
+
+def make_tiny_model_dir(
+    path: str | Path,
+    *,
+    arch: str = "qwen2",
+    model_type: str = "language_model",
+    seed: int = 0,
+    with_tokenizer: bool = True,
+    **config_overrides: Any,
+) -> Path:
+    """Write a tiny, randomly initialised model (and its tokenizer) to ``path``.
+
+    Args:
+        path: Directory to write (created if missing).
+        arch: ``"qwen2"`` or ``"llama"``.
+        model_type: ``"language_model"`` (``AutoModelForCausalLM``) or ``"value_model"``
+            (``AutoModelForTokenClassification`` with one label, verl's critic convention).
+        seed: Seed of the weight initialisation; the same seed gives the same weights.
+        with_tokenizer: Also save the tiny tokenizer whose size sets the vocabulary.
+        **config_overrides: Config fields to change (e.g. ``hidden_size=64``).
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        ValueError: ``arch`` or ``model_type`` is not one of the supported values.
+    """
+    _check_choice("arch", arch, ARCHITECTURES)
+    _check_choice("model_type", model_type, MODEL_TYPES)
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    fields = {
+        **TINY_CONFIG,
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        **config_overrides,
+    }
+    if model_type == "value_model":
+        fields["num_labels"] = 1
+    config = AutoConfig.for_model(arch, **fields)
+    torch.manual_seed(seed)
+    auto_class = AutoModelForCausalLM if model_type == "language_model" else AutoModelForTokenClassification
+    model = auto_class.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    if with_tokenizer:
+        tokenizer.save_pretrained(path)
+    return path
