@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 
 ARCHITECTURES = ("qwen2", "llama")
 MODEL_TYPES = ("language_model", "value_model")
