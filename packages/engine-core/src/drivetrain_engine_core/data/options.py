@@ -36,7 +36,8 @@ OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Forward
 
 
 def _non_tensor_keys(batch: TensorDict) -> list[str]:
-    return [key for key in batch.keys() if not _is_tensor(batch, key)]
+    keys = list(batch.keys())  # iterating a TensorDict walks its rows, not its keys
+    return [key for key in keys if not _is_tensor(batch, key)]
 
 
 def _is_tensor(batch: TensorDict, key: str) -> bool:

@@ -1,0 +1,55 @@
+"""The no-padding batch format and its transforms: building, padding conversions, response views, packing,
+micro-batching and data-parallel sharding (ARCHITECTURE §4)."""
+
+from .batch import LOSS_MASK_DTYPE, TOKEN_FIELDS, make_batch, sequence_lengths, validate_batch
+from .dp import shard_data, shard_indices, unshard_data
+from .micro_batch import (
+    MicroBatches,
+    micro_batch_count,
+    partition_micro_batches,
+    split_micro_batches,
+)
+from .options import ForwardOptions, read_forward_options, set_forward_options, strip_forward_options
+from .packing import (
+    PackedRow,
+    next_token_labels,
+    pack_micro_batch,
+    shift_right_per_sequence,
+    unpack_to_jagged,
+)
+from .padding import nopad_to_padded, padded_to_nopad
+from .partition import estimate_workload, karmarkar_karp
+from .response import response_to_padded, response_view
+from .tokens import global_token_count, local_token_count
+
+__all__ = [
+    "LOSS_MASK_DTYPE",
+    "TOKEN_FIELDS",
+    "ForwardOptions",
+    "MicroBatches",
+    "PackedRow",
+    "estimate_workload",
+    "global_token_count",
+    "karmarkar_karp",
+    "local_token_count",
+    "make_batch",
+    "micro_batch_count",
+    "next_token_labels",
+    "nopad_to_padded",
+    "pack_micro_batch",
+    "padded_to_nopad",
+    "partition_micro_batches",
+    "read_forward_options",
+    "response_to_padded",
+    "response_view",
+    "sequence_lengths",
+    "set_forward_options",
+    "shard_data",
+    "shard_indices",
+    "shift_right_per_sequence",
+    "split_micro_batches",
+    "strip_forward_options",
+    "unpack_to_jagged",
+    "unshard_data",
+    "validate_batch",
+]

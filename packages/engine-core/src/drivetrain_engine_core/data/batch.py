@@ -1,0 +1,222 @@
+"""The no-padding batch: building one, checking one, and reading its sequence lengths (ARCHITECTURE §4).
+
+A batch is a ``TensorDict`` with ``batch_size=[num_sequences]``. Per-token fields are jagged nested tensors
+(``layout=torch.jagged``) whose ragged dimension is dim 1 and which all share the offsets tensor of
+``input_ids``; sharing the same offsets *object* matters because torch only combines jagged tensors
+(``log_probs * loss_mask``) whose ragged sizes come from one offsets tensor. Per-sequence fields are dense
+with first dim ``num_sequences``.
+
+``loss_mask`` is stored as ``torch.bool``: losses multiply by it (bool promotes to the float dtype of the
+other operand) or index with it, and a bool can never hold a fractional weight by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from ..errors import BatchError
+
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+LOSS_MASK = "loss_mask"
+LOSS_MASK_DTYPE = torch.bool
+
+INTEGER_FIELDS: tuple[str, ...] = (INPUT_IDS, POSITION_IDS)
+"""Per-token fields that hold token ids or positions and must be integer."""
+
+FLOAT_FIELDS: tuple[str, ...] = (
+    "old_log_probs",
+    "ref_log_prob",
+    "log_probs",
+    "advantages",
+    "values",
+    "returns",
+    "entropy",
+)
+"""Per-token fields that hold real numbers and must be floating point."""
+
+TOKEN_FIELDS: tuple[str, ...] = (*INTEGER_FIELDS, LOSS_MASK, *FLOAT_FIELDS)
+"""Known per-token fields; they must be jagged. Any other jagged field is per-token too."""
+
+
+def jagged(values: Tensor, offsets: Tensor) -> Tensor:
+    """A jagged nested tensor of shape ``(n, j, *values.shape[1:])`` over flat ``values`` and ``offsets``."""
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+
+
+def _flat_and_offsets(sequences: Sequence[Tensor], name: str) -> tuple[Tensor, Tensor]:
+    if not sequences:
+        raise BatchError(f"make_batch: {name} is empty; pass at least one sequence.")
+    for i, seq in enumerate(sequences):
+        if not isinstance(seq, torch.Tensor) or seq.dim() < 1:
+            raise BatchError(f"make_batch: {name}[{i}] must be a tensor of shape (length, ...), got {seq!r}.")
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
+    offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return torch.cat(list(sequences)), offsets
+
+
+def _token_field(name: str, value: Sequence[Tensor], offsets: Tensor) -> Tensor:
+    flat, own = _flat_and_offsets(value, name)
+    if not torch.equal(own, offsets):
+        raise BatchError(
+            f"make_batch: per-token field {name!r} has sequence lengths {own.diff().tolist()} but input_ids "
+            f"has {offsets.diff().tolist()}; give one value per token of each sequence."
+        )
+    return jagged(flat, offsets)
+
+
+def make_batch(
+    input_ids: Sequence[Tensor],
+    *,
+    position_ids: Sequence[Tensor] | None = None,
+    loss_mask: Sequence[Tensor] | None = None,
+    **fields: Sequence[Tensor] | Tensor,
+) -> TensorDict:
+    """Build a no-padding batch from per-sequence tensors.
+
+    Args:
+        input_ids: one 1-D integer tensor per sequence.
+        position_ids: one ``(length,)`` or ``(length, extra...)`` tensor per sequence; defaults to
+            ``arange(length)``.
+        loss_mask: one tensor per sequence (converted to bool); defaults to all true.
+        **fields: a list/tuple of per-sequence tensors becomes a jagged per-token field; a tensor whose first
+            dim is the number of sequences becomes a dense per-sequence field.
+
+    Returns:
+        The batch; every jagged field shares ``input_ids``' offsets.
+
+    Raises:
+        BatchError: a field does not match the sequences.
+    """
+    flat_ids, offsets = _flat_and_offsets(input_ids, INPUT_IDS)
+    n = len(input_ids)
+    lengths = offsets.diff()
+    out = {INPUT_IDS: jagged(flat_ids, offsets)}
+    if position_ids is None:
+        starts = torch.repeat_interleave(offsets[:-1], lengths)
+        out[POSITION_IDS] = jagged(torch.arange(len(flat_ids)) - starts, offsets)
+    else:
+        out[POSITION_IDS] = _token_field(POSITION_IDS, position_ids, offsets)
+    if loss_mask is None:
+        out[LOSS_MASK] = jagged(torch.ones(len(flat_ids), dtype=LOSS_MASK_DTYPE), offsets)
+    else:
+        mask = _token_field(LOSS_MASK, loss_mask, offsets)
+        out[LOSS_MASK] = jagged(mask.values().to(LOSS_MASK_DTYPE), offsets)
+    for name, value in fields.items():
+        if isinstance(value, torch.Tensor):
+            if value.dim() < 1 or value.shape[0] != n:
+                raise BatchError(
+                    f"make_batch: dense field {name!r} has shape {tuple(value.shape)}, expected first dim {n} "
+                    "(one row per sequence); pass a list of per-sequence tensors for a per-token field."
+                )
+            out[name] = value
+        else:
+            out[name] = _token_field(name, value, offsets)
+    batch = TensorDict(out, batch_size=[n])
+    validate_batch(batch, required=())
+    return batch
+
+
+def sequence_lengths(batch: TensorDict) -> Tensor:
+    """Tokens of each sequence (int64, shape ``(n,)``), from ``input_ids``' offsets."""
+    return batch[INPUT_IDS].offsets().diff()
+
+
+def is_jagged(value: object) -> bool:
+    """Whether ``value`` is a nested tensor with the jagged layout."""
+    return isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged
+
+
+def token_keys(batch: TensorDict) -> list[str]:
+    """Names of the jagged (per-token) fields of ``batch``."""
+    return [k for k in field_names(batch) if is_jagged(batch.get(k))]
+
+
+def field_names(batch: TensorDict) -> list[str]:
+    """Top-level keys of ``batch`` (iterating a TensorDict walks its rows, not its keys)."""
+    return list(batch.keys())
+
+
+def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSITION_IDS)) -> None:
+    """Check that ``batch`` follows the no-padding format.
+
+    Args:
+        batch: the batch to check.
+        required: fields that must be present.
+
+    Raises:
+        BatchError: naming the first field that is wrong and how to fix it.
+    """
+    if not isinstance(batch, TensorDict):
+        raise BatchError(
+            f"batch must be a tensordict.TensorDict (see make_batch), got {type(batch).__name__}."
+        )
+    if len(batch.batch_size) != 1 or batch.batch_size[0] == 0:
+        raise BatchError(
+            f"batch must have batch_size=[num_sequences] with at least one sequence, got {list(batch.batch_size)}."
+        )
+    present = field_names(batch)
+    missing = [k for k in (INPUT_IDS, *required) if k not in present]
+    if missing:
+        raise BatchError(f"batch is missing field {missing[0]!r}; it has {sorted(present)}.")
+    _check_input_ids(batch[INPUT_IDS])
+    offsets = batch[INPUT_IDS].offsets()
+    n = batch.batch_size[0]
+    for key in present:
+        value = batch.get(key)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.is_nested or key in TOKEN_FIELDS:
+            _check_token_field(key, value, offsets)
+        elif value.dim() < 1 or value.shape[0] != n:
+            raise BatchError(
+                f"dense field {key!r} has shape {tuple(value.shape)}; its first dim must be {n}."
+            )
+
+
+def _check_input_ids(ids: object) -> None:
+    if not is_jagged(ids) or ids._ragged_idx != 1 or ids.dim() != 2:
+        raise BatchError(
+            f"field 'input_ids' must be a jagged nested tensor of shape (n, j) with ragged dim 1, got "
+            f"{_describe(ids)}; build batches with make_batch or padded_to_nopad."
+        )
+
+
+def _check_token_field(key: str, value: Tensor, offsets: Tensor) -> None:
+    if not is_jagged(value):
+        raise BatchError(
+            f"per-token field {key!r} must be a jagged nested tensor (layout=torch.jagged), got "
+            f"{_describe(value)}; build it with make_batch or nested_tensor_from_jagged(values, offsets)."
+        )
+    if value._ragged_idx != 1:
+        raise BatchError(
+            f"per-token field {key!r} has its ragged dim at {value._ragged_idx}, it must be dim 1 "
+            "(shape (n, j, extra...)); put extra per-token dims last."
+        )
+    if value.offsets() is not offsets and not torch.equal(value.offsets(), offsets):
+        raise BatchError(
+            f"per-token field {key!r} has sequence lengths {value.offsets().diff().tolist()} but input_ids has "
+            f"{offsets.diff().tolist()}; per-token fields need one value per token."
+        )
+    _check_dtype(key, value.dtype)
+
+
+def _check_dtype(key: str, dtype: torch.dtype) -> None:
+    if key in INTEGER_FIELDS and (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+        raise BatchError(f"field {key!r} must have an integer dtype, got {dtype}; convert with .long().")
+    if key == LOSS_MASK and dtype.is_complex:
+        raise BatchError(f"field 'loss_mask' must be bool, integer or float, got {dtype}; use torch.bool.")
+    if key in FLOAT_FIELDS and not dtype.is_floating_point:
+        raise BatchError(f"field {key!r} must have a floating dtype, got {dtype}; convert with .float().")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        layout = "jagged" if is_jagged(value) else ("nested strided" if value.is_nested else "dense")
+        return f"a {layout} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__

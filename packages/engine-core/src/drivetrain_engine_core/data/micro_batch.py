@@ -1,0 +1,218 @@
+"""Cutting a rank's batch into micro-batches, and putting per-sample outputs back in the original order.
+
+Fixed batching takes consecutive chunks of ``micro_batch_size`` sequences. Dynamic batching treats
+``max_tokens`` as a hard cap: it picks the smallest micro-batch count at which a workload-balanced
+(Karmarkar-Karp) partition fits the cap, takes the maximum of that count over the data-parallel group (every
+rank must run the same number of forward/backward passes, or collectives inside the model would pair up
+wrongly), and partitions at that count. Both modes all-reduce the count, so ranks holding different numbers of
+sequences still agree; a rank that then holds fewer sequences than micro-batches gets a clear error, because
+an empty micro-batch has nothing to run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from .. import distributed as dist_utils
+from ..config import MicroBatchConfig
+from ..distributed import ProcessGroup
+from ..errors import BatchError
+from .batch import INPUT_IDS, jagged, sequence_lengths, token_keys
+from .partition import estimate_workload, karmarkar_karp
+
+EXTRA_COUNTS_TRIED = 4
+"""How many counts above the token lower bound are tried for a balanced partition before bin packing."""
+
+
+@dataclass
+class MicroBatches:
+    """Micro-batches of one batch and where their sequences came from.
+
+    Attributes:
+        batches: the micro-batches, each a TensorDict in the batch format.
+        indices: for each micro-batch, the original positions (int64) of its sequences, in its order.
+        offsets: ``input_ids`` offsets of the original batch; restored per-token outputs are rebuilt on this
+            very tensor so they combine with the original batch's fields (``log_probs * loss_mask``).
+    """
+
+    batches: list[TensorDict]
+    indices: list[Tensor]
+    offsets: Tensor | None = None
+
+    def restore(self, outputs: Sequence[TensorDict]) -> TensorDict:
+        """Concatenate per-micro-batch outputs and reorder them into the original sequence order.
+
+        Args:
+            outputs: one TensorDict per micro-batch with ``batch_size=[len(indices[i])]``; per-token fields
+                are jagged with that micro-batch's sequence lengths, dense fields have one row per sequence.
+
+        Raises:
+            BatchError: the outputs do not match the micro-batches.
+        """
+        if len(outputs) != len(self.indices):
+            raise BatchError(f"restore: got {len(outputs)} outputs for {len(self.indices)} micro-batches.")
+        for i, (out, idx) in enumerate(zip(outputs, self.indices, strict=True)):
+            if list(out.batch_size) != [len(idx)]:
+                raise BatchError(
+                    f"restore: output {i} has batch_size {list(out.batch_size)}, its micro-batch has "
+                    f"{len(idx)} sequences; return one row per sequence."
+                )
+        order = torch.cat(self.indices)
+        merged = outputs[0] if len(outputs) == 1 else torch.cat(list(outputs))
+        restored = merged[torch.argsort(order)]
+        return restored if self.offsets is None else _rebase(restored, self.offsets)
+
+
+def _rebase(batch: TensorDict, offsets: Tensor) -> TensorDict:
+    """Rebuild every jagged field of ``batch`` on ``offsets`` (same lengths required)."""
+    for key in token_keys(batch):
+        value = batch.get(key)
+        if not torch.equal(value.offsets(), offsets):
+            raise BatchError(
+                f"restore: per-token output {key!r} has sequence lengths {value.offsets().diff().tolist()}, the "
+                f"batch has {offsets.diff().tolist()}; per-token outputs need one value per input token."
+            )
+        batch.set(key, jagged(value.values(), offsets))
+    return batch
+
+
+def split_micro_batches(
+    batch: TensorDict, config: MicroBatchConfig, dp_group: ProcessGroup | None = None
+) -> MicroBatches:
+    """Cut ``batch`` into micro-batches (a collective over ``dp_group``: the count is all-reduced).
+
+    Args:
+        batch: a validated batch (options already stripped).
+        config: fixed ``micro_batch_size`` or dynamic ``max_tokens``.
+        dp_group: data-parallel group whose ranks must agree on the count; ``None`` = default group.
+
+    Returns:
+        The micro-batches and their original indices.
+
+    Raises:
+        BatchError: a sequence is longer than ``max_tokens``, or this rank has fewer sequences than the
+            agreed count.
+    """
+    n = batch.batch_size[0]
+    lengths = sequence_lengths(batch)
+    if config.dynamic:
+        local_count, groups = _plan_dynamic(lengths, config.max_tokens)
+        count = int(dist_utils.all_reduce_max(local_count, dp_group))
+        if count != local_count:
+            groups = partition_micro_batches(lengths, config.max_tokens, count)
+        indices = [torch.tensor(g, dtype=torch.int64) for g in groups]
+    else:
+        count = int(dist_utils.all_reduce_max(math.ceil(n / config.micro_batch_size), dp_group))
+        indices = fixed_indices(n, config.micro_batch_size, count)
+    offsets = batch[INPUT_IDS].offsets()
+    return MicroBatches(batches=[batch[idx] for idx in indices], indices=indices, offsets=offsets)
+
+
+def fixed_indices(n: int, micro_batch_size: int, count: int) -> list[Tensor]:
+    """Consecutive chunks: ``micro_batch_size`` each (last one smaller) if that gives ``count`` chunks,
+    else ``count`` near-equal chunks (another rank needed more micro-batches)."""
+    _require_enough(n, count)
+    if math.ceil(n / micro_batch_size) == count:
+        return list(torch.arange(n).split(micro_batch_size))
+    return list(torch.arange(n).tensor_split(count))
+
+
+def micro_batch_count(lengths: Tensor, max_tokens: int) -> int:
+    """The smallest count this rank can use under the hard token cap (before the max over ranks).
+
+    This is the value a rank contributes to the all-reduce; exposed so tests and callers can reason about the
+    count without a process group.
+    """
+    return _plan_dynamic(lengths, max_tokens)[0]
+
+
+def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]]:
+    """Exactly ``count`` non-empty groups of sequence indices, each within ``max_tokens`` tokens.
+
+    Workload-balanced by Karmarkar-Karp when that fits the cap, else by capped greedy bin packing.
+
+    Raises:
+        BatchError: fewer sequences than ``count``, a sequence longer than the cap, or ``count`` too small.
+    """
+    _require_within_budget(lengths, max_tokens)
+    _require_enough(len(lengths), count)
+    groups = _balanced(lengths, max_tokens, count)
+    return groups if groups is not None else _packed(lengths, max_tokens, count)
+
+
+def _plan_dynamic(lengths: Tensor, max_tokens: int) -> tuple[int, list[list[int]]]:
+    _require_within_budget(lengths, max_tokens)
+    n = len(lengths)
+    lower = max(1, math.ceil(int(lengths.sum()) / max_tokens))
+    for count in range(lower, min(n, lower + EXTRA_COUNTS_TRIED) + 1):
+        groups = _balanced(lengths, max_tokens, count)
+        if groups is not None:
+            return count, groups
+    count = _first_fit_decreasing_count(lengths.tolist(), max_tokens)
+    return count, _packed(lengths, max_tokens, count)
+
+
+def _balanced(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]] | None:
+    """Karmarkar-Karp groups on workload, or ``None`` if one of them breaks the token cap."""
+    groups = karmarkar_karp(estimate_workload(lengths).tolist(), count)
+    sizes = lengths.tolist()
+    if all(sum(sizes[i] for i in g) <= max_tokens for g in groups):
+        return groups
+    return None
+
+
+def _first_fit_decreasing_count(sizes: list[int], cap: int) -> int:
+    free: list[int] = []
+    for size in sorted(sizes, reverse=True):
+        slot = next((b for b, room in enumerate(free) if room >= size), None)
+        if slot is None:
+            free.append(cap - size)
+        else:
+            free[slot] -= size
+    return len(free)
+
+
+def _packed(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]]:
+    """First-fit decreasing into ``count`` bins, then empty bins take one sequence from the fullest bins."""
+    sizes = lengths.tolist()
+    bins: list[list[int]] = [[] for _ in range(count)]
+    free = [max_tokens] * count
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        slot = next((b for b in range(count) if free[b] >= sizes[i]), None)
+        if slot is None:
+            raise BatchError(
+                f"micro-batching: {len(sizes)} sequences ({sum(sizes)} tokens) do not fit {count} micro-batches "
+                f"of {max_tokens} tokens; use the count from micro_batch_count or raise max_tokens."
+            )
+        bins[slot].append(i)
+        free[slot] -= sizes[i]
+    for empty in [b for b in bins if not b]:
+        donor = max(bins, key=len)
+        empty.append(donor.pop())
+    return [sorted(b) for b in bins]
+
+
+def _require_within_budget(lengths: Tensor, max_tokens: int) -> None:
+    over = (lengths > max_tokens).nonzero()
+    if len(over):
+        i = int(over[0])
+        raise BatchError(
+            f"micro-batching: sequence {i} has {int(lengths[i])} tokens, more than the micro-batch token budget "
+            f"max_tokens={max_tokens}; raise micro_batch.max_tokens to at least {int(lengths.max())} or "
+            "truncate the sequence."
+        )
+
+
+def _require_enough(n: int, count: int) -> None:
+    if n < count:
+        raise BatchError(
+            f"micro-batching: this rank has {n} sequences but the data-parallel group needs {count} "
+            "micro-batches (the maximum over ranks) and a micro-batch cannot be empty; give every rank at least "
+            f"{count} sequences (e.g. balance with shard_data) or use fewer micro-batches."
+        )

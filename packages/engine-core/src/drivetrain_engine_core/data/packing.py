@@ -1,0 +1,102 @@
+"""Packing a micro-batch into one row for varlen attention, and mapping packed outputs back to tokens.
+
+A packed row concatenates the sequences of a micro-batch: ``input_ids`` ``(1, T)``, per-sequence restarting
+``position_ids`` ``(1, T)`` (or ``(1, T, extra)`` for multi-axis rope positions; extra dims stay last) and
+``cu_seqlens`` (int32, ``(n + 1,)``) as flash-attention and Megatron's THD format expect.
+
+Backends compute logits on the packed row, take ``log_softmax``, gather :func:`next_token_labels`, then
+:func:`shift_right_per_sequence` so that position ``i`` scores token ``i`` (docs §7.1) and each sequence's
+first token gets 0, and finally :func:`unpack_to_jagged`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+
+from ..errors import BatchError
+from .batch import INPUT_IDS, POSITION_IDS, jagged
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """One micro-batch as a single packed row.
+
+    Attributes:
+        input_ids: ``(1, T)`` token ids.
+        position_ids: ``(1, T)`` or ``(1, T, extra...)`` positions, restarting at each sequence.
+        cu_seqlens: ``(n + 1,)`` int32 cumulative sequence lengths, starting at 0.
+        max_seqlen: length of the longest sequence.
+        offsets: the batch's int64 ``input_ids`` offsets; pass as ``cu_seqlens`` to :func:`unpack_to_jagged`
+            to get outputs that combine with the batch's own jagged fields.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    cu_seqlens: Tensor
+    max_seqlen: int
+    offsets: Tensor
+
+
+def pack_micro_batch(batch: TensorDict) -> PackedRow:
+    """Concatenate the sequences of ``batch`` into one :class:`PackedRow` (no copy of token data)."""
+    ids = batch[INPUT_IDS]
+    offsets = ids.offsets()
+    return PackedRow(
+        input_ids=ids.values().unsqueeze(0),
+        position_ids=batch[POSITION_IDS].values().unsqueeze(0),
+        cu_seqlens=offsets.to(torch.int32),
+        max_seqlen=int(offsets.diff().max()),
+        offsets=offsets,
+    )
+
+
+def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Per-token packed values ``(T, ...)`` as a jagged ``(n, j, ...)`` tensor with ragged dim 1.
+
+    Args:
+        flat: packed values, first dim ``T`` (squeeze a leading 1 first).
+        cu_seqlens: cumulative lengths; pass :attr:`PackedRow.offsets` (the batch's own offsets tensor) so the
+            result multiplies with the batch's jagged fields; other tensors are converted to int64.
+
+    Raises:
+        BatchError: ``flat`` has not ``cu_seqlens[-1]`` rows.
+    """
+    total = int(cu_seqlens[-1])
+    if flat.dim() < 1 or flat.shape[0] != total:
+        raise BatchError(
+            f"unpack_to_jagged: flat values have shape {tuple(flat.shape)}, expected first dim {total} "
+            "(cu_seqlens[-1]); squeeze the packed row's leading batch dim of 1."
+        )
+    offsets = cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.to(torch.int64)
+    return jagged(flat, offsets)
+
+
+def shift_right_per_sequence(flat: Tensor, cu_seqlens: Tensor, fill: float = 0) -> Tensor:
+    """Move packed values one position right inside each sequence; each sequence's first position gets ``fill``.
+
+    Turns "position ``p`` predicts token ``p + 1``" into "position ``i`` scores token ``i``" (docs §7.1).
+
+    Args:
+        flat: packed values ``(T, ...)``.
+        cu_seqlens: cumulative lengths ``(n + 1,)``.
+    """
+    shifted = torch.roll(flat, shifts=1, dims=0)
+    starts = cu_seqlens[:-1].to(torch.int64)
+    shifted[starts[starts < flat.shape[0]]] = fill
+    return shifted
+
+
+def next_token_labels(flat_input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """For each packed position, the id of the next token of the same sequence (``(T,)``).
+
+    The last position of each sequence has no next token; it gets id 0, a valid index whose score
+    :func:`shift_right_per_sequence` then drops.
+    """
+    labels = torch.roll(flat_input_ids, shifts=-1, dims=0)
+    ends = cu_seqlens[1:].to(torch.int64) - 1
+    labels[ends[ends >= 0]] = 0
+    return labels
