@@ -1,0 +1,289 @@
+"""Plugin discovery on fake plugins: listing, lazy loading, failure isolation, blocking, duplicates, errors."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+import textwrap
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from drivetrain_engine_core.config import ConfigError, EngineConfig, ModelConfig
+from drivetrain_engine_core.errors import PluginError
+from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+
+
+@dataclass
+class FakeEntryPoint:
+    """An entry point of group ``drivetrain`` declared by a fake distribution."""
+
+    name: str
+    value: str
+    dist: Any
+
+    def load(self) -> Any:
+        return importlib.metadata.EntryPoint(self.name, self.value, "drivetrain").load()
+
+
+class FakePlugins:
+    """Writes plugin modules with unique names into a directory on ``sys.path``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.suffix = uuid.uuid4().hex[:8]
+        self.modules: list[str] = []
+
+    def module(self, stem: str, source: str) -> str:
+        name = f"{stem}_{self.suffix}"
+        (self.root / f"{name}.py").write_text(textwrap.dedent(source).replace("SUFFIX", self.suffix))
+        self.modules.append(name)
+        return name
+
+    def entry_point(
+        self, name: str, module: str, distribution: str, version: str = "1.2.3"
+    ) -> FakeEntryPoint:
+        return FakeEntryPoint(name, module, SimpleNamespace(name=distribution, version=version))
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("DRIVETRAIN_DISABLE_PLUGINS", raising=False)
+    helper = FakePlugins(tmp_path)
+    yield helper
+    for name in helper.modules:
+        sys.modules.pop(name, None)
+
+
+IMPL = """
+    from dataclasses import dataclass
+    from drivetrain_engine_core.config import EngineConfig
+    from drivetrain_engine_core.engine import Engine
+
+    @dataclass(kw_only=True, frozen=True)
+    class FakeConfig(EngineConfig):
+        fake_knob: int = 1
+
+    def _stub(self, *args, **kwargs):
+        return None
+
+    FakeEngine = type(
+        "FakeEngine",
+        (Engine,),
+        {name: _stub for name in Engine.__abstractmethods__} | {"config_class": FakeConfig, "backend_name": "fake"},
+    )
+"""
+
+BACKEND_PLUGIN = """
+    from drivetrain_engine_core.hookspecs import hookimpl
+
+    @hookimpl
+    def register_engines(registry):
+        registry.register(model_type="language_model", backend="fake", devices=["cpu", "cuda"],
+                          engine="fake_impl_SUFFIX:FakeEngine", config="fake_impl_SUFFIX:FakeConfig")
+        registry.register(model_type="value_model", backend="fake", devices=["*"],
+                          engine="fake_impl_SUFFIX:FakeEngine", config="fake_impl_SUFFIX:FakeConfig")
+
+    @hookimpl
+    def register_checkpoint_mergers(registry):
+        registry.register("fake", "fake_impl_SUFFIX:FakeConfig")
+"""
+
+ROLES_PLUGIN = """
+    from drivetrain_engine_core.hookspecs import hookimpl
+
+    class Actor:
+        pass
+
+    @hookimpl
+    def register_roles(registry):
+        registry.register("actor", Actor)
+"""
+
+
+def _backend(fake: FakePlugins) -> list[FakeEntryPoint]:
+    fake.module("fake_impl", IMPL)
+    return [fake.entry_point("fake", fake.module("fake_plugin", BACKEND_PLUGIN), "drivetrain-engine-fake")]
+
+
+def test_listing_and_lazy_loading(fake):
+    impl = f"fake_impl_{fake.suffix}"
+    roles = fake.entry_point("roles", fake.module("roles_plugin", ROLES_PLUGIN), "drivetrain-roles", "0.1.0")
+    loaded = get_plugin_manager(entry_points=[*_backend(fake), roles])
+    assert [(p.name, p.distribution, p.version, p.status) for p in loaded.plugins] == [
+        ("fake", "drivetrain-engine-fake", "1.2.3", "loaded"),
+        ("roles", "drivetrain-roles", "0.1.0", "loaded"),
+    ]
+    assert loaded.plugins[0].registered == [
+        f"engine language_model/fake/cpu -> {impl}:FakeEngine",
+        f"engine language_model/fake/cuda -> {impl}:FakeEngine",
+        f"engine value_model/fake/* -> {impl}:FakeEngine",
+        f"checkpoint merger fake -> {impl}:FakeConfig",
+    ]
+    assert loaded.plugins[1].registered == [f"role actor -> roles_plugin_{fake.suffix}:Actor"]
+    assert [(e.model_type, e.device, e.distribution) for e in loaded.engines.entries()] == [
+        ("language_model", "cpu", "drivetrain-engine-fake"),
+        ("language_model", "cuda", "drivetrain-engine-fake"),
+        ("value_model", "*", "drivetrain-engine-fake"),
+    ]
+    assert impl not in sys.modules, "listing plugins must not import lazily registered targets"
+    engine_cls = loaded.engines.get("language_model", "fake", "cpu")
+    assert impl in sys.modules
+    assert engine_cls is sys.modules[impl].FakeEngine
+    assert loaded.engines.get("value_model", "fake", "tpu") is engine_cls, "'*' serves any device"
+    assert loaded.engines.config_class("fake") is sys.modules[impl].FakeConfig
+    assert loaded.roles.get("actor").__name__ == "Actor"
+
+
+def test_broken_plugins_are_reported_and_others_load(fake):
+    broken_import = fake.module("broken_import", "raise RuntimeError('boom at import of broken plugin')\n")
+    broken_hook = fake.module(
+        "broken_hook",
+        """
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engines(registry):
+            registry.register(model_type="language_model", backend="half", devices=["cpu"],
+                              engine="x:Y", config="x:Z")
+
+        @hookimpl
+        def register_roles(registry):
+            raise ValueError("roles hook exploded")
+        """,
+    )
+    typo = fake.module(
+        "typo",
+        """
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engine(registry):
+            pass
+        """,
+    )
+    entry_points = [
+        *_backend(fake),
+        fake.entry_point("a_broken", broken_import, "drivetrain-broken", "0.0.1"),
+        fake.entry_point("b_hook", broken_hook, "drivetrain-hook", "0.0.2"),
+        fake.entry_point("c_typo", typo, "drivetrain-typo", "0.0.3"),
+    ]
+    loaded = get_plugin_manager(entry_points=entry_points)
+    by_name = {p.name: p for p in loaded.plugins}
+    assert by_name["fake"].status == "loaded"
+    assert loaded.engines.backends() == ["fake"], "a plugin failing in a later hook contributes nothing"
+    broken = by_name["a_broken"]
+    assert (broken.status, broken.distribution, broken.version) == ("failed", "drivetrain-broken", "0.0.1")
+    assert broken.error == "RuntimeError: boom at import of broken plugin"
+    assert "raise RuntimeError" in broken.traceback
+    assert by_name["b_hook"].error == "register_roles: ValueError: roles hook exploded"
+    assert by_name["b_hook"].registered == []
+    assert by_name["c_typo"].status == "failed"
+    assert "register_engine" in by_name["c_typo"].error
+
+
+def test_blocked_by_environment(fake, monkeypatch):
+    blocked_module = fake.module("blocked", "raise RuntimeError('a blocked plugin must not be imported')\n")
+    monkeypatch.setenv("DRIVETRAIN_DISABLE_PLUGINS", " blocked , other")
+    entry_points = [*_backend(fake), fake.entry_point("blocked", blocked_module, "drivetrain-blocked")]
+    loaded = get_plugin_manager(entry_points=entry_points)
+    by_name = {p.name: p for p in loaded.plugins}
+    assert (by_name["blocked"].status, by_name["blocked"].error) == ("blocked", None)
+    assert by_name["fake"].status == "loaded"
+    assert blocked_module not in sys.modules
+    assert get_plugin_manager(entry_points=entry_points, disabled=["fake"]).engines.entries() == []
+
+
+def test_duplicate_registration_names_both_distributions(fake):
+    copy = fake.module("copycat", BACKEND_PLUGIN)
+    entry_points = [*_backend(fake), fake.entry_point("zz_copy", copy, "drivetrain-copycat", "9.9")]
+    loaded = get_plugin_manager(entry_points=entry_points)
+    failed = {p.name: p for p in loaded.plugins}["zz_copy"]
+    assert failed.status == "failed"
+    assert "engine language_model/fake/cpu is registered twice" in failed.error
+    assert "drivetrain-engine-fake 1.2.3" in failed.error and "drivetrain-copycat 9.9" in failed.error
+    assert len(loaded.engines.entries()) == 3, "the first plugin keeps its registrations"
+
+
+def test_missing_engine_message(fake):
+    loaded = get_plugin_manager(entry_points=_backend(fake))
+    with pytest.raises(PluginError) as unknown_backend:
+        loaded.engines.get("language_model", "fak", "cpu")
+    message = str(unknown_backend.value)
+    assert "model_type='language_model', backend='fak', device='cpu'" in message
+    assert "language_model/fake/cpu (drivetrain-engine-fake 1.2.3)" in message
+    assert "Did you mean backend 'fake'?" in message
+    assert "pip install drivetrain-engine-fak" in message
+    with pytest.raises(PluginError, match=r"supports devices \['cpu', 'cuda'\] .*Did you mean device 'cuda'"):
+        loaded.engines.get("language_model", "fake", "cudaa")
+    empty = get_plugin_manager(entry_points=[])
+    with pytest.raises(PluginError, match=r"none .no engine plugin is installed"):
+        empty.engines.get("language_model", "megatron", "cpu")
+    with pytest.raises(PluginError, match=r"no role named 'critic'.*pip install drivetrain-roles"):
+        loaded.roles.get("critic")
+
+
+def test_lazy_target_errors_name_the_distribution(fake):
+    bad = fake.module(
+        "bad_target",
+        """
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engines(registry):
+            registry.register(model_type="language_model", backend="ghost", devices=["cpu"],
+                              engine="no_such_module_xyz:Engine", config="no_such_module_xyz:Config")
+        """,
+    )
+    loaded = get_plugin_manager(entry_points=[fake.entry_point("ghost", bad, "drivetrain-ghost", "0.3")])
+    with pytest.raises(
+        PluginError, match=r"registered by drivetrain-ghost 0.3.*No module named 'no_such_module_xyz'"
+    ):
+        loaded.engines.get("language_model", "ghost", "cpu")
+    with pytest.raises(PluginError, match=r"does not subclass .*CheckpointMerger"):
+        get_plugin_manager(entry_points=_backend(fake)).mergers.get("fake")
+
+
+def test_registration_arguments_are_validated():
+    registry = get_plugin_manager(entry_points=[]).engines
+    common = {"model_type": "language_model", "backend": "b", "engine": "m:E", "config": "m:C"}
+    with pytest.raises(PluginError, match=r"devices must be a non-empty list"):
+        registry.register(**common, devices="cpu")
+    with pytest.raises(PluginError, match=r"model_type must be one of"):
+        registry.register(**{**common, "model_type": "reward"}, devices=["cpu"])
+    with pytest.raises(PluginError, match=r"'module:attr' string"):
+        registry.register(**{**common, "engine": "no_colon"}, devices=["cpu"])
+
+
+def test_factory_builds_engine_and_config(fake):
+    loaded = get_plugin_manager(entry_points=_backend(fake))
+    config = engine_config_from_dict(
+        {"backend": "fake", "fake_knob": 3, "micro_batch": {"max_tokens": 64, "micro_batch_size": None}},
+        plugins=loaded,
+    )
+    assert type(config).__name__ == "FakeConfig"
+    assert (config.fake_knob, config.micro_batch.max_tokens) == (3, 64)
+    engine = create_engine(model_config=ModelConfig(path="/m"), engine_config=config, plugins=loaded)
+    assert type(engine).__name__ == "FakeEngine" and engine.engine_config is config
+    with pytest.raises(ConfigError, match=r"unknown option engine.fake_knb.*Did you mean 'fake_knob'"):
+        engine_config_from_dict({"backend": "fake", "fake_knb": 3}, plugins=loaded)
+    with pytest.raises(ConfigError, match=r"backend 'fake' needs a .*FakeConfig"):
+        create_engine(
+            model_config=ModelConfig(path="/m"), engine_config=EngineConfig(backend="fake"), plugins=loaded
+        )
+    with pytest.raises(PluginError, match=r"pip install drivetrain-engine-fsdp"):
+        engine_config_from_dict({}, plugins=get_plugin_manager(entry_points=[]))
+
+
+def test_process_wide_cache_and_reset():
+    reset_plugins()
+    first = plugins(lambda: get_plugin_manager(entry_points=[]))
+    assert plugins() is first
+    reset_plugins()
+    assert plugins(lambda: get_plugin_manager(entry_points=[])) is not first
+    reset_plugins()
