@@ -1,0 +1,96 @@
+"""The PPO actor: log-probs of a rollout, and clipped policy updates over mini-batches and epochs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from drivetrain_engine_core.data.batch import validate_batch
+from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.engine import Engine
+from tensordict import TensorDict
+
+from .batch_inputs import RoleBatch
+from .losses.policy import PolicyLossConfig, policy_loss_fn
+from .mini_batches import UpdateSchedule, iterate_mini_batches
+from .update_metrics import UpdateMetrics
+
+POLICY_METRICS: tuple[str, ...] = ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "approx_kl", "entropy")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ActorConfig:
+    """Settings of the actor.
+
+    Attributes:
+        loss: the PPO policy loss.
+        schedule: mini-batch size, epochs and shuffling of an update.
+        temperature: the rollout's sampling temperature; logits are divided by it before log-probs.
+    """
+
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    schedule: UpdateSchedule = field(default_factory=UpdateSchedule)
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"actor temperature must be > 0, got {self.temperature}.")
+
+
+class Actor:
+    """Policy role over any :class:`~drivetrain_engine_core.engine.Engine` with an optimizer.
+
+    Batches may be no-padding (jagged) or left-right padded; outputs come back in the same form.
+
+    Args:
+        engine: an initialised language-model engine.
+        config: actor settings.
+    """
+
+    def __init__(self, engine: Engine, config: ActorConfig | None = None) -> None:
+        self.engine = engine
+        self.config = config or ActorConfig()
+        self._updates = 0
+
+    def compute_log_prob(self, batch: TensorDict, *, calculate_entropy: bool = False) -> TensorDict:
+        """Per-token ``log_probs`` (and ``entropy``) of the batch's tokens under the current policy.
+
+        Returns:
+            A TensorDict with ``log_probs`` (and ``entropy``) in the batch's form (jagged or padded), on the
+            output rank; ``None`` elsewhere.
+        """
+        role_batch = RoleBatch.wrap(batch)
+        nopad = set_forward_options(
+            role_batch.nopad.copy(), temperature=self.config.temperature, compute_entropy=calculate_entropy
+        )
+        with self.engine.eval_mode():
+            output = self.engine.infer_batch(nopad)
+        return role_batch.restore(output.outputs)
+
+    def update_policy(self, batch: TensorDict) -> dict[str, float]:
+        """Clipped PPO updates over the batch; one LR-schedule step at the end.
+
+        The batch (this rank's share of a rollout) needs ``old_log_probs``, ``advantages``, ``loss_mask`` and,
+        with a KL loss, ``ref_log_prob``.
+
+        Returns:
+            Means over the optimizer steps of ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``,
+            ``approx_kl``, ``entropy`` (and ``kl_loss``), ``grad_norm``, and the ``lr`` used.
+        """
+        nopad = RoleBatch.wrap(batch).nopad
+        required = ["input_ids", "position_ids", "loss_mask", "old_log_probs", "advantages"]
+        if self.config.loss.uses_kl:
+            required.append("ref_log_prob")
+        validate_batch(nopad, required=required)
+        names = (*POLICY_METRICS, "kl_loss") if self.config.loss.uses_kl else POLICY_METRICS
+        loss_fn = policy_loss_fn(self.config.loss)
+        metrics = UpdateMetrics(self.engine.data_parallel_group)
+        with self.engine.train_mode():
+            for mini_batch in iterate_mini_batches(
+                nopad, self.config.schedule, self.engine.data_parallel_group, self._updates
+            ):
+                options = {"temperature": self.config.temperature, "compute_entropy": True}
+                output = self.engine.train_batch(set_forward_options(mini_batch, **options), loss_fn)
+                metrics.add(output, names)
+            self.engine.lr_scheduler_step()
+        self._updates += 1
+        return metrics.summary()

@@ -1,0 +1,42 @@
+"""Reducing the per-micro-batch metrics of the losses to one value per update.
+
+Loss functions return each metric as this micro-batch's *contribution* (normalised by global counts), so
+the mini-batch value is the sum over micro-batches and data-parallel ranks; the update value is the mean
+over its mini-batches (optimizer steps).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.distributed import ProcessGroup
+from drivetrain_engine_core.outputs import ForwardBackwardOutput
+
+ENGINE_METRICS: tuple[str, ...] = ("grad_norm", "lr")
+"""Metrics the engine itself reports once per step (not per micro-batch)."""
+
+
+class UpdateMetrics:
+    """Accumulates the metrics of successive ``train_batch`` calls of one update."""
+
+    def __init__(self, dp_group: ProcessGroup | None) -> None:
+        self._dp_group = dp_group
+        self._values: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, output: ForwardBackwardOutput, names: tuple[str, ...]) -> None:
+        """Record one optimizer step: the global value of each loss metric in ``names`` and the engine metrics.
+
+        Every rank must call it with the same ``names`` (it all-reduces).
+        """
+        for name in names:
+            contributions = output.metrics.get(name, [])
+            local = sum(contributions) if isinstance(contributions, list) else float(contributions)
+            self._values[name].append(dist_utils.all_reduce_sum(local, self._dp_group))
+        for name in ENGINE_METRICS:
+            if name in output.metrics:
+                self._values[name].append(float(output.metrics[name]))  # type: ignore[arg-type]
+
+    def summary(self) -> dict[str, float]:
+        """Mean of each metric over the recorded steps."""
+        return {name: sum(values) / len(values) for name, values in self._values.items() if values}
