@@ -1,0 +1,160 @@
+"""The ``drivetrain`` CLI through click's CliRunner: listings, plugin commands, failures, user errors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import build_cli
+from drivetrain_engine_core.errors import PluginError
+from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+
+PLUGIN_DISTRIBUTIONS = {
+    "drivetrain-engine-fsdp",
+    "drivetrain-engine-megatron",
+    "drivetrain-roles",
+    "drivetrain-ckpt-tools",
+}
+
+
+@dataclass
+class InMemoryEntryPoint:
+    """An entry point whose ``load()`` returns a ready plugin object (or raises)."""
+
+    name: str
+    plugin: Any
+    distribution: str
+    version: str = "0.5.0"
+    value: str = "in_memory"
+
+    @property
+    def dist(self) -> Any:
+        return SimpleNamespace(name=self.distribution, version=self.version)
+
+    def load(self) -> Any:
+        if isinstance(self.plugin, Exception):
+            raise self.plugin
+        return self.plugin
+
+
+@hookimpl
+def _register_hello_engines(registry):
+    registry.register(
+        model_type="language_model",
+        backend="hello",
+        devices=["*"],
+        engine="hello_pkg:E",
+        config="hello_pkg:C",
+    )
+
+
+@hookimpl
+def _register_hello_commands(cli):
+    @cli.command("hello")
+    @click.option("--name", default="world")
+    def hello(name: str) -> None:
+        click.echo(f"hello {name}")
+
+    @cli.command("explode")
+    def explode() -> None:
+        raise PluginError("engine 'x' is missing.\nInstall it with: pip install x")
+
+
+@hookimpl
+def _register_half_commands(cli):
+    cli.add_command(click.Command("half", callback=lambda: None))
+    raise RuntimeError("commands hook failed midway")
+
+
+HELLO = SimpleNamespace(register_engines=_register_hello_engines, register_commands=_register_hello_commands)
+HALF = SimpleNamespace(register_commands=_register_half_commands)
+
+
+@pytest.fixture
+def fake_cli():
+    entry_points = [
+        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
+        InMemoryEntryPoint("half", HALF, "drivetrain-half", "0.0.9"),
+        InMemoryEntryPoint("gone", ImportError("cannot import name 'gone'"), "drivetrain-gone"),
+    ]
+    reset_plugins()
+    plugins(lambda: get_plugin_manager(entry_points=entry_points, disabled=[]))
+    yield build_cli()
+    reset_plugins()
+
+
+def test_listings_as_json_and_text(fake_cli):
+    runner = CliRunner()
+    result = runner.invoke(fake_cli, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = {p["name"]: p for p in json.loads(result.stdout)}
+    assert listed["hello"]["status"] == "loaded"
+    assert listed["hello"]["registered"] == [
+        "engine language_model/hello/* -> hello_pkg:E",
+        "command explode",
+        "command hello",
+    ]
+    assert (listed["gone"]["status"], listed["gone"]["error"]) == (
+        "failed",
+        "ImportError: cannot import name 'gone'",
+    )
+    assert listed["half"]["error"] == "register_commands: RuntimeError: commands hook failed midway"
+    engines = json.loads(runner.invoke(fake_cli, ["engines", "--json"]).stdout)
+    assert engines == [
+        {
+            "model_type": "language_model",
+            "backend": "hello",
+            "device": "*",
+            "engine": "hello_pkg:E",
+            "config": "hello_pkg:C",
+            "plugin": "hello",
+            "distribution": "drivetrain-hello",
+            "version": "0.5.0",
+        }
+    ]
+    text = runner.invoke(fake_cli, ["engines"]).stdout
+    assert text == "language_model/hello/* -> hello_pkg:E (drivetrain-hello 0.5.0)\n"
+    assert "gone: drivetrain-gone 0.5.0 [failed] ImportError" in runner.invoke(fake_cli, ["plugins"]).stdout
+
+
+def test_plugin_commands_and_a_failing_registration(fake_cli):
+    result = CliRunner().invoke(fake_cli, ["hello", "--name", "drivetrain"])
+    assert result.exit_code == 0
+    assert result.stdout == "hello drivetrain\n"
+    assert result.stderr == (
+        "drivetrain: plugin 'half' (drivetrain-half 0.0.9) could not add its commands: "
+        "register_commands: RuntimeError: commands hook failed midway\n"
+    )
+    missing = CliRunner().invoke(fake_cli, ["half"])
+    assert missing.exit_code == 2 and "No such command 'half'" in missing.stderr
+
+
+def test_user_errors_exit_with_one_line(fake_cli):
+    result = CliRunner().invoke(fake_cli, ["explode"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == "Error: engine 'x' is missing. Install it with: pip install x"
+    assert "Traceback" not in result.output
+
+
+def test_real_installed_plugins_are_listed():
+    reset_plugins()
+    try:
+        result = CliRunner().invoke(build_cli(), ["plugins", "--json"])
+        engines = CliRunner().invoke(build_cli(), ["engines", "--json"])
+    finally:
+        reset_plugins()
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)
+    assert {p["distribution"] for p in listed} >= PLUGIN_DISTRIBUTIONS
+    for plugin in listed:
+        assert plugin["status"] in ("loaded", "failed"), plugin
+        assert (plugin["status"] == "failed") == bool(plugin["error"]), plugin
+    assert engines.exit_code == 0
+    loaded = {p["name"] for p in listed if p["status"] == "loaded"}
+    assert {e["plugin"] for e in json.loads(engines.stdout)} <= loaded
