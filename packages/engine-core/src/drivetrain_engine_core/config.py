@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -224,15 +225,15 @@ def config_from_dict(cls: type[ConfigT], values: dict[str, Any], *, where: str =
         raise ConfigError(f"unknown option {prefix}.{unknown[0]}; known options: {sorted(known)}.{hint}")
     kwargs: dict[str, Any] = {}
     for name, value in values.items():
-        kwargs[name] = _coerce(known[name], value, f"{prefix}.{name}")
+        kwargs[name] = _coerce(cls, known[name], value, f"{prefix}.{name}")
     try:
         return cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"{prefix}: {e}") from e
 
 
-def _coerce(config_field: dataclasses.Field, value: Any, where: str) -> Any:
-    nested = _nested_dataclass(config_field)
+def _coerce(owner: type, config_field: dataclasses.Field, value: Any, where: str) -> Any:
+    nested = _nested_dataclass(owner, config_field)
     if nested is not None and isinstance(value, dict):
         return config_from_dict(nested, value, where=where)
     if isinstance(value, list):
@@ -240,14 +241,20 @@ def _coerce(config_field: dataclasses.Field, value: Any, where: str) -> Any:
     return value
 
 
-def _nested_dataclass(config_field: dataclasses.Field) -> type | None:
-    """The dataclass type a field holds (``X`` or ``X | None``), resolved from its default or annotation."""
+def _nested_dataclass(owner: type, config_field: dataclasses.Field) -> type | None:
+    """The dataclass type a field holds (``X`` or ``X | None``), from its default or its resolved annotation.
+
+    Annotations are strings here (``from __future__ import annotations``), so they are resolved against the
+    module that declares each class; this is what lets a backend's config nest its own dataclasses.
+    """
     if config_field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         default = config_field.default_factory()  # type: ignore[misc]
         if dataclasses.is_dataclass(default):
             return type(default)
-    annotation = str(config_field.type)
-    for candidate in (LoraConfig, MicroBatchConfig):
-        if candidate.__name__ in annotation:
-            return candidate
-    return None
+    try:
+        hint = typing.get_type_hints(owner)[config_field.name]
+    except NameError:
+        # An annotation naming a type imported only under TYPE_CHECKING cannot be resolved: treat as plain.
+        return None
+    candidates = typing.get_args(hint) or (hint,)
+    return next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
