@@ -14,6 +14,17 @@ _EXPORTS = {
     "make_tiny_model_dir": "models",
     "run_distributed": "launcher",
     "free_port": "launcher",
+    "random_batch": "batches",
+    "token_mean_nll": "losses",
+    "value_mse": "losses",
+    "load_reference_model": "reference",
+    "reference_outputs": "reference",
+    "reference_log_probs": "reference",
+    "reference_entropy": "reference",
+    "reference_values": "reference",
+    "reference_loss_and_grad_norm": "reference",
+    "reference_train_losses": "reference",
+    "grad_norm": "reference",
 }
 
 __all__ = sorted(_EXPORTS)
