@@ -1,0 +1,152 @@
+"""``drivetrain ckpt merge``: one complete checkpoint step -> a Hugging Face model (or PEFT adapter) directory.
+
+The step is verified against its manifest before anything is written; the output is built in a hidden
+temporary directory beside the destination and renamed into place only when complete, so a failed merge
+leaves nothing behind and an interrupted one never looks finished.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drivetrain_engine_core.checkpoint import (
+    CheckpointMerger,
+    read_manifest,
+    resolve_step_dir,
+    verify_files,
+)
+from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.plugins import DrivetrainPlugins
+from drivetrain_engine_core.plugins import plugins as default_plugins
+
+from .hf_files import copy_side_files, write_model_config
+from .lora import merged_base_tensors, write_adapter_dir
+from .writer import DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter
+
+
+@dataclass(kw_only=True, frozen=True)
+class MergeOptions:
+    """How to merge.
+
+    Attributes:
+        merge_lora: for LoRA steps, fold the adapters into the base weights and write a full model instead
+            of a PEFT adapter directory.
+        overwrite: replace an existing destination.
+        max_shard_bytes: safetensors shard size; a larger model gets several shards and an index.
+        verify_checksums: check every file's SHA-256 against the manifest (sizes are always checked).
+    """
+
+    merge_lora: bool = False
+    overwrite: bool = False
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    verify_checksums: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes must be positive, got {self.max_shard_bytes}.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class MergeResult:
+    """What a merge wrote.
+
+    Attributes:
+        step_dir: the checkpoint step that was merged.
+        destination: the written directory.
+        kind: ``model`` (a full Hugging Face model) or ``adapter`` (a PEFT adapter directory).
+        files: names of the files in ``destination``.
+    """
+
+    step_dir: Path
+    destination: Path
+    kind: str
+    files: list[str] = field(default_factory=list)
+
+
+def open_merger(src: Path | str, *, verify_checksums: bool = True, plugins: DrivetrainPlugins | None = None):
+    """Resolve ``src`` to a complete step, verify its files and build the merger of the backend that wrote it.
+
+    Raises:
+        CheckpointError: no complete step, or a file is missing, truncated or corrupt (the message names it).
+        PluginError: no merger is installed for the step's backend.
+    """
+    step_dir = resolve_step_dir(src)
+    manifest = read_manifest(step_dir)
+    verify_files(step_dir, manifest, checksums=verify_checksums)
+    merger_cls = (plugins or default_plugins()).mergers.get(manifest.backend)
+    return merger_cls(step_dir, manifest)
+
+
+def merge_checkpoint(
+    src: Path | str,
+    dst: Path | str,
+    options: MergeOptions | None = None,
+    *,
+    plugins: DrivetrainPlugins | None = None,
+) -> MergeResult:
+    """Merge the checkpoint step at ``src`` (a step or a root with ``latest``) into ``dst``.
+
+    Raises:
+        CheckpointError: ``dst`` exists without ``overwrite``, or the step is incomplete or damaged.
+    """
+    options = options or MergeOptions()
+    destination = Path(dst)
+    if destination.exists() and not options.overwrite:
+        raise CheckpointError(
+            f"destination {destination} already exists; choose another path or pass --overwrite to replace it."
+        )
+    merger = open_merger(src, verify_checksums=options.verify_checksums, plugins=plugins)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = destination.parent / f".{destination.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        kind = _write(merger, staging, options)
+        _replace(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return MergeResult(
+        step_dir=merger.step_dir, destination=destination, kind=kind, files=sorted(os.listdir(destination))
+    )
+
+
+def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> str:
+    """Fill ``directory``; returns ``model`` or ``adapter``."""
+    copy_side_files(merger.manifest.model_path, directory)
+    if merger.is_lora and not options.merge_lora:
+        write_adapter_dir(merger, directory)
+        return "adapter"
+    write_model_config(merger, directory)
+    tensors = merged_base_tensors(merger) if merger.is_lora else merger.base_tensors()
+    writer = ShardedSafetensorsWriter(directory, max_shard_bytes=options.max_shard_bytes)
+    skipped = _tied_names(merger)
+    for name, tensor in tensors:
+        if name not in skipped:
+            writer.add(name, tensor)
+    writer.close()
+    return "model"
+
+
+def _tied_names(merger: CheckpointMerger) -> set[str]:
+    """Weights transformers re-ties on load and ``save_pretrained`` leaves out (a tied output embedding)."""
+    config = merger.source_config()
+    tied = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", False))
+    return {"lm_head.weight"} if tied and merger.manifest.model_type == "language_model" else set()
+
+
+def _replace(staging: Path, destination: Path) -> None:
+    """Move the finished output into place; an old destination is removed only once the new one is ready."""
+    if destination.exists():
+        retired = destination.parent / f".{destination.name}.old-{os.getpid()}"
+        os.replace(destination, retired)
+        os.replace(staging, destination)
+        shutil.rmtree(retired)
+    else:
+        os.replace(staging, destination)
+
+
+__all__ = ["MergeOptions", "MergeResult", "merge_checkpoint", "open_merger"]

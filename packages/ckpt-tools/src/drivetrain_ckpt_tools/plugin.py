@@ -1,0 +1,10 @@
+"""The ``ckpt`` entry point: adds ``drivetrain ckpt ...`` to the command line (nothing heavy imported)."""
+
+from drivetrain_engine_core.hookspecs import hookimpl
+
+
+@hookimpl
+def register_commands(cli):
+    from .commands import ckpt
+
+    cli.add_command(ckpt)
