@@ -1,0 +1,88 @@
+"""``FSDPEngineConfig``: the FSDP2 backend's own knobs on top of core's :class:`EngineConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drivetrain_engine_core.config import DTYPES, ConfigError, EngineConfig
+
+
+@dataclass(kw_only=True, frozen=True)
+class FSDPEngineConfig(EngineConfig):
+    """Settings of the FSDP2 engine.
+
+    Attributes:
+        fsdp_size: ranks one parameter is sharded over; ``-1`` shards over every rank. A smaller size that
+            divides the world size gives hybrid sharding (shard inside groups of ``fsdp_size``, replicate
+            across them).
+        ulysses_sequence_parallel_size: ranks that split one packed row by tokens (DeepSpeed-Ulysses); the
+            data-parallel size is ``world_size / ulysses_sequence_parallel_size``.
+        reshard_after_forward: free gathered parameters after forward (saves memory, costs one more
+            all-gather in backward).
+        cpu_offload_policy: let FSDP2 keep parameters, gradients and optimizer state on CPU
+            (``CPUOffloadPolicy``); the optimizer then steps on CPU.
+        reduce_dtype: dtype of gradient reduction; keep ``float32`` for stable sums under bf16 compute.
+        entropy_chunk_size: tokens per chunk when turning logits into log-probs and entropy, so that the
+            softmax-sized intermediates of only one chunk exist at a time.
+        attention_backend: ``varlen`` attends per packed sequence (flash-attention varlen on GPU when installed,
+            SDPA per sequence otherwise); ``sdpa`` is used for padded rows regardless.
+    """
+
+    fsdp_size: int = -1
+    ulysses_sequence_parallel_size: int = 1
+    reshard_after_forward: bool = True
+    cpu_offload_policy: bool = False
+    reduce_dtype: str = "float32"
+    entropy_chunk_size: int = 2048
+    attention_backend: str = "varlen"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fsdp_size != -1 and self.fsdp_size < 1:
+            raise ConfigError(f"engine.fsdp_size must be -1 (all ranks) or >= 1, got {self.fsdp_size}.")
+        if self.ulysses_sequence_parallel_size < 1:
+            raise ConfigError(
+                "engine.ulysses_sequence_parallel_size must be >= 1 (1 disables sequence parallelism), "
+                f"got {self.ulysses_sequence_parallel_size}."
+            )
+        if self.reduce_dtype not in DTYPES:
+            raise ConfigError(
+                f"engine.reduce_dtype={self.reduce_dtype!r} is not supported; choose one of {list(DTYPES)}."
+            )
+        if self.entropy_chunk_size < 1:
+            raise ConfigError(f"engine.entropy_chunk_size must be >= 1, got {self.entropy_chunk_size}.")
+        if self.attention_backend not in ("varlen", "sdpa"):
+            raise ConfigError(
+                f"engine.attention_backend={self.attention_backend!r} is not supported; choose 'varlen' or 'sdpa'."
+            )
+        if self.cpu_offload_policy and self.param_offload:
+            raise ConfigError(
+                "engine.cpu_offload_policy and engine.param_offload both move parameters to CPU; set only one "
+                "(cpu_offload_policy keeps them there during compute, param_offload only between calls)."
+            )
+
+    def check_world(self, world_size: int) -> None:
+        """Check the parallel sizes against the launched world.
+
+        Raises:
+            ConfigError: a size does not divide the world size; the message says which sizes would.
+        """
+        sp = self.ulysses_sequence_parallel_size
+        if world_size % sp:
+            raise ConfigError(
+                f"engine.ulysses_sequence_parallel_size={sp} does not divide the world size {world_size}; "
+                f"use one of {_divisors(world_size)}."
+            )
+        if self.fsdp_size != -1 and world_size % self.fsdp_size:
+            raise ConfigError(
+                f"engine.fsdp_size={self.fsdp_size} does not divide the world size {world_size}; "
+                f"use -1 or one of {_divisors(world_size)}."
+            )
+
+    def resolved_fsdp_size(self, world_size: int) -> int:
+        """Ranks per shard group (``fsdp_size`` with ``-1`` resolved to the world size)."""
+        return world_size if self.fsdp_size == -1 else self.fsdp_size
+
+
+def _divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]

@@ -1,0 +1,226 @@
+"""``FSDPEngine``: core's :class:`~drivetrain_engine_core.engine.Engine` on PyTorch FSDP2 and transformers.
+
+This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``
+(build), ``wrap.py`` (meshes, ``fully_shard``), ``inputs.py`` / ``outputs.py`` (packing and per-token
+outputs), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``, ``checkpoint.py`` and
+``export.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.engine import Engine, Mode
+from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
+from tensordict import TensorDict
+
+from . import checkpoint, offload
+from .attention import register_varlen_attention
+from .config import FSDPEngineConfig
+from .export import export_full_weights
+from .inputs import prepare_model_inputs
+from .model import build_model, hf_class_name
+from .optim import build_optimizer, clip_grad_norm
+from .outputs import prepare_model_outputs
+from .ulysses import register_ulysses_attention
+from .wrap import ParallelLayout, build_layout, ensure_process_group, shard_model
+
+
+class FSDPEngine(Engine):
+    """A Hugging Face model sharded with FSDP2 (``fully_shard``), optionally with Ulysses and LoRA."""
+
+    backend_name = "fsdp"
+    config_class = FSDPEngineConfig
+    engine_config: FSDPEngineConfig
+
+    # ------------------------------------------------------------------ build
+
+    def _initialize(self) -> None:
+        config = self.engine_config
+        ensure_process_group(config.device)
+        self._layout: ParallelLayout = build_layout(config)
+        model = build_model(self.model_config, attn_implementation=self._attention_name(), seed=config.seed)
+        self._hf_class = hf_class_name(model)
+        self.module = shard_model(model, self._layout, config)
+        self.optimizer = (
+            build_optimizer(self.module, self.optimizer_config) if self.optimizer_config else None
+        )
+        self._params_on_cpu = False
+        self._optimizer_on_cpu = False
+
+    def _attention_name(self) -> str:
+        if not self.model_config.use_remove_padding or self.engine_config.attention_backend == "sdpa":
+            if self.engine_config.ulysses_sequence_parallel_size > 1:
+                raise ValueError(
+                    "Ulysses sequence parallelism needs packed rows with per-sequence attention: set "
+                    "model.use_remove_padding=True and engine.attention_backend='varlen'."
+                )
+            return "sdpa"
+        if self._layout.sp_group is not None:
+            return register_ulysses_attention(self._layout.sp_group)
+        return register_varlen_attention()
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self._layout.dp_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self._layout.dp_size
+
+    @property
+    def data_parallel_group(self) -> torch.distributed.ProcessGroup | None:
+        return self._layout.dp_group
+
+    @property
+    def is_output_rank(self) -> bool:
+        return self._layout.sp_rank == 0
+
+    # ------------------------------------------------------------------ compute
+
+    def _forward_backward_micro_batches(
+        self,
+        micro_batches: Sequence[TensorDict],
+        loss_fn: LossFn | None,
+        forward_only: bool,
+        options: ForwardOptions,
+        context: LossContext,
+    ) -> list[MicroBatchResult]:
+        results = []
+        last = len(micro_batches) - 1
+        for index, micro_batch in enumerate(micro_batches):
+            if not forward_only:
+                # Reduce-scatter gradients once, after the last micro-batch has accumulated into them.
+                self.module.set_requires_gradient_sync(index == last)
+            micro_context = dataclasses.replace(context, micro_batch_index=index)
+            results.append(self._run_micro_batch(micro_batch, loss_fn, forward_only, options, micro_context))
+        return results
+
+    def _run_micro_batch(
+        self,
+        micro_batch: TensorDict,
+        loss_fn: LossFn | None,
+        forward_only: bool,
+        options: ForwardOptions,
+        context: LossContext,
+    ) -> MicroBatchResult:
+        micro_batch = _on_device(micro_batch, self.engine_config.device)
+        layout = self._layout
+        inputs = prepare_model_inputs(
+            micro_batch,
+            use_remove_padding=self.model_config.use_remove_padding,
+            sp_group=layout.sp_group,
+            sp_rank=layout.sp_rank,
+            sp_size=layout.sp_size,
+        )
+        logits = self.module(**inputs.kwargs).logits
+        model_output = prepare_model_outputs(
+            logits,
+            inputs,
+            model_type=self.model_config.model_type,
+            options=options,
+            chunk_size=self.engine_config.entropy_chunk_size,
+        )
+        loss, metrics = None, {}
+        if loss_fn is not None:
+            to_backward, loss, metrics = self.compute_micro_batch_loss(
+                loss_fn, model_output, micro_batch, context
+            )
+            if not forward_only:
+                # FSDP averages gradients over all dp * sp ranks while SP ranks share one loss (see ulysses.py).
+                (to_backward * layout.sp_size).backward()
+        outputs = model_output.detach() if self.is_output_rank else None
+        return MicroBatchResult(outputs=outputs, loss=loss, metrics=metrics)
+
+    def _set_mode(self, mode: Mode) -> None:
+        self.module.train(mode == "train")
+
+    # ------------------------------------------------------------------ optimizer
+
+    def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
+        return self.optimizer.param_groups if self.optimizer is not None else []
+
+    def _optimizer_zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip_grad_norm(self, max_norm: float | None) -> float:
+        return clip_grad_norm(self.module, max_norm)
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    # ------------------------------------------------------------------ placement
+
+    @property
+    def _home_device(self) -> str:
+        """Where parameters and optimizer state live during compute (CPU under FSDP2's CPU offload policy)."""
+        return "cpu" if self.engine_config.cpu_offload_policy else self.engine_config.device
+
+    def _load(self, *, params: bool, optimizer: bool) -> None:
+        if params and self._params_on_cpu:
+            offload.move_parameters(self.module, self._home_device)
+            self._params_on_cpu = False
+        if optimizer and self._optimizer_on_cpu and self.optimizer is not None:
+            offload.move_optimizer_state(self.optimizer, self._home_device)
+            self._optimizer_on_cpu = False
+
+    def _offload(self, params: bool, optimizer: bool) -> None:
+        if params and not self._params_on_cpu:
+            offload.move_parameters(self.module, "cpu")
+            self._params_on_cpu = True
+        if optimizer and not self._optimizer_on_cpu and self.optimizer is not None:
+            offload.move_optimizer_state(self.optimizer, "cpu")
+            self._optimizer_on_cpu = True
+
+    def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
+        on_cpu = device == "cpu" and self._home_device != "cpu"
+        if model:
+            offload.move_parameters(self.module, device)
+            self._params_on_cpu = on_cpu
+        elif grad:
+            offload.move_gradients(self.module, device)
+        if optimizer and self.optimizer is not None:
+            offload.move_optimizer_state(self.optimizer, device)
+            self._optimizer_on_cpu = on_cpu
+
+    # ------------------------------------------------------------------ adapters and export
+
+    def _disable_adapter(self) -> Any:
+        return self.module.disable_adapter()
+
+    def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return export_full_weights(self.module, self.model_config.lora)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
+        checkpoint.save_state(self.module, self.optimizer if save_optimizer else None, step_dir)
+
+    def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
+        checkpoint.load_state(self.module, self.optimizer if load_optimizer else None, step_dir)
+
+    def _checkpoint_backend_info(self) -> dict[str, Any]:
+        world = torch.distributed.get_world_size()
+        return {
+            "state_dict_format": "dcp",
+            "model_keys": "get_model_state_dict",
+            "hf_class": self._hf_class,
+            "peft": self.model_config.lora is not None,
+            "fsdp_size": self.engine_config.resolved_fsdp_size(world),
+            "ulysses_sequence_parallel_size": self._layout.sp_size,
+            "param_dtype": self.engine_config.param_dtype,
+        }
+
+
+def _on_device(micro_batch: TensorDict, device: str) -> TensorDict:
+    """``micro_batch`` on ``device``; untouched when already there, so its jagged fields keep sharing offsets."""
+    if micro_batch["input_ids"].device.type == torch.device(device).type:
+        return micro_batch
+    return micro_batch.to(device)

@@ -1,0 +1,52 @@
+"""``export_weights``: full Hugging Face tensors, one at a time, with LoRA adapters merged into the base weights.
+
+Sharded parameters are all-gathered one by one (``DTensor.full_tensor``), so peak memory is one full tensor,
+not the whole model. For a PEFT model, ``x.base_layer.weight`` is yielded as ``x.weight`` plus
+``lora_B @ lora_A * alpha / rank``; PEFT's ``base_model.model.`` prefix and ``modules_to_save`` copies map
+back onto the plain names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from drivetrain_engine_core.config import LoraConfig
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+PEFT_PREFIX = "base_model.model."
+ADAPTER = "default"
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def export_full_weights(module: nn.Module, lora: LoraConfig | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full tensor)`` for every weight of the model (a collective: every rank iterates)."""
+    state = module.state_dict()
+    if lora is None:
+        for name, tensor in state.items():
+            yield name, _full(tensor).detach()
+        return
+    scale = lora.alpha / lora.rank
+    for name, tensor in state.items():
+        hf_name = _plain_name(name)
+        if hf_name is None:
+            continue
+        weight = _full(tensor).detach()
+        if name.endswith(".base_layer.weight"):
+            stem = name[: -len(".base_layer.weight")]
+            down = _full(state[f"{stem}.lora_A.{ADAPTER}.weight"]).detach()
+            up = _full(state[f"{stem}.lora_B.{ADAPTER}.weight"]).detach()
+            weight = weight + (up.float() @ down.float()).to(weight.dtype) * scale
+        yield hf_name, weight
+
+
+def _plain_name(peft_name: str) -> str | None:
+    """The Hugging Face name of a PEFT state-dict entry, or ``None`` for adapter-only entries."""
+    if ".lora_" in peft_name or ".original_module." in peft_name:
+        return None
+    name = peft_name.removeprefix(PEFT_PREFIX)
+    return name.replace(".base_layer.", ".").replace(f".modules_to_save.{ADAPTER}.", ".")

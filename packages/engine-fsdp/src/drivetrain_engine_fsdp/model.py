@@ -1,0 +1,107 @@
+"""Build the Hugging Face module the engine trains: weights, value head, LoRA adapters, activation checkpointing.
+
+Everything here happens on CPU in float32 before sharding, so that every rank builds the same full model
+(seeded) and FSDP2 then keeps only its shard. Master weights stay float32; compute dtype is FSDP2's
+mixed-precision policy (see ``wrap.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from drivetrain_engine_core.config import LoraConfig, ModelConfig
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+VALUE_HEAD = "score"
+"""Name of the value head of ``AutoModelForTokenClassification`` (``num_labels=1``), verl's critic layout."""
+
+
+def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> nn.Module:
+    """Load (or initialise) the model of ``model_config`` on CPU in float32.
+
+    Args:
+        model_config: path, model type, LoRA and activation-checkpointing settings.
+        attn_implementation: the transformers attention implementation (``sdpa`` or a registered name).
+        seed: seeds fresh weights (a value head, ``from_config_only``) identically on every rank.
+
+    Returns:
+        The module to shard: a causal LM, or a token-classification model with one label for values; wrapped
+        in a ``PeftModel`` when LoRA is configured.
+
+    Raises:
+        FileNotFoundError: ``model_config.path`` has no ``config.json``.
+    """
+    path = Path(model_config.path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={model_config.path!r} has no config.json; point it at a local Hugging Face model "
+            "directory (one written by save_pretrained)."
+        )
+    torch.manual_seed(seed)
+    model = _load_hf_model(model_config, attn_implementation)
+    if model_config.gradient_checkpointing:
+        # Non-reentrant checkpointing composes with FSDP2's hooks and with frozen (LoRA) base weights.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if model_config.lora is not None:
+        model = apply_lora(model, model_config.lora, value_model=model_config.model_type == "value_model")
+    return model
+
+
+def _load_hf_model(model_config: ModelConfig, attn_implementation: str) -> nn.Module:
+    auto_class = (
+        AutoModelForCausalLM
+        if model_config.model_type == "language_model"
+        else AutoModelForTokenClassification
+    )
+    extra = {"num_labels": 1} if model_config.model_type == "value_model" else {}
+    common = {"attn_implementation": attn_implementation, "trust_remote_code": model_config.trust_remote_code}
+    if model_config.from_config_only:
+        hf_config = AutoConfig.from_pretrained(
+            model_config.path, trust_remote_code=model_config.trust_remote_code, **extra
+        )
+        return auto_class.from_config(hf_config, dtype=torch.float32, **common)
+    return auto_class.from_pretrained(model_config.path, dtype=torch.float32, **extra, **common)
+
+
+def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> nn.Module:
+    """Wrap ``model`` with PEFT LoRA adapters; the base weights are frozen.
+
+    A value model also trains its (fresh) value head in full, through PEFT's ``modules_to_save``.
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_config = PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        lora_dropout=lora.dropout,
+        bias="none",
+        modules_to_save=[VALUE_HEAD] if value_model else None,
+    )
+    return get_peft_model(model, peft_config)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks, found by the class names transformers marks as not splittable.
+
+    Raises:
+        ValueError: the model declares no ``_no_split_modules`` or none of them is present.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if not layers:
+        raise ValueError(
+            f"{type(base).__name__} declares no decoder layer class (_no_split_modules={sorted(names)}) found in the "
+            "model; FSDP2 needs one unit per layer. Use a transformers model class that sets _no_split_modules."
+        )
+    return layers
+
+
+def hf_class_name(model: nn.Module) -> str:
+    """The transformers class of the (possibly PEFT-wrapped) model, recorded in checkpoint manifests."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return type(base).__name__

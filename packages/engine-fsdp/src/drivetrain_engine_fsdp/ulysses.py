@@ -1,0 +1,142 @@
+"""DeepSpeed-Ulysses sequence parallelism through transformers' ``AttentionInterface``.
+
+Each rank of a sequence-parallel (SP) group holds a contiguous slice of the packed row. Everything outside
+attention is per token, so it runs on the slice unchanged. Attention is wrapped: an all-to-all trades the
+token split for a head split (every rank then sees all tokens of ``heads / sp`` heads), per-sequence attention
+runs on the full row, and a second all-to-all trades back. No model code is patched: the wrapper is an
+attention function registered under :data:`ULYSSES_ATTENTION`.
+
+Gradients: every SP rank evaluates the same loss on the gathered per-token outputs, and
+:func:`gather_tokens` sends back only the slice a rank produced, so the sum of the ranks' parameter
+gradients is the gradient of the loss once. FSDP averages over all ranks, hence the engine scales the loss
+by the SP size on top of core's data-parallel scaling.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from .attention import varlen_attention_forward
+
+ULYSSES_ATTENTION = "drivetrain_ulysses"
+_GROUP: dist.ProcessGroup | None = None
+
+
+def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    size = dist.get_world_size(group)
+    send = torch.stack([chunk.contiguous() for chunk in x.chunk(size, dim=scatter_dim)])
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return torch.cat(received.unbind(0), dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """All-to-all whose backward is the reverse all-to-all."""
+
+    @staticmethod
+    def forward(
+        ctx, x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gather_dim: int
+    ) -> torch.Tensor:
+        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim
+        return _all_to_all(x, group, scatter_dim, gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _all_to_all(grad.contiguous(), ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None
+
+
+class _GatherTokens(torch.autograd.Function):
+    """All-gather along dim 0 whose backward keeps this rank's slice (every rank holds the same loss)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.rank, ctx.length = dist.get_rank(group), x.shape[0]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad[ctx.rank * ctx.length : (ctx.rank + 1) * ctx.length], None
+
+
+def gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Concatenate every SP rank's per-token slice ``(t, ...)`` into the full row ``(sp * t, ...)``."""
+    return _GatherTokens.apply(x, group)
+
+
+def ulysses_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Sequence-parallel attention: heads are split across the SP group, tokens gathered, then split back.
+
+    ``query``/``key``/``value`` are ``(1, heads, local_tokens, head_dim)``; ``cu_seq_lens_q`` in ``kwargs``
+    describes the full (padded) row.
+    """
+    group = _GROUP
+    if group is None:
+        raise RuntimeError(
+            "Ulysses attention ran without a sequence-parallel group; call register_ulysses_attention."
+        )
+    size = dist.get_world_size(group)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % size:
+        raise ValueError(
+            f"{heads} attention heads cannot be split over ulysses_sequence_parallel_size={size}."
+        )
+    if kv_heads % size:
+        # Fewer KV heads than ranks: give every query head its own copy so that heads split evenly.
+        key, value = repeat_kv(key, heads // kv_heads), repeat_kv(value, heads // kv_heads)
+    query, key, value = (_AllToAll.apply(t, group, 1, 2) for t in (query, key, value))
+    output, _ = varlen_attention_forward(
+        module, query, key, value, attention_mask, dropout, scaling, **kwargs
+    )
+    return _AllToAll.apply(output, group, 1, 2), None
+
+
+def register_ulysses_attention(group: dist.ProcessGroup) -> str:
+    """Register the Ulysses attention for ``group`` and return its ``attn_implementation`` name.
+
+    The group is process-global because activation checkpointing re-runs attention during backward, outside
+    any forward-time context; a process therefore runs one sequence-parallel layout at a time.
+    """
+    global _GROUP
+    _GROUP = group
+    AttentionInterface.register(ULYSSES_ATTENTION, ulysses_attention_forward)
+    return ULYSSES_ATTENTION
+
+
+def pad_row_for_sp(
+    input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad a packed row ``(1, T)`` to a multiple of ``size`` tokens.
+
+    The padding forms one extra sequence (its own ``cu_seqlens`` segment, positions from 0), so it never
+    attends to or is attended by real tokens; callers drop its outputs.
+    """
+    total = input_ids.shape[1]
+    pad = (-total) % size
+    if pad == 0:
+        return input_ids, position_ids, cu_seqlens
+    input_ids = F.pad(input_ids, (0, pad))
+    extra_positions = torch.arange(pad, device=position_ids.device, dtype=position_ids.dtype).unsqueeze(0)
+    position_ids = torch.cat([position_ids, extra_positions], dim=1)
+    cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([total + pad])])
+    return input_ids, position_ids, cu_seqlens
+
+
+def local_slice(row: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """This SP rank's contiguous slice of a ``(1, T)`` row whose length is a multiple of ``size``."""
+    length = row.shape[1] // size
+    return row[:, rank * length : (rank + 1) * length]
