@@ -185,6 +185,11 @@ def test_broken_plugins_are_reported_and_others_load(fake):
     assert by_name["b_hook"].registered == []
     assert by_name["c_typo"].status == "failed"
     assert "register_engine" in by_name["c_typo"].error
+    with pytest.raises(PluginError) as missing:
+        loaded.engines.get("language_model", "half", "cpu")
+    assert "b_hook (drivetrain-hook 0.0.2): register_roles: ValueError: roles hook exploded" in str(
+        missing.value
+    )
 
 
 def test_blocked_by_environment(fake, monkeypatch):

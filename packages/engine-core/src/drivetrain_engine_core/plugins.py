@@ -8,12 +8,13 @@ original exception, contributes nothing, and does not stop the others.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import threading
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import pluggy
@@ -66,7 +67,7 @@ class PluginInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for JSON output."""
-        return asdict(self)
+        return dataclasses.asdict(self)
 
 
 def _source_of(entry_point: EntryPointLike) -> PluginSource:
@@ -74,6 +75,12 @@ def _source_of(entry_point: EntryPointLike) -> PluginSource:
     if dist is None:
         return PluginSource(name=entry_point.name, distribution="<unknown distribution>", version="")
     return PluginSource(name=entry_point.name, distribution=dist.name, version=dist.version)
+
+
+def _info(source: PluginSource, status: PluginStatus, error: str | None = None) -> PluginInfo:
+    return PluginInfo(
+        name=source.name, distribution=source.distribution, version=source.version, status=status, error=error
+    )
 
 
 def _format_exception(error: BaseException) -> tuple[str, str]:
@@ -119,6 +126,12 @@ class DrivetrainPlugins:
         self.manager.check_pending()
         for hook_name in REGISTRAR_HOOKS:
             self._call_registrar_hook(hook_name)
+        for info in self._infos.values():
+            if info.status == "failed":
+                for registry in self._registries():
+                    registry.note_failed_plugin(
+                        f"{info.name} ({info.distribution} {info.version}): {info.error}"
+                    )
 
     def register_commands(self, cli: click.Group) -> list[PluginInfo]:
         """Let every loaded plugin add sub-commands to ``cli``.
@@ -147,22 +160,19 @@ class DrivetrainPlugins:
 
     def _load_one(self, entry_point: EntryPointLike, disabled: set[str]) -> None:
         source = _source_of(entry_point)
-        base = {"name": source.name, "distribution": source.distribution, "version": source.version}
         if entry_point.name in self._infos:
             first = self._infos[entry_point.name]
-            error = ValueError(
+            error = (
                 f"plugin name {entry_point.name!r} is declared by both {first.distribution} {first.version} and "
                 f"{source.describe()}; uninstall one of them."
             )
-            self._infos[f"{entry_point.name}#{len(self._infos)}"] = PluginInfo(
-                **base, status="failed", error=str(error), traceback=None
-            )
+            self._infos[f"{entry_point.name}#{len(self._infos)}"] = _info(source, "failed", error)
             return
         if entry_point.name in disabled:
             self.manager.set_blocked(entry_point.name)
-            self._infos[entry_point.name] = PluginInfo(**base, status="blocked")
+            self._infos[entry_point.name] = _info(source, "blocked")
             return
-        self._infos[entry_point.name] = PluginInfo(**base, status="loaded")
+        self._infos[entry_point.name] = _info(source, "loaded")
         try:
             self.manager.register(entry_point.load(), name=entry_point.name)
             # Checked per plugin so that an unknown hook name is blamed on the plugin that declared it.
@@ -172,9 +182,7 @@ class DrivetrainPlugins:
 
     def _call_registrar_hook(self, hook_name: str) -> None:
         hook = getattr(self.manager.hook, hook_name)
-        registry = {"register_engines": self.engines, "register_roles": self.roles}.get(
-            hook_name, self.mergers
-        )
+        registry = dict(zip(REGISTRAR_HOOKS, self._registries(), strict=True))[hook_name]
         for impl in hook.get_hookimpls():
             source = self._source(impl.plugin_name)
             try:
@@ -190,11 +198,8 @@ class DrivetrainPlugins:
     def _fail(self, plugin_name: str, error: Exception, hook: str | None = None) -> PluginInfo:
         """Record a failure and withdraw the plugin from the registries (not from the CLI's engines)."""
         summary, full = _format_exception(error)
-        info = self._infos[plugin_name]
-        self._infos[plugin_name] = PluginInfo(
-            name=info.name,
-            distribution=info.distribution,
-            version=info.version,
+        self._infos[plugin_name] = dataclasses.replace(
+            self._infos[plugin_name],
             status="failed",
             error=f"{hook}: {summary}" if hook else summary,
             traceback=full,
@@ -209,7 +214,7 @@ class DrivetrainPlugins:
     def _with_registered(self, key: str, info: PluginInfo) -> PluginInfo:
         lines = [line for registry in self._registries() for line in registry.registered_by(key)]
         lines += [f"command {name}" for name in self._commands.get(key, [])]
-        return PluginInfo(**{**asdict(info), "registered": lines})
+        return dataclasses.replace(info, registered=lines)
 
 
 def get_plugin_manager(

@@ -39,6 +39,16 @@ class KeyedRegistry:
     def __init__(self) -> None:
         self._entries: dict[Key, Registration] = {}
         self._source = DIRECT_SOURCE
+        self._failures: list[str] = []
+
+    def note_failed_plugin(self, line: str) -> None:
+        """Remember a plugin that failed to load, so "not found" errors can point at the likely cause."""
+        self._failures.append(line)
+
+    def _failure_hint(self) -> str:
+        if not self._failures:
+            return ""
+        return f" Plugins that failed to load (see `drivetrain plugins`): {'; '.join(self._failures)}."
 
     @contextmanager
     def registering_as(self, source: PluginSource) -> Iterator[None]:

@@ -153,7 +153,7 @@ class EngineRegistry(KeyedRegistry):
             if value is not None
         )
         lines = [f"no engine is registered for {asked}."]
-        lines.append(f"Registered engines: {self._describe_registered()}.")
+        lines.append(f"Registered engines: {self._describe_registered()}.{self._failure_hint()}")
         lines.extend(self._hints(model_type, backend, device))
         lines.append(
             f"To add backend {backend!r}, install its plugin: pip install drivetrain-engine-{backend} "

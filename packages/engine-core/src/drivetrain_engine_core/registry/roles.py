@@ -57,7 +57,8 @@ class NamedRegistry(KeyedRegistry):
             close = difflib.get_close_matches(name, self.names(), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise PluginError(
-                f"no {self.kind} named {name!r} is registered; registered: {registered or 'none'}.{hint} "
+                f"no {self.kind} named {name!r} is registered; registered: {registered or 'none'}.{hint}"
+                f"{self._failure_hint()} "
                 f"Install the plugin that provides it, e.g. {self.install_hint}."
             )
         cls = resolve_target(registration.target, what=self.kind, source=registration.source)
