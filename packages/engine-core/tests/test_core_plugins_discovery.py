@@ -292,3 +292,28 @@ def test_process_wide_cache_and_reset():
     reset_plugins()
     assert plugins(lambda: get_plugin_manager(entry_points=[])) is not first
     reset_plugins()
+
+
+def test_hook_calling_plugins_fails_instead_of_hanging(fake):
+    greedy = fake.module(
+        "greedy",
+        """
+        from drivetrain_engine_core.hookspecs import hookimpl
+        from drivetrain_engine_core.plugins import plugins
+
+        @hookimpl
+        def register_roles(registry):
+            plugins()
+        """,
+    )
+    entry_points = [*_backend(fake), fake.entry_point("greedy", greedy, "drivetrain-greedy")]
+    reset_plugins()
+    try:
+        loaded = plugins(lambda: get_plugin_manager(entry_points=entry_points))
+    finally:
+        reset_plugins()
+    by_name = {p.name: p for p in loaded.plugins}
+    assert by_name["fake"].status == "loaded"
+    assert by_name["greedy"].error.startswith(
+        "register_roles: drivetrain_engine_core.errors.PluginError: plugins() was"
+    )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import pluggy
 
 from . import hookspecs
+from .errors import PluginError
 from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry
 
 if TYPE_CHECKING:
@@ -239,16 +240,30 @@ def get_plugin_manager(
     return result
 
 
-_cache_lock = threading.Lock()
+_cache_lock = threading.RLock()  # re-entrant so that a hook calling plugins() gets an error, not a hang
 _cached: DrivetrainPlugins | None = None
+_loading = False
 
 
 def plugins(factory: Callable[[], DrivetrainPlugins] = get_plugin_manager) -> DrivetrainPlugins:
-    """The process-wide plugins, loaded on first call (by ``factory``) and cached."""
-    global _cached
+    """The process-wide plugins, loaded on first call (by ``factory``) and cached.
+
+    Raises:
+        PluginError: called from a plugin hook while the plugins are still loading.
+    """
+    global _cached, _loading
     with _cache_lock:
         if _cached is None:
-            _cached = factory()
+            if _loading:
+                raise PluginError(
+                    "plugins() was called from a plugin hook while plugins are loading; use the registrar the "
+                    "hook receives, and look other plugins up later (in the command or engine code)."
+                )
+            _loading = True
+            try:
+                _cached = factory()
+            finally:
+                _loading = False
         return _cached
 
 
