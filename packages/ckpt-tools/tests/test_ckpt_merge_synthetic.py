@@ -1,0 +1,126 @@
+"""Merging hand-written DCP steps (the FSDP engine's key convention) and comparing with the source models.
+
+The reference is the plain Hugging Face / PEFT model whose state dict was saved; the merged directory is
+loaded back with ``from_pretrained`` and must give the same logits.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+TOLERANCE = 1e-5
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+def test_full_model_merge_matches_source_logits_and_copies_side_files(
+    synthetic_step, tmp_path, source_dir, source_model, probe_ids
+):
+    result = merge_checkpoint(synthetic_step, tmp_path / "hf", MergeOptions(max_shard_bytes=30_000))
+    assert result.kind == "model"
+    assert "model.safetensors.index.json" in result.files
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
+        assert name in result.files
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (source_dir / "tokenizer.json").read_bytes()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert _max_diff(merged(probe_ids).logits, source_model(probe_ids).logits) == 0.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf"]
+
+
+def test_merge_from_root_follows_latest(tmp_path, source_dir, source_model, write_step):
+    root = tmp_path / "ckpt"
+    write_step(root, 1, source_model, model_path=source_dir)
+    (root / "latest").write_text("global_step_1")
+    result = merge_checkpoint(root, tmp_path / "hf")
+    assert result.step_dir == root / "global_step_1"
+
+
+def test_lora_step_becomes_a_peft_adapter_dir_and_a_merged_model(
+    tmp_path, source_dir, probe_ids, lora_model, write_step
+):
+    from peft import PeftModel
+
+    model, lora = lora_model
+    step = write_step(tmp_path / "ckpt", 2, model, model_path=source_dir, lora=lora)
+    with torch.no_grad():
+        expected = model(input_ids=probe_ids).logits
+
+    adapter = merge_checkpoint(step, tmp_path / "adapter")
+    assert adapter.kind == "adapter"
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(adapter.files)
+    assert not any(name.startswith("model") for name in adapter.files)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 8.0, ["q_proj", "v_proj"])
+    base = AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        assert _max_diff(loaded(input_ids=probe_ids).logits, expected) < TOLERANCE
+
+    merged = merge_checkpoint(step, tmp_path / "merged", MergeOptions(merge_lora=True))
+    assert merged.kind == "model"
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    with torch.no_grad():
+        diff = _max_diff(plain(probe_ids).logits, expected)
+    assert diff < TOLERANCE
+    assert not any("lora" in name or "base_layer" in name for name in plain.state_dict())
+
+
+def test_value_model_with_lora_and_trained_head(
+    tmp_path, value_source_dir, probe_ids, value_lora_model, write_step
+):
+    model, lora = value_lora_model
+    with torch.no_grad():
+        expected = model(input_ids=probe_ids).logits
+    step = write_step(
+        tmp_path / "ckpt", 3, model, model_path=value_source_dir, model_type="value_model", lora=lora
+    )
+    merge_checkpoint(step, tmp_path / "merged", MergeOptions(merge_lora=True))
+    config = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForTokenClassification"]
+    plain = AutoModelForTokenClassification.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert _max_diff(plain(probe_ids).logits, expected) < TOLERANCE
+
+    merge_checkpoint(step, tmp_path / "adapter")
+    adapter_config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter_config["modules_to_save"] == ["score"]
+
+
+def test_value_model_from_causal_lm_source_is_written_as_token_classification(
+    tmp_path, source_dir, write_step
+):
+    """A critic built from an LM directory: the merged config gets the token-classification head and 1 label."""
+    critic = AutoModelForTokenClassification.from_pretrained(
+        source_dir, num_labels=1, dtype=torch.float32
+    ).eval()
+    step = write_step(tmp_path / "ckpt", 1, critic, model_path=source_dir, model_type="value_model")
+    merge_checkpoint(step, tmp_path / "merged")
+    merged = AutoModelForTokenClassification.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    ids = torch.arange(12)[None]
+    with torch.no_grad():
+        assert _max_diff(merged(ids).logits, critic(ids).logits) == 0.0
+    assert merged.config.num_labels == 1
+    assert merged.config.architectures == ["Qwen2ForTokenClassification"]
+
+
+def test_tied_embeddings_are_written_once_and_retied_on_load(tmp_path, write_step, probe_ids):
+    from drivetrain_engine_core.testing.models import make_tiny_model_dir
+
+    source = make_tiny_model_dir(tmp_path / "tied", tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    step = write_step(tmp_path / "ckpt", 1, model, model_path=source)
+    merge_checkpoint(step, tmp_path / "merged")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert _max_diff(merged(probe_ids).logits, model(probe_ids).logits) == 0.0
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "merged" / "model.safetensors", "pt") as handle:
+        assert "lm_head.weight" not in list(handle.keys())
