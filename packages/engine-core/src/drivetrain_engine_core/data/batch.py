@@ -217,6 +217,8 @@ def _check_dtype(key: str, dtype: torch.dtype) -> None:
 
 def _describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
-        layout = "jagged" if is_jagged(value) else ("nested strided" if value.is_nested else "dense")
-        return f"a {layout} tensor of shape {tuple(value.shape)}"
+        if value.is_nested and not is_jagged(value):
+            return f"a nested strided tensor of {value.size(0)} sequences"
+        layout = "jagged" if is_jagged(value) else "dense"
+        return f"a {layout} {value.dtype} tensor of shape {tuple(value.shape)}"
     return type(value).__name__

@@ -1,8 +1,9 @@
 """Cutting a rank's batch into micro-batches, and putting per-sample outputs back in the original order.
 
 Fixed batching takes consecutive chunks of ``micro_batch_size`` sequences. Dynamic batching treats
-``max_tokens`` as a hard cap: it picks the smallest micro-batch count at which a workload-balanced
-(Karmarkar-Karp) partition fits the cap, takes the maximum of that count over the data-parallel group (every
+``max_tokens`` as a hard cap: it picks the smallest micro-batch count, from the token lower bound
+``ceil(total / max_tokens)`` up, at which a workload-balanced (Karmarkar-Karp) partition fits the cap after at
+most one move or swap per over-cap group (``cap_repair``), takes the maximum of that count over the data-parallel group (every
 rank must run the same number of forward/backward passes, or collectives inside the model would pair up
 wrongly), and partitions at that count. Both modes all-reduce the count, so ranks holding different numbers of
 sequences still agree; a rank that then holds fewer sequences than micro-batches gets a clear error, because
@@ -24,6 +25,7 @@ from ..config import MicroBatchConfig
 from ..distributed import ProcessGroup
 from ..errors import BatchError
 from .batch import INPUT_IDS, jagged, sequence_lengths, token_keys
+from .cap_repair import repair_to_cap
 from .partition import estimate_workload, karmarkar_karp
 
 EXTRA_COUNTS_TRIED = 4
@@ -159,12 +161,13 @@ def _plan_dynamic(lengths: Tensor, max_tokens: int) -> tuple[int, list[list[int]
 
 
 def _balanced(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]] | None:
-    """Karmarkar-Karp groups on workload, or ``None`` if one of them breaks the token cap."""
-    groups = karmarkar_karp(estimate_workload(lengths).tolist(), count)
+    """Karmarkar-Karp groups on workload, moved under the token cap if needed; ``None`` if that fails."""
+    workloads = estimate_workload(lengths)
+    groups = karmarkar_karp(workloads.tolist(), count)
     sizes = lengths.tolist()
     if all(sum(sizes[i] for i in g) <= max_tokens for g in groups):
         return groups
-    return None
+    return repair_to_cap(groups, lengths, workloads, max_tokens)
 
 
 def _first_fit_decreasing_count(sizes: list[int], cap: int) -> int:

@@ -7,8 +7,11 @@ whatever the number of items; 4096 sequences partition in a few milliseconds.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from operator import add
 
 import torch
 from torch import Tensor
@@ -67,15 +70,32 @@ def karmarkar_karp(
         raise BatchError(
             f"karmarkar_karp: equal_size needs the item count ({n}) divisible by num_partitions ({k})."
         )
-    heap = _initial_states([float(w) for w in workloads], k, equal_size)
-    counter = len(heap)
-    while len(heap) > 1:
-        _, _, sums_a, members_a = heapq.heappop(heap)
-        _, _, sums_b, members_b = heapq.heappop(heap)
-        sums, members = _merge(sums_a, members_a, sums_b, members_b)
-        heapq.heappush(heap, (sums[0] - sums[-1], counter, sums, members))
-        counter += 1
-    return [sorted(_flatten(tree)) for tree in heap[0][3]]
+    with _gc_paused():
+        heap = _initial_states([float(w) for w in workloads], k, equal_size)
+        counter = len(heap)
+        while len(heap) > 1:
+            _, _, sums_a, members_a = heapq.heappop(heap)
+            _, _, sums_b, members_b = heapq.heappop(heap)
+            sums, members = _merge(sums_a, members_a, sums_b, members_b)
+            heapq.heappush(heap, (sums[0] - sums[-1], counter, sums, members))
+            counter += 1
+        return [sorted(_flatten(tree)) for tree in heap[0][3]]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while merge trees are built.
+
+    The algorithm allocates tens of thousands of small tuples (no cycles); left on, the collector's full
+    passes over the whole interpreter heap (torch's objects included) cost more than the partitioning itself.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _initial_states(weights: list[float], k: int, equal_size: bool) -> list[tuple]:
@@ -95,21 +115,15 @@ def _initial_states(weights: list[float], k: int, equal_size: bool) -> list[tupl
 
 
 def _merge(sums_a: list[float], members_a: list, sums_b: list[float], members_b: list) -> tuple[list, list]:
-    """Pair ``a``'s buckets ascending with ``b``'s descending; return the new state sorted ascending."""
-    k = len(sums_a)
-    pairs = sorted(
-        ((sums_a[i] + sums_b[k - 1 - i], _join(members_a[i], members_b[k - 1 - i])) for i in range(k)),
-        key=lambda p: p[0],
-    )
-    return [p[0] for p in pairs], [p[1] for p in pairs]
+    """Pair ``a``'s buckets ascending with ``b``'s descending; return the new state sorted ascending.
 
-
-def _join(a: object, b: object) -> object:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return (a, b)
+    Members are joined as ``(a_tree, b_tree)`` pairs and flattened once at the end; the sums and the sort run
+    in C (``map``, ``sorted`` with a C key), which keeps a merge at a few microseconds for k around 40.
+    """
+    sums = list(map(add, sums_a, reversed(sums_b)))
+    order = sorted(range(len(sums)), key=sums.__getitem__)
+    members_b = members_b[::-1]
+    return [sums[i] for i in order], [(members_a[i], members_b[i]) for i in order]
 
 
 def _flatten(tree: object) -> list[int]:
