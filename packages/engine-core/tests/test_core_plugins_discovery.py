@@ -213,6 +213,18 @@ def test_duplicate_registration_names_both_distributions(fake):
     assert "engine language_model/fake/cpu is registered twice" in failed.error
     assert "drivetrain-engine-fake 1.2.3" in failed.error and "drivetrain-copycat 9.9" in failed.error
     assert len(loaded.engines.entries()) == 3, "the first plugin keeps its registrations"
+    same_name = get_plugin_manager(
+        entry_points=[*_backend(fake), fake.entry_point("fake", copy, "drivetrain-fork")]
+    )
+    assert [(p.distribution, p.status) for p in same_name.plugins] == [
+        ("drivetrain-engine-fake", "loaded"),
+        ("drivetrain-fork", "failed"),
+    ]
+    assert (
+        "declared by both drivetrain-engine-fake 1.2.3 and drivetrain-fork 1.2.3"
+        in same_name.plugins[1].error
+    )
+    assert same_name.plugins[1].registered == []
 
 
 def test_missing_engine_message(fake):
