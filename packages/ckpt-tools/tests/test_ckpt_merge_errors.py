@@ -1,0 +1,89 @@
+"""Damaged or unusable inputs are refused with one message naming the file, and leave nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
+from drivetrain_engine_core.errors import CheckpointError
+
+
+def _largest_shard(step):
+    return max((step / "model").glob("*.distcp"), key=lambda p: p.stat().st_size)
+
+
+def _assert_nothing_written(parent, expected):
+    assert sorted(p.name for p in parent.iterdir()) == sorted(expected)
+
+
+def test_truncated_shard_is_refused_and_names_the_file(synthetic_step, tmp_path):
+    shard = _largest_shard(synthetic_step)
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"{shard.name} has {len(data) // 2} bytes.*truncated"):
+        merge_checkpoint(synthetic_step, tmp_path / "hf")
+    _assert_nothing_written(tmp_path, ["ckpt"])
+
+
+def test_missing_shard_is_refused_and_names_the_file(synthetic_step, tmp_path):
+    shard = _largest_shard(synthetic_step)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"{shard.name} is missing"):
+        merge_checkpoint(synthetic_step, tmp_path / "hf")
+    _assert_nothing_written(tmp_path, ["ckpt"])
+
+
+def test_checksum_mismatch_is_refused_unless_checksums_are_skipped(synthetic_step, tmp_path):
+    shard = _largest_shard(synthetic_step)
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # same size, different content
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{shard.name} does not match its SHA-256"):
+        merge_checkpoint(synthetic_step, tmp_path / "hf")
+    _assert_nothing_written(tmp_path, ["ckpt"])
+
+
+def test_missing_manifest_is_an_incomplete_step(synthetic_step, tmp_path):
+    (synthetic_step / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"manifest\.json does not exist.*incomplete"):
+        merge_checkpoint(synthetic_step, tmp_path / "hf")
+    _assert_nothing_written(tmp_path, ["ckpt"])
+
+
+def test_existing_destination_is_refused_then_replaced_with_overwrite(synthetic_step, tmp_path):
+    destination = tmp_path / "hf"
+    destination.mkdir()
+    (destination / "keep.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=f"destination {destination} already exists.*--overwrite"):
+        merge_checkpoint(synthetic_step, destination)
+    assert (destination / "keep.txt").read_text() == "mine"
+    _assert_nothing_written(tmp_path, ["ckpt", "hf"])
+
+    merge_checkpoint(synthetic_step, destination, MergeOptions(overwrite=True))
+    assert not (destination / "keep.txt").exists()
+    assert (destination / "model.safetensors").is_file()
+    _assert_nothing_written(tmp_path, ["ckpt", "hf"])
+
+
+def test_failure_while_writing_removes_the_staging_directory(synthetic_step, tmp_path, monkeypatch):
+    """A merge that fails after it started writing (here: the source config vanished) leaves no partial output."""
+    import drivetrain_ckpt_tools.merge as merge_module
+
+    def broken(merger, directory):
+        (directory / "partial.bin").write_bytes(b"x")
+        raise CheckpointError("config went away")
+
+    monkeypatch.setattr(merge_module, "write_model_config", broken)
+    with pytest.raises(CheckpointError, match="config went away"):
+        merge_checkpoint(synthetic_step, tmp_path / "hf")
+    _assert_nothing_written(tmp_path, ["ckpt"])
+
+
+def test_unknown_backend_names_what_is_installed(synthetic_step, tmp_path):
+    from drivetrain_engine_core.checkpoint import Manifest, read_manifest, write_manifest
+    from drivetrain_engine_core.errors import PluginError
+
+    manifest = read_manifest(synthetic_step)
+    write_manifest(synthetic_step, Manifest(**{**manifest.__dict__, "backend": "deepspeed"}))
+    with pytest.raises(PluginError, match=r"deepspeed.*fsdp"):
+        merge_checkpoint(synthetic_step, tmp_path / "hf")
+    _assert_nothing_written(tmp_path, ["ckpt"])
