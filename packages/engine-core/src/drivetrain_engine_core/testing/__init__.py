@@ -25,6 +25,7 @@ _EXPORTS = {
     "reference_loss_and_grad_norm": "reference",
     "reference_train_losses": "reference",
     "grad_norm": "reference",
+    "EngineConformanceTests": "conformance",
 }
 
 __all__ = sorted(_EXPORTS)

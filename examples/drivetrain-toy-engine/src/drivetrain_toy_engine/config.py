@@ -1,0 +1,14 @@
+"""The toy backend's engine config: the core settings with ``backend`` defaulting to ``toy``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drivetrain_engine_core.config import EngineConfig
+
+
+@dataclass(kw_only=True, frozen=True)
+class ToyEngineConfig(EngineConfig):
+    """Core engine settings; the toy backend adds none of its own."""
+
+    backend: str = "toy"

@@ -1,0 +1,319 @@
+"""``EngineConformanceTests``: the test class every engine backend subclasses to prove it keeps the contract.
+
+Modelled on LangChain's standard-tests: a backend's test file holds a ~10-line subclass naming its backend
+(and, if needed, how to build an engine), and inherits every check below. Each check compares the engine
+with an independent single-process Hugging Face reference (:mod:`.reference`), never with itself alone.
+
+Example::
+
+    from drivetrain_engine_core.testing.conformance import EngineConformanceTests
+
+    class TestMyEngineConformance(EngineConformanceTests):
+        backend = "mine"              # built through the plugin registry with create_engine
+        supports_lora = False         # skip what the backend does not offer
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.padding import nopad_to_padded, padded_to_nopad
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.errors import BatchError, EngineStateError
+from drivetrain_engine_core.lr_schedule import lr_at_step
+from drivetrain_engine_core.testing.batches import random_batch
+from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
+from drivetrain_engine_core.testing.models import make_tiny_model_dir
+from drivetrain_engine_core.testing.reference import (
+    reference_entropy,
+    reference_log_probs,
+    reference_loss_and_grad_norm,
+    reference_train_losses,
+    reference_values,
+)
+
+PROMPT_LENGTHS = (3, 5, 2, 6)
+RESPONSE_LENGTHS = (5, 2, 7, 3)
+OPTIMIZER = OptimizerConfig(
+    lr=1e-2,
+    weight_decay=0.01,
+    clip_grad=1.0,
+    warmup_steps=2,
+    lr_schedule="cosine",
+    total_steps=6,
+    min_lr_ratio=0.1,
+)
+MICRO_BATCHINGS = {
+    "fixed-1": MicroBatchConfig(micro_batch_size=1),
+    "fixed-all": MicroBatchConfig(micro_batch_size=len(PROMPT_LENGTHS)),
+    "dynamic-16-tokens": MicroBatchConfig(micro_batch_size=None, max_tokens=16),
+}
+
+
+def _flat(value: torch.Tensor) -> torch.Tensor:
+    return value.values().detach().cpu()
+
+
+class EngineConformanceTests:
+    """Checks every engine must pass; subclass it in a ``Test*`` class of the backend's test suite.
+
+    Class attributes configure the run; override :meth:`engine_factory` when ``create_engine`` with
+    ``backend`` and ``engine_options`` cannot build the engine.
+    """
+
+    backend: ClassVar[str] = ""
+    """Registered backend name used by the default :meth:`engine_factory`."""
+    device: ClassVar[str] = "cpu"
+    engine_options: ClassVar[dict[str, Any]] = {}
+    """Extra engine-config values (backend-specific) for the default :meth:`engine_factory`."""
+    arch: ClassVar[str] = "qwen2"
+    atol: ClassVar[float] = 1e-5
+    rtol: ClassVar[float] = 1e-5
+    curve_rtol: ClassVar[float] = 1e-4
+    """Tolerance of the 5-step curve, where rounding differences compound through AdamW."""
+    supports_value_model: ClassVar[bool] = True
+    supports_lora: ClassVar[bool] = True
+    supports_padded_inputs: ClassVar[bool] = True
+    """Whether ``ModelConfig.use_remove_padding=False`` (padded rows) is implemented."""
+    skip_tests: ClassVar[frozenset[str]] = frozenset()
+    """Names of inherited tests that make no sense for this backend."""
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def engine_factory(
+        self,
+        model_dir: Path,
+        *,
+        micro_batch: MicroBatchConfig,
+        lora: LoraConfig | None = None,
+        optimizer_config: OptimizerConfig | None = OPTIMIZER,
+        **model_options: Any,
+    ) -> Engine:
+        """Build (not initialise) the engine under test.
+
+        Args:
+            model_dir: a tiny Hugging Face model directory.
+            micro_batch: the micro-batching policy to use.
+            lora: adapters, when the test trains LoRA.
+            optimizer_config: ``None`` for an inference-only engine.
+            **model_options: further :class:`ModelConfig` fields (``model_type``, ``use_remove_padding``).
+        """
+        from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+
+        if not self.backend:
+            raise NotImplementedError(
+                f"{type(self).__name__}: set `backend = ...` or override engine_factory()."
+            )
+        values = {
+            **self.engine_options,
+            "backend": self.backend,
+            "device": self.device,
+            "micro_batch": micro_batch,
+        }
+        return create_engine(
+            model_config=ModelConfig(path=str(model_dir), lora=lora, **model_options),
+            engine_config=engine_config_from_dict(values),
+            optimizer_config=optimizer_config,
+        )
+
+    # ------------------------------------------------------------------ fixtures
+    @pytest.fixture(autouse=True)
+    def _skip_unsupported(self, request: pytest.FixtureRequest) -> None:
+        if request.function.__name__ in self.skip_tests:
+            pytest.skip(f"{type(self).__name__} lists {request.function.__name__} in skip_tests")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return make_tiny_model_dir(tmp_path_factory.mktemp("language_model"), arch=cls.arch)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def value_model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return make_tiny_model_dir(
+            tmp_path_factory.mktemp("value_model"), arch=cls.arch, model_type="value_model"
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def make_engine(
+        self,
+        model_dir: Path,
+        micro_batch: MicroBatchConfig | None = None,
+        *,
+        optimizer_config: OptimizerConfig | None = OPTIMIZER,
+        **kwargs: Any,
+    ) -> Engine:
+        """An initialised engine (two sequences per micro-batch unless told otherwise)."""
+        engine = self.engine_factory(
+            model_dir,
+            micro_batch=micro_batch or MicroBatchConfig(micro_batch_size=2),
+            optimizer_config=optimizer_config,
+            **kwargs,
+        )
+        engine.initialize()
+        return engine
+
+    @staticmethod
+    def make_batch(model_dir: Path, seed: int = 0, **kwargs: Any) -> TensorDict:
+        vocab_size = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+        return random_batch(
+            vocab_size=vocab_size,
+            prompt_lengths=PROMPT_LENGTHS,
+            response_lengths=RESPONSE_LENGTHS,
+            seed=seed,
+            **kwargs,
+        )
+
+    def assert_close(self, actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+        torch.testing.assert_close(
+            _flat(actual), _flat(expected), atol=self.atol, rtol=0, msg=lambda m: f"{what}: {m}"
+        )
+
+    def assert_loss_and_grad_norm(
+        self, output: Any, expected: tuple[float, float], rtol: float | None = None
+    ) -> None:
+        rtol = self.rtol if rtol is None else rtol
+        assert output.loss == pytest.approx(expected[0], rel=rtol), "loss differs from the reference"
+        assert output.metrics["grad_norm"] == pytest.approx(expected[1], rel=rtol), "grad norm differs"
+
+    # ------------------------------------------------------------------ forward
+    def test_log_probs_and_entropy_match_reference(self, model_dir: Path) -> None:
+        engine = self.make_engine(model_dir, optimizer_config=None)
+        batch = set_forward_options(self.make_batch(model_dir), temperature=0.7, compute_entropy=True)
+        with engine.eval_mode():
+            outputs = engine.infer_batch(batch).outputs
+        assert outputs["log_probs"].offsets().tolist() == batch["input_ids"].offsets().tolist()
+        self.assert_close(
+            outputs["log_probs"], reference_log_probs(model_dir, batch, temperature=0.7), "log_probs"
+        )
+        self.assert_close(outputs["entropy"], reference_entropy(model_dir, batch, temperature=0.7), "entropy")
+
+    # ------------------------------------------------------------------ training
+    def test_first_step_loss_and_grad_norm_match_reference(self, model_dir: Path) -> None:
+        engine = self.make_engine(model_dir)
+        batch = self.make_batch(model_dir)
+        with engine.train_mode():
+            output = engine.train_batch(batch, token_mean_nll)
+        self.assert_loss_and_grad_norm(output, reference_loss_and_grad_norm(model_dir, batch, token_mean_nll))
+        assert output.metrics["lr"] == pytest.approx(lr_at_step(OPTIMIZER, 0))
+
+    @pytest.mark.parametrize("micro_batching", list(MICRO_BATCHINGS))
+    def test_micro_batching_does_not_change_results(self, model_dir: Path, micro_batching: str) -> None:
+        engine = self.make_engine(model_dir, MICRO_BATCHINGS[micro_batching])
+        batch = self.make_batch(model_dir, seed=1)
+        with engine.train_mode():
+            output = engine.train_batch(batch, token_mean_nll)
+        self.assert_loss_and_grad_norm(output, reference_loss_and_grad_norm(model_dir, batch, token_mean_nll))
+        self.assert_close(output.outputs["log_probs"], reference_log_probs(model_dir, batch), "log_probs")
+
+    def test_five_step_training_curve_matches_reference(self, model_dir: Path) -> None:
+        engine = self.make_engine(model_dir)
+        batches = [self.make_batch(model_dir, seed=10 + step) for step in range(5)]
+        history = []
+        with engine.train_mode():
+            for batch in batches:
+                output = engine.train_batch(batch, token_mean_nll)
+                history.append((output.loss, output.metrics["grad_norm"]))
+                engine.lr_scheduler_step()
+        expected = reference_train_losses(model_dir, batches, OPTIMIZER, token_mean_nll)
+        flat_history = [value for step in history for value in step]
+        assert flat_history == pytest.approx(
+            [value for step in expected for value in step], rel=self.curve_rtol
+        )
+
+    def test_padded_and_no_padding_inputs_agree(self, model_dir: Path) -> None:
+        original = self.make_batch(model_dir, seed=2)
+        padded = nopad_to_padded(original, prompt_lengths=torch.tensor(PROMPT_LENGTHS))
+        batch = padded_to_nopad(
+            padded["input_ids"], padded["attention_mask"], response_mask=padded["response_mask"]
+        )
+        expected = reference_loss_and_grad_norm(model_dir, original, token_mean_nll)
+        layouts = (True, False) if self.supports_padded_inputs else (True,)
+        for use_remove_padding in layouts:
+            engine = self.make_engine(model_dir, use_remove_padding=use_remove_padding)
+            with engine.train_mode():
+                output = engine.train_batch(batch, token_mean_nll)
+            self.assert_loss_and_grad_norm(output, expected)
+            self.assert_close(
+                output.outputs["log_probs"], reference_log_probs(model_dir, original), "log_probs"
+            )
+
+    # ------------------------------------------------------------------ checkpoints
+    def test_checkpoint_round_trip_is_bit_exact(self, model_dir: Path, tmp_path: Path) -> None:
+        first, second = self.make_batch(model_dir, seed=3), self.make_batch(model_dir, seed=4)
+        engine = self.make_engine(model_dir)
+        with engine.train_mode():
+            engine.train_batch(first, token_mean_nll)
+            engine.lr_scheduler_step()
+        engine.save_checkpoint(tmp_path, global_step=1, extra_state={"epoch": 3})
+        with engine.train_mode():
+            expected = engine.train_batch(second, token_mean_nll)
+        resumed = self.make_engine(model_dir)
+        assert resumed.load_checkpoint(tmp_path) == {"global_step": 1, "epoch": 3}
+        assert resumed.current_lr == engine.current_lr == lr_at_step(OPTIMIZER, 1)
+        with resumed.train_mode():
+            actual = resumed.train_batch(second, token_mean_nll)
+        assert (actual.loss, actual.metrics["grad_norm"]) == (expected.loss, expected.metrics["grad_norm"])
+        resumed_weights = dict(resumed.export_weights())
+        for name, tensor in engine.export_weights():
+            assert torch.equal(resumed_weights[name], tensor), f"{name} differs after resuming"
+        assert (tmp_path / "latest").read_text().strip() == "global_step_1"
+
+    # ------------------------------------------------------------------ errors
+    def test_mode_errors_name_the_fix(self, model_dir: Path) -> None:
+        engine = self.engine_factory(
+            model_dir, micro_batch=MicroBatchConfig(micro_batch_size=2), optimizer_config=OPTIMIZER
+        )
+        batch = self.make_batch(model_dir)
+        with pytest.raises(EngineStateError, match=r"initialize\(\)"), engine.train_mode():
+            pass
+        engine.initialize()
+        with pytest.raises(EngineStateError, match="train_mode"):
+            engine.train_batch(batch, token_mean_nll)
+        with engine.eval_mode(), pytest.raises(EngineStateError, match="train_mode"):
+            engine.train_batch(batch, token_mean_nll)
+        with engine.train_mode(), pytest.raises(EngineStateError, match="loss_fn"):
+            engine.forward_backward_batch(batch, None)
+        batch.set_non_tensor("temprature", 0.5)
+        with engine.eval_mode(), pytest.raises(BatchError, match=r"'temprature'.*Did you mean 'temperature'"):
+            engine.infer_batch(batch)
+
+    # ------------------------------------------------------------------ value models
+    def test_value_model_matches_reference(self, value_model_dir: Path) -> None:
+        if not self.supports_value_model:
+            pytest.skip(f"{type(self).__name__} does not support value models")
+        engine = self.make_engine(value_model_dir, model_type="value_model")
+        batch = self.make_batch(value_model_dir, with_returns=True)
+        with engine.eval_mode():
+            values = engine.infer_batch(batch).outputs["values"]
+        self.assert_close(values, reference_values(value_model_dir, batch), "values")
+        with engine.train_mode():
+            output = engine.train_batch(batch, value_mse)
+        expected = reference_loss_and_grad_norm(value_model_dir, batch, value_mse, model_type="value_model")
+        self.assert_loss_and_grad_norm(output, expected)
+
+    # ------------------------------------------------------------------ LoRA
+    def test_lora_starts_at_base_and_disable_adapter_runs_base(self, model_dir: Path) -> None:
+        if not self.supports_lora:
+            pytest.skip(f"{type(self).__name__} does not support LoRA")
+        lora = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))
+        engine = self.make_engine(model_dir, lora=lora)
+        batch = self.make_batch(model_dir)
+        base = reference_log_probs(model_dir, batch)
+        with engine.eval_mode():
+            self.assert_close(engine.infer_batch(batch).outputs["log_probs"], base, "initial LoRA log_probs")
+        with engine.train_mode():
+            engine.train_batch(batch, token_mean_nll)
+        with engine.eval_mode():
+            trained = engine.infer_batch(batch).outputs["log_probs"]
+            with engine.disable_adapter():
+                disabled = engine.infer_batch(batch).outputs["log_probs"]
+        assert (_flat(trained) - _flat(base)).abs().max() > 100 * self.atol, "the LoRA step changed nothing"
+        self.assert_close(disabled, base, "log_probs with adapters disabled")
