@@ -107,7 +107,10 @@ class MicroBatchConfig:
             f"got micro_batch_size={self.micro_batch_size}, max_tokens={self.max_tokens}.",
         )
         if self.micro_batch_size is not None:
-            _require(self.micro_batch_size > 0, f"micro_batch.micro_batch_size must be > 0, got {self.micro_batch_size}.")
+            _require(
+                self.micro_batch_size > 0,
+                f"micro_batch.micro_batch_size must be > 0, got {self.micro_batch_size}.",
+            )
         if self.max_tokens is not None:
             _require(self.max_tokens > 0, f"micro_batch.max_tokens must be > 0, got {self.max_tokens}.")
 
@@ -176,7 +179,10 @@ class OptimizerConfig:
         _require(self.lr >= 0, f"optimizer.lr must be >= 0, got {self.lr}.")
         _require_choice(self.lr_schedule, LR_SCHEDULES, "optimizer.lr_schedule")
         _require(self.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}.")
-        _require(0.0 <= self.min_lr_ratio <= 1.0, f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
+        _require(
+            0.0 <= self.min_lr_ratio <= 1.0,
+            f"optimizer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.",
+        )
         if self.clip_grad is not None:
             _require(self.clip_grad > 0, f"optimizer.clip_grad must be > 0 or None, got {self.clip_grad}.")
         if self.lr_schedule == "cosine":
@@ -201,7 +207,10 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.max_ckpt_to_keep is not None:
-            _require(self.max_ckpt_to_keep > 0, f"checkpoint.max_ckpt_to_keep must be > 0, got {self.max_ckpt_to_keep}.")
+            _require(
+                self.max_ckpt_to_keep > 0,
+                f"checkpoint.max_ckpt_to_keep must be > 0, got {self.max_ckpt_to_keep}.",
+            )
 
 
 ConfigT = TypeVar("ConfigT")
