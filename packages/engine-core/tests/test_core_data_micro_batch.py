@@ -1,0 +1,134 @@
+"""Micro-batching: hard token cap, equal counts over simulated ranks, exact order restoration; DP sharding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from drivetrain_engine_core.config import MicroBatchConfig
+from drivetrain_engine_core.data import (
+    make_batch,
+    micro_batch_count,
+    partition_micro_batches,
+    sequence_lengths,
+    shard_data,
+    shard_indices,
+    split_micro_batches,
+    unshard_data,
+)
+from drivetrain_engine_core.data.batch import jagged
+from drivetrain_engine_core.errors import BatchError
+
+BUDGET = 40
+
+
+def _batch(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(0, 100, (n,), generator=gen) for n in lengths]
+    return make_batch(ids, advantages=[torch.randn(n, generator=gen) for n in lengths], uid=torch.arange(len(lengths)))
+
+
+def _fake_outputs(micro_batches):
+    """What a backend returns: per-token values from each micro-batch's tokens, a per-sequence score."""
+    return [
+        TensorDict(
+            log_probs=jagged(mb["input_ids"].values().double() / 7, mb["input_ids"].offsets()),
+            score=mb["uid"] * 10,
+            batch_size=mb.batch_size,
+        )
+        for mb in micro_batches.batches
+    ]
+
+
+def _check_restore(batch, micro_batches):
+    restored = micro_batches.restore(_fake_outputs(micro_batches))
+    assert torch.equal(restored["score"], batch["uid"] * 10)
+    assert torch.equal(restored["log_probs"].values(), batch["input_ids"].values().double() / 7)
+    # Rebuilt on the batch's own offsets: it multiplies with the batch's loss_mask.
+    assert (restored["log_probs"] * batch["loss_mask"]).shape[0] == batch.batch_size[0]
+
+
+rank_lengths = st.lists(st.lists(st.integers(1, BUDGET), min_size=6, max_size=24), min_size=1, max_size=4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ranks=rank_lengths)
+def test_dynamic_micro_batches_respect_cap_agree_on_count_and_restore(ranks):
+    # Simulated all-reduce: every rank contributes micro_batch_count and all use the maximum.
+    counts = [micro_batch_count(torch.tensor(lens), BUDGET) for lens in ranks]
+    for lens, own in zip(ranks, counts, strict=True):
+        lower = -(-sum(lens) // BUDGET)
+        assert lower <= own <= len(lens)
+    agreed = max(counts)
+    for lens in ranks:
+        if len(lens) < agreed:
+            with pytest.raises(BatchError, match=f"has {len(lens)} sequences but .* needs {agreed}"):
+                partition_micro_batches(torch.tensor(lens), BUDGET, agreed)
+            continue
+        groups = partition_micro_batches(torch.tensor(lens), BUDGET, agreed)
+        assert len(groups) == agreed and all(groups)
+        assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+        assert max(sum(lens[i] for i in g) for g in groups) <= BUDGET
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(1, BUDGET), min_size=1, max_size=20), seed=st.integers(0, 9))
+def test_split_dynamic_restores_original_order(lengths, seed):
+    batch = _batch(lengths, seed)
+    mbs = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
+    assert len(mbs.batches) == micro_batch_count(torch.tensor(lengths), BUDGET)
+    for mb, idx in zip(mbs.batches, mbs.indices, strict=True):
+        assert int(sequence_lengths(mb).sum()) <= BUDGET
+        assert torch.equal(mb["uid"], idx)
+    _check_restore(batch, mbs)
+
+
+@pytest.mark.parametrize(("n", "size", "sizes"), [(7, 3, [3, 3, 1]), (6, 2, [2, 2, 2]), (2, 5, [2])])
+def test_split_fixed_sizes_and_restore(n, size, sizes):
+    batch = _batch([3 + i for i in range(n)])
+    mbs = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=size))
+    assert [mb.batch_size[0] for mb in mbs.batches] == sizes
+    assert torch.cat(mbs.indices).tolist() == list(range(n))  # consecutive chunks
+    _check_restore(batch, mbs)
+
+
+def test_over_budget_sequence_names_index_length_budget():
+    batch = _batch([5, 9, 60, 3])
+    with pytest.raises(BatchError, match="sequence 2 has 60 tokens, more than .* max_tokens=40"):
+        split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
+
+
+def test_restore_rejects_mismatched_outputs():
+    batch = _batch([4, 5, 6])
+    mbs = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=2))
+    outputs = _fake_outputs(mbs)
+    with pytest.raises(BatchError, match="got 1 outputs for 2 micro-batches"):
+        mbs.restore(outputs[:1])
+    with pytest.raises(BatchError, match="output 1 has batch_size \\[2\\], its micro-batch has 1"):
+        mbs.restore([outputs[0], outputs[0]])
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(1, 64), min_size=1, max_size=8).map(lambda x: x * 4), balance=st.booleans())
+def test_shard_unshard_round_trip(lengths, balance):
+    batch = _batch(lengths)
+    dp = 4
+    indices = shard_indices(batch, dp, balance=balance)
+    shards = [shard_data(batch, r, dp, balance=balance) for r in range(dp)]
+    assert {s.batch_size[0] for s in shards} == {len(lengths) // dp}
+    assert sorted(torch.cat(indices).tolist()) == list(range(len(lengths)))
+    for shard, idx in zip(shards, indices, strict=True):
+        assert torch.equal(shard["uid"], idx)
+    results = [TensorDict(score=s["uid"] * 3, batch_size=s.batch_size) for s in shards]
+    assert torch.equal(unshard_data(results, indices)["score"], batch["uid"] * 3)
+
+
+def test_shard_errors():
+    batch = _batch([3, 4, 5])
+    with pytest.raises(BatchError, match="3 sequences cannot be split evenly over dp_size=2"):
+        shard_data(batch, 0, 2)
+    with pytest.raises(BatchError, match="dp_rank=3 is outside"):
+        shard_data(batch, 3, 3)
