@@ -1,0 +1,156 @@
+"""Two-rank FSDP engine (gloo) against a plain single-process Hugging Face reference.
+
+One launch runs every scenario (plain data parallel, dynamic micro-batches, hybrid sharding, Ulysses, LoRA,
+checkpoint save) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
+checkpoint on 1 rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.data.dp import shard_data, shard_indices
+from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.testing import (
+    load_reference_model,
+    make_tiny_model_dir,
+    random_batch,
+    reference_log_probs,
+    reference_loss_and_grad_norm,
+    reference_outputs,
+    run_distributed,
+    token_mean_nll,
+)
+from drivetrain_engine_core.testing.reference import grad_norm
+from drivetrain_engine_fsdp.config import FSDPEngineConfig
+from drivetrain_engine_fsdp.engine import FSDPEngine
+
+VOCAB = 100
+OPTIMIZER = OptimizerConfig(lr=1e-2, clip_grad=1.0)
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj"))
+SCENARIOS = {
+    "dp2": {},
+    "dp2_dynamic": {"micro_batch": MicroBatchConfig(micro_batch_size=None, max_tokens=14)},
+    "hybrid": {"fsdp_size": 1},
+    "ulysses2": {"ulysses_sequence_parallel_size": 2},
+    "lora_dp2": {},
+}
+
+
+def global_batch(seed=0):
+    return random_batch(
+        vocab_size=VOCAB, prompt_lengths=[3, 5, 2, 4, 6, 1], response_lengths=[4, 2, 7, 3, 5, 6], seed=seed
+    )
+
+
+def build_engine(model_dir, *, lora=None, **engine):
+    engine.setdefault("micro_batch", MicroBatchConfig(micro_batch_size=2))
+    instance = FSDPEngine(
+        model_config=ModelConfig(path=str(model_dir), lora=lora),
+        engine_config=FSDPEngineConfig(**engine),
+        optimizer_config=OPTIMIZER,
+    )
+    instance.initialize()
+    return instance
+
+
+def run_scenario(engine, batch):
+    """Log-probs before training, then one train step: the numbers the parent checks."""
+    local = shard_data(batch, engine.data_parallel_rank, engine.data_parallel_size, balance=True)
+    with engine.eval_mode():
+        outputs = engine.infer_batch(set_forward_options(local.clone(), temperature=0.9)).outputs
+    with engine.train_mode():
+        step = engine.train_batch(local, token_mean_nll)
+    log_probs = None if outputs is None else [t.clone() for t in outputs["log_probs"].unbind()]
+    return {"log_probs": log_probs, "loss": step.loss, "grad_norm": step.metrics["grad_norm"]}
+
+
+def two_rank_worker(rank, world_size, model_dir, checkpoint_root):
+    results = {}
+    batch = global_batch()
+    for name, engine_kwargs in SCENARIOS.items():
+        lora = LORA if name.startswith("lora") else None
+        results[name] = run_scenario(build_engine(model_dir, lora=lora, **engine_kwargs), batch)
+    engine = build_engine(model_dir)
+    with engine.train_mode():
+        engine.train_batch(shard_data(batch, rank, world_size), token_mean_nll)
+    engine.save_checkpoint(checkpoint_root, global_step=1)
+    second = global_batch(seed=1)
+    with engine.train_mode():
+        results["after_resume"] = engine.train_batch(
+            shard_data(second, rank, world_size), token_mean_nll
+        ).loss
+    return results
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    model_dir = make_tiny_model_dir(root / "qwen2", arch="qwen2")
+    results = run_distributed(
+        two_rank_worker, str(model_dir), str(root / "ckpt"), world_size=2, timeout_s=600
+    )
+    return model_dir, root / "ckpt", results
+
+
+def restore_order(batch, per_rank_log_probs):
+    """Global-order log-probs from each data-parallel rank's shard outputs."""
+    indices = shard_indices(batch, len(per_rank_log_probs), balance=True)
+    restored = [None] * len(batch)
+    for rank_indices, rank_values in zip(indices, per_rank_log_probs, strict=True):
+        for index, values in zip(rank_indices.tolist(), rank_values, strict=True):
+            restored[index] = values
+    return torch.cat(restored)
+
+
+def lora_reference(model_dir, batch):
+    """Loss and grad norm of the same seeded PEFT model, run plainly on one process."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    torch.manual_seed(0)  # the engine's default seed, so the adapters start from the same values
+    model = load_reference_model(model_dir)
+    peft_config = PeftLoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, target_modules=list(LORA.target_modules))
+    model = get_peft_model(model, peft_config)
+    outputs = reference_outputs(model, batch, "language_model")
+    context = LossContext(
+        global_token_count=int(batch["loss_mask"].values().sum()),
+        global_sequence_count=len(batch),
+        data_parallel_size=1,
+    )
+    loss, _ = token_mean_nll(outputs, batch, context)
+    loss.backward()
+    return float(loss.detach()), grad_norm([p for p in model.parameters() if p.requires_grad])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_two_rank_scenario_matches_reference(launched, scenario):
+    model_dir, _, results = launched
+    batch = global_batch()
+    if scenario.startswith("lora"):
+        loss, norm = lora_reference(model_dir, batch)
+    else:
+        loss, norm = reference_loss_and_grad_norm(model_dir, batch, token_mean_nll)
+    for rank_result in results:
+        assert rank_result[scenario]["loss"] == pytest.approx(loss, rel=1e-5)
+        assert rank_result[scenario]["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    reference = reference_log_probs(model_dir, batch, temperature=0.9).values()
+    if scenario == "ulysses2":  # one data-parallel rank; its first SP rank holds the outputs
+        assert results[1][scenario]["log_probs"] is None
+        produced = torch.cat(results[0][scenario]["log_probs"])
+    else:
+        produced = restore_order(batch, [r[scenario]["log_probs"] for r in results])
+    assert float((produced - reference).abs().max()) < 1e-5
+
+
+@pytest.mark.slow
+def test_two_rank_checkpoint_resumes_on_one_rank(launched):
+    model_dir, checkpoint_root, results = launched
+    engine = build_engine(model_dir)
+    assert engine.load_checkpoint(checkpoint_root)["global_step"] == 1
+    with engine.train_mode():
+        loss = engine.train_batch(global_batch(seed=1), token_mean_nll).loss
+    assert loss == pytest.approx(results[0]["after_resume"], rel=1e-6)
