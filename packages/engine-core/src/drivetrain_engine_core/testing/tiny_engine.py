@@ -1,0 +1,190 @@
+"""``TinyTorchEngine``: a dependency-free engine (embedding + linear head) for testing core and roles.
+
+It implements every backend hook in a few lines of plain torch, replicates the model on each rank and
+averages gradients over the default process group (like DDP), and records the order of its placement and
+mode hooks in ``calls``, so tests of the base ``Engine`` can see what the template methods do. Its per-token
+output depends only on the current token, which is all the base-class tests need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from drivetrain_engine_core import distributed
+from drivetrain_engine_core.config import ConfigError, EngineConfig
+from drivetrain_engine_core.data.batch import INPUT_IDS
+from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.data.packing import next_token_labels, shift_right_per_sequence, unpack_to_jagged
+from drivetrain_engine_core.engine import Engine, Mode
+from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
+
+MODEL_FILE = "model/model.pt"
+OPTIMIZER_FILE = "optimizer/optimizer.pt"
+
+
+@dataclass(kw_only=True, frozen=True)
+class TinyEngineConfig(EngineConfig):
+    """Core settings plus the tiny model's sizes (the model path is recorded but not read).
+
+    Attributes:
+        vocab_size: embedding rows and language-model head outputs.
+        hidden_size: embedding width.
+    """
+
+    backend: str = "tiny"
+    vocab_size: int = 64
+    hidden_size: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.vocab_size < 2 or self.hidden_size < 1:
+            raise ConfigError(
+                f"engine.vocab_size must be >= 2 and engine.hidden_size >= 1, got {self.vocab_size}, "
+                f"{self.hidden_size}."
+            )
+
+
+class TinyTorchEngine(Engine):
+    """Plain torch ``Embedding -> Linear`` engine, data-parallel over the default process group."""
+
+    backend_name = "tiny"
+    config_class = TinyEngineConfig
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls: list[tuple[str, ...]] = []
+
+    # ------------------------------------------------------------------ parallel layout
+    @property
+    def data_parallel_rank(self) -> int:
+        return distributed.rank()
+
+    @property
+    def data_parallel_size(self) -> int:
+        return distributed.world_size()
+
+    @property
+    def data_parallel_group(self) -> None:
+        return None
+
+    @property
+    def is_output_rank(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ build and compute
+    def _initialize(self) -> None:
+        config = self.engine_config
+        torch.manual_seed(config.seed)
+        outputs = config.vocab_size if self.model_config.model_type == "language_model" else 1
+        self.model = torch.nn.Sequential(
+            torch.nn.Embedding(config.vocab_size, config.hidden_size),
+            torch.nn.Linear(config.hidden_size, outputs),
+        ).to(config.device)
+        self.optimizer = None
+        if self.optimizer_config is not None:
+            o = self.optimizer_config
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+            )
+
+    def _forward_backward_micro_batches(
+        self,
+        micro_batches: Sequence[TensorDict],
+        loss_fn: LossFn | None,
+        forward_only: bool,
+        options: ForwardOptions,
+        context: LossContext,
+    ) -> list[MicroBatchResult]:
+        results = []
+        for index, micro_batch in enumerate(micro_batches):
+            outputs = self._forward(micro_batch, options)
+            result = MicroBatchResult(outputs=outputs.detach())
+            if loss_fn is not None:
+                scaled, result.loss, result.metrics = self.compute_micro_batch_loss(
+                    loss_fn, outputs, micro_batch, dataclasses.replace(context, micro_batch_index=index)
+                )
+                if not forward_only:
+                    scaled.backward()
+            results.append(result)
+        return results
+
+    def _forward(self, micro_batch: TensorDict, options: ForwardOptions) -> TensorDict:
+        ids = micro_batch[INPUT_IDS]
+        offsets = ids.offsets()
+        scores = self.model(ids.values())
+        if self.model_config.model_type == "value_model":
+            values = shift_right_per_sequence(scores[:, 0], offsets)
+            return TensorDict(
+                {"values": unpack_to_jagged(values, offsets)}, batch_size=micro_batch.batch_size
+            )
+        log_softmax = torch.log_softmax(scores / options.temperature, dim=-1)
+        labels = next_token_labels(ids.values(), offsets)
+        log_probs = shift_right_per_sequence(log_softmax.gather(-1, labels[:, None]).squeeze(-1), offsets)
+        fields = {"log_probs": unpack_to_jagged(log_probs, offsets)}
+        if options.compute_entropy:
+            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+            fields["entropy"] = unpack_to_jagged(shift_right_per_sequence(entropy, offsets), offsets)
+        return TensorDict(fields, batch_size=micro_batch.batch_size)
+
+    def _set_mode(self, mode: Mode) -> None:
+        self.calls.append(("set_mode", mode))
+        self.model.train(mode == "train")
+
+    # ------------------------------------------------------------------ optimizer
+    def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def _optimizer_zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip_grad_norm(self, max_norm: float | None) -> float:
+        if self.data_parallel_size > 1:
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    dist.all_reduce(parameter.grad, op=dist.ReduceOp.AVG)
+        limit = float("inf") if max_norm is None else max_norm
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+
+    # ------------------------------------------------------------------ placement (recorded, nothing moves)
+    def _load(self, *, params: bool, optimizer: bool) -> None:
+        self.calls.append(("load", f"params={params}", f"optimizer={optimizer}"))
+
+    def _offload(self, params: bool, optimizer: bool) -> None:
+        self.calls.append(("offload", f"params={params}", f"optimizer={optimizer}"))
+
+    def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
+        self.calls.append(("to", device))
+
+    def _disable_adapter(self) -> Any:
+        return contextlib.nullcontext()
+
+    def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach().cpu().clone()
+
+    # ------------------------------------------------------------------ checkpoints (replicas: rank 0 writes)
+    def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
+        if distributed.rank() != 0:
+            return
+        (step_dir / MODEL_FILE).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(self.model.state_dict(), step_dir / MODEL_FILE)
+        if save_optimizer and self.optimizer is not None:
+            (step_dir / OPTIMIZER_FILE).parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self.optimizer.state_dict(), step_dir / OPTIMIZER_FILE)
+
+    def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
+        self.model.load_state_dict(torch.load(step_dir / MODEL_FILE, weights_only=True))
+        if load_optimizer:
+            self.optimizer.load_state_dict(torch.load(step_dir / OPTIMIZER_FILE, weights_only=True))

@@ -1,0 +1,252 @@
+"""Base ``Engine`` behaviour through a tiny plain-torch engine: state errors, modes, offload order, skipped
+updates, the LR schedule, loss scaling and output order."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.errors import BatchError, EngineStateError
+from drivetrain_engine_core.lr_schedule import lr_at_step
+from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.testing.batches import random_batch
+from drivetrain_engine_core.testing.losses import token_mean_nll
+from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
+
+VOCAB = 64
+OPTIMIZER = OptimizerConfig(lr=0.1, weight_decay=0.0, clip_grad=None)
+
+
+def make_engine(
+    optimizer: OptimizerConfig | None = OPTIMIZER, initialize: bool = True, **engine
+) -> TinyTorchEngine:
+    tiny = TinyTorchEngine(
+        model_config=ModelConfig(path="tiny-model"),
+        engine_config=TinyEngineConfig(vocab_size=VOCAB, **engine),
+        optimizer_config=optimizer,
+    )
+    if initialize:
+        tiny.initialize()
+    return tiny
+
+
+def make_batch(seed: int = 0):
+    return random_batch(
+        vocab_size=VOCAB, prompt_lengths=[2, 4, 1, 3], response_lengths=[3, 1, 5, 2], seed=seed
+    )
+
+
+def weights(engine: TinyTorchEngine) -> dict[str, torch.Tensor]:
+    return dict(engine.export_weights())
+
+
+# ---------------------------------------------------------------------- state errors
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda e: e.train_mode().__enter__(),
+        lambda e: e.eval_mode().__enter__(),
+        lambda e: e.save_checkpoint("/nonexistent", 1),
+        lambda e: e.load_checkpoint("/nonexistent"),
+        lambda e: e.to("cpu"),
+        lambda e: next(e.export_weights()),
+        lambda e: e.forward_backward_batch(make_batch(), token_mean_nll),
+        lambda e: e.optimizer_step(),
+    ],
+)
+def test_calls_before_initialize_say_to_initialize(call) -> None:
+    with pytest.raises(EngineStateError, match=r"call engine\.initialize\(\) first"):
+        call(make_engine(initialize=False))
+
+
+def test_initialize_twice_is_an_error() -> None:
+    with pytest.raises(EngineStateError, match=r"initialize\(\) was already called"):
+        make_engine().initialize()
+
+
+def test_compute_errors_name_the_fix() -> None:
+    engine, batch = make_engine(), make_batch()
+    with pytest.raises(EngineStateError, match=r"wrap the call in `with engine\.train_mode"):
+        engine.infer_batch(batch)
+    with pytest.raises(EngineStateError, match=r"must run inside `engine\.train_mode"), engine.eval_mode():
+        engine.train_batch(batch, token_mean_nll)
+    with pytest.raises(EngineStateError, match="pass loss_fn="), engine.train_mode():
+        engine.forward_backward_batch(batch, None)
+    with (
+        pytest.raises(EngineStateError, match=r"optimizer_step\(\) must be called inside"),
+        engine.eval_mode(),
+    ):
+        engine.optimizer_step()
+    with pytest.raises(EngineStateError, match=r"set model\.lora"):
+        engine.disable_adapter().__enter__()
+    with pytest.raises(ValueError, match=r"engine.to\('meta'\).*\['cpu'\]"):
+        engine.to("meta")
+    with pytest.raises(BatchError, match=r"unknown batch option 'temprature'.*Did you mean 'temperature'"):
+        batch.set_non_tensor("temprature", 0.5)
+        with engine.eval_mode():
+            engine.infer_batch(batch)
+
+
+def test_inference_only_engine_refuses_training() -> None:
+    engine = make_engine(optimizer=None)
+    with pytest.raises(EngineStateError, match="optimizer_config=None"), engine.train_mode():
+        engine.train_batch(make_batch(), token_mean_nll)
+    with pytest.raises(EngineStateError, match="optimizer_config=None"):
+        engine.lr_scheduler_step()
+
+
+def test_loss_fn_must_return_a_scalar() -> None:
+    engine = make_engine()
+
+    def vector_loss(output, batch, context):
+        return output["log_probs"].values(), {}
+
+    with pytest.raises(TypeError, match=r"scalar tensor.*shape \(\d+,\)"), engine.train_mode():
+        engine.train_batch(make_batch(), vector_loss)
+
+
+# ---------------------------------------------------------------------- modes and offload order
+
+
+def test_modes_are_reentrant_and_offload_only_at_the_outermost_exit() -> None:
+    engine = make_engine(param_offload=True, optimizer_offload=True)
+    assert engine.calls == [("offload", "params=True", "optimizer=True")]
+    engine.calls.clear()
+    with engine.train_mode():
+        assert engine.mode == "train"
+        with engine.eval_mode():
+            assert engine.mode == "eval"
+            with engine.eval_mode():
+                assert engine.mode == "eval"
+        with engine.train_mode():
+            assert engine.mode == "train"
+        assert engine.mode == "train"
+    assert engine.mode is None
+    assert engine.calls == [
+        ("load", "params=True", "optimizer=True"),
+        ("set_mode", "train"),
+        ("set_mode", "eval"),
+        ("set_mode", "train"),
+        ("offload", "params=True", "optimizer=True"),
+    ]
+    engine.calls.clear()
+    with engine.eval_mode():
+        pass
+    assert engine.calls == [
+        ("load", "params=True", "optimizer=False"),
+        ("set_mode", "eval"),
+        ("offload", "params=True", "optimizer=True"),
+    ]
+
+
+def test_mode_is_left_even_when_the_block_raises() -> None:
+    engine = make_engine()
+    with pytest.raises(RuntimeError, match="boom"), engine.train_mode():
+        raise RuntimeError("boom")
+    assert engine.mode is None
+
+
+# ---------------------------------------------------------------------- optimizer
+
+
+def test_non_finite_grad_norm_skips_the_update() -> None:
+    engine, batch = make_engine(), make_batch()
+    before = weights(engine)
+
+    def nan_loss(output, micro_batch, context):
+        loss, metrics = token_mean_nll(output, micro_batch, context)
+        return loss * float("nan"), metrics
+
+    with engine.train_mode():
+        output = engine.train_batch(batch, nan_loss)
+    assert math.isnan(output.metrics["grad_norm"])
+    assert engine.skipped_steps == 1
+    assert all(p.grad is None for p in engine.model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in weights(engine).items())
+    with engine.train_mode():
+        output = engine.train_batch(batch, token_mean_nll)
+    assert math.isfinite(output.metrics["grad_norm"]) and engine.skipped_steps == 1
+    assert not torch.equal(before["0.weight"], weights(engine)["0.weight"])
+
+
+def test_lr_schedule_warmup_then_cosine_by_hand() -> None:
+    config = OptimizerConfig(lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=6, min_lr_ratio=0.1)
+    cosine = [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(5)]
+    expected = [0.5, 1.0, *cosine, 0.1, 0.1]  # steps 0..8; the floor holds after total_steps
+    assert [lr_at_step(config, s) for s in range(9)] == pytest.approx(expected)
+    assert cosine[0] == pytest.approx(1.0) and cosine[2] == pytest.approx(0.55)
+    engine = make_engine(optimizer=config)
+    seen = [engine.current_lr]
+    with engine.train_mode():
+        for _ in range(8):
+            output = engine.train_batch(make_batch(), token_mean_nll)
+            assert output.metrics["lr"] == engine.optimizer.param_groups[0]["lr"] == seen[-1]
+            seen.append(engine.lr_scheduler_step())
+    assert seen == pytest.approx(expected)
+
+
+def test_constant_schedule_holds_after_warmup() -> None:
+    config = OptimizerConfig(lr=0.3, warmup_steps=3)
+    assert [lr_at_step(config, s) for s in range(5)] == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])
+
+
+# ---------------------------------------------------------------------- loss scaling and outputs
+
+
+@pytest.mark.parametrize(("averaged", "factor"), [(True, 4.0), (False, 1.0)])
+def test_loss_is_scaled_by_data_parallel_size_when_gradients_are_averaged(
+    averaged: bool, factor: float
+) -> None:
+    engine = make_engine()
+    engine.gradients_averaged_over_data_parallel = averaged
+    context = LossContext(global_token_count=8, global_sequence_count=2, data_parallel_size=4)
+
+    def loss_fn(output, batch, ctx):
+        return torch.tensor(0.75), {"seen_tokens": ctx.global_token_count}
+
+    scaled, reported, metrics = engine.compute_micro_batch_loss(loss_fn, None, None, context)
+    assert float(scaled) == 0.75 * factor and float(reported) == 0.75
+    assert metrics == {"seen_tokens": 8.0}
+
+
+def hand_log_probs(engine: TinyTorchEngine, batch, temperature: float = 1.0) -> list[torch.Tensor]:
+    """log p(token i | previous) of the tiny model, one sequence at a time: 0 at i = 0."""
+    result = []
+    offsets = batch["input_ids"].offsets().tolist()
+    for start, end in itertools.pairwise(offsets):
+        ids = batch["input_ids"].values()[start:end]
+        with torch.no_grad():
+            logp = torch.log_softmax(engine.model(ids) / temperature, dim=-1)
+        result.append(torch.cat([torch.zeros(1), logp[:-1].gather(-1, ids[1:, None]).squeeze(-1)]))
+    return result
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "count"),
+    [
+        (MicroBatchConfig(micro_batch_size=3), 2),
+        (MicroBatchConfig(micro_batch_size=None, max_tokens=7), 4),  # lengths 5, 5, 6, 5: one per micro-batch
+        (MicroBatchConfig(micro_batch_size=None, max_tokens=11), 2),  # {5, 6} and {5, 5}, reordered
+    ],
+)
+def test_outputs_come_back_in_sample_order_with_global_loss(
+    micro_batch: MicroBatchConfig, count: int
+) -> None:
+    engine = make_engine(micro_batch=micro_batch)
+    batch = set_forward_options(make_batch(seed=5), temperature=0.5)
+    with engine.eval_mode():
+        output = engine.infer_batch(batch, token_mean_nll)
+    expected = hand_log_probs(engine, batch, temperature=0.5)
+    assert output.outputs["log_probs"].offsets() is batch["input_ids"].offsets()
+    for got, want in zip(output.outputs["log_probs"].unbind(), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    mask = batch["loss_mask"].values()
+    expected_loss = -(torch.cat(expected) * mask).sum() / mask.sum()
+    assert output.loss == pytest.approx(float(expected_loss), rel=1e-6)
+    assert len(output.metrics["nll_sum"]) == count
