@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
-
 from drivetrain_engine_core.data import (
     LOSS_MASK_DTYPE,
     global_token_count,
@@ -15,6 +13,7 @@ from drivetrain_engine_core.data import (
 )
 from drivetrain_engine_core.data.batch import jagged
 from drivetrain_engine_core.errors import BatchError
+from tensordict import TensorDict
 
 LENGTHS = (3, 5, 2)
 
@@ -46,9 +45,9 @@ def test_loss_mask_is_bool_and_token_count_counts_it():
 
 
 def test_make_batch_rejects_length_mismatch_and_bad_dense():
-    with pytest.raises(BatchError, match="'old_log_probs'.*\\[3, 5, 2\\]"):
+    with pytest.raises(BatchError, match=r"'old_log_probs'.*\[3, 5, 2\]"):
         make_batch(_ids(), old_log_probs=[torch.zeros(3), torch.zeros(4), torch.zeros(2)])
-    with pytest.raises(BatchError, match="dense field 'reward'.*first dim 3"):
+    with pytest.raises(BatchError, match=r"dense field 'reward'.*first dim 3"):
         make_batch(_ids(), reward=torch.zeros(4))
 
 
@@ -64,31 +63,31 @@ def test_validate_accepts_good_batch():
 
 
 def test_validate_rejects_non_tensordict_and_empty():
-    with pytest.raises(BatchError, match="TensorDict.*dict"):
+    with pytest.raises(BatchError, match=r"TensorDict.*dict"):
         validate_batch({"input_ids": torch.zeros(3)})
-    with pytest.raises(BatchError, match="at least one sequence"):
+    with pytest.raises(BatchError, match=r"at least one sequence"):
         validate_batch(TensorDict({}, batch_size=[0]))
 
 
 def test_validate_names_missing_field():
     batch = _batch_with().exclude("position_ids")
-    with pytest.raises(BatchError, match="missing field 'position_ids'"):
+    with pytest.raises(BatchError, match=r"missing field 'position_ids'"):
         validate_batch(batch)
-    with pytest.raises(BatchError, match="missing field 'advantages'"):
+    with pytest.raises(BatchError, match=r"missing field 'advantages'"):
         validate_batch(_batch_with(), required=("advantages",))
 
 
 def test_validate_names_dense_per_token_field():
     batch = _batch_with().exclude("old_log_probs")
     batch.set("old_log_probs", torch.zeros(3, 4))
-    with pytest.raises(BatchError, match="per-token field 'old_log_probs' must be a jagged"):
+    with pytest.raises(BatchError, match=r"per-token field 'old_log_probs' must be a jagged"):
         validate_batch(batch)
 
 
 def test_validate_names_strided_nested_input_ids():
     strided = torch.nested.nested_tensor([torch.arange(n) for n in LENGTHS])
     batch = TensorDict({"input_ids": strided}, batch_size=[3])
-    with pytest.raises(BatchError, match="'input_ids'.*nested strided"):
+    with pytest.raises(BatchError, match=r"'input_ids'.*nested strided"):
         validate_batch(batch, required=())
 
 
@@ -98,7 +97,7 @@ def test_validate_names_wrong_ragged_dim():
     assert wrong._ragged_idx == 2
     batch = _batch_with()
     batch.set("advantages", wrong)
-    with pytest.raises(BatchError, match="'advantages' has its ragged dim at 2"):
+    with pytest.raises(BatchError, match=r"'advantages' has its ragged dim at 2"):
         validate_batch(batch)
 
 
@@ -106,7 +105,7 @@ def test_validate_names_offsets_mismatch():
     other = jagged(torch.zeros(10), torch.tensor([0, 4, 8, 10]))
     batch = _batch_with()
     batch.set("advantages", other)
-    with pytest.raises(BatchError, match="'advantages' has sequence lengths \\[4, 4, 2\\].*\\[3, 5, 2\\]"):
+    with pytest.raises(BatchError, match=r"'advantages' has sequence lengths \[4, 4, 2\].*\[3, 5, 2\]"):
         validate_batch(batch)
 
 

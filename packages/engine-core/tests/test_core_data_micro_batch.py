@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from tensordict import TensorDict
-
 from drivetrain_engine_core.config import MicroBatchConfig
 from drivetrain_engine_core.data import (
     make_batch,
@@ -21,6 +17,9 @@ from drivetrain_engine_core.data import (
 )
 from drivetrain_engine_core.data.batch import jagged
 from drivetrain_engine_core.errors import BatchError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
 
 BUDGET = 40
 
@@ -28,7 +27,9 @@ BUDGET = 40
 def _batch(lengths, seed=0):
     gen = torch.Generator().manual_seed(seed)
     ids = [torch.randint(0, 100, (n,), generator=gen) for n in lengths]
-    return make_batch(ids, advantages=[torch.randn(n, generator=gen) for n in lengths], uid=torch.arange(len(lengths)))
+    return make_batch(
+        ids, advantages=[torch.randn(n, generator=gen) for n in lengths], uid=torch.arange(len(lengths))
+    )
 
 
 def _fake_outputs(micro_batches):
@@ -65,7 +66,7 @@ def test_dynamic_micro_batches_respect_cap_agree_on_count_and_restore(ranks):
     agreed = max(counts)
     for lens in ranks:
         if len(lens) < agreed:
-            with pytest.raises(BatchError, match=f"has {len(lens)} sequences but .* needs {agreed}"):
+            with pytest.raises(BatchError, match=rf"has {len(lens)} sequences but .* needs {agreed}"):
                 partition_micro_batches(torch.tensor(lens), BUDGET, agreed)
             continue
         groups = partition_micro_batches(torch.tensor(lens), BUDGET, agreed)
@@ -97,7 +98,7 @@ def test_split_fixed_sizes_and_restore(n, size, sizes):
 
 def test_over_budget_sequence_names_index_length_budget():
     batch = _batch([5, 9, 60, 3])
-    with pytest.raises(BatchError, match="sequence 2 has 60 tokens, more than .* max_tokens=40"):
+    with pytest.raises(BatchError, match=r"sequence 2 has 60 tokens, more than .* max_tokens=40"):
         split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
 
 
@@ -105,14 +106,16 @@ def test_restore_rejects_mismatched_outputs():
     batch = _batch([4, 5, 6])
     mbs = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=2))
     outputs = _fake_outputs(mbs)
-    with pytest.raises(BatchError, match="got 1 outputs for 2 micro-batches"):
+    with pytest.raises(BatchError, match=r"got 1 outputs for 2 micro-batches"):
         mbs.restore(outputs[:1])
-    with pytest.raises(BatchError, match="output 1 has batch_size \\[2\\], its micro-batch has 1"):
+    with pytest.raises(BatchError, match=r"output 1 has batch_size \[2\], its micro-batch has 1"):
         mbs.restore([outputs[0], outputs[0]])
 
 
 @settings(max_examples=20, deadline=None)
-@given(lengths=st.lists(st.integers(1, 64), min_size=1, max_size=8).map(lambda x: x * 4), balance=st.booleans())
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=8).map(lambda x: x * 4), balance=st.booleans()
+)
 def test_shard_unshard_round_trip(lengths, balance):
     batch = _batch(lengths)
     dp = 4
@@ -128,7 +131,7 @@ def test_shard_unshard_round_trip(lengths, balance):
 
 def test_shard_errors():
     batch = _batch([3, 4, 5])
-    with pytest.raises(BatchError, match="3 sequences cannot be split evenly over dp_size=2"):
+    with pytest.raises(BatchError, match=r"3 sequences cannot be split evenly over dp_size=2"):
         shard_data(batch, 0, 2)
-    with pytest.raises(BatchError, match="dp_rank=3 is outside"):
+    with pytest.raises(BatchError, match=r"dp_rank=3 is outside"):
         shard_data(batch, 3, 3)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from drivetrain_engine_core.data import (
     make_batch,
     next_token_labels,
@@ -15,6 +12,8 @@ from drivetrain_engine_core.data import (
     unpack_to_jagged,
 )
 from drivetrain_engine_core.errors import BatchError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 VOCAB = 50
 
@@ -69,5 +68,5 @@ def test_shift_keeps_extra_dims_and_fills_starts():
 
 
 def test_unpack_rejects_wrong_length():
-    with pytest.raises(BatchError, match="expected first dim 5 \\(cu_seqlens\\[-1\\]\\)"):
+    with pytest.raises(BatchError, match=r"expected first dim 5 \(cu_seqlens\[-1\]\)"):
         unpack_to_jagged(torch.zeros(1, 5), torch.tensor([0, 2, 5], dtype=torch.int32))

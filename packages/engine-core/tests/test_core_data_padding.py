@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from drivetrain_engine_core.data import (
     make_batch,
     nopad_to_padded,
@@ -15,6 +12,8 @@ from drivetrain_engine_core.data import (
     response_view,
 )
 from drivetrain_engine_core.errors import BatchError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 PAD = 7
 
@@ -25,13 +24,18 @@ def _sequences(prompt_response: list[tuple[int, int]], seed: int):
     gen = torch.Generator().manual_seed(seed)
     ids = [torch.randint(10, 100, (p + r,), generator=gen) for p, r in prompt_response]
     logp = [torch.randn(p + r, generator=gen) for p, r in prompt_response]
-    mask = [torch.cat([torch.zeros(p), torch.randint(0, 2, (r,), generator=gen)]).bool() for p, r in prompt_response]
+    mask = [
+        torch.cat([torch.zeros(p), torch.randint(0, 2, (r,), generator=gen)]).bool()
+        for p, r in prompt_response
+    ]
     rope = [torch.randint(0, 50, (p + r, 3), generator=gen) for p, r in prompt_response]
     return ids, logp, mask, rope
 
 
 @settings(max_examples=30, deadline=None)
-@given(shapes=shapes, extra_prompt=st.integers(0, 2), extra_response=st.integers(0, 2), seed=st.integers(0, 99))
+@given(
+    shapes=shapes, extra_prompt=st.integers(0, 2), extra_response=st.integers(0, 2), seed=st.integers(0, 99)
+)
 def test_nopad_padded_nopad_round_trip(shapes, extra_prompt, extra_response, seed):
     ids, logp, mask, rope = _sequences(shapes, seed)
     batch = make_batch(ids, position_ids=rope, loss_mask=mask, old_log_probs=logp)
@@ -99,12 +103,12 @@ def test_padded_to_nopad_defaults_loss_mask_to_real_tokens():
 
 def test_padding_errors_name_the_problem():
     ids = torch.zeros(2, 4, dtype=torch.int64)
-    with pytest.raises(BatchError, match="attention_mask has shape \\(2, 3\\)"):
+    with pytest.raises(BatchError, match=r"attention_mask has shape \(2, 3\)"):
         padded_to_nopad(ids, torch.ones(2, 3))
     batch = make_batch([torch.arange(4), torch.arange(2)])
-    with pytest.raises(BatchError, match="prompt has 3 tokens but max_prompt_len=2"):
+    with pytest.raises(BatchError, match=r"prompt has 3 tokens but max_prompt_len=2"):
         nopad_to_padded(batch, prompt_lengths=torch.tensor([3, 1]), max_prompt_len=2)
-    with pytest.raises(BatchError, match="sequence 1 has a negative response length -1"):
+    with pytest.raises(BatchError, match=r"sequence 1 has a negative response length -1"):
         nopad_to_padded(batch, prompt_lengths=torch.tensor([1, 3]))
 
 
@@ -128,7 +132,7 @@ def test_response_view_is_the_last_response_positions(shapes, seed):
 
 def test_response_errors_name_the_problem():
     batch = make_batch([torch.arange(4), torch.arange(2)])
-    with pytest.raises(BatchError, match="response_lengths\\[1\\] = 3 but sequence 1 has 2 tokens"):
+    with pytest.raises(BatchError, match=r"response_lengths\[1\] = 3 but sequence 1 has 2 tokens"):
         response_view(batch["position_ids"], torch.tensor([1, 3]))
-    with pytest.raises(BatchError, match="max_response_len=1"):
+    with pytest.raises(BatchError, match=r"max_response_len=1"):
         response_to_padded(batch["position_ids"], torch.tensor([2, 1]), 1)

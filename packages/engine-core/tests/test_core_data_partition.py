@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from drivetrain_engine_core.data import estimate_workload, karmarkar_karp
 from drivetrain_engine_core.errors import BatchError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _spread(groups, weights):
@@ -26,7 +25,7 @@ def test_kk_is_a_permutation_with_nonempty_groups(weights, k, equal):
     n = len(weights) - len(weights) % k if equal else len(weights)
     weights = weights[:n]
     if n < k:
-        with pytest.raises(BatchError, match=f"{n} items cannot fill {k}"):
+        with pytest.raises(BatchError, match=rf"{n} items cannot fill {k}"):
             karmarkar_karp(weights, k, equal_size=equal)
         return
     groups = karmarkar_karp(weights, k, equal_size=equal)
@@ -55,9 +54,9 @@ def test_kk_exact_small_case():
 
 
 def test_kk_errors():
-    with pytest.raises(BatchError, match="divisible"):
+    with pytest.raises(BatchError, match=r"divisible"):
         karmarkar_karp([1, 2, 3], 2, equal_size=True)
-    with pytest.raises(BatchError, match="num_partitions must be >= 1"):
+    with pytest.raises(BatchError, match=r"num_partitions must be >= 1"):
         karmarkar_karp([1, 2, 3], 0)
 
 

@@ -54,8 +54,9 @@ def _flat_and_offsets(sequences: Sequence[Tensor], name: str) -> tuple[Tensor, T
     for i, seq in enumerate(sequences):
         if not isinstance(seq, torch.Tensor) or seq.dim() < 1:
             raise BatchError(f"make_batch: {name}[{i}] must be a tensor of shape (length, ...), got {seq!r}.")
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
-    offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64)
+    device = sequences[0].device
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64, device=device)
+    offsets = torch.zeros(len(sequences) + 1, dtype=torch.int64, device=device)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return torch.cat(list(sequences)), offsets
 
@@ -99,11 +100,13 @@ def make_batch(
     out = {INPUT_IDS: jagged(flat_ids, offsets)}
     if position_ids is None:
         starts = torch.repeat_interleave(offsets[:-1], lengths)
-        out[POSITION_IDS] = jagged(torch.arange(len(flat_ids)) - starts, offsets)
+        out[POSITION_IDS] = jagged(torch.arange(len(flat_ids), device=flat_ids.device) - starts, offsets)
     else:
         out[POSITION_IDS] = _token_field(POSITION_IDS, position_ids, offsets)
     if loss_mask is None:
-        out[LOSS_MASK] = jagged(torch.ones(len(flat_ids), dtype=LOSS_MASK_DTYPE), offsets)
+        out[LOSS_MASK] = jagged(
+            torch.ones(len(flat_ids), dtype=LOSS_MASK_DTYPE, device=flat_ids.device), offsets
+        )
     else:
         mask = _token_field(LOSS_MASK, loss_mask, offsets)
         out[LOSS_MASK] = jagged(mask.values().to(LOSS_MASK_DTYPE), offsets)

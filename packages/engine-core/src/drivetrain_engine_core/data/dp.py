@@ -50,7 +50,8 @@ def shard_data(batch: TensorDict, dp_rank: int, dp_size: int, *, balance: bool =
     """
     if not 0 <= dp_rank < dp_size:
         raise BatchError(f"shard_data: dp_rank={dp_rank} is outside [0, {dp_size}).")
-    return batch[shard_indices(batch, dp_size, balance)[dp_rank]]
+    index = shard_indices(batch, dp_size, balance)[dp_rank]
+    return batch[index if batch.device is None else index.to(batch.device)]
 
 
 def unshard_data(shards: Sequence[TensorDict], indices: Sequence[Tensor]) -> TensorDict:

@@ -67,20 +67,27 @@ class MicroBatches:
                 )
         order = torch.cat(self.indices)
         merged = outputs[0] if len(outputs) == 1 else torch.cat(list(outputs))
-        restored = merged[torch.argsort(order)]
+        inverse = torch.argsort(order)
+        restored = merged[inverse if merged.device is None else inverse.to(merged.device)]
         return restored if self.offsets is None else _rebase(restored, self.offsets)
 
 
 def _rebase(batch: TensorDict, offsets: Tensor) -> TensorDict:
-    """Rebuild every jagged field of ``batch`` on ``offsets`` (same lengths required)."""
+    """Rebuild every jagged field of ``batch`` on ``offsets`` (same lengths required).
+
+    Outputs on another device than the batch share one copy of ``offsets`` per device.
+    """
+    on_device = {offsets.device: offsets}
     for key in token_keys(batch):
         value = batch.get(key)
-        if not torch.equal(value.offsets(), offsets):
+        device = value.values().device
+        target = on_device.setdefault(device, offsets.to(device))
+        if not torch.equal(value.offsets(), target):
             raise BatchError(
                 f"restore: per-token output {key!r} has sequence lengths {value.offsets().diff().tolist()}, the "
                 f"batch has {offsets.diff().tolist()}; per-token outputs need one value per input token."
             )
-        batch.set(key, jagged(value.values(), offsets))
+        batch.set(key, jagged(value.values(), target))
     return batch
 
 
@@ -113,7 +120,8 @@ def split_micro_batches(
         count = int(dist_utils.all_reduce_max(math.ceil(n / config.micro_batch_size), dp_group))
         indices = fixed_indices(n, config.micro_batch_size, count)
     offsets = batch[INPUT_IDS].offsets()
-    return MicroBatches(batches=[batch[idx] for idx in indices], indices=indices, offsets=offsets)
+    batches = [batch[idx.to(offsets.device)] for idx in indices]
+    return MicroBatches(batches=batches, indices=indices, offsets=offsets)
 
 
 def fixed_indices(n: int, micro_batch_size: int, count: int) -> list[Tensor]:

@@ -60,7 +60,8 @@ def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor) -> Tensor:
     Args:
         flat: packed values, first dim ``T`` (squeeze a leading 1 first).
         cu_seqlens: cumulative lengths; pass :attr:`PackedRow.offsets` (the batch's own offsets tensor) so the
-            result multiplies with the batch's jagged fields; other tensors are converted to int64.
+            result multiplies with the batch's jagged fields; other tensors (int32, or on another device than
+            ``flat``) are converted to int64 on ``flat``'s device, which gives a jagged tensor of its own.
 
     Raises:
         BatchError: ``flat`` has not ``cu_seqlens[-1]`` rows.
@@ -71,7 +72,8 @@ def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor) -> Tensor:
             f"unpack_to_jagged: flat values have shape {tuple(flat.shape)}, expected first dim {total} "
             "(cu_seqlens[-1]); squeeze the packed row's leading batch dim of 1."
         )
-    offsets = cu_seqlens if cu_seqlens.dtype == torch.int64 else cu_seqlens.to(torch.int64)
+    same = cu_seqlens.dtype == torch.int64 and cu_seqlens.device == flat.device
+    offsets = cu_seqlens if same else cu_seqlens.to(device=flat.device, dtype=torch.int64)
     return jagged(flat, offsets)
 
 
@@ -85,7 +87,7 @@ def shift_right_per_sequence(flat: Tensor, cu_seqlens: Tensor, fill: float = 0) 
         cu_seqlens: cumulative lengths ``(n + 1,)``.
     """
     shifted = torch.roll(flat, shifts=1, dims=0)
-    starts = cu_seqlens[:-1].to(torch.int64)
+    starts = cu_seqlens[:-1].to(device=flat.device, dtype=torch.int64)
     shifted[starts[starts < flat.shape[0]]] = fill
     return shifted
 
@@ -97,6 +99,6 @@ def next_token_labels(flat_input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
     :func:`shift_right_per_sequence` then drops.
     """
     labels = torch.roll(flat_input_ids, shifts=-1, dims=0)
-    ends = cu_seqlens[1:].to(torch.int64) - 1
+    ends = cu_seqlens[1:].to(device=flat_input_ids.device, dtype=torch.int64) - 1
     labels[ends[ends >= 0]] = 0
     return labels

@@ -16,7 +16,7 @@ from .batch import is_jagged, jagged
 def _response_index(offsets: Tensor, response_lengths: Tensor) -> tuple[Tensor, Tensor]:
     """Flat indices of the response tokens and the offsets of the response view."""
     lengths = offsets.diff()
-    response_lengths = response_lengths.to(torch.int64)
+    response_lengths = response_lengths.to(device=offsets.device, dtype=torch.int64)
     if response_lengths.shape != lengths.shape:
         raise BatchError(
             f"response_lengths has shape {tuple(response_lengths.shape)}, expected ({len(lengths)},): one per "
@@ -29,10 +29,11 @@ def _response_index(offsets: Tensor, response_lengths: Tensor) -> tuple[Tensor, 
             f"response_lengths[{i}] = {int(response_lengths[i])} but sequence {i} has {int(lengths[i])} tokens; "
             "a response length must be between 0 and the sequence length."
         )
-    new_offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    device = offsets.device
+    new_offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64, device=device)
     torch.cumsum(response_lengths, 0, out=new_offsets[1:])
-    row = torch.repeat_interleave(torch.arange(len(lengths)), response_lengths)
-    within = torch.arange(int(new_offsets[-1])) - new_offsets[:-1][row]
+    row = torch.repeat_interleave(torch.arange(len(lengths), device=device), response_lengths)
+    within = torch.arange(int(new_offsets[-1]), device=device) - new_offsets[:-1][row]
     return offsets[1:][row] - response_lengths[row] + within, new_offsets
 
 
@@ -65,10 +66,10 @@ def response_to_padded(
     flat = view.values()
     offsets = view.offsets()
     n = len(offsets) - 1
-    row = torch.repeat_interleave(torch.arange(n), offsets.diff())
-    col = torch.arange(len(flat)) - offsets[:-1][row]
+    row = torch.repeat_interleave(torch.arange(n, device=flat.device), offsets.diff())
+    col = torch.arange(len(flat), device=flat.device) - offsets[:-1][row]
     dense = flat.new_full((n, max_response_len, *flat.shape[1:]), pad_value)
     dense[row, col] = flat
-    mask = torch.zeros(n, max_response_len, dtype=torch.bool)
+    mask = torch.zeros(n, max_response_len, dtype=torch.bool, device=flat.device)
     mask[row, col] = True
     return dense, mask
