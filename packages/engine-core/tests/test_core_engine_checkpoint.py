@@ -1,0 +1,153 @@
+"""Checkpoint layout written by the base ``Engine``: temporary directory, manifest last, ``latest``, pruning
+only after publication, and errors that name the broken file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from drivetrain_engine_core.checkpoint import MANIFEST_FILE, resolve_step_dir
+from drivetrain_engine_core.config import CheckpointConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.testing.batches import random_batch
+from drivetrain_engine_core.testing.losses import token_mean_nll
+from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
+
+VOCAB = 64
+OPTIMIZER = OptimizerConfig(lr=0.1, warmup_steps=3)
+
+
+class RecordingEngine(TinyTorchEngine):
+    """Records where the backend is asked to write, and can fail mid-save like a crashed job."""
+
+    fail_save = False
+
+    def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
+        self.calls.append(("save", step_dir.name, str((step_dir / MANIFEST_FILE).exists())))
+        if self.fail_save:
+            raise OSError("disk full")
+        super()._save_checkpoint(step_dir, save_optimizer=save_optimizer)
+
+
+def make_engine(max_ckpt_to_keep: int | None = None) -> RecordingEngine:
+    engine = RecordingEngine(
+        model_config=ModelConfig(path="tiny-model"),
+        engine_config=TinyEngineConfig(vocab_size=VOCAB),
+        optimizer_config=OPTIMIZER,
+        checkpoint_config=CheckpointConfig(max_ckpt_to_keep=max_ckpt_to_keep),
+    )
+    engine.initialize()
+    return engine
+
+
+def train_step(engine: TinyTorchEngine, seed: int) -> tuple[float, float]:
+    batch = random_batch(vocab_size=VOCAB, prompt_lengths=[2, 3], response_lengths=[4, 2], seed=seed)
+    with engine.train_mode():
+        output = engine.train_batch(batch, token_mean_nll)
+    engine.lr_scheduler_step()
+    return output.loss, output.metrics["grad_norm"]
+
+
+def files_under(path: Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+
+
+def test_step_is_written_under_a_temporary_name_and_the_manifest_last(tmp_path: Path) -> None:
+    engine = make_engine()
+    train_step(engine, seed=0)
+    published = engine.save_checkpoint(tmp_path, global_step=7)
+    assert ("save", ".tmp-global_step_7", "False") in engine.calls  # backend wrote before any manifest
+    assert published == tmp_path / "global_step_7"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_7", "latest"]
+    assert (tmp_path / "latest").read_text() == "global_step_7"
+    manifest = json.loads((published / MANIFEST_FILE).read_text())
+    assert set(manifest["files"]) == files_under(published) - {MANIFEST_FILE}
+    assert set(manifest["files"]) == {
+        "model/model.pt",
+        "optimizer/optimizer.pt",
+        "extra/state.json",
+        "extra/rng_rank0.pt",
+    }
+    assert (manifest["backend"], manifest["global_step"], manifest["world_size"]) == ("tiny", 7, 1)
+    assert manifest["model_path"] == str(Path("tiny-model").resolve())
+
+
+def test_pruning_happens_only_after_the_new_step_is_published(tmp_path: Path) -> None:
+    engine = make_engine(max_ckpt_to_keep=2)
+    for step in (1, 2, 3):
+        engine.save_checkpoint(tmp_path, global_step=step)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+    engine.fail_save = True
+    with pytest.raises(OSError, match="disk full"):
+        engine.save_checkpoint(tmp_path, global_step=4)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+    assert resolve_step_dir(tmp_path) == tmp_path / "global_step_3"
+    engine.fail_save = False
+    engine.save_checkpoint(tmp_path, global_step=4, max_ckpt_to_keep=1)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_4"]
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_round_trip_restores_weights_optimizer_schedule_rng_and_extra_state(tmp_path: Path) -> None:
+    engine = make_engine()
+    train_step(engine, seed=0)
+    engine.skipped_steps = 2  # as if two updates had been skipped
+    engine.save_checkpoint(tmp_path, global_step=1, extra_state={"data_position": 12})
+    after_save = torch.rand(3)
+    expected = train_step(engine, seed=1)
+    resumed = make_engine()
+    assert resumed.load_checkpoint(tmp_path) == {"global_step": 1, "data_position": 12}
+    assert torch.equal(torch.rand(3), after_save)
+    assert resumed.skipped_steps == 2
+    assert resumed.current_lr == pytest.approx(0.1 * 2 / 3)  # warm-up step 1 of 3
+    assert train_step(resumed, seed=1) == expected
+    assert all(
+        torch.equal(a, b)
+        for (_, a), (_, b) in zip(engine.export_weights(), resumed.export_weights(), strict=True)
+    )
+
+
+def saved_step(tmp_path: Path) -> tuple[RecordingEngine, Path]:
+    engine = make_engine()
+    train_step(engine, seed=0)
+    return engine, engine.save_checkpoint(tmp_path, global_step=1)
+
+
+def test_corrupt_file_is_named(tmp_path: Path) -> None:
+    engine, step = saved_step(tmp_path)
+    shard = step / "model" / "model.pt"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{shard}.*SHA-256.*corrupt"):
+        engine.load_checkpoint(step)
+
+
+def test_truncated_file_is_named(tmp_path: Path) -> None:
+    engine, step = saved_step(tmp_path)
+    shard = step / "optimizer" / "optimizer.pt"
+    shard.write_bytes(shard.read_bytes()[:10])
+    with pytest.raises(CheckpointError, match=rf"{shard} has 10 bytes.*truncated"):
+        engine.load_checkpoint(tmp_path)
+
+
+def test_missing_file_and_missing_manifest_are_named(tmp_path: Path) -> None:
+    engine, step = saved_step(tmp_path)
+    (step / "extra" / "state.json").unlink()
+    with pytest.raises(CheckpointError, match=rf"{step / 'extra' / 'state.json'} is missing"):
+        engine.load_checkpoint(step)
+    (step / MANIFEST_FILE).unlink()
+    with pytest.raises(CheckpointError, match=rf"{step / MANIFEST_FILE} does not exist.*incomplete"):
+        engine.load_checkpoint(step)
+    with pytest.raises(CheckpointError, match=r"no checkpoint to load.*Complete steps there: none"):
+        engine.load_checkpoint(tmp_path)
+
+
+def test_another_backends_checkpoint_is_refused(tmp_path: Path) -> None:
+    engine, step = saved_step(tmp_path)
+    manifest = json.loads((step / MANIFEST_FILE).read_text())
+    (step / MANIFEST_FILE).write_text(json.dumps({**manifest, "backend": "megatron"}))
+    with pytest.raises(CheckpointError, match="written by the 'megatron' backend; this engine is 'tiny'"):
+        engine.load_checkpoint(step)
