@@ -9,6 +9,7 @@ each, so no token ever sees another sequence and no total-by-total mask is built
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -92,7 +93,7 @@ class SdpaCoreAttention(MegatronModule):
         """``[t, heads, d]`` in, ``[t, heads * d]`` out; one causal SDPA call per sequence of the row."""
         bounds = cu_seqlens.tolist()
         outputs = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in itertools.pairwise(bounds):
             q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
             outputs.append(self._sdpa(q, k, v, None).squeeze(0).transpose(0, 1))
         out = torch.cat(outputs, dim=0)

@@ -30,6 +30,7 @@ _NORM_MAPPING = {
     "input_layernorm.weight": "model.layers.{layer}.input_layernorm.weight",
     "pre_mlp_layernorm.weight": "model.layers.{layer}.post_attention_layernorm.weight",
 }
+_VALUE_HEAD_MAPPING = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 
 
 class _DrivetrainBridgeMixin:
@@ -38,10 +39,15 @@ class _DrivetrainBridgeMixin:
     hf_config: PretrainedConfig
     config: Any
     has_vp_stage = True  # megatron-core 0.16 layer specs take ``vp_stage``
+    value_head = False
+    """Whether ``output_layer`` is the value model's ``score`` head rather than ``lm_head``."""
 
     def _get_transformer_layer_spec(self, vp_stage: int | None = None) -> Any:
         spec = get_gpt_decoder_block_spec(
-            self.config, use_transformer_engine=False, normalization=self.config.normalization, vp_stage=vp_stage
+            self.config,
+            use_transformer_engine=False,
+            normalization=self.config.normalization,
+            vp_stage=vp_stage,
         )
         spec = copy.deepcopy(spec)
         for layer_spec in spec.layer_specs:
@@ -57,6 +63,8 @@ class _DrivetrainBridgeMixin:
         }
 
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
+        if self.value_head and mcore_weights_name in _VALUE_HEAD_MAPPING:
+            return [_VALUE_HEAD_MAPPING[mcore_weights_name]]
         for suffix, hf_name in _NORM_MAPPING.items():
             if mcore_weights_name.startswith("decoder.layers.") and mcore_weights_name.endswith(suffix):
                 return [hf_name.format(layer=mcore_weights_name.split(".")[2])]
@@ -78,12 +86,18 @@ def rope_theta(hf_config: PretrainedConfig) -> float:
         )
     theta = parameters.get("rope_theta", getattr(hf_config, "rope_theta", None))
     if theta is None:
-        raise ValueError(f"{hf_config.model_type} config has neither rope_parameters['rope_theta'] nor rope_theta.")
+        raise ValueError(
+            f"{hf_config.model_type} config has neither rope_parameters['rope_theta'] nor rope_theta."
+        )
     return float(theta)
 
 
-def bridge_class(hf_config: PretrainedConfig) -> type[Bridge]:
+def bridge_class(hf_config: PretrainedConfig, *, value_model: bool = False) -> type[Bridge]:
     """drivetrain's subclass of the mbridge bridge registered for ``hf_config.model_type``.
+
+    Args:
+        hf_config: the Hugging Face config.
+        value_model: map ``output_layer`` onto the token-classification ``score`` head instead of ``lm_head``.
 
     Raises:
         ValueError: mbridge has no bridge for this model type.
@@ -94,15 +108,23 @@ def bridge_class(hf_config: PretrainedConfig) -> type[Bridge]:
             f"model_type {hf_config.model_type!r} has no mbridge bridge; supported: "
             f"{sorted(AutoBridge.list_supported_models())}. Use the fsdp backend for this model."
         )
-    return type(f"Drivetrain{base.__name__}", (_DrivetrainBridgeMixin, base), {})
+    return type(f"Drivetrain{base.__name__}", (_DrivetrainBridgeMixin, base), {"value_head": value_model})
 
 
-def make_bridge(hf_config: PretrainedConfig, dtype: torch.dtype, transformer_overrides: dict[str, Any]) -> Bridge:
+def make_bridge(
+    hf_config: PretrainedConfig,
+    dtype: torch.dtype,
+    transformer_overrides: dict[str, Any],
+    *,
+    value_model: bool = False,
+    make_vocab_size_divisible_by: int | None = None,
+) -> Bridge:
     """A bridge for ``hf_config`` whose ``TransformerConfig`` carries ``transformer_overrides``.
 
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
-    bridge = bridge_class(hf_config)(hf_config, dtype=dtype)
+    cls = bridge_class(hf_config, value_model=value_model)
+    bridge = cls(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     bridge.set_extra_args(**transformer_overrides)
     return bridge
 

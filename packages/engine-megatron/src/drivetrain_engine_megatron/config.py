@@ -45,7 +45,10 @@ class MegatronEngineConfig(EngineConfig):
         super().__post_init__()
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, f"engine.{name} must be an integer >= 1, got {value!r}.")
+            _require(
+                isinstance(value, int) and value >= 1,
+                f"engine.{name} must be an integer >= 1, got {value!r}.",
+            )
         vpp = self.virtual_pipeline_model_parallel_size
         if vpp is not None:
             _require(
@@ -66,4 +69,6 @@ class MegatronEngineConfig(EngineConfig):
     @property
     def model_parallel_size(self) -> int:
         """Ranks that hold one copy of the model: TP x PP x CP."""
-        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        return (
+            self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        )

@@ -45,7 +45,11 @@ def _check_existing_layout(config: MegatronEngineConfig) -> None:
         mpu.get_pipeline_model_parallel_world_size(),
         mpu.get_context_parallel_world_size(),
     )
-    wanted = (config.tensor_model_parallel_size, config.pipeline_model_parallel_size, config.context_parallel_size)
+    wanted = (
+        config.tensor_model_parallel_size,
+        config.pipeline_model_parallel_size,
+        config.context_parallel_size,
+    )
     if existing != wanted:
         raise ValueError(
             f"megatron's process groups already exist with (tp, pp, cp) = {existing}, this engine asks for {wanted}; "

@@ -1,0 +1,217 @@
+"""``MegatronEngine``: the core ``Engine`` on megatron-core's ``GPTModel`` (TP, PP, VPP, DP), built via mbridge.
+
+The engine implements the core's ``_`` hooks only; micro-batching, loss normalisation, the LR schedule and
+the checkpoint layout come from the base class. Gradients are **summed** over data-parallel ranks (megatron
+DDP with ``calculate_per_token_loss``), so ``gradients_averaged_over_data_parallel`` is ``False`` and the
+core does not rescale the loss: each rank backwards its share of the globally normalised loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.engine import Engine, Mode
+from drivetrain_engine_core.errors import EngineStateError
+from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
+from tensordict import TensorDict
+
+from . import parallel_state
+from .config import MegatronEngineConfig
+from .cpu_compat import apply_cpu_compat, cpu_compat_needed, seed_cpu_rng_tracker
+
+
+class MegatronEngine(Engine):
+    """Megatron-Core backend: tensor, pipeline (and virtual pipeline) and data parallelism.
+
+    Args:
+        model_config: the Hugging Face model to build (``language_model`` or ``value_model``).
+        engine_config: a :class:`MegatronEngineConfig`.
+        optimizer_config: AdamW settings; ``None`` builds an inference-only engine (no DDP wrapping).
+        checkpoint_config: checkpoint contents and retention.
+    """
+
+    backend_name: ClassVar[str] = "megatron"
+    config_class: ClassVar[type[MegatronEngineConfig]] = MegatronEngineConfig
+    gradients_averaged_over_data_parallel: ClassVar[bool] = False
+
+    engine_config: MegatronEngineConfig
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _initialize(self) -> None:
+        self._refuse_unsupported()
+        if cpu_compat_needed(self.engine_config.device):
+            apply_cpu_compat()
+        parallel_state.initialize_model_parallel(self.engine_config)
+        self._seed()
+        from .model import build_model
+
+        self._model = build_model(
+            self.model_config, self.engine_config, trainable=self.optimizer_config is not None
+        )
+        self._optimizer = None
+        if self.optimizer_config is not None:
+            from .optim import build_optimizer
+
+            self._optimizer = build_optimizer(self.optimizer_config, self.engine_config, self._model.chunks)
+            self._install_grad_finalizer()
+
+    def _refuse_unsupported(self) -> None:
+        """Refuse, before any group or model exists, what this backend cannot run here."""
+        config = self.engine_config
+        if self.model_config.lora is not None:
+            raise ConfigError(
+                "model.lora is not supported by the megatron backend; use backend 'fsdp' for LoRA."
+            )
+        if config.device != "cuda" and config.sequence_parallel:
+            raise ConfigError(
+                f"engine.sequence_parallel=True needs CUDA (its fused kernels and NCCL collectives); the engine "
+                f"device is {config.device!r}. Set sequence_parallel=False."
+            )
+        if config.device != "cuda" and config.context_parallel_size > 1:
+            raise ConfigError(
+                f"engine.context_parallel_size={config.context_parallel_size} needs Transformer Engine attention "
+                f"on CUDA; the engine device is {config.device!r}. Set context_parallel_size=1."
+            )
+        if config.param_offload or config.optimizer_offload:
+            raise ConfigError(
+                "engine.param_offload / optimizer_offload are not implemented by the megatron backend yet; "
+                "set both to False (or use backend 'fsdp')."
+            )
+
+    def _seed(self) -> None:
+        from megatron.core import parallel_state as mpu
+        from megatron.core import tensor_parallel
+
+        torch.manual_seed(self.engine_config.seed)
+        if cpu_compat_needed(self.engine_config.device):
+            seed_cpu_rng_tracker(self.engine_config.seed, mpu.get_tensor_model_parallel_rank())
+        else:
+            tensor_parallel.model_parallel_cuda_manual_seed(self.engine_config.seed)
+
+    def _install_grad_finalizer(self) -> None:
+        """Make the schedule reduce gradients (DP, tied embeddings) without rescaling them by a token count."""
+        from megatron.core.distributed import finalize_model_grads
+
+        config = self._model.transformer_config
+        config.finalize_model_grads_func = partial(_finalize_without_token_scaling, finalize_model_grads)
+        no_sync = [chunk.no_sync for chunk in self._model.chunks]
+        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+
+    # ------------------------------------------------------------------ parallel layout
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return parallel_state.data_parallel_rank()
+
+    @property
+    def data_parallel_size(self) -> int:
+        return parallel_state.data_parallel_size()
+
+    @property
+    def data_parallel_group(self) -> torch.distributed.ProcessGroup | None:
+        return parallel_state.data_parallel_group()
+
+    @property
+    def is_output_rank(self) -> bool:
+        return parallel_state.is_output_rank()
+
+    # ------------------------------------------------------------------ compute
+
+    def _forward_backward_micro_batches(
+        self,
+        micro_batches: Sequence[TensorDict],
+        loss_fn: LossFn | None,
+        forward_only: bool,
+        options: ForwardOptions,
+        context: LossContext,
+    ) -> list[MicroBatchResult]:
+        from .schedule import StepSpec, run_schedule
+
+        spec = StepSpec(
+            value_model=self.model_config.model_type == "value_model",
+            vocab_size=self._model.vocab_size,
+            remove_padding=self.model_config.use_remove_padding,
+            device=self.engine_config.device,
+            compute_loss=self.compute_micro_batch_loss,
+        )
+        return run_schedule(self._model.chunks, micro_batches, loss_fn, forward_only, options, context, spec)
+
+    def _set_mode(self, mode: Mode) -> None:
+        for chunk in self._model.chunks:
+            chunk.train(mode == "train")
+
+    def _load(self, *, params: bool, optimizer: bool) -> None:
+        """Nothing is offloaded (offload is refused at initialisation)."""
+
+    def _offload(self, params: bool, optimizer: bool) -> None:
+        """Nothing is offloaded (offload is refused at initialisation)."""
+
+    # ------------------------------------------------------------------ optimizer
+
+    def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
+        return self._optimizer.param_groups
+
+    def _optimizer_zero_grad(self) -> None:
+        for chunk in self._model.chunks:
+            chunk.zero_grad_buffer()
+        self._optimizer.zero_grad()
+
+    def _clip_grad_norm(self, max_norm: float | None) -> float:
+        from .optim import clip_grad_norm
+
+        return clip_grad_norm(self._optimizer, max_norm)
+
+    def _optimizer_step(self) -> None:
+        from .optim import step
+
+        step(self._optimizer)
+
+    # ------------------------------------------------------------------ placement, adapters, export
+
+    def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
+        if device != self.engine_config.device:
+            raise EngineStateError(
+                f"engine.to({device!r}): the megatron backend keeps its state on {self.engine_config.device!r}; "
+                "moving it (offload) is not implemented yet."
+            )
+
+    def _disable_adapter(self) -> AbstractContextManager[None]:
+        raise EngineStateError("the megatron backend has no LoRA adapters to disable.")
+
+    def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        from .bridge import export_hf_weights
+
+        yield from export_hf_weights(self._model.bridge, self._model.unwrapped)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
+        from .checkpoint import save_model_and_optimizer
+
+        save_model_and_optimizer(step_dir, self._model, self._optimizer if save_optimizer else None)
+
+    def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
+        from .checkpoint import load_model_and_optimizer
+
+        load_model_and_optimizer(step_dir, self._model, self._optimizer if load_optimizer else None)
+
+    def _checkpoint_backend_info(self) -> dict[str, Any]:
+        from .checkpoint import backend_info
+
+        return backend_info(self._model, self.engine_config)
+
+
+def _finalize_without_token_scaling(
+    finalize: Any, model: list[torch.nn.Module], *args: Any, **kwargs: Any
+) -> None:
+    """megatron's ``finalize_model_grads`` with ``num_tokens=None``: drivetrain's loss is already normalised."""
+    kwargs.pop("num_tokens", None)
+    finalize(model, None, *args[1:], **kwargs)
