@@ -1,0 +1,55 @@
+"""Data parallelism through the base ``Engine`` on two gloo ranks: global token counts and loss scaling make
+loss, gradient norm and updated weights equal those of one process training on the whole batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.testing.batches import random_batch
+from drivetrain_engine_core.testing.launcher import run_distributed
+from drivetrain_engine_core.testing.losses import token_mean_nll
+from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
+
+VOCAB = 64
+# Uneven prompt/response lengths give the two ranks different token counts, so a per-rank normalisation
+# would show up as a different loss.
+PROMPTS, RESPONSES = [2, 5, 1, 3], [6, 1, 4, 2]
+
+
+def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[str, object]:
+    engine = TinyTorchEngine(
+        model_config=ModelConfig(path="tiny-model"),
+        engine_config=TinyEngineConfig(
+            vocab_size=VOCAB, micro_batch=MicroBatchConfig(micro_batch_size=micro_batch_size)
+        ),
+        optimizer_config=OptimizerConfig(lr=0.1, clip_grad=None),
+    )
+    engine.initialize()
+    batch = random_batch(vocab_size=VOCAB, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
+    if rank_indices is not None:
+        batch = batch[torch.tensor(rank_indices)]
+    with engine.train_mode():
+        output = engine.train_batch(batch, token_mean_nll)
+    return {
+        "loss": output.loss,
+        "grad_norm": output.metrics["grad_norm"],
+        "weights": dict(engine.export_weights()),
+    }
+
+
+def _rank_main(rank: int, world_size: int) -> list[dict[str, object]]:
+    mine = list(range(rank, len(PROMPTS), world_size))
+    return [train_once(mine, micro_batch_size=1), train_once(mine, micro_batch_size=2)]
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process_on_the_whole_batch() -> None:
+    expected = train_once(None, micro_batch_size=4)
+    per_rank = run_distributed(_rank_main, world_size=2, timeout_s=180)
+    for results in per_rank:
+        for result in results:
+            assert result["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+            assert result["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-6)
+            for name, tensor in expected["weights"].items():
+                torch.testing.assert_close(result["weights"][name], tensor, rtol=1e-6, atol=1e-7)
