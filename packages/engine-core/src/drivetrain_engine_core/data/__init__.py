@@ -7,6 +7,7 @@ from .micro_batch import (
     MicroBatches,
     micro_batch_count,
     partition_micro_batches,
+    plan_micro_batches,
     split_micro_batches,
 )
 from .options import ForwardOptions, read_forward_options, set_forward_options, strip_forward_options
@@ -39,6 +40,7 @@ __all__ = [
     "pack_micro_batch",
     "padded_to_nopad",
     "partition_micro_batches",
+    "plan_micro_batches",
     "read_forward_options",
     "response_to_padded",
     "response_view",

@@ -139,7 +139,15 @@ def micro_batch_count(lengths: Tensor, max_tokens: int) -> int:
     This is the value a rank contributes to the all-reduce; exposed so tests and callers can reason about the
     count without a process group.
     """
-    return _plan_dynamic(lengths, max_tokens)[0]
+    return plan_micro_batches(lengths, max_tokens)[0]
+
+
+def plan_micro_batches(lengths: Tensor, max_tokens: int) -> tuple[int, list[list[int]]]:
+    """This rank's count (see :func:`micro_batch_count`) and its groups at that count.
+
+    The groups are reused when the count agreed over ranks equals this rank's own, saving a second partition.
+    """
+    return _plan_dynamic(lengths, max_tokens)
 
 
 def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]]:

@@ -1,17 +1,15 @@
 """Balanced partitioning of sequences by workload (Karmarkar-Karp largest differencing method).
 
-Used to balance micro-batches inside a rank and sequences across data-parallel ranks. The implementation keeps
-per-state bucket members as lazy merge trees and flattens them once at the end, so a merge costs O(k log k)
-whatever the number of items; 4096 sequences partition in a few milliseconds.
+Used to balance micro-batches inside a rank and sequences across data-parallel ranks. The differencing keeps
+only bucket sums and the permutation of each merge; bucket members are resolved once at the end, top down,
+so a merge costs O(k log k) whatever the number of items.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import heapq
-from collections.abc import Iterator, Sequence
-from operator import add
+from collections.abc import Sequence
+from operator import add, itemgetter
 
 import torch
 from torch import Tensor
@@ -70,75 +68,66 @@ def karmarkar_karp(
         raise BatchError(
             f"karmarkar_karp: equal_size needs the item count ({n}) divisible by num_partitions ({k})."
         )
-    with _gc_paused():
-        heap = _initial_states([float(w) for w in workloads], k, equal_size)
-        counter = len(heap)
-        while len(heap) > 1:
-            _, _, sums_a, members_a = heapq.heappop(heap)
-            _, _, sums_b, members_b = heapq.heappop(heap)
-            sums, members = _merge(sums_a, members_a, sums_b, members_b)
-            heapq.heappush(heap, (sums[0] - sums[-1], counter, sums, members))
-            counter += 1
-        return [sorted(_flatten(tree)) for tree in heap[0][3]]
+    if k == 1:
+        return [list(range(n))]
+    weights = [float(w) for w in workloads]
+    leaves = _leaves(weights, k, equal_size)
+    merges = _differencing(leaves, weights, k)
+    return _resolve(leaves, merges, k)
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while merge trees are built.
+def _leaves(weights: list[float], k: int, equal_size: bool) -> list[list[int]]:
+    """Initial states as the items of their top buckets (the buckets below are empty), ascending by workload.
 
-    The algorithm allocates tens of thousands of small tuples (no cycles); left on, the collector's full
-    passes over the whole interpreter heap (torch's objects included) cost more than the partitioning itself.
+    Unequal sizes: one state per item. Equal sizes: items sorted by workload in consecutive groups of ``k``,
+    one per bucket.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _initial_states(weights: list[float], k: int, equal_size: bool) -> list[tuple]:
-    """Heap entries ``(-spread, tie, sums ascending, members)``; ties broken by creation order."""
     order = sorted(range(len(weights)), key=lambda i: (weights[i], i))
-    states = []
     if equal_size:
-        for start in range(0, len(order), k):
-            group = order[start : start + k]
-            states.append(([weights[i] for i in group], list(group)))
-    else:
-        for i in order:
-            states.append(([0.0] * (k - 1) + [weights[i]], [None] * (k - 1) + [i]))
-    heap = [(sums[0] - sums[-1], tie, sums, members) for tie, (sums, members) in enumerate(states)]
-    heapq.heapify(heap)
-    return heap
+        return [order[start : start + k] for start in range(0, len(order), k)]
+    return [[i] for i in order]
 
 
-def _merge(sums_a: list[float], members_a: list, sums_b: list[float], members_b: list) -> tuple[list, list]:
-    """Pair ``a``'s buckets ascending with ``b``'s descending; return the new state sorted ascending.
+def _differencing(leaves: list[list[int]], weights: list[float], k: int) -> list[tuple]:
+    """Run the merges; return them as ``(node_a, node_b, order)`` records, node ids after the leaves.
 
-    Members are joined as ``(a_tree, b_tree)`` pairs and flattened once at the end; the sums and the sort run
-    in C (``map``, ``sorted`` with a C key), which keeps a merge at a few microseconds for k around 40.
+    A state is ``(sums ascending, node id)``; merging pairs ``a``'s bucket ``i`` with ``b``'s bucket
+    ``k - 1 - i`` and re-sorts, so new bucket ``j`` holds ``a[order[j]]`` and ``b[k - 1 - order[j]]``. Only
+    sums and permutations are kept (members are resolved once at the end), and the sums and sorts run in C
+    (``map``, ``sorted`` with a C key): a merge costs a few microseconds for k around 40.
     """
-    sums = list(map(add, sums_a, reversed(sums_b)))
-    order = sorted(range(len(sums)), key=sums.__getitem__)
-    members_b = members_b[::-1]
-    return [sums[i] for i in order], [(members_a[i], members_b[i]) for i in order]
+    heap = []
+    for node, members in enumerate(leaves):
+        sums = [0.0] * (k - len(members)) + [weights[i] for i in members]
+        heap.append((sums[0] - sums[-1], node, sums))
+    heapq.heapify(heap)
+    merges: list[tuple] = []
+    next_node = len(leaves)
+    while len(heap) > 1:
+        _, node_a, sums_a = heapq.heappop(heap)
+        _, node_b, sums_b = heapq.heappop(heap)
+        paired = list(map(add, sums_a, reversed(sums_b)))
+        order = sorted(range(k), key=paired.__getitem__)
+        sums = [paired[j] for j in order]
+        merges.append((node_a, node_b, order))
+        heapq.heappush(heap, (sums[0] - sums[-1], next_node, sums))
+        next_node += 1
+    return merges
 
 
-def _flatten(tree: object) -> list[int]:
-    out, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        if node is None:
-            continue
-        if isinstance(node, tuple):
-            stack.extend(node)
-        else:
-            out.append(node)
-    return out
-
-
-def partition_workload(groups: Sequence[Sequence[int]], workloads: Tensor) -> Tensor:
-    """Total workload of each group (float64, shape ``(len(groups),)``)."""
-    return torch.stack([workloads[list(g)].sum() if g else workloads.new_zeros(()) for g in groups])
+def _resolve(leaves: list[list[int]], merges: list[tuple], k: int) -> list[list[int]]:
+    """Walk the merges from the root down to give every bucket of every state its final partition."""
+    labels: list[tuple[int, ...] | None] = [None] * (len(leaves) + len(merges))
+    labels[-1] = tuple(range(k))
+    for offset in range(len(merges) - 1, -1, -1):
+        node_a, node_b, order = merges[offset]
+        own = labels[len(leaves) + offset]
+        inverse = sorted(range(k), key=order.__getitem__)
+        # a's bucket order[j] and b's bucket k-1-order[j] both went into this state's bucket j.
+        labels[node_a] = itemgetter(*inverse)(own)
+        labels[node_b] = itemgetter(*reversed(inverse))(own)
+    groups: list[list[int]] = [[] for _ in range(k)]
+    for node, members in enumerate(leaves):
+        for item, label in zip(members, labels[node][k - len(members) :], strict=True):
+            groups[label].append(item)
+    return [sorted(g) for g in groups]
