@@ -324,12 +324,24 @@ class Engine(ABC):
                 f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {self.backend_name!r}. "
                 "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
             )
-        if verify and dist_utils.rank() == 0:
-            verify_files(step_dir, manifest)
-        dist_utils.barrier()
+        if verify:
+            self._verify_on_rank_zero(step_dir, manifest)
         with self._loaded():
             self._load_checkpoint(step_dir, load_optimizer=load_optimizer and self.optimizer_config is not None)
         return {"global_step": manifest.global_step, **self._load_extra(step_dir / "extra")}
+
+    @staticmethod
+    def _verify_on_rank_zero(step_dir: Path, manifest: Manifest) -> None:
+        """Rank 0 checks the files; every rank raises its verdict, so no rank waits for one that failed."""
+        problem = None
+        if dist_utils.rank() == 0:
+            try:
+                verify_files(step_dir, manifest)
+            except CheckpointError as e:
+                problem = str(e)
+        problem = dist_utils.broadcast_object(problem)
+        if problem is not None:
+            raise CheckpointError(problem)
 
     def _manifest(self, global_step: int) -> Manifest:
         lora = self.model_config.lora
