@@ -1,11 +1,17 @@
 """Data parallelism through the base ``Engine`` on two gloo ranks: global token counts and loss scaling make
-loss, gradient norm and updated weights equal those of one process training on the whole batch."""
+loss, gradient norm and updated weights equal those of one process training on the whole batch; a checkpoint
+that fails verification on rank 0 fails every rank at once."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.losses import token_mean_nll
@@ -17,7 +23,7 @@ VOCAB = 64
 PROMPTS, RESPONSES = [2, 5, 1, 3], [6, 1, 4, 2]
 
 
-def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[str, object]:
+def make_engine(micro_batch_size: int) -> TinyTorchEngine:
     engine = TinyTorchEngine(
         model_config=ModelConfig(path="tiny-model"),
         engine_config=TinyEngineConfig(
@@ -26,6 +32,11 @@ def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[st
         optimizer_config=OptimizerConfig(lr=0.1, clip_grad=None),
     )
     engine.initialize()
+    return engine
+
+
+def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[str, object]:
+    engine = make_engine(micro_batch_size)
     batch = random_batch(vocab_size=VOCAB, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
     if rank_indices is not None:
         batch = batch[torch.tensor(rank_indices)]
@@ -38,17 +49,37 @@ def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[st
     }
 
 
-def _rank_main(rank: int, world_size: int) -> list[dict[str, object]]:
+def load_corrupt_checkpoint(rank: int, root: Path) -> str:
+    """Save on every rank, corrupt a file on rank 0, load: every rank must get the error, none may wait."""
+    engine = make_engine(micro_batch_size=1)
+    step = engine.save_checkpoint(root, global_step=1)
+    if rank == 0:
+        (step / "model" / "model.pt").write_bytes(b"not a checkpoint")
+    distributed.barrier()
+    try:
+        engine.load_checkpoint(root)
+    except CheckpointError as e:
+        return str(e)
+    return "loaded a corrupt checkpoint"
+
+
+def _rank_main(rank: int, world_size: int, root: Path) -> dict[str, object]:
     mine = list(range(rank, len(PROMPTS), world_size))
-    return [train_once(mine, micro_batch_size=1), train_once(mine, micro_batch_size=2)]
+    return {
+        "trained": [train_once(mine, micro_batch_size=1), train_once(mine, micro_batch_size=2)],
+        "corrupt": load_corrupt_checkpoint(rank, root),
+    }
 
 
 @pytest.mark.slow
-def test_two_ranks_match_one_process_on_the_whole_batch() -> None:
+def test_two_ranks_match_one_process_and_fail_together_on_a_corrupt_checkpoint(tmp_path: Path) -> None:
     expected = train_once(None, micro_batch_size=4)
-    per_rank = run_distributed(_rank_main, world_size=2, timeout_s=180)
+    per_rank = run_distributed(_rank_main, tmp_path, world_size=2, timeout_s=180)
     for results in per_rank:
-        for result in results:
+        assert re.search(r"model\.pt has \d+ bytes, the manifest says", results["corrupt"]), results[
+            "corrupt"
+        ]
+        for result in results["trained"]:
             assert result["loss"] == pytest.approx(expected["loss"], rel=1e-6)
             assert result["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-6)
             for name, tensor in expected["weights"].items():
