@@ -1,0 +1,76 @@
+"""Which examples each optimizer step trains on, and turning examples into no-padding batches.
+
+The order is a function of ``(seed, step)`` only: epoch ``e`` is a fixed permutation seeded by ``seed + e``,
+and step ``s`` takes the next ``batch_size`` indices of it. A resumed run therefore sees exactly the batches
+the uninterrupted run would have seen, with nothing but the step number saved; data-parallel rank ``r`` of
+``d`` takes every ``d``-th index of the step's global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict
+
+from .data import DataError, Example
+
+
+@dataclass(frozen=True)
+class StepSampler:
+    """Global-batch schedule over ``num_examples`` examples.
+
+    Attributes:
+        num_examples: size of the training set.
+        batch_size: sequences per step over every data-parallel rank.
+        seed: seed of the permutations.
+    """
+
+    num_examples: int
+    batch_size: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size > self.num_examples:
+            raise DataError(
+                f"trainer.batch_size={self.batch_size} is larger than the {self.num_examples} training examples; "
+                "lower trainer.batch_size or add data."
+            )
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Full batches per pass over the data (the incomplete tail of a permutation is skipped)."""
+        return self.num_examples // self.batch_size
+
+    def global_indices(self, step: int) -> torch.Tensor:
+        """Example indices of step ``step`` (0-based) over all ranks."""
+        epoch, within = divmod(step, self.steps_per_epoch)
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        order = torch.randperm(self.num_examples, generator=generator)
+        return order[within * self.batch_size : (within + 1) * self.batch_size]
+
+    def local_indices(self, step: int, dp_rank: int, dp_size: int) -> list[int]:
+        """This data-parallel rank's share of step ``step``."""
+        return self.global_indices(step)[dp_rank::dp_size].tolist()
+
+
+def check_batch_size(batch_size: int, dp_size: int) -> None:
+    """Every data-parallel rank needs the same number of sequences per step."""
+    if batch_size % dp_size:
+        raise DataError(
+            f"trainer.batch_size={batch_size} is not divisible by the data-parallel size {dp_size}; use a multiple of "
+            f"{dp_size}."
+        )
+
+
+def make_sft_batch(examples: Sequence[Example]) -> TensorDict:
+    """A no-padding batch whose ``loss_mask`` selects the response tokens."""
+    from drivetrain_engine_core.data.batch import make_batch
+
+    input_ids = [torch.tensor(e.prompt_ids + e.response_ids, dtype=torch.long) for e in examples]
+    loss_mask = [
+        torch.tensor([False] * len(e.prompt_ids) + [True] * len(e.response_ids), dtype=torch.bool)
+        for e in examples
+    ]
+    return make_batch(input_ids, loss_mask=loss_mask)

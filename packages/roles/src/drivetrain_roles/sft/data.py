@@ -1,0 +1,160 @@
+"""SFT data: parquet or JSONL files of prompt/response pairs or chat messages, tokenised with a loss on responses.
+
+Every problem is found before training starts and reported once, naming the file, the row and the fix: a
+missing column, an empty data set, a response that leaves no room in the token budget.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import DataConfig
+
+
+class DataError(ValueError):
+    """The SFT data cannot be used as configured; the message names the file, row or column and the fix."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenised example: the prompt tokens (no loss) followed by the response tokens (loss)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    prompt_text: str
+    response_text: str
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a ``.parquet`` or ``.jsonl``/``.json`` file as dicts.
+
+    Raises:
+        DataError: the file is missing, has another extension, or a JSONL line is not valid JSON.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(
+            f"data file {path} does not exist; set data.train_files / data.val_files to existing files."
+        )
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix in (".jsonl", ".json"):
+        return _read_jsonl(path)
+    raise DataError(f"data file {path} has extension {path.suffix!r}; use .parquet or .jsonl.")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{path}:{number} is not valid JSON ({e.msg}); write one JSON object per line."
+            ) from e
+    return rows
+
+
+def load_examples(files: Sequence[str | Path], tokenizer: Any, config: DataConfig) -> list[Example]:
+    """Read, tokenise and check every example of ``files``.
+
+    Raises:
+        DataError: no file or no rows, a missing column, or an example longer than ``config.max_length``.
+    """
+    if not files:
+        raise DataError("no data files given; set data.train_files (parquet or jsonl).")
+    examples = []
+    for path in files:
+        rows = read_rows(path)
+        for index, row in enumerate(rows):
+            example = tokenize_row(row, tokenizer, config, where=f"{path} row {index}")
+            check_length(example, config.max_length, where=f"{path} row {index}")
+            examples.append(example)
+    if not examples:
+        raise DataError(f"the data set {[str(f) for f in files]} is empty; give files with at least one row.")
+    return examples
+
+
+def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, where: str) -> Example:
+    """Tokenise one row: chat ``messages`` (loss on the last assistant turn) or a prompt/response pair."""
+    if config.messages_key is not None:
+        return _tokenize_messages(
+            _column(row, config.messages_key, where, "data.messages_key"), tokenizer, where
+        )
+    prompt = str(_column(row, config.prompt_key, where, "data.prompt_key"))
+    response = str(_column(row, config.response_key, where, "data.response_key"))
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    if tokenizer.bos_token_id is not None:
+        prompt_ids = [tokenizer.bos_token_id, *prompt_ids]
+    response_ids = tokenizer.encode(response, add_special_tokens=False)
+    if tokenizer.eos_token_id is not None:
+        response_ids = [*response_ids, tokenizer.eos_token_id]
+    return Example(
+        prompt_ids=prompt_ids, response_ids=response_ids, prompt_text=prompt, response_text=response
+    )
+
+
+def _column(row: dict[str, Any], key: str, where: str, option: str) -> Any:
+    if key not in row:
+        raise DataError(
+            f"{where} has no column {key!r}; its columns are {sorted(row)}. Set {option}=<column> to the column "
+            "that holds it (or data.messages_key=<column> for chat messages)."
+        )
+    return row[key]
+
+
+def _tokenize_messages(messages: Any, tokenizer: Any, where: str) -> Example:
+    """Prompt = the chat template of every turn before the last (with the generation prompt); response = the rest."""
+    if not isinstance(messages, list) or not messages or messages[-1].get("role") != "assistant":
+        raise DataError(
+            f"{where}: messages must be a non-empty list of {{'role', 'content'}} dicts ending with an assistant "
+            "turn (the response that is trained on)."
+        )
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DataError(f"{where}: the tokenizer has no chat template; use prompt/response columns instead.")
+    prompt_ids = _template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
+    full_ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        raise DataError(
+            f"{where}: the chat template does not render the conversation as prompt + response (the prompt's tokens "
+            "are not a prefix of the full conversation's), so the response cannot be masked."
+        )
+    return Example(
+        prompt_ids=prompt_ids,
+        response_ids=full_ids[len(prompt_ids) :],
+        prompt_text=tokenizer.decode(prompt_ids),
+        response_text=str(messages[-1].get("content", "")),
+    )
+
+
+def _template_ids(
+    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool
+) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def check_length(example: Example, max_length: int, *, where: str) -> None:
+    """Raise when the example does not fit the token budget (it would be cut mid-response)."""
+    if not example.response_ids:
+        raise DataError(f"{where} has an empty response; every example needs response tokens to train on.")
+    if example.length > max_length:
+        raise DataError(
+            f"{where} has {example.length} tokens (prompt {len(example.prompt_ids)} + response "
+            f"{len(example.response_ids)}), more than the token budget data.max_length={max_length}. Raise "
+            "data.max_length (and engine.micro_batch.max_tokens if set) or remove such rows."
+        )

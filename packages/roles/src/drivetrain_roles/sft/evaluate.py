@@ -1,0 +1,87 @@
+"""Held-out evaluation: the SFT loss through the engine, and exact-match accuracy of greedy answers.
+
+Accuracy needs generation, which the Engine contract does not offer (``infer_batch`` returns log-probs
+only). Every rank streams ``engine.export_weights()`` (full tensors, adapters merged); the output rank loads
+them into a plain Hugging Face model and decodes greedily with ``generate``. An answer is correct when the
+decoded response, stripped of special tokens and surrounding spaces, equals the reference response. This
+checks what a user of the trained model would see, whatever the backend, at the cost of one weight export
+per evaluation (fine for the sizes this trainer targets on CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.outputs import LossFn
+
+from .batches import make_sft_batch
+from .data import Example
+
+
+def held_out_loss(engine: Engine, examples: Sequence[Example], loss_fn: LossFn) -> float:
+    """The SFT loss of ``examples`` (split over data-parallel ranks), without gradients."""
+    rank, size = engine.data_parallel_rank, engine.data_parallel_size
+    with engine.eval_mode():
+        output = engine.infer_batch(make_sft_batch(examples[rank::size]), loss_fn)
+    return float(output.loss)  # type: ignore[arg-type]
+
+
+def greedy_accuracy(
+    engine: Engine, examples: Sequence[Example], tokenizer: Any, *, max_new_tokens: int, model_path: str
+) -> float:
+    """Fraction of ``examples`` whose greedy answer equals the reference (collective; every rank gets it)."""
+    weights = {}
+    for name, tensor in engine.export_weights():
+        if dist_utils.rank() == 0:
+            weights[name] = tensor.detach().to("cpu", copy=True)
+    accuracy = 0.0
+    if dist_utils.rank() == 0:
+        model = _hf_model(model_path, weights)
+        answers = generate_answers(model, examples, tokenizer, max_new_tokens=max_new_tokens)
+        correct = sum(a.strip() == e.response_text.strip() for a, e in zip(answers, examples, strict=True))
+        accuracy = correct / len(examples)
+    return float(dist_utils.broadcast_object(accuracy))  # type: ignore[arg-type]
+
+
+def _hf_model(model_path: str, weights: dict[str, torch.Tensor]) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    result = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(result.missing_keys) - tied)
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"exported weights do not match {config.model_type} from {model_path}: missing {missing[:5]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:5]}; the backend's export_weights() must yield "
+            "Hugging Face names."
+        )
+    return model.eval()
+
+
+@torch.no_grad()
+def generate_answers(
+    model: Any, examples: Sequence[Example], tokenizer: Any, *, max_new_tokens: int
+) -> list[str]:
+    """Greedy responses to the examples' prompts (left-padded into one batch), decoded without special tokens."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(e.prompt_ids) for e in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, example in enumerate(examples):
+        input_ids[row, width - len(example.prompt_ids) :] = torch.tensor(example.prompt_ids)
+        attention_mask[row, width - len(example.prompt_ids) :] = 1
+    generated = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)

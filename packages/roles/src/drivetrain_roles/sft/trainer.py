@@ -1,0 +1,271 @@
+"""The SFT training loop over any installed engine backend.
+
+One process per rank (``torchrun`` or ``drivetrain sft --nproc N``); every rank runs this loop, the engine
+shards the work, and the output rank writes metrics. Per step: this rank's share of the global batch ->
+``engine.train_batch`` with the SFT loss -> one LR-schedule step. Held-out loss and greedy accuracy are
+measured before the first step, every ``trainer.eval_every`` steps and after the last; checkpoints go to
+``<output_dir>/checkpoints`` every ``trainer.save_every`` steps and at the end, and ``resume=True`` continues
+from the latest one with the same data order, so a resumed run reproduces the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.checkpoint import complete_steps
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.errors import CheckpointError
+
+from ..losses.sft import sft_loss_fn
+from .assets import resolve_data_files, resolve_model_path
+from .batches import StepSampler, check_batch_size, make_sft_batch
+from .config import SFTConfig
+from .data import DataError, Example, load_examples
+from .evaluate import greedy_accuracy, held_out_loss
+from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+
+logger = logging.getLogger(__name__)
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass
+class SFTResult:
+    """What a run did, on every rank.
+
+    Attributes:
+        output_dir: the run directory.
+        start_step: the step the run started from (0, or the resumed checkpoint's step).
+        train_losses: the training loss of each step this process ran, in order.
+        evaluations: ``{"step", "val/loss", "val/accuracy"}`` of each evaluation this process ran.
+    """
+
+    output_dir: Path
+    start_step: int
+    train_losses: list[float] = field(default_factory=list)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+
+
+class SFTTrainer:
+    """Supervised fine-tuning of a causal LM on prompt/response data, loss on responses only.
+
+    Args:
+        config: the run's configuration (see :func:`~drivetrain_roles.sft.config.load_config`).
+        output_dir: where the model (for the embedded default), data, checkpoints and metrics go.
+        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` when there is one.
+    """
+
+    def __init__(self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False) -> None:
+        self.config = config
+        self.output_dir = Path(output_dir)
+        self.resume = resume
+        self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.output_dir / CHECKPOINT_DIR
+
+    def run(self) -> SFTResult:
+        """Train for ``trainer.total_steps`` steps; returns this process's losses and evaluations."""
+        dist_utils.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
+        if dist_utils.rank() == 0:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        dist_utils.barrier()
+        model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
+        tokenizer, train, val = self._load_data(model_path)
+        engine = self._build_engine(model_path)
+        check_batch_size(self.config.trainer.batch_size, engine.data_parallel_size)
+        sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
+        start_step = self._maybe_resume(engine)
+        writer = MetricsWriter(
+            self.output_dir, enabled=dist_utils.rank() == 0, resume_step=start_step if self.resume else None
+        )
+        result = SFTResult(output_dir=self.output_dir, start_step=start_step)
+        evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
+        try:
+            self._train(engine, sampler, train, evaluate, writer, result)
+        finally:
+            writer.close()
+        if dist_utils.rank() == 0:
+            plot_loss_curve(writer.records, self.output_dir / CURVE_FILE)
+            _write_summary(self.output_dir, result)
+        return result
+
+    # ------------------------------------------------------------------ setup
+
+    def _load_data(self, model_path: str) -> tuple[Any, list[Example], list[Example]]:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        train_files, val_files = resolve_data_files(
+            self.config.data, self.output_dir, self.config.trainer.seed
+        )
+        train = load_examples(train_files, tokenizer, self.config.data)
+        val = load_examples(val_files, tokenizer, self.config.data) if val_files else []
+        _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
+        return tokenizer, train, val
+
+    def _build_engine(self, model_path: str) -> Engine:
+        from drivetrain_engine_core.factory import create_engine
+
+        engine = create_engine(
+            model_config=dataclasses.replace(self.config.model, path=model_path),
+            engine_config=self.config.engine,
+            optimizer_config=self.config.optimizer,
+            checkpoint_config=self.config.checkpoint,
+        )
+        engine.initialize()
+        return engine
+
+    def _maybe_resume(self, engine: Engine) -> int:
+        """The step to start from: the latest checkpoint's when resuming, else 0."""
+        if not self.resume:
+            return 0
+        if not complete_steps(self.checkpoint_root):
+            if dist_utils.rank() == 0:
+                logger.warning("--resume: no checkpoint under %s; starting from step 0", self.checkpoint_root)
+            return 0
+        state = engine.load_checkpoint(self.checkpoint_root)
+        expected = self._data_position(0)
+        for key in ("seed", "batch_size"):
+            if state.get(key) != expected[key]:
+                raise CheckpointError(
+                    f"the checkpoint in {self.checkpoint_root} was trained with trainer.{key}={state.get(key)}, "
+                    f"this run has {expected[key]}; resume with the same value or start a new --output-dir."
+                )
+        return int(state["global_step"])
+
+    def _data_position(self, step: int) -> dict[str, int]:
+        return {
+            "next_step": step,
+            "seed": self.config.trainer.seed,
+            "batch_size": self.config.trainer.batch_size,
+        }
+
+    # ------------------------------------------------------------------ loop
+
+    def _train(
+        self,
+        engine: Engine,
+        sampler: StepSampler,
+        train: list[Example],
+        evaluate: _Evaluator,
+        writer: MetricsWriter,
+        result: SFTResult,
+    ) -> None:
+        trainer = self.config.trainer
+        bar = _progress_bar(trainer, result.start_step)
+        if result.start_step == 0:
+            self._record_eval(evaluate, 0, writer, result, bar)
+        for step in range(result.start_step, trainer.total_steps):
+            local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+            with engine.train_mode():
+                output = engine.train_batch(make_sft_batch([train[i] for i in local]), self.loss_fn)
+            engine.lr_scheduler_step()
+            values = {
+                "train/loss": float(output.loss),  # type: ignore[arg-type]
+                "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
+                "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
+            }
+            result.train_losses.append(values["train/loss"])
+            writer.write(step + 1, values)
+            bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
+            bar.update(1)
+            self._after_step(engine, step + 1, evaluate, writer, result, bar)
+        bar.close()
+
+    def _after_step(
+        self,
+        engine: Engine,
+        step: int,
+        evaluate: _Evaluator,
+        writer: MetricsWriter,
+        result: SFTResult,
+        bar: Any,
+    ) -> None:
+        trainer = self.config.trainer
+        last = step == trainer.total_steps
+        if last or (trainer.eval_every and step % trainer.eval_every == 0):
+            self._record_eval(evaluate, step, writer, result, bar)
+        if last or (trainer.save_every and step % trainer.save_every == 0):
+            engine.save_checkpoint(self.checkpoint_root, step, extra_state=self._data_position(step))
+
+    def _record_eval(
+        self, evaluate: _Evaluator, step: int, writer: MetricsWriter, result: SFTResult, bar: Any
+    ) -> None:
+        values = evaluate()
+        if not values:
+            return
+        writer.write(step, values)
+        result.evaluations.append({"step": step, **values})
+        if dist_utils.rank() == 0:
+            bar.write(f"[step {step}] {format_record(values)}")
+
+
+@dataclass
+class _Evaluator:
+    """Held-out loss and greedy accuracy of the current weights (empty when there is no held-out data)."""
+
+    engine: Engine
+    examples: list[Example]
+    tokenizer: Any
+    model_path: str
+    config: SFTConfig
+    loss_fn: Any
+
+    def __call__(self) -> dict[str, float]:
+        if not self.examples:
+            return {}
+        values = {"val/loss": held_out_loss(self.engine, self.examples, self.loss_fn)}
+        samples = self.examples[: self.config.trainer.eval_samples]
+        if samples:
+            # Building the evaluation model draws random initial weights: keep the training RNG untouched so
+            # that evaluating never changes what training does (and resumed runs stay exact).
+            with torch.random.fork_rng(devices=[]):
+                values["val/accuracy"] = greedy_accuracy(
+                    self.engine,
+                    samples,
+                    self.tokenizer,
+                    max_new_tokens=self.config.trainer.max_new_tokens,
+                    model_path=self.model_path,
+                )
+        return values
+
+
+def _check_token_budget(examples: list[Example], max_tokens: int | None) -> None:
+    """With dynamic batching every sequence must fit one micro-batch's token budget (a hard cap)."""
+    if max_tokens is None:
+        return
+    longest = max(examples, key=lambda e: e.length)
+    if longest.length > max_tokens:
+        raise DataError(
+            f"an example has {longest.length} tokens but engine.micro_batch.max_tokens={max_tokens}; raise "
+            "engine.micro_batch.max_tokens to at least data.max_length."
+        )
+
+
+def _progress_bar(trainer: Any, start_step: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=trainer.total_steps,
+        initial=start_step,
+        desc="sft",
+        unit="step",
+        disable=not (trainer.progress_bar and dist_utils.rank() == 0),
+    )
+
+
+def _write_summary(output_dir: Path, result: SFTResult) -> None:
+    summary = {
+        "start_step": result.start_step,
+        "final_train_loss": result.train_losses[-1] if result.train_losses else None,
+        "evaluations": result.evaluations,
+    }
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
