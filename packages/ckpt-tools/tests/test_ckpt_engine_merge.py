@@ -8,6 +8,7 @@ each step and scores the probe batch with plain transformers (and peft for adapt
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,36 @@ def test_merged_outputs_match_the_engine(engine_steps, tmp_path, world_size, nam
     # The engine trained one step, so the source model must score differently: the merge used trained weights.
     untouched = reference_outputs(Path(merger.manifest.model_path), merger, sequences)
     assert _max_diff(engine_outputs[name], untouched) > 1e-4
+
+
+def _cli_verify(rank: int, world_size: int, runs: list[list[str]]) -> list[tuple[int, str]]:
+    """Run ``drivetrain ckpt verify`` commands in a launched process (the engine needs its process group)."""
+    from click.testing import CliRunner
+    from drivetrain_engine_core.cli import build_cli
+
+    runner = CliRunner()
+    return [
+        (r.exit_code, r.output)
+        for r in (runner.invoke(build_cli(), ["ckpt", "verify", *args]) for args in runs)
+    ]
+
+
+def test_cli_verify_prints_the_difference_and_fails_on_the_wrong_checkpoint(engine_steps, tmp_path):
+    (work1, _), (work2, _) = engine_steps[1], engine_steps[2]
+    merge_checkpoint(work2 / "lm", tmp_path / "lm")
+    merge_checkpoint(work2 / "critic_lora", tmp_path / "critic_adapter")
+    runs = [
+        [str(tmp_path / "lm"), "--against", str(work2 / "lm")],
+        [str(tmp_path / "critic_adapter"), "--against", str(work2 / "critic_lora")],
+        [str(tmp_path / "lm"), "--against", str(work1 / "lm")],  # another run's weights
+    ]
+    (ok_code, ok_out), (adapter_code, adapter_out), (bad_code, bad_out) = run_distributed(
+        _cli_verify, runs, world_size=1, timeout_s=300
+    )[0]
+    assert ok_code == 0, ok_out
+    assert re.search(r"max abs diff \S+ over 25 tokens \(log_probs \S+, entropy \S+\)", ok_out)
+    assert float(re.search(r"max abs diff (\S+)", ok_out).group(1)) < TOLERANCE
+    assert adapter_code == 0, adapter_out
+    assert "values" in adapter_out
+    assert bad_code == 1
+    assert "exceeds the tolerance 1e-05" in bad_out

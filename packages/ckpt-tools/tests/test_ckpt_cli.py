@@ -1,0 +1,67 @@
+"""``drivetrain ckpt ls`` and ``merge`` through the real CLI (click runner, plugins discovered from entry points)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import build_cli
+
+
+def _run(*args: str):
+    return CliRunner().invoke(build_cli(), ["ckpt", *args])
+
+
+def test_ls_lists_complete_and_incomplete_steps(synthetic_step, tmp_path):
+    root = synthetic_step.parent
+    broken = root / "global_step_9"
+    shutil.copytree(synthetic_step, broken)
+    (broken / "manifest.json").unlink()
+    (root / "latest").write_text(synthetic_step.name)
+
+    listed = _run("ls", str(root), "--json")
+    assert listed.exit_code == 0, listed.output
+    steps = {s["global_step"]: s for s in json.loads(listed.output)}
+    assert steps[5]["complete"] and steps[5]["latest"]
+    assert (steps[5]["backend"], steps[5]["world_size"], steps[5]["model_type"]) == (
+        "fsdp",
+        1,
+        "language_model",
+    )
+    assert steps[5]["contents"] == ["manifest.json", "model"]
+    assert not steps[9]["complete"]
+    assert "no manifest.json" in steps[9]["problem"]
+
+    table = _run("ls", str(root))
+    assert table.exit_code == 0
+    assert "complete*" in table.output and "BROKEN" in table.output
+
+
+def test_ls_check_finds_a_corrupt_file(synthetic_step):
+    shard = next((synthetic_step / "model").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+    listed = json.loads(_run("ls", str(synthetic_step.parent), "--json", "--check").output)
+    assert not listed[0]["complete"]
+    assert shard.name in listed[0]["problem"]
+
+
+def test_merge_command_writes_sharded_model(synthetic_step, tmp_path):
+    result = _run("merge", str(synthetic_step), str(tmp_path / "hf"), "--max-shard-size", "50KB")
+    assert result.exit_code == 0, result.output
+    assert "(model:" in result.output
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+
+
+def test_merge_command_errors_are_one_line_without_traceback(synthetic_step, tmp_path):
+    (tmp_path / "hf").mkdir()
+    result = _run("merge", str(synthetic_step), str(tmp_path / "hf"))
+    assert result.exit_code == 1
+    assert "already exists" in result.output and "--overwrite" in result.output
+    assert "Traceback" not in result.output
+
+    bad_size = _run("merge", str(synthetic_step), str(tmp_path / "other"), "--max-shard-size", "lots")
+    assert bad_size.exit_code == 1
+    assert "'lots' is not a size" in bad_size.output
+    assert not (tmp_path / "other").exists()
