@@ -34,7 +34,6 @@ DEFAULTS: dict[str, Any] = {
     "optimizer": {
         "lr": 3e-3,
         "weight_decay": 0.0,
-        "warmup_steps": 10,
         "lr_schedule": "cosine",
         "min_lr_ratio": 0.1,
         "clip_grad": 1.0,
@@ -158,7 +157,12 @@ def build_config(values: dict[str, Any]) -> SFTConfig:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown config section {unknown[0]!r}; sections are {list(SECTIONS)}.{hint}")
     trainer = config_from_dict(TrainerConfig, values.get("trainer", {}), where="trainer")
-    optimizer_values = {"total_steps": trainer.total_steps, **values.get("optimizer", {})}
+    # Schedule length follows the run; warm-up defaults to a tenth of it, at most 10 steps.
+    optimizer_values = {
+        "total_steps": trainer.total_steps,
+        "warmup_steps": min(10, trainer.total_steps // 10),
+        **values.get("optimizer", {}),
+    }
     return SFTConfig(
         model=config_from_dict(ModelConfig, values.get("model", {}), where="model"),
         engine=engine_config_from_dict(values.get("engine", {})),

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drivetrain_engine_core.errors import DrivetrainError
+
 from .config import DataConfig
 
 
-class DataError(ValueError):
+class DataError(DrivetrainError, ValueError):
     """The SFT data cannot be used as configured; the message names the file, row or column and the fix."""
 
 
