@@ -26,6 +26,8 @@ _EXPORTS = {
     "reference_train_losses": "reference",
     "grad_norm": "reference",
     "EngineConformanceTests": "conformance",
+    "TinyTorchEngine": "tiny_engine",
+    "TinyEngineConfig": "tiny_engine",
 }
 
 __all__ = sorted(_EXPORTS)
