@@ -92,6 +92,8 @@ def _child(
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         _import_module(*source)
         fn, args = pickle.loads(payload)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # one GPU per rank, as torchrun users do with LOCAL_RANK
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
         results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # every failure must reach the parent, SystemExit and KeyboardInterrupt too
