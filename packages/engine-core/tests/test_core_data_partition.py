@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_engine_core.data import estimate_workload, karmarkar_karp
+from drivetrain_engine_core.data.cap_repair import repair_to_cap
 from drivetrain_engine_core.errors import BatchError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,3 +66,27 @@ def test_workload_is_quadratic_aware():
     # Doubling the length more than doubles the cost because of attention.
     assert float(work[1] / work[0]) > 2.0
     assert work.tolist() == [1024 + 1024**2 / 2048, 2048 + 2048**2 / 2048]
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=6, max_size=40), k=st.integers(2, 6))
+def test_repair_to_cap_fixes_a_skewed_partition_when_there_is_room(lengths, k):
+    # With every group at most half full on average and no sequence above half the cap, a repair must succeed
+    # whatever the start; start from the worst: everything but one sequence per group in group 0.
+    cap = max(2 * max(lengths), -(-2 * sum(lengths) // k))
+    n = len(lengths)
+    groups = [list(range(n - k + 1)), *[[i] for i in range(n - k + 1, n)]]
+    lengths_t = torch.tensor(lengths)
+    repaired = repair_to_cap(groups, lengths_t, estimate_workload(lengths_t), cap)
+    assert repaired is not None
+    assert len(repaired) == k and all(repaired)
+    assert sorted(i for g in repaired for i in g) == list(range(n))
+    assert max(sum(lengths[i] for i in g) for g in repaired) <= cap
+
+
+def test_repair_prefers_the_swap_that_keeps_workload_balanced():
+    lengths = torch.tensor([10, 9, 2, 3])
+    # Group 0 has 19 tokens over a cap of 13. Swapping 9 with 3 gives 13/11 tokens, swapping 9 with 2 gives
+    # 12/12: both fit, the second has the lighter busier group.
+    repaired = repair_to_cap([[0, 1], [2, 3]], lengths, estimate_workload(lengths), 13)
+    assert sorted(sorted(g) for g in repaired) == [[0, 2], [1, 3]]

@@ -2,10 +2,10 @@
 
 Karmarkar-Karp balances workload (quadratic in length), not tokens, so at the smallest feasible micro-batch
 count a few groups often overshoot the token cap by a few hundred tokens. Rather than adding a micro-batch
-(slower steps) this pass fixes each over-cap group by one move or swap with another group that leaves both
-groups within the cap. Every step brings one over-cap group under the cap without pushing another over it, so
-the pass ends after at most ``count`` steps. Among feasible steps it takes the one after which the busier of
-the two groups involved has the least workload, so balance degrades as little as possible.
+(slower steps) this pass moves or swaps sequences between groups: each step takes the fullest group, keeps
+the other group within the cap and strictly lowers the fullest group's tokens, so the total overflow falls at
+every step. Among steps that bring the fullest group within the cap it takes the one after which the busier of
+the two groups has the least workload, so balance degrades as little as possible.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import Tensor
 def repair_to_cap(
     groups: list[list[int]], lengths: Tensor, workloads: Tensor, cap: int
 ) -> list[list[int]] | None:
-    """``groups`` with every group's token total within ``cap``, or ``None`` if some group cannot be fixed.
+    """``groups`` with every group's token total within ``cap``, or ``None`` if that was not reached.
 
     Args:
         groups: a partition of ``range(n)`` into non-empty groups.
@@ -26,7 +26,9 @@ def repair_to_cap(
         cap: the hard token cap per group.
     """
     state = _State(groups, lengths.to(torch.int64), workloads.to(torch.float64))
-    for _ in range(len(groups) + 1):
+    # Partial steps move one sequence out of an over-cap group and finishing steps end its overflow, so a
+    # repair that can succeed needs at most one step per sequence plus one per group.
+    for _ in range(len(lengths) + len(groups) + 1):
         over = int(state.tokens.argmax())
         if int(state.tokens[over]) <= cap:
             return [sorted((state.group_of == g).nonzero().flatten().tolist()) for g in range(len(groups))]
@@ -51,31 +53,35 @@ class _State:
         self.sizes = torch.bincount(self.group_of, minlength=k)
 
     def best_step(self, over: int, cap: int) -> tuple[int, int, int] | None:
-        """Feasible ``(x, y, target)`` (``y = -1``: plain move of ``x``) whose busier group ends lightest."""
+        """The next ``(x, y, target)``: ``x`` leaves ``over`` for ``target``, ``y`` comes back (``-1``: none).
+
+        Candidates for ``y`` are every item of another group plus one "nothing" per group (a plain move).
+        A step must keep ``target`` within the cap and shrink ``over``. Steps that bring ``over`` within the
+        cap are preferred, the one whose busier group ends lightest first; if there is none, the step that
+        shrinks ``over`` the most is taken and the next step continues on it.
+        """
+        k = len(self.tokens)
         xs = (self.group_of == over).nonzero().flatten()
         ys = (self.group_of != over).nonzero().flatten()
         lx, wx = self.lengths[xs].unsqueeze(1), self.work[xs].unsqueeze(1)
-        ly, wy, gy = self.lengths[ys], self.work[ys], self.group_of[ys]
-        # Swaps: x leaves the over-cap group, y comes in; both groups must end within the cap.
-        swap_ok = (self.tokens[over] - lx + ly <= cap) & (self.tokens[gy] - ly + lx <= cap)
-        swap_peak = torch.maximum(self.load[over] - wx + wy, self.load[gy] - wy + wx)
-        swap_cost = torch.where(swap_ok, swap_peak, torch.inf)
-        # Moves: x goes to another group; the over-cap group must keep at least one sequence.
-        targets = torch.arange(len(self.tokens))
-        move_ok = (self.tokens[over] - lx <= cap) & (self.tokens + lx <= cap) & (targets != over)
-        move_ok &= self.sizes[over] > 1
-        move_cost = torch.where(move_ok, torch.maximum(self.load[over] - wx, self.load + wx), torch.inf)
-        best_swap = int(swap_cost.argmin()) if swap_cost.numel() else -1
-        best_move = int(move_cost.argmin())
-        swap_value = float(swap_cost.flatten()[best_swap]) if best_swap >= 0 else float("inf")
-        move_value = float(move_cost.flatten()[best_move])
-        if min(swap_value, move_value) == float("inf"):
+        none = torch.full((k,), -1, dtype=torch.int64)
+        item = torch.cat([ys, none])
+        group = torch.cat([self.group_of[ys], torch.arange(k)])
+        length = torch.cat([self.lengths[ys], torch.zeros(k, dtype=torch.int64)])
+        work = torch.cat([self.work[ys], torch.zeros(k, dtype=torch.float64)])
+        new_over = self.tokens[over] - lx + length
+        valid = (self.tokens[group] - length + lx <= cap) & (new_over < self.tokens[over]) & (group != over)
+        valid &= (item >= 0) | (self.sizes[over] > 1)  # a group never empties
+        if not bool(valid.any()):
             return None
-        if swap_value <= move_value:
-            x, y = divmod(best_swap, len(ys))
-            return int(xs[x]), int(ys[y]), int(gy[y])
-        x, target = divmod(best_move, len(self.tokens))
-        return int(xs[x]), -1, target
+        fixes = valid & (new_over <= cap)
+        if bool(fixes.any()):
+            peak = torch.maximum(self.load[over] - wx + work, self.load[group] - work + wx)
+            cost = torch.where(fixes, peak, torch.inf)
+        else:
+            cost = torch.where(valid, new_over.to(torch.float64), torch.inf)
+        x, c = divmod(int(cost.argmin()), len(item))
+        return int(xs[x]), int(item[c]), int(group[c])
 
     def apply(self, over: int, x: int, y: int, target: int) -> None:
         self._move(x, over, target)
