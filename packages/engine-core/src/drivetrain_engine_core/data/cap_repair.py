@@ -10,7 +10,7 @@ the two groups has the least workload, so balance degrades as little as possible
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 from torch import Tensor
 
 
@@ -21,17 +21,17 @@ def repair_to_cap(
 
     Args:
         groups: a partition of ``range(n)`` into non-empty groups.
-        lengths: tokens per item (int64, ``(n,)``).
+        lengths: tokens per item (``(n,)``).
         workloads: cost per item (``(n,)``); each step picks the move whose busier group ends lightest.
         cap: the hard token cap per group.
     """
-    state = _State(groups, lengths.to(torch.int64), workloads.to(torch.float64))
+    state = _State(groups, lengths.cpu().numpy().astype(np.int64), workloads.cpu().numpy().astype(np.float64))
     # Partial steps move one sequence out of an over-cap group and finishing steps end its overflow, so a
     # repair that can succeed needs at most one step per sequence plus one per group.
     for _ in range(len(lengths) + len(groups) + 1):
         over = int(state.tokens.argmax())
-        if int(state.tokens[over]) <= cap:
-            return [sorted((state.group_of == g).nonzero().flatten().tolist()) for g in range(len(groups))]
+        if state.tokens[over] <= cap:
+            return [sorted(np.flatnonzero(state.group_of == g).tolist()) for g in range(len(groups))]
         step = state.best_step(over, cap)
         if step is None:
             return None
@@ -40,48 +40,52 @@ def repair_to_cap(
 
 
 class _State:
-    """Group membership with per-group token, workload and size totals."""
+    """Group membership with per-group token, workload and size totals.
 
-    def __init__(self, groups: list[list[int]], lengths: Tensor, work: Tensor) -> None:
+    NumPy rather than torch: a repair is a few dozen steps of ~15 operations on arrays of a few hundred
+    elements, where torch's per-operation dispatch cost would dominate (numpy is a dependency of tensordict).
+    """
+
+    def __init__(self, groups: list[list[int]], lengths: np.ndarray, work: np.ndarray) -> None:
+        k = len(groups)
         self.lengths, self.work = lengths, work
-        self.group_of = torch.empty(len(lengths), dtype=torch.int64)
+        self.group_of = np.empty(len(lengths), dtype=np.int64)
         for g, members in enumerate(groups):
             self.group_of[members] = g
-        k = len(groups)
-        self.tokens = torch.zeros(k, dtype=torch.int64).index_add_(0, self.group_of, lengths)
-        self.load = torch.zeros(k, dtype=torch.float64).index_add_(0, self.group_of, work)
-        self.sizes = torch.bincount(self.group_of, minlength=k)
+        self.tokens = np.bincount(self.group_of, weights=lengths, minlength=k).astype(np.int64)
+        self.load = np.bincount(self.group_of, weights=work, minlength=k)
+        self.sizes = np.bincount(self.group_of, minlength=k)
+        # Candidates for the sequence that comes back: every item, then one "nothing" per group (a plain move).
+        self.cand_item = np.concatenate([np.arange(len(lengths)), np.full(k, -1)])
+        self.cand_group = np.concatenate([self.group_of, np.arange(k)])
+        self.cand_length = np.concatenate([lengths, np.zeros(k, dtype=np.int64)])
+        self.cand_work = np.concatenate([work, np.zeros(k)])
 
     def best_step(self, over: int, cap: int) -> tuple[int, int, int] | None:
         """The next ``(x, y, target)``: ``x`` leaves ``over`` for ``target``, ``y`` comes back (``-1``: none).
 
-        Candidates for ``y`` are every item of another group plus one "nothing" per group (a plain move).
         A step must keep ``target`` within the cap and shrink ``over``. Steps that bring ``over`` within the
         cap are preferred, the one whose busier group ends lightest first; if there is none, the step that
         shrinks ``over`` the most is taken and the next step continues on it.
         """
-        k = len(self.tokens)
-        xs = (self.group_of == over).nonzero().flatten()
-        ys = (self.group_of != over).nonzero().flatten()
-        lx, wx = self.lengths[xs].unsqueeze(1), self.work[xs].unsqueeze(1)
-        none = torch.full((k,), -1, dtype=torch.int64)
-        item = torch.cat([ys, none])
-        group = torch.cat([self.group_of[ys], torch.arange(k)])
-        length = torch.cat([self.lengths[ys], torch.zeros(k, dtype=torch.int64)])
-        work = torch.cat([self.work[ys], torch.zeros(k, dtype=torch.float64)])
+        xs = np.flatnonzero(self.group_of == over)
+        lx, wx = self.lengths[xs, None], self.work[xs, None]
+        group, length, work = self.cand_group, self.cand_length, self.cand_work
         new_over = self.tokens[over] - lx + length
         valid = (self.tokens[group] - length + lx <= cap) & (new_over < self.tokens[over]) & (group != over)
-        valid &= (item >= 0) | (self.sizes[over] > 1)  # a group never empties
-        if not bool(valid.any()):
+        if self.sizes[over] == 1:  # a group never empties: only swaps
+            valid &= self.cand_item >= 0
+        if not valid.any():
             return None
         fixes = valid & (new_over <= cap)
-        if bool(fixes.any()):
-            peak = torch.maximum(self.load[over] - wx + work, self.load[group] - work + wx)
-            cost = torch.where(fixes, peak, torch.inf)
+        if fixes.any():
+            cost = np.where(
+                fixes, np.maximum(self.load[over] - wx + work, self.load[group] - work + wx), np.inf
+            )
         else:
-            cost = torch.where(valid, new_over.to(torch.float64), torch.inf)
-        x, c = divmod(int(cost.argmin()), len(item))
-        return int(xs[x]), int(item[c]), int(group[c])
+            cost = np.where(valid, new_over, np.inf)
+        x, c = divmod(int(cost.argmin()), len(group))
+        return int(xs[x]), int(self.cand_item[c]), int(group[c])
 
     def apply(self, over: int, x: int, y: int, target: int) -> None:
         self._move(x, over, target)
@@ -90,7 +94,10 @@ class _State:
 
     def _move(self, item: int, source: int, target: int) -> None:
         self.group_of[item] = target
-        for group, sign in ((source, -1), (target, 1)):
-            self.tokens[group] += sign * self.lengths[item]
-            self.load[group] += sign * self.work[item]
-            self.sizes[group] += sign
+        self.cand_group[item] = target
+        self.tokens[source] -= self.lengths[item]
+        self.tokens[target] += self.lengths[item]
+        self.load[source] -= self.work[item]
+        self.load[target] += self.work[item]
+        self.sizes[source] -= 1
+        self.sizes[target] += 1
