@@ -24,7 +24,7 @@ from drivetrain_engine_core.testing import (
 )
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 VOCAB = 100
 PROMPTS, RESPONSES = [3, 5, 2, 4], [4, 2, 6, 3]
@@ -158,3 +158,27 @@ def test_non_finite_grad_norm_skips_the_update(model_dirs):
     assert math.isnan(output.metrics["grad_norm"])
     assert engine.skipped_steps == 1
     assert all(torch.equal(before[name], tensor) for name, tensor in engine.export_weights())
+
+
+def test_from_config_only_initialises_from_the_seed(model_dirs):
+    model = ModelConfig(path=str(model_dirs["qwen2"]), from_config_only=True)
+    engine = FSDPEngine(model_config=model, engine_config=FSDPEngineConfig(seed=7), optimizer_config=None)
+    engine.initialize()
+    torch.manual_seed(7)
+    expected = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dirs["qwen2"])).state_dict()
+    loaded = AutoModelForCausalLM.from_pretrained(model_dirs["qwen2"]).state_dict()
+    exported = dict(engine.export_weights())
+    assert all(torch.equal(exported[name], expected[name]) for name in expected)
+    assert not torch.equal(exported["lm_head.weight"], loaded["lm_head.weight"])
+
+
+def test_bf16_compute_keeps_fp32_master_weights(model_dirs):
+    engine = make_engine(model_dirs["qwen2"], param_dtype="bfloat16")
+    batch = make_batch(seed=8)
+    with engine.eval_mode():
+        log_probs = engine.infer_batch(batch).outputs["log_probs"]
+    diff = max_diff(log_probs, reference_log_probs(model_dirs["qwen2"], batch))
+    assert 1e-5 < diff < 5e-2  # bf16 rounding is visible, but small
+    with engine.train_mode():
+        engine.train_batch(batch, token_mean_nll)
+    assert {tensor.dtype for _, tensor in engine.export_weights()} == {torch.float32}
