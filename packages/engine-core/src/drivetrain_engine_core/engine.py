@@ -339,9 +339,9 @@ class Engine(ABC):
                 verify_files(step_dir, manifest)
             except CheckpointError as e:
                 problem = str(e)
-        problem = dist_utils.broadcast_object(problem)
-        if problem is not None:
-            raise CheckpointError(problem)
+        verdict = dist_utils.broadcast_object(problem)
+        if isinstance(verdict, str):
+            raise CheckpointError(verdict)
 
     def _manifest(self, global_step: int) -> Manifest:
         lora = self.model_config.lora
