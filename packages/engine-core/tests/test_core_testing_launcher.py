@@ -57,10 +57,11 @@ def test_failing_rank_reports_its_traceback() -> None:
 
 def test_hanging_rank_fails_within_timeout_and_is_killed() -> None:
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\] of 2 did not finish within 10 s"):
-        run_distributed(_hang_on_rank_zero, world_size=2, timeout_s=10)
+    # Rank 1 is normally done by the deadline, but on a loaded machine its start-up alone may outlast it.
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0(, 1)?\] of 2 did not finish within 15 s"):
+        run_distributed(_hang_on_rank_zero, world_size=2, timeout_s=15)
     elapsed = time.monotonic() - started
-    assert elapsed < 10 + 15
+    assert elapsed < 15 + 15
     import multiprocessing
 
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("drivetrain-rank")]

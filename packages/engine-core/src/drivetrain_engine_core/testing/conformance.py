@@ -29,6 +29,7 @@ from drivetrain_engine_core.data.padding import nopad_to_padded, padded_to_nopad
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import BatchError, EngineStateError
 from drivetrain_engine_core.lr_schedule import lr_at_step
+from drivetrain_engine_core.outputs import ForwardBackwardOutput
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
 from drivetrain_engine_core.testing.models import make_tiny_model_dir
@@ -56,6 +57,13 @@ MICRO_BATCHINGS = {
     "fixed-all": MicroBatchConfig(micro_batch_size=len(PROMPT_LENGTHS)),
     "dynamic-16-tokens": MicroBatchConfig(micro_batch_size=None, max_tokens=16),
 }
+
+
+def outputs_of(result: ForwardBackwardOutput) -> TensorDict:
+    """The per-token outputs of a single-process call (the only rank is the output rank)."""
+    if result.outputs is None:
+        raise AssertionError("the engine returned no outputs on its output rank (is_output_rank is true)")
+    return result.outputs
 
 
 def _flat(value: torch.Tensor) -> torch.Tensor:
@@ -188,7 +196,7 @@ class EngineConformanceTests:
         engine = self.make_engine(model_dir, optimizer_config=None)
         batch = set_forward_options(self.make_batch(model_dir), temperature=0.7, compute_entropy=True)
         with engine.eval_mode():
-            outputs = engine.infer_batch(batch).outputs
+            outputs = outputs_of(engine.infer_batch(batch))
         assert outputs["log_probs"].offsets().tolist() == batch["input_ids"].offsets().tolist()
         self.assert_close(
             outputs["log_probs"], reference_log_probs(model_dir, batch, temperature=0.7), "log_probs"
@@ -211,7 +219,7 @@ class EngineConformanceTests:
         with engine.train_mode():
             output = engine.train_batch(batch, token_mean_nll)
         self.assert_loss_and_grad_norm(output, reference_loss_and_grad_norm(model_dir, batch, token_mean_nll))
-        self.assert_close(output.outputs["log_probs"], reference_log_probs(model_dir, batch), "log_probs")
+        self.assert_close(outputs_of(output)["log_probs"], reference_log_probs(model_dir, batch), "log_probs")
 
     def test_five_step_training_curve_matches_reference(self, model_dir: Path) -> None:
         engine = self.make_engine(model_dir)
@@ -242,7 +250,7 @@ class EngineConformanceTests:
                 output = engine.train_batch(batch, token_mean_nll)
             self.assert_loss_and_grad_norm(output, expected)
             self.assert_close(
-                output.outputs["log_probs"], reference_log_probs(model_dir, original), "log_probs"
+                outputs_of(output)["log_probs"], reference_log_probs(model_dir, original), "log_probs"
             )
 
     # ------------------------------------------------------------------ checkpoints
@@ -292,7 +300,7 @@ class EngineConformanceTests:
         engine = self.make_engine(value_model_dir, model_type="value_model")
         batch = self.make_batch(value_model_dir, with_returns=True)
         with engine.eval_mode():
-            values = engine.infer_batch(batch).outputs["values"]
+            values = outputs_of(engine.infer_batch(batch))["values"]
         self.assert_close(values, reference_values(value_model_dir, batch), "values")
         with engine.train_mode():
             output = engine.train_batch(batch, value_mse)
@@ -308,12 +316,14 @@ class EngineConformanceTests:
         batch = self.make_batch(model_dir)
         base = reference_log_probs(model_dir, batch)
         with engine.eval_mode():
-            self.assert_close(engine.infer_batch(batch).outputs["log_probs"], base, "initial LoRA log_probs")
+            self.assert_close(
+                outputs_of(engine.infer_batch(batch))["log_probs"], base, "initial LoRA log_probs"
+            )
         with engine.train_mode():
             engine.train_batch(batch, token_mean_nll)
         with engine.eval_mode():
-            trained = engine.infer_batch(batch).outputs["log_probs"]
+            trained = outputs_of(engine.infer_batch(batch))["log_probs"]
             with engine.disable_adapter():
-                disabled = engine.infer_batch(batch).outputs["log_probs"]
+                disabled = outputs_of(engine.infer_batch(batch))["log_probs"]
         assert (_flat(trained) - _flat(base)).abs().max() > 100 * self.atol, "the LoRA step changed nothing"
         self.assert_close(disabled, base, "log_probs with adapters disabled")

@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _JOIN_GRACE_S = 10.0
@@ -56,6 +56,8 @@ def _import_module(name: str, file: str | None) -> None:
             raise
         _register_parents(name)
         spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"run_distributed: cannot import {name!r} from {file}") from None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -116,7 +118,7 @@ def _rank_env(rank: int, world_size: int, port: int, env: Mapping[str, str] | No
     }
 
 
-def _kill_all(processes: list[multiprocessing.process.BaseProcess]) -> None:
+def _kill_all(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
     """Kill every child still alive and reap them all, so no orphan survives the call."""
     for process in processes:
         if process.is_alive():

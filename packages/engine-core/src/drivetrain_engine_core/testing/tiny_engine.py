@@ -25,6 +25,7 @@ from drivetrain_engine_core.data.batch import INPUT_IDS
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.data.packing import next_token_labels, shift_right_per_sequence, unpack_to_jagged
 from drivetrain_engine_core.engine import Engine, Mode
+from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
 
 MODEL_FILE = "model/model.pt"
@@ -58,10 +59,19 @@ class TinyTorchEngine(Engine):
 
     backend_name = "tiny"
     config_class = TinyEngineConfig
+    engine_config: TinyEngineConfig
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.calls: list[tuple[str, ...]] = []
+        self.optimizer: torch.optim.AdamW | None = None
+
+    @property
+    def _adamw(self) -> torch.optim.AdamW:
+        """The optimizer; the base class calls optimizer hooks only on engines built with one."""
+        if self.optimizer is None:
+            raise EngineStateError("TinyTorchEngine was built with optimizer_config=None.")
+        return self.optimizer
 
     # ------------------------------------------------------------------ parallel layout
     @property
@@ -89,7 +99,6 @@ class TinyTorchEngine(Engine):
             torch.nn.Embedding(config.vocab_size, config.hidden_size),
             torch.nn.Linear(config.hidden_size, outputs),
         ).to(config.device)
-        self.optimizer = None
         if self.optimizer_config is not None:
             o = self.optimizer_config
             self.optimizer = torch.optim.AdamW(
@@ -141,10 +150,10 @@ class TinyTorchEngine(Engine):
 
     # ------------------------------------------------------------------ optimizer
     def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
-        return self.optimizer.param_groups
+        return self._adamw.param_groups
 
     def _optimizer_zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self._adamw.zero_grad(set_to_none=True)
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
         if self.data_parallel_size > 1:
@@ -155,7 +164,7 @@ class TinyTorchEngine(Engine):
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit))
 
     def _optimizer_step(self) -> None:
-        self.optimizer.step()
+        self._adamw.step()
 
     # ------------------------------------------------------------------ placement (recorded, nothing moves)
     def _load(self, *, params: bool, optimizer: bool) -> None:
@@ -187,4 +196,4 @@ class TinyTorchEngine(Engine):
     def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
         self.model.load_state_dict(torch.load(step_dir / MODEL_FILE, weights_only=True))
         if load_optimizer:
-            self.optimizer.load_state_dict(torch.load(step_dir / OPTIMIZER_FILE, weights_only=True))
+            self._adamw.load_state_dict(torch.load(step_dir / OPTIMIZER_FILE, weights_only=True))
