@@ -207,10 +207,20 @@ def apply_override(values: dict[str, Any], override: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({e}).") from e
-    nested: dict[str, Any] = value
+    nested: dict[str, Any] = _number_or_value(value)
     for part in reversed(parts):
         nested = {part: nested}
     merge(values, nested)
+
+
+def _number_or_value(value: Any) -> Any:
+    """YAML 1.1 reads ``5e-3`` as a string (it wants ``5.0e-3``); users mean the number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
