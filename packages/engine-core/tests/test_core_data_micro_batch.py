@@ -135,3 +135,17 @@ def test_shard_errors():
         shard_data(batch, 0, 2)
     with pytest.raises(BatchError, match=r"dp_rank=3 is outside"):
         shard_data(batch, 3, 3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, BUDGET), min_size=1, max_size=30), extra=st.integers(0, 3))
+def test_bin_packing_fallback_fills_every_micro_batch_within_cap(lengths, extra):
+    # The fallback used when no balanced partition fits: first-fit decreasing at any count from its own up.
+    from drivetrain_engine_core.data.micro_batch import _first_fit_decreasing_count, _packed
+
+    count = min(len(lengths), _first_fit_decreasing_count(lengths, BUDGET) + extra)
+    assert count >= -(-sum(lengths) // BUDGET)
+    groups = _packed(torch.tensor(lengths), BUDGET, count)
+    assert len(groups) == count and all(groups)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    assert max(sum(lengths[i] for i in g) for g in groups) <= BUDGET

@@ -111,7 +111,7 @@ def split_micro_batches(
     n = batch.batch_size[0]
     lengths = sequence_lengths(batch)
     if config.dynamic:
-        local_count, groups = _plan_dynamic(lengths, config.max_tokens)
+        local_count, groups = plan_micro_batches(lengths, config.max_tokens)
         count = int(dist_utils.all_reduce_max(local_count, dp_group))
         if count != local_count:
             groups = partition_micro_batches(lengths, config.max_tokens, count)
@@ -145,9 +145,21 @@ def micro_batch_count(lengths: Tensor, max_tokens: int) -> int:
 def plan_micro_batches(lengths: Tensor, max_tokens: int) -> tuple[int, list[list[int]]]:
     """This rank's count (see :func:`micro_batch_count`) and its groups at that count.
 
-    The groups are reused when the count agreed over ranks equals this rank's own, saving a second partition.
+    The count is the smallest from the token lower bound ``ceil(total / max_tokens)`` up (at most
+    ``EXTRA_COUNTS_TRIED`` above it) at which a balanced partition fits the cap, else first-fit decreasing's
+    count. The groups are reused when the count agreed over ranks equals this rank's own.
+
+    Raises:
+        BatchError: a sequence is longer than ``max_tokens``.
     """
-    return _plan_dynamic(lengths, max_tokens)
+    _require_within_budget(lengths, max_tokens)
+    lower = max(1, math.ceil(int(lengths.sum()) / max_tokens))
+    for count in range(lower, min(len(lengths), lower + EXTRA_COUNTS_TRIED) + 1):
+        groups = _balanced(lengths, max_tokens, count)
+        if groups is not None:
+            return count, groups
+    count = _first_fit_decreasing_count(lengths.tolist(), max_tokens)
+    return count, _packed(lengths, max_tokens, count)
 
 
 def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]]:
@@ -162,18 +174,6 @@ def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> lis
     _require_enough(len(lengths), count)
     groups = _balanced(lengths, max_tokens, count)
     return groups if groups is not None else _packed(lengths, max_tokens, count)
-
-
-def _plan_dynamic(lengths: Tensor, max_tokens: int) -> tuple[int, list[list[int]]]:
-    _require_within_budget(lengths, max_tokens)
-    n = len(lengths)
-    lower = max(1, math.ceil(int(lengths.sum()) / max_tokens))
-    for count in range(lower, min(n, lower + EXTRA_COUNTS_TRIED) + 1):
-        groups = _balanced(lengths, max_tokens, count)
-        if groups is not None:
-            return count, groups
-    count = _first_fit_decreasing_count(lengths.tolist(), max_tokens)
-    return count, _packed(lengths, max_tokens, count)
 
 
 def _balanced(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]] | None:
