@@ -2,12 +2,12 @@
 
 Fixed batching takes consecutive chunks of ``micro_batch_size`` sequences. Dynamic batching treats
 ``max_tokens`` as a hard cap: it picks the smallest micro-batch count, from the token lower bound
-``ceil(total / max_tokens)`` up, at which a workload-balanced (Karmarkar-Karp) partition fits the cap after at
-most one move or swap per over-cap group (``cap_repair``), takes the maximum of that count over the data-parallel group (every
-rank must run the same number of forward/backward passes, or collectives inside the model would pair up
-wrongly), and partitions at that count. Both modes all-reduce the count, so ranks holding different numbers of
-sequences still agree; a rank that then holds fewer sequences than micro-batches gets a clear error, because
-an empty micro-batch has nothing to run.
+``ceil(total / max_tokens)`` up, at which a workload-balanced (Karmarkar-Karp) partition fits the cap once
+``cap_repair`` has moved or swapped sequences out of over-cap groups, takes the maximum of that count over the
+data-parallel group (every rank must run the same number of forward/backward passes, or collectives inside
+the model would pair up wrongly), and partitions at that count. Both modes all-reduce the count, so ranks
+holding different numbers of sequences still agree; a rank that then holds fewer sequences than
+micro-batches gets a clear error, because an empty micro-batch has nothing to run.
 """
 
 from __future__ import annotations

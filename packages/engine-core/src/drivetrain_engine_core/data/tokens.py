@@ -6,12 +6,11 @@ from tensordict import TensorDict
 
 from .. import distributed as dist_utils
 from ..distributed import ProcessGroup
-
-LOSS_MASK = "loss_mask"
+from .batch import LOSS_MASK
 
 
 def local_token_count(batch: TensorDict) -> int:
-    """Loss-mask tokens in ``batch`` on this rank."""
+    """Loss-mask tokens in ``batch`` on this rank (any mask dtype: bool, integer or 0/1 float)."""
     return int(batch[LOSS_MASK].values().sum().item())
 
 
