@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_example_plugin_installs_lists_and_passes_the_conformance_kit(tmp_path: 
         pytest.skip("uv is not on PATH; install it to run the third-party plugin test")
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
-    run(uv, "venv", "--quiet", "--python", "3.11", venv)
+    run(uv, "venv", "--quiet", "--python", sys.executable, venv)  # the interpreter running the tests
     run(
         uv, "pip", "install", "--quiet", "--python", python,
         f"{ROOT / 'packages' / 'engine-core'}[testing]", EXAMPLE, "pytest",

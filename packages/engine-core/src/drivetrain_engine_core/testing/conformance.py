@@ -28,6 +28,7 @@ from drivetrain_engine_core.data.options import set_forward_options
 from drivetrain_engine_core.data.padding import nopad_to_padded, padded_to_nopad
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import BatchError, EngineStateError
+from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.lr_schedule import lr_at_step
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
 from drivetrain_engine_core.testing.batches import random_batch
@@ -113,8 +114,6 @@ class EngineConformanceTests:
             optimizer_config: ``None`` for an inference-only engine.
             **model_options: further :class:`ModelConfig` fields (``model_type``, ``use_remove_padding``).
         """
-        from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-
         if not self.backend:
             raise NotImplementedError(
                 f"{type(self).__name__}: set `backend = ...` or override engine_factory()."
