@@ -3,7 +3,8 @@
 A packed row ``(1, T)`` holds several sequences back to back. transformers' SDPA path turns restarting
 ``position_ids`` into a ``T x T`` block mask, which costs what the *row* costs. This function instead cuts
 query/key/value at ``cu_seqlens`` and attends each sequence causally on its own, so attention costs what the
-sequences cost. On CUDA with flash-attention installed it calls the variable-length kernel in one launch.
+sequences cost. On CUDA with flash-attention installed (and half-precision compute) it calls the
+variable-length kernel in one launch.
 
 The model is told to use it with ``attn_implementation=VARLEN_ATTENTION`` and receives the boundaries through
 the ``cu_seq_lens_q`` forward keyword, which transformers passes down to every attention call.
@@ -20,6 +21,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 
 VARLEN_ATTENTION = "drivetrain_varlen"
 _FLASH_AVAILABLE = importlib.util.find_spec("flash_attn") is not None
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the kernel has no float32 variant
 
 
 def varlen_attention_forward(
@@ -56,7 +58,7 @@ def varlen_attention_forward(
             f"{'set' if cu_seq_lens_q is not None else 'None'}. Pass inputs from drivetrain_engine_fsdp.inputs."
         )
     groups = getattr(module, "num_key_value_groups", 1)
-    if _FLASH_AVAILABLE and query.is_cuda:
+    if _FLASH_AVAILABLE and query.is_cuda and query.dtype in _FLASH_DTYPES:
         return _flash_varlen(query, key, value, cu_seq_lens_q, dropout, scaling), None
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     lengths = (cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]).tolist()

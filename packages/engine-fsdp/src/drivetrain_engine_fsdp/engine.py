@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
@@ -46,7 +47,8 @@ class FSDPEngine(Engine):
         self._layout: ParallelLayout = build_layout(config)
         model = build_model(self.model_config, attn_implementation=self._attention_name(), seed=config.seed)
         self._hf_class = hf_class_name(model)
-        self.module = shard_model(model, self._layout, config)
+        # An FSDPModule over a transformers (or PEFT) model: typed loosely, its methods are added dynamically.
+        self.module: Any = shard_model(model, self._layout, config)
         self.optimizer = (
             build_optimizer(self.module, self.optimizer_config) if self.optimizer_config else None
         )
@@ -56,7 +58,7 @@ class FSDPEngine(Engine):
     def _attention_name(self) -> str:
         if not self.model_config.use_remove_padding or self.engine_config.attention_backend == "sdpa":
             if self.engine_config.ulysses_sequence_parallel_size > 1:
-                raise ValueError(
+                raise ConfigError(
                     "Ulysses sequence parallelism needs packed rows with per-sequence attention: set "
                     "model.use_remove_padding=True and engine.attention_backend='varlen'."
                 )
@@ -128,7 +130,8 @@ class FSDPEngine(Engine):
             options=options,
             chunk_size=self.engine_config.entropy_chunk_size,
         )
-        loss, metrics = None, {}
+        loss: torch.Tensor | None = None
+        metrics: dict[str, float] = {}
         if loss_fn is not None:
             to_backward, loss, metrics = self.compute_micro_batch_loss(
                 loss_fn, model_output, micro_batch, context
@@ -148,12 +151,14 @@ class FSDPEngine(Engine):
         return self.optimizer.param_groups if self.optimizer is not None else []
 
     def _optimizer_zero_grad(self) -> None:
+        assert self.optimizer is not None  # core calls optimizer hooks only when an optimizer is configured
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
         return clip_grad_norm(self.module, max_norm)
 
     def _optimizer_step(self) -> None:
+        assert self.optimizer is not None  # as in _optimizer_zero_grad
         self.optimizer.step()
 
     # ------------------------------------------------------------------ placement

@@ -8,6 +8,7 @@ mixed-precision policy (see ``wrap.py``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from drivetrain_engine_core.config import LoraConfig, ModelConfig
@@ -18,7 +19,7 @@ VALUE_HEAD = "score"
 """Name of the value head of ``AutoModelForTokenClassification`` (``num_labels=1``), verl's critic layout."""
 
 
-def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> nn.Module:
+def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> Any:
     """Load (or initialise) the model of ``model_config`` on CPU in float32.
 
     Args:
@@ -49,7 +50,7 @@ def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: in
     return model
 
 
-def _load_hf_model(model_config: ModelConfig, attn_implementation: str) -> nn.Module:
+def _load_hf_model(model_config: ModelConfig, attn_implementation: str) -> Any:
     auto_class = (
         AutoModelForCausalLM
         if model_config.model_type == "language_model"
@@ -65,7 +66,7 @@ def _load_hf_model(model_config: ModelConfig, attn_implementation: str) -> nn.Mo
     return auto_class.from_pretrained(model_config.path, dtype=torch.float32, **extra, **common)
 
 
-def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> nn.Module:
+def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
     """Wrap ``model`` with PEFT LoRA adapters; the base weights are frozen.
 
     A value model also trains its (fresh) value head in full, through PEFT's ``modules_to_save``.
@@ -75,7 +76,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> nn.M
 
     peft_config = PeftLoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int but scales by alpha / r
         target_modules=list(lora.target_modules),
         lora_dropout=lora.dropout,
         bias="none",
@@ -84,7 +85,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> nn.M
     return get_peft_model(model, peft_config)
 
 
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
+def decoder_layers(model: Any) -> list[nn.Module]:
     """The repeated transformer blocks, found by the class names transformers marks as not splittable.
 
     Raises:
@@ -101,7 +102,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def hf_class_name(model: nn.Module) -> str:
+def hf_class_name(model: Any) -> str:
     """The transformers class of the (possibly PEFT-wrapped) model, recorded in checkpoint manifests."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return type(base).__name__

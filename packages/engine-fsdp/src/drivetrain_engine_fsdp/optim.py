@@ -34,10 +34,11 @@ def clip_grad_norm(module: nn.Module, max_norm: float | None) -> float:
     turns the resulting DTensor into the same number on every rank.
     """
     params = [p for p in trainable_parameters(module) if p.grad is not None]
-    if not params:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
         return 0.0
     if max_norm is None:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = torch.nn.utils.get_total_norm(grads)
     else:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if isinstance(norm, DTensor):

@@ -14,6 +14,8 @@ by the SP size on top of core's data-parallel scaling.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -77,7 +79,7 @@ def ulysses_attention_forward(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Sequence-parallel attention: heads are split across the SP group, tokens gathered, then split back.
 
