@@ -151,3 +151,11 @@ def test_another_backends_checkpoint_is_refused(tmp_path: Path) -> None:
     (step / MANIFEST_FILE).write_text(json.dumps({**manifest, "backend": "megatron"}))
     with pytest.raises(CheckpointError, match="written by the 'megatron' backend; this engine is 'tiny'"):
         engine.load_checkpoint(step)
+
+
+def test_extra_state_that_is_not_json_fails_before_anything_is_written(tmp_path: Path) -> None:
+    engine = make_engine()
+    with pytest.raises(TypeError, match="extra_state must be JSON-serialisable"):
+        engine.save_checkpoint(tmp_path, global_step=1, extra_state={"sampler": object()})
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+    assert not [c for c in engine.calls if c[0] == "save"]

@@ -288,6 +288,7 @@ class Engine(ABC):
             The published step directory.
         """
         self._require_initialized("save_checkpoint()")
+        _require_json("extra_state", extra_state)
         root = Path(path)
         temporary = temporary_step_dir(root, global_step)
         is_writer = dist_utils.rank() == 0
@@ -512,6 +513,14 @@ class Engine(ABC):
             local = sum(float(r.loss) for r in results if r.loss is not None)
             loss = dist_utils.all_reduce_sum(local, self.data_parallel_group)
         return ForwardBackwardOutput(outputs=outputs, loss=loss, metrics=metrics)
+
+
+def _require_json(name: str, value: Any) -> None:
+    """Fail on every rank before any collective, rather than on rank 0 alone while the others wait."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"save_checkpoint: {name} must be JSON-serialisable (numbers, strings, lists, dicts): {e}") from e
 
 
 def _fresh_directory(path: Path) -> None:
