@@ -171,7 +171,9 @@ class Engine(ABC):
         )
         grad_context = torch.no_grad() if forward_only else torch.enable_grad()
         with grad_context:
-            results = self._forward_backward_micro_batches(micro_batches.batches, loss_fn, forward_only, options, context)
+            results = self._forward_backward_micro_batches(
+                micro_batches.batches, loss_fn, forward_only, options, context
+            )
         return self._assemble(results, micro_batches, loss_fn is not None)
 
     def train_batch(self, batch: TensorDict, loss_fn: LossFn) -> ForwardBackwardOutput:
@@ -225,7 +227,11 @@ class Engine(ABC):
         grad_norm = float(self._clip_grad_norm(self.optimizer_config.clip_grad))  # type: ignore[union-attr]
         if not math.isfinite(grad_norm):
             self.skipped_steps += 1
-            logger.warning("grad norm is %s: skipping this optimizer update (%d skipped so far)", grad_norm, self.skipped_steps)
+            logger.warning(
+                "grad norm is %s: skipping this optimizer update (%d skipped so far)",
+                grad_norm,
+                self.skipped_steps,
+            )
             self._optimizer_zero_grad()
             return grad_norm
         self._optimizer_step()
@@ -258,7 +264,9 @@ class Engine(ABC):
         """Run the frozen base model (LoRA adapters off) inside the block."""
         self._require_initialized("disable_adapter()")
         if self.model_config.lora is None:
-            raise EngineStateError("disable_adapter() needs LoRA adapters; set model.lora to train with adapters.")
+            raise EngineStateError(
+                "disable_adapter() needs LoRA adapters; set model.lora to train with adapters."
+            )
         with self._disable_adapter():
             yield
 
@@ -302,13 +310,17 @@ class Engine(ABC):
         if is_writer:
             write_manifest(temporary, self._manifest(global_step))
             final = publish_step(root, temporary, global_step)
-            keep = max_ckpt_to_keep if max_ckpt_to_keep is not None else self.checkpoint_config.max_ckpt_to_keep
+            keep = (
+                max_ckpt_to_keep if max_ckpt_to_keep is not None else self.checkpoint_config.max_ckpt_to_keep
+            )
             if keep is not None:
                 prune_old_steps(root, keep)
         dist_utils.barrier()
         return final
 
-    def load_checkpoint(self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True
+    ) -> dict[str, Any]:
         """Load a step (or a root's ``latest``) written by the same backend.
 
         Returns:
@@ -328,7 +340,9 @@ class Engine(ABC):
         if verify:
             self._verify_on_rank_zero(step_dir, manifest)
         with self._loaded():
-            self._load_checkpoint(step_dir, load_optimizer=load_optimizer and self.optimizer_config is not None)
+            self._load_checkpoint(
+                step_dir, load_optimizer=load_optimizer and self.optimizer_config is not None
+            )
         return {"global_step": manifest.global_step, **self._load_extra(step_dir / "extra")}
 
     @staticmethod
@@ -485,7 +499,9 @@ class Engine(ABC):
     def _require_optimizer(self, what: str) -> None:
         self._require_initialized(what)
         if self.optimizer_config is None:
-            raise EngineStateError(f"{what} needs an optimizer; this engine was built with optimizer_config=None.")
+            raise EngineStateError(
+                f"{what} needs an optimizer; this engine was built with optimizer_config=None."
+            )
 
     def _check_compute_allowed(self, loss_fn: LossFn | None, forward_only: bool) -> None:
         self._require_initialized("forward_backward_batch()")
@@ -495,12 +511,18 @@ class Engine(ABC):
             )
         if not forward_only:
             if self.mode != "train":
-                raise EngineStateError("backward (train_batch / forward_only=False) must run inside `engine.train_mode()`.")
+                raise EngineStateError(
+                    "backward (train_batch / forward_only=False) must run inside `engine.train_mode()`."
+                )
             if loss_fn is None:
-                raise EngineStateError("backward needs a loss function: pass loss_fn=... (or use infer_batch).")
+                raise EngineStateError(
+                    "backward needs a loss function: pass loss_fn=... (or use infer_batch)."
+                )
             self._require_optimizer("training")
 
-    def _assemble(self, results: list[MicroBatchResult], micro_batches: Any, with_loss: bool) -> ForwardBackwardOutput:
+    def _assemble(
+        self, results: list[MicroBatchResult], micro_batches: Any, with_loss: bool
+    ) -> ForwardBackwardOutput:
         outputs = None
         if self.is_output_rank:
             outputs = micro_batches.restore([r.outputs for r in results])
@@ -520,7 +542,9 @@ def _require_json(name: str, value: Any) -> None:
     try:
         json.dumps(value)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"save_checkpoint: {name} must be JSON-serialisable (numbers, strings, lists, dicts): {e}") from e
+        raise TypeError(
+            f"save_checkpoint: {name} must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
+        ) from e
 
 
 def _fresh_directory(path: Path) -> None:

@@ -112,4 +112,6 @@ def verify_files(step_dir: Path | str, manifest: Manifest, *, checksums: bool = 
                 "or was rewritten. Re-save the step or use another one."
             )
         if checksums and file_digest(path) != expected["sha256"]:
-            raise CheckpointError(f"checkpoint file {path} does not match its SHA-256 in the manifest: it is corrupt.")
+            raise CheckpointError(
+                f"checkpoint file {path} does not match its SHA-256 in the manifest: it is corrupt."
+            )
