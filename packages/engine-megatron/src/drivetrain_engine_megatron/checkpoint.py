@@ -1,0 +1,115 @@
+"""``model/`` and ``optimizer/`` of a step with megatron-core dist_checkpointing (ARCHITECTURE §5).
+
+Both are written in the ``torch_dist`` format (torch.distributed.checkpoint underneath), keyed by the global
+``GPTModel`` parameter names, so a step can be read back at another data-parallel size and merged to Hugging
+Face without megatron process groups. The optimizer state uses ``dp_reshardable`` sharding, the one that
+works for the DistributedOptimizer over gloo. The core writes the scheduler, RNG and manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import dist_checkpointing
+from megatron.core.optimizer import MegatronOptimizer
+
+from .config import MegatronEngineConfig
+from .model import BuiltModel
+
+MODEL_DIR = "model"
+OPTIMIZER_DIR = "optimizer"
+FORMAT = "megatron-dist-checkpointing/torch_dist"
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _model_sharded_state_dict(model: BuiltModel) -> dict[str, Any]:
+    """Every chunk's sharded state dict under ``model<i>`` (keys inside are global, chunk-independent)."""
+    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model.unwrapped)}
+
+
+def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: MegatronOptimizer | None) -> None:
+    """Write ``model/`` (and ``optimizer/``) under ``step_dir`` (collective over all ranks)."""
+    _save(_model_sharded_state_dict(model), step_dir / MODEL_DIR)
+    if optimizer is not None:
+        # A fresh model state dict: saving may have consumed the first one's factories.
+        optimizer_state = optimizer.sharded_state_dict(_model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA)
+        _save(optimizer_state, step_dir / OPTIMIZER_DIR)
+
+
+def load_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: MegatronOptimizer | None) -> None:
+    """Read what :func:`save_model_and_optimizer` wrote into the live model (and optimizer)."""
+    with torch.no_grad():
+        model_state = _model_sharded_state_dict(model)
+        loaded = dist_checkpointing.load(model_state, str(step_dir / MODEL_DIR))
+        for i, chunk in enumerate(model.unwrapped):
+            chunk.load_state_dict(loaded[f"model{i}"], strict=True)
+        if optimizer is not None:
+            _allocate_adam_state(optimizer)
+            model_state = _model_sharded_state_dict(model)
+            optimizer_state = optimizer.sharded_state_dict(model_state, is_loading=True, metadata=_OPTIMIZER_METADATA)
+            optimizer.load_state_dict(dist_checkpointing.load(optimizer_state, str(step_dir / OPTIMIZER_DIR)))
+            _unshare_adam_steps(optimizer)
+
+
+def _torch_optimizers(optimizer: MegatronOptimizer) -> list[torch.optim.Optimizer]:
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [each.optimizer for each in inner]
+
+
+def _allocate_adam_state(optimizer: MegatronOptimizer) -> None:
+    """Give a fresh torch AdamW its state (zeros, step 0) so megatron can build the state dict to load into.
+
+    Without Apex or Transformer Engine, megatron reads the step count from the torch state, which a
+    never-stepped optimizer does not have yet.
+    """
+    for torch_optimizer in _torch_optimizers(optimizer):
+        for group in torch_optimizer.param_groups:
+            for param in group["params"]:
+                state = torch_optimizer.state[param]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+
+
+def _unshare_adam_steps(optimizer: MegatronOptimizer) -> None:
+    """One ``step`` tensor per parameter again: megatron restores one tensor shared by all of them, and torch
+    AdamW increments each parameter's step in place, which would advance a shared one many times per update."""
+    for torch_optimizer in _torch_optimizers(optimizer):
+        for state in torch_optimizer.state.values():
+            if "step" in state:
+                state["step"] = state["step"].detach().clone()
+
+
+def _save(sharded_state: dict[str, Any], directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    dist_checkpointing.save(sharded_state, str(directory), async_sharded_save=False)
+
+
+def backend_info(model: BuiltModel, config: MegatronEngineConfig) -> dict[str, Any]:
+    """What the manifest records for the merger (``drivetrain_engine_megatron.merger``) and for resuming."""
+    hf_config = model.bridge.hf_config
+    return {
+        "format": FORMAT,
+        "model_dir": MODEL_DIR,
+        "optimizer_dir": OPTIMIZER_DIR,
+        "optimizer_sharding": _OPTIMIZER_METADATA["distrib_optim_sharding_type"],
+        "tensor_model_parallel_size": config.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": config.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": config.virtual_pipeline_model_parallel_size,
+        "use_distributed_optimizer": config.use_distributed_optimizer,
+        "hf_model_type": hf_config.model_type,
+        "hf_architectures": list(getattr(hf_config, "architectures", None) or []),
+        "vocab_size": model.vocab_size,
+        "padded_vocab_size": model.bridge.padded_vocab_size,
+        "value_head": bool(model.bridge.value_head),
+        "key_convention": (
+            "global GPTModel names (decoder.layers.<global layer>.*) with Transformer-Engine-style norm names "
+            "(self_attention.linear_qkv.layer_norm_weight, mlp.linear_fc1.layer_norm_weight); tensors are full "
+            "(TP shards concatenated, linear_fc1 = [gate; up]); map to HF with the mbridge bridge of hf_model_type: "
+            "_weight_name_mapping_mcore_to_hf + _weight_to_hf_format; trim embedding/output rows to vocab_size; "
+            "value_head: output_layer.weight/bias -> score.weight/bias"
+        ),
+    }

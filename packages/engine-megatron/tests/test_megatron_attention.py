@@ -1,0 +1,65 @@
+"""SdpaCoreAttention: packed rows attend per sequence, padded rows give the same numbers (single process)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+
+def _attention(heads: int, groups: int, head_dim: int):
+    from drivetrain_engine_megatron.attention import SdpaCoreAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=head_dim,
+        attention_dropout=0.0,
+    )
+    return SdpaCoreAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+
+
+def _manual_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Hand-written causal softmax attention for one sequence, ``[s, heads, d]`` -> ``[s, heads * d]``."""
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    causal = torch.ones(q.shape[0], q.shape[0], dtype=torch.bool).tril()
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", weights, v).reshape(q.shape[0], -1)
+
+
+def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    torch.manual_seed(0)
+    heads, groups, head_dim, lengths = 4, 2, 8, [3, 7, 1, 5]
+    attention = _attention(heads, groups, head_dim).eval()
+    total = sum(lengths)
+    q, k, v = torch.randn(total, heads, head_dim), torch.randn(total, groups, head_dim), torch.randn(total, groups, head_dim)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    params = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=7, max_seqlen_kv=7
+    )
+    packed = attention(q, k, v, None, packed_seq_params=params)
+
+    bounds = cu_seqlens.tolist()
+    expected = torch.cat([_manual_causal(q[s:e], k[s:e], v[s:e]) for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
+    torch.testing.assert_close(packed, expected, atol=1e-6, rtol=1e-6)
+
+    width = max(lengths)
+    valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    padded = [torch.zeros(width, len(lengths), x.shape[1], head_dim) for x in (q, k, v)]
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        for dst, src in zip(padded, (q, k, v), strict=True):
+            dst[: e - s, i] = src[s:e]
+    allowed = torch.ones(width, width, dtype=torch.bool).tril()[None] & valid[:, None, :]
+    out = attention(*padded, (~allowed)[:, None])
+    torch.testing.assert_close(out.transpose(0, 1)[valid], expected, atol=1e-6, rtol=1e-6)

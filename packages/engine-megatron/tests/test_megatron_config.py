@@ -1,0 +1,63 @@
+"""MegatronEngineConfig validation, plugin registration and CPU refusals (single process, no megatron groups)."""
+
+from __future__ import annotations
+
+import pytest
+from drivetrain_engine_core.config import ConfigError, ModelConfig, config_from_dict
+from drivetrain_engine_megatron import MegatronEngineConfig, plugin
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size must be an integer >= 1"),
+        ({"virtual_pipeline_model_parallel_size": 2}, "needs pipeline_model_parallel_size >= 2"),
+        ({"sequence_parallel": True}, "sequence_parallel=True needs tensor_model_parallel_size > 1"),
+        ({"make_vocab_size_divisible_by": 0}, "make_vocab_size_divisible_by must be >= 1"),
+    ],
+)
+def test_megatron_config_refuses_impossible_layouts(values, message):
+    with pytest.raises(ConfigError, match=message):
+        MegatronEngineConfig(**values)
+
+
+def test_megatron_config_from_yaml_values():
+    config = config_from_dict(
+        MegatronEngineConfig, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
+    )
+    assert config.backend == "megatron"
+    assert config.model_parallel_size == 4
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def register(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+
+def test_megatron_plugin_registers_both_model_types_and_the_merger():
+    engines, mergers = _Recorder(), _Recorder()
+    plugin.register_engines(engines)
+    plugin.register_checkpoint_mergers(mergers)
+    assert sorted(kw["model_type"] for _, kw in engines.calls) == ["language_model", "value_model"]
+    assert all(kw["backend"] == "megatron" and set(kw["devices"]) == {"cpu", "cuda"} for _, kw in engines.calls)
+    assert all(kw["engine"] == "drivetrain_engine_megatron.engine:MegatronEngine" for _, kw in engines.calls)
+    assert mergers.calls == [(("megatron", "drivetrain_engine_megatron.merger:MegatronCheckpointMerger"), {})]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, "sequence_parallel=True needs CUDA"),
+        ({"context_parallel_size": 2}, "context_parallel_size=2 needs Transformer Engine"),
+        ({"param_offload": True}, "param_offload / optimizer_offload are not implemented"),
+    ],
+)
+def test_megatron_engine_refuses_what_cpu_cannot_run(values, message, tmp_path):
+    from drivetrain_engine_megatron.engine import MegatronEngine
+
+    engine = MegatronEngine(model_config=ModelConfig(path=str(tmp_path)), engine_config=MegatronEngineConfig(**values))
+    with pytest.raises(ConfigError, match=message):
+        engine.initialize()
