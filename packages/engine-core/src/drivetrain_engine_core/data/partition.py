@@ -108,7 +108,7 @@ def _differencing(leaves: list[list[int]], weights: list[float], k: int) -> list
         _, node_b, sums_b = heapq.heappop(heap)
         paired = list(map(add, sums_a, reversed(sums_b)))
         order = sorted(range(k), key=paired.__getitem__)
-        sums = [paired[j] for j in order]
+        sums = sorted(paired)
         merges.append((node_a, node_b, order))
         heapq.heappush(heap, (sums[0] - sums[-1], next_node, sums))
         next_node += 1
