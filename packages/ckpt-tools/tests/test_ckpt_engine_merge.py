@@ -18,6 +18,8 @@ from drivetrain_ckpt_tools.reference import reference_outputs
 from drivetrain_ckpt_tools.verify import probe_sequences
 from drivetrain_engine_core.testing.launcher import run_distributed
 
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-5
 VARIANTS = {
     "lm": ("language_model", False),
