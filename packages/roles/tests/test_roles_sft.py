@@ -1,0 +1,96 @@
+"""The SFT trainer on the real FSDP backend: it learns, resumes bit-exactly, and rejects bad input clearly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core.errors import PluginError
+from drivetrain_roles.sft.config import load_config
+from drivetrain_roles.sft.data import DataError
+from drivetrain_roles.sft.metrics import read_records
+from drivetrain_roles.sft.trainer import SFTTrainer
+
+SMALL = [
+    "data.generated_train_size=128",
+    "data.generated_val_size=16",
+    "trainer.batch_size=16",
+    "trainer.eval_samples=8",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=4",
+    "trainer.progress_bar=false",
+    "optimizer.lr=5e-3",
+]
+
+
+def run_sft(output_dir, *overrides, resume=False):
+    return SFTTrainer(load_config(None, [*SMALL, *overrides]), output_dir, resume=resume).run()
+
+
+@pytest.mark.slow
+def test_sft_lowers_the_loss_and_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path) -> None:
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full = run_sft(full_dir, "trainer.total_steps=8", "trainer.save_every=4")
+
+    assert len(full.train_losses) == 8
+    assert sum(full.train_losses[-3:]) / 3 < sum(full.train_losses[:3]) / 3 - 0.2
+    before, after = full.evaluations[0], full.evaluations[-1]
+    assert (before["step"], after["step"]) == (0, 8)
+    assert after["val/loss"] < before["val/loss"] - 0.2
+    assert (full_dir / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    records = read_records(full_dir / "metrics.jsonl")
+    assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses
+    assert json.loads((full_dir / "summary.json").read_text())["final_train_loss"] == full.train_losses[-1]
+
+    # The run "crashed" after its step-4 checkpoint: drop what came later and resume.
+    shutil.copytree(full_dir, resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "global_step_8")
+    (resumed_dir / "checkpoints" / "latest").write_text("global_step_4")
+    resumed = run_sft(resumed_dir, "trainer.total_steps=8", "trainer.save_every=4", resume=True)
+    assert resumed.start_step == 4
+    assert resumed.train_losses == full.train_losses[4:]  # bit-exact, not approximately
+    assert resumed.evaluations[-1] == after
+    resumed_records = read_records(resumed_dir / "metrics.jsonl")
+    assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("rows", "overrides", "message"),
+    [
+        ([{"question": "1+1=", "response": "2"}], [], "no column 'prompt'"),
+        ([], [], "is empty"),
+        (
+            [{"prompt": "1+1=", "response": "2"}, {"prompt": "1+1=", "response": "22222222"}],
+            ["data.max_length=8"],
+            "token budget",
+        ),
+    ],
+    ids=["missing_column", "empty", "too_long"],
+)
+def test_bad_data_gives_one_clear_error(tmp_path, rows, overrides, message) -> None:
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    with pytest.raises(DataError, match=message):
+        run_sft(tmp_path / "run", f"data.train_files=[{train}]", *overrides)
+
+
+def test_unknown_backend_names_the_installed_ones() -> None:
+    with pytest.raises(PluginError, match=r"(?s)'nope'.*fsdp"):
+        load_config(None, ["engine.backend=nope"])
+
+
+def test_cli_reports_bad_config_in_one_line(tmp_path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(drivetrain_cli, ["sft", "--output-dir", str(tmp_path), "trainer.batch_size=0"])
+    assert result.exit_code == 1
+    assert "trainer.batch_size must be >= 1" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(drivetrain_cli, ["sft", "--output-dir", str(tmp_path), "trainer.nope=1"])
+    assert result.exit_code == 1 and "unknown option trainer.nope" in result.output
