@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -23,7 +24,9 @@ def _attention(heads: int, groups: int, head_dim: int):
         kv_channels=head_dim,
         attention_dropout=0.0,
     )
-    return SdpaCoreAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    return SdpaCoreAttention(
+        config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+    )
 
 
 def _manual_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -43,7 +46,11 @@ def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
     heads, groups, head_dim, lengths = 4, 2, 8, [3, 7, 1, 5]
     attention = _attention(heads, groups, head_dim).eval()
     total = sum(lengths)
-    q, k, v = torch.randn(total, heads, head_dim), torch.randn(total, groups, head_dim), torch.randn(total, groups, head_dim)
+    q, k, v = (
+        torch.randn(total, heads, head_dim),
+        torch.randn(total, groups, head_dim),
+        torch.randn(total, groups, head_dim),
+    )
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     params = PackedSeqParams(
         qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=7, max_seqlen_kv=7
@@ -51,13 +58,13 @@ def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
     packed = attention(q, k, v, None, packed_seq_params=params)
 
     bounds = cu_seqlens.tolist()
-    expected = torch.cat([_manual_causal(q[s:e], k[s:e], v[s:e]) for s, e in zip(bounds[:-1], bounds[1:], strict=True)])
+    expected = torch.cat([_manual_causal(q[s:e], k[s:e], v[s:e]) for s, e in itertools.pairwise(bounds)])
     torch.testing.assert_close(packed, expected, atol=1e-6, rtol=1e-6)
 
     width = max(lengths)
     valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
     padded = [torch.zeros(width, len(lengths), x.shape[1], head_dim) for x in (q, k, v)]
-    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    for i, (s, e) in enumerate(itertools.pairwise(bounds)):
         for dst, src in zip(padded, (q, k, v), strict=True):
             dst[: e - s, i] = src[s:e]
     allowed = torch.ones(width, width, dtype=torch.bool).tril()[None] & valid[:, None, :]

@@ -42,7 +42,9 @@ def test_megatron_plugin_registers_both_model_types_and_the_merger():
     plugin.register_engines(engines)
     plugin.register_checkpoint_mergers(mergers)
     assert sorted(kw["model_type"] for _, kw in engines.calls) == ["language_model", "value_model"]
-    assert all(kw["backend"] == "megatron" and set(kw["devices"]) == {"cpu", "cuda"} for _, kw in engines.calls)
+    assert all(
+        kw["backend"] == "megatron" and set(kw["devices"]) == {"cpu", "cuda"} for _, kw in engines.calls
+    )
     assert all(kw["engine"] == "drivetrain_engine_megatron.engine:MegatronEngine" for _, kw in engines.calls)
     assert mergers.calls == [(("megatron", "drivetrain_engine_megatron.merger:MegatronCheckpointMerger"), {})]
 
@@ -58,6 +60,8 @@ def test_megatron_plugin_registers_both_model_types_and_the_merger():
 def test_megatron_engine_refuses_what_cpu_cannot_run(values, message, tmp_path):
     from drivetrain_engine_megatron.engine import MegatronEngine
 
-    engine = MegatronEngine(model_config=ModelConfig(path=str(tmp_path)), engine_config=MegatronEngineConfig(**values))
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=str(tmp_path)), engine_config=MegatronEngineConfig(**values)
+    )
     with pytest.raises(ConfigError, match=message):
         engine.initialize()

@@ -34,7 +34,9 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
     _save(_model_sharded_state_dict(model), step_dir / MODEL_DIR)
     if optimizer is not None:
         # A fresh model state dict: saving may have consumed the first one's factories.
-        optimizer_state = optimizer.sharded_state_dict(_model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA)
+        optimizer_state = optimizer.sharded_state_dict(
+            _model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA
+        )
         _save(optimizer_state, step_dir / OPTIMIZER_DIR)
 
 
@@ -48,9 +50,11 @@ def load_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
         if optimizer is not None:
             _allocate_adam_state(optimizer)
             model_state = _model_sharded_state_dict(model)
-            optimizer_state = optimizer.sharded_state_dict(model_state, is_loading=True, metadata=_OPTIMIZER_METADATA)
+            optimizer_state = optimizer.sharded_state_dict(
+                model_state, is_loading=True, metadata=_OPTIMIZER_METADATA
+            )
             optimizer.load_state_dict(dist_checkpointing.load(optimizer_state, str(step_dir / OPTIMIZER_DIR)))
-            _unshare_adam_steps(optimizer)
+            _restore_adam_steps(optimizer)
 
 
 def _torch_optimizers(optimizer: MegatronOptimizer) -> list[torch.optim.Optimizer]:
@@ -74,13 +78,19 @@ def _allocate_adam_state(optimizer: MegatronOptimizer) -> None:
                     state["step"] = torch.zeros((), dtype=torch.float32)
 
 
-def _unshare_adam_steps(optimizer: MegatronOptimizer) -> None:
-    """One ``step`` tensor per parameter again: megatron restores one tensor shared by all of them, and torch
-    AdamW increments each parameter's step in place, which would advance a shared one many times per update."""
+def _restore_adam_steps(optimizer: MegatronOptimizer) -> None:
+    """Give every parameter its own torch AdamW ``step``, the count megatron saved in the param groups.
+
+    Without Apex or Transformer Engine, megatron keeps the step count in ``param_groups[i]["step"]`` and does
+    not reliably write it back into the per-parameter state (which torch AdamW reads for bias correction and
+    increments in place, so each parameter needs its own tensor).
+    """
     for torch_optimizer in _torch_optimizers(optimizer):
-        for state in torch_optimizer.state.values():
-            if "step" in state:
-                state["step"] = state["step"].detach().clone()
+        for group in torch_optimizer.param_groups:
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                torch_optimizer.state[param]["step"] = torch.tensor(float(group["step"]), dtype=torch.float32)
 
 
 def _save(sharded_state: dict[str, Any], directory: Path) -> None:

@@ -1,0 +1,204 @@
+"""MegatronEngine at TP2, PP2 and DP2 (2 gloo ranks, fp32) against a plain single-process Hugging Face model.
+
+One launch per layout runs every check and returns numbers; the parent computes the references and asserts:
+log-probs/entropy (packed and padded), first-step loss and grad norm, a 5-step loss curve, a bit-exact
+checkpoint resume, weights exported equal to the Hugging Face state dict, and (TP2) the value model.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.testing import (
+    make_tiny_model_dir,
+    random_batch,
+    reference_entropy,
+    reference_log_probs,
+    reference_train_losses,
+    reference_values,
+    run_distributed,
+    token_mean_nll,
+    value_mse,
+)
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+TEMPERATURE = 0.7
+STEPS, SAVE_AT = 5, 2
+OPTIMIZER = OptimizerConfig(lr=1e-3, clip_grad=1.0, warmup_steps=2, weight_decay=0.01)
+LAYOUTS = {
+    "tp2": ("qwen2", {"tensor_model_parallel_size": 2}, True),
+    "pp2": ("llama", {"pipeline_model_parallel_size": 2}, False),
+    "dp2": ("qwen2", {}, False),
+}
+
+
+def _batches(vocab_size: int, with_returns: bool = False) -> list:
+    """Batches of 4 sequences; seeds 2 and 3 contain the pad token (id 0), whose embedding row HF never trains."""
+    return [
+        random_batch(
+            vocab_size=vocab_size,
+            prompt_lengths=[3, 5, 2, 4],
+            response_lengths=[4, 2, 6, 3],
+            seed=seed,
+            with_returns=with_returns,
+        )
+        for seed in range(STEPS)
+    ]
+
+
+def _engine(path: str, layout: dict, *, model_type: str = "language_model", remove_padding: bool = True):
+    from drivetrain_engine_megatron.config import MegatronEngineConfig
+    from drivetrain_engine_megatron.engine import MegatronEngine
+
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=path, model_type=model_type, use_remove_padding=remove_padding),
+        engine_config=MegatronEngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=1), **layout),
+        optimizer_config=OPTIMIZER,
+    )
+    engine.initialize()
+    return engine
+
+
+def _train(engine, batches, loss_fn) -> list[tuple[float, float]]:
+    history = []
+    with engine.train_mode():
+        for batch in batches:
+            output = engine.train_batch(batch, loss_fn)
+            engine.lr_scheduler_step()
+            history.append((output.loss, output.metrics["grad_norm"]))
+    return history
+
+
+def _infer(engine, batch, keys: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
+    from drivetrain_engine_core.data.options import set_forward_options
+
+    with engine.eval_mode():
+        options = {"temperature": TEMPERATURE, "compute_entropy": True} if "entropy" in keys else {}
+        output = engine.infer_batch(set_forward_options(batch.clone(), **options))
+    if not engine.is_output_rank:
+        return None
+    return {key: output.outputs[key].values() for key in keys}
+
+
+def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: str) -> dict:
+    batches = _batches(vocab_size)
+    engine = _engine(path, layout)
+    result = {"exported": dict(engine.export_weights())}
+    result["packed"] = _infer(engine, batches[0], ("log_probs", "entropy"))
+    result["padded"] = _infer(
+        _engine(path, layout, remove_padding=False), batches[0], ("log_probs", "entropy")
+    )
+    result["history"] = _train(engine, batches[:SAVE_AT], token_mean_nll)
+    engine.save_checkpoint(checkpoint_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    continued = _train(engine, batches[SAVE_AT:], token_mean_nll)
+    result["history"] += continued
+    resumed_engine = _engine(path, layout)
+    result["extra"] = resumed_engine.load_checkpoint(checkpoint_root)
+    result["continued"], result["resumed"] = (
+        continued,
+        _train(resumed_engine, batches[SAVE_AT:], token_mean_nll),
+    )
+    return result
+
+
+def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:
+    batches = _batches(vocab_size, with_returns=True)[:2]
+    engine = _engine(path, layout, model_type="value_model")
+    return {
+        "values": _infer(engine, batches[0], ("values",)),
+        "history": _train(engine, batches, value_mse),
+        "exported": dict(engine.export_weights()),
+    }
+
+
+def _worker(
+    rank: int, world_size: int, paths: dict, layout: dict, vocab_size: int, root: str, with_value: bool
+):
+    del world_size
+    result = {"language": _language_checks(paths["language_model"], layout, vocab_size, f"{root}/lm")}
+    if with_value:
+        result["value"] = _value_checks(paths["value_model"], layout, vocab_size)
+    result["rank"] = rank
+    return result
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, dict[str, str]]:
+    dirs = {}
+    for arch in ("qwen2", "llama"):
+        root = tmp_path_factory.mktemp(arch)
+        dirs[arch] = {
+            model_type: str(make_tiny_model_dir(root / model_type, arch=arch, model_type=model_type))
+            for model_type in ("language_model", "value_model")
+        }
+    return dirs
+
+
+def _hf_state(path: str) -> dict[str, torch.Tensor]:
+    state = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(file))
+    return state
+
+
+def _assert_exported_equal(exported: dict[str, torch.Tensor], path: str) -> None:
+    reference = _hf_state(path)
+    assert sorted(exported) == sorted(reference)
+    for name, tensor in reference.items():
+        assert torch.equal(exported[name], tensor), name
+
+
+def _assert_curve(history, reference, first_rtol: float = 1e-5, curve_atol: float = 1e-4) -> None:
+    (loss, norm), (ref_loss, ref_norm) = history[0], reference[0]
+    assert math.isclose(loss, ref_loss, rel_tol=first_rtol), (loss, ref_loss)
+    assert math.isclose(norm, ref_norm, rel_tol=first_rtol), (norm, ref_norm)
+    for (loss, _), (ref_loss, _) in zip(history, reference, strict=True):
+        assert abs(loss - ref_loss) < curve_atol, (history, reference)
+
+
+@pytest.mark.parametrize("layout_name", sorted(LAYOUTS))
+def test_megatron_layout_matches_hugging_face(layout_name, model_dirs, tmp_path):
+    from transformers import AutoConfig
+
+    arch, layout, with_value = LAYOUTS[layout_name]
+    paths = model_dirs[arch]
+    lm_path = paths["language_model"]
+    vocab_size = AutoConfig.from_pretrained(lm_path).vocab_size
+    results = run_distributed(
+        _worker, paths, layout, vocab_size, str(tmp_path), with_value, world_size=2, timeout_s=540
+    )
+    batches = _batches(vocab_size)
+    expected_log_probs = reference_log_probs(lm_path, batches[0], temperature=TEMPERATURE).values()
+    expected_entropy = reference_entropy(lm_path, batches[0], temperature=TEMPERATURE).values()
+    reference = reference_train_losses(lm_path, batches, OPTIMIZER, token_mean_nll)
+    outputs = [r["language"] for r in results if r["language"]["packed"] is not None]
+    assert outputs, "no rank reported outputs"
+    for language in (r["language"] for r in results):
+        _assert_exported_equal(language["exported"], lm_path)
+        _assert_curve(language["history"], reference)
+        assert language["resumed"] == language["continued"]
+        assert language["extra"] == {"global_step": SAVE_AT, "position": SAVE_AT}
+    for language in outputs:
+        for layout_key in ("packed", "padded"):
+            got = language[layout_key]
+            torch.testing.assert_close(got["log_probs"], expected_log_probs, atol=1e-5, rtol=0)
+            torch.testing.assert_close(got["entropy"], expected_entropy, atol=1e-5, rtol=0)
+    if with_value:
+        _check_value_model(results, paths["value_model"], vocab_size)
+
+
+def _check_value_model(results: list[dict], path: str, vocab_size: int) -> None:
+    batches = _batches(vocab_size, with_returns=True)[:2]
+    expected_values = reference_values(path, batches[0]).values()
+    reference = reference_train_losses(path, batches, OPTIMIZER, value_mse, model_type="value_model")
+    for value in (r["value"] for r in results):
+        _assert_exported_equal(value["exported"], path)
+        _assert_curve(value["history"], reference)
+        if value["values"] is not None:
+            torch.testing.assert_close(value["values"]["values"], expected_values, atol=1e-5, rtol=0)
