@@ -1,0 +1,37 @@
+"""drivetrain-roles: engine-agnostic RL roles (actor, critic, reference), their losses and the SFT trainer.
+
+Everything here talks to :class:`drivetrain_engine_core.engine.Engine` only, so it runs unchanged on every
+installed backend. Importing this package is cheap; the roles import torch when their modules load.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Actor": "actor",
+    "ActorConfig": "actor",
+    "Critic": "critic",
+    "CriticConfig": "critic",
+    "Reference": "reference",
+    "UpdateSchedule": "mini_batches",
+    "RoleBatch": "batch_inputs",
+    "PolicyLossConfig": "losses",
+    "ValueLossConfig": "losses",
+    "policy_loss_fn": "losses",
+    "sft_loss_fn": "losses",
+    "value_loss_fn": "losses",
+    "kl_penalty": "losses",
+    "SFTTrainer": "sft.trainer",
+    "SFTConfig": "sft.config",
+    "load_config": "sft.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; it exports {__all__}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -94,6 +94,8 @@ class TrainerConfig:
         max_new_tokens: generation budget of one answer.
         seed: seed of the data order.
         progress_bar: show a tqdm bar on the output rank.
+        cpu_threads: intra-op threads per rank when the engine runs on CPU (``torch.set_num_threads``);
+            ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
     """
 
     total_steps: int = 300
@@ -105,11 +107,14 @@ class TrainerConfig:
     max_new_tokens: int = 8
     seed: int = 0
     progress_bar: bool = True
+    cpu_threads: int | None = 1
 
     def __post_init__(self) -> None:
         for name in ("total_steps", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")
         for name in ("eval_every", "save_every", "eval_samples"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(self, name)}.")

@@ -74,6 +74,8 @@ class SFTTrainer:
     def run(self) -> SFTResult:
         """Train for ``trainer.total_steps`` steps; returns this process's losses and evaluations."""
         dist_utils.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
+        if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
+            torch.set_num_threads(self.config.trainer.cpu_threads)
         if dist_utils.rank() == 0:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         dist_utils.barrier()
