@@ -51,10 +51,12 @@ def sft(
 def run_here(config_file: str | None, output_dir: str, resume: bool, overrides: tuple[str, ...]) -> None:
     """Run this process's rank of the job and print where the results are."""
     from drivetrain_engine_core import distributed as dist_utils
+    from transformers.utils import logging as hf_logging
 
     from .config import load_config
     from .trainer import SFTTrainer
 
+    hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
     config = load_config(config_file, overrides)
     result = SFTTrainer(config, _agreed_output_dir(output_dir, config), resume=resume).run()
     if dist_utils.rank() == 0:

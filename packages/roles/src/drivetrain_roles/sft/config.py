@@ -32,7 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "model": {"path": BUILTIN_MODEL},
     "engine": {"backend": "fsdp", "micro_batch": {"micro_batch_size": None, "max_tokens": 2048}},
     "optimizer": {
-        "lr": 3e-3,
+        "lr": 5e-3,
         "weight_decay": 0.0,
         "lr_schedule": "cosine",
         "min_lr_ratio": 0.1,
@@ -98,11 +98,11 @@ class TrainerConfig:
             ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
     """
 
-    total_steps: int = 300
+    total_steps: int = 800
     batch_size: int = 64
     loss_agg_mode: str = "token-mean"
     eval_every: int = 100
-    save_every: int = 100
+    save_every: int = 200
     eval_samples: int = 200
     max_new_tokens: int = 8
     seed: int = 0
