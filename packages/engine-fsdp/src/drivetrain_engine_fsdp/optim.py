@@ -16,7 +16,9 @@ def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
 def build_optimizer(module: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
     """AdamW over the sharded trainable parameters; each rank steps on its own shards.
 
-    The learning rate starts at ``config.lr`` and is then driven by core's LR schedule.
+    The learning rate starts at ``config.lr`` and is then driven by core's LR schedule. ``foreach`` is
+    explicit because torch picks the per-tensor loop for DTensor parameters otherwise, which costs one
+    DTensor dispatch per operation and parameter (about 6x slower on the benchmark's small model).
     """
     return torch.optim.AdamW(
         trainable_parameters(module),
@@ -24,6 +26,7 @@ def build_optimizer(module: nn.Module, config: OptimizerConfig) -> torch.optim.A
         betas=config.betas,
         eps=config.eps,
         weight_decay=config.weight_decay,
+        foreach=True,
     )
 
 

@@ -90,6 +90,8 @@ def build_layout(config: FSDPEngineConfig) -> ParallelLayout:
 def shard_model(model: nn.Module, layout: ParallelLayout, config: FSDPEngineConfig) -> nn.Module:
     """Apply ``fully_shard`` per decoder layer, then to the root (which holds embeddings, norm and head).
 
+    ``reshard_after_forward`` applies to the decoder layers; the root keeps its parameters gathered.
+
     Parameters move to the mesh's device as they are sharded, or stay on CPU under ``cpu_offload_policy``.
     """
     mixed_precision = MixedPrecisionPolicy(
@@ -102,5 +104,7 @@ def shard_model(model: nn.Module, layout: ParallelLayout, config: FSDPEngineConf
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=config.device != "cpu")
     for layer in decoder_layers(model):
         fully_shard(layer, reshard_after_forward=config.reshard_after_forward, **kwargs)
-    fully_shard(model, reshard_after_forward=config.reshard_after_forward, **kwargs)
+    # The root's parameters (embeddings, final norm, head) are the first that backward needs, so freeing them
+    # after forward would only buy an immediate second all-gather.
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
