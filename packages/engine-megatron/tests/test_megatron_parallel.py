@@ -110,11 +110,9 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
 def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:
     batches = _batches(vocab_size, with_returns=True)[:2]
     engine = _engine(path, layout, model_type="value_model")
-    return {
-        "values": _infer(engine, batches[0], ("values",)),
-        "history": _train(engine, batches, value_mse),
-        "exported": dict(engine.export_weights()),
-    }
+    result = {"exported": dict(engine.export_weights()), "values": _infer(engine, batches[0], ("values",))}
+    result["history"] = _train(engine, batches, value_mse)
+    return result
 
 
 def _worker(

@@ -1,0 +1,13 @@
+"""The core conformance kit on a single-process MegatronEngine (TP = PP = DP = 1, gloo world of one)."""
+
+from __future__ import annotations
+
+import pytest
+from drivetrain_engine_core.testing.conformance import EngineConformanceTests
+
+pytestmark = pytest.mark.slow
+
+
+class TestMegatronEngineConformance(EngineConformanceTests):
+    backend = "megatron"
+    supports_lora = False
