@@ -30,31 +30,57 @@ def run_sft(output_dir, *overrides, resume=False):
     return SFTTrainer(load_config(None, [*SMALL, *overrides]), output_dir, resume=resume).run()
 
 
-@pytest.mark.slow
-def test_sft_lowers_the_loss_and_a_resumed_run_reproduces_the_uninterrupted_one(tmp_path) -> None:
-    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
-    full = run_sft(full_dir, "trainer.total_steps=8", "trainer.save_every=4")
+STEPS = ["trainer.total_steps=8", "trainer.save_every=4"]
 
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("sft") / "full"
+    return output_dir, run_sft(output_dir, *STEPS)
+
+
+@pytest.mark.slow
+def test_sft_lowers_the_loss_and_writes_its_metrics(full_run) -> None:
+    full_dir, full = full_run
     assert len(full.train_losses) == 8
     assert sum(full.train_losses[-3:]) / 3 < sum(full.train_losses[:3]) / 3 - 0.2
     before, after = full.evaluations[0], full.evaluations[-1]
     assert (before["step"], after["step"]) == (0, 8)
     assert after["val/loss"] < before["val/loss"] - 0.2
+    assert 0.0 <= after["val/accuracy"] <= 1.0
     assert (full_dir / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
     records = read_records(full_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses
     assert json.loads((full_dir / "summary.json").read_text())["final_train_loss"] == full.train_losses[-1]
 
+
+@pytest.mark.slow
+def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_path) -> None:
+    full_dir, full = full_run
+    resumed_dir = tmp_path / "resumed"
     # The run "crashed" after its step-4 checkpoint: drop what came later and resume.
     shutil.copytree(full_dir, resumed_dir)
     shutil.rmtree(resumed_dir / "checkpoints" / "global_step_8")
     (resumed_dir / "checkpoints" / "latest").write_text("global_step_4")
-    resumed = run_sft(resumed_dir, "trainer.total_steps=8", "trainer.save_every=4", resume=True)
+    resumed = run_sft(resumed_dir, *STEPS, resume=True)
     assert resumed.start_step == 4
     assert resumed.train_losses == full.train_losses[4:]  # bit-exact, not approximately
-    assert resumed.evaluations[-1] == after
+    assert resumed.evaluations[-1] == full.evaluations[-1]
     resumed_records = read_records(resumed_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
+
+
+@pytest.mark.slow
+def test_cli_with_two_spawned_ranks_trains_like_one_rank(full_run, tmp_path) -> None:
+    _, full = full_run
+    output_dir = tmp_path / "two_ranks"
+    result = CliRunner().invoke(
+        drivetrain_cli, ["sft", "--nproc", "2", "--output-dir", str(output_dir), *SMALL, *STEPS]
+    )
+    assert result.exit_code == 0, result.output
+    records = read_records(output_dir / "metrics.jsonl")
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert losses == pytest.approx(full.train_losses, rel=1e-4)
 
 
 def write_jsonl(path, rows):

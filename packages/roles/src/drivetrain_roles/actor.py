@@ -51,7 +51,7 @@ class Actor:
         self.config = config or ActorConfig()
         self._updates = 0
 
-    def compute_log_prob(self, batch: TensorDict, *, calculate_entropy: bool = False) -> TensorDict:
+    def compute_log_prob(self, batch: TensorDict, *, calculate_entropy: bool = False) -> TensorDict | None:
         """Per-token ``log_probs`` (and ``entropy``) of the batch's tokens under the current policy.
 
         Returns:

@@ -46,7 +46,7 @@ class RoleBatch:
                 f"a padded batch (dense input_ids) needs 'attention_mask' (B, L); it has {sorted(batch.keys())}. "
                 "Send attention_mask (and response_mask for the loss), or a no-padding batch from make_batch."
             )
-        fields = {key: batch.get(key) for key in list(batch.keys()) if key not in PADDED_KEYS}
+        fields = {str(key): batch.get(key) for key in list(batch.keys()) if key not in PADDED_KEYS}
         nopad = padded_to_nopad(
             batch["input_ids"],
             batch[ATTENTION_MASK],

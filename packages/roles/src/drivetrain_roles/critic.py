@@ -42,7 +42,7 @@ class Critic:
         self.config = config or CriticConfig()
         self._updates = 0
 
-    def compute_values(self, batch: TensorDict) -> TensorDict:
+    def compute_values(self, batch: TensorDict) -> TensorDict | None:
         """Per-token ``values`` (ARCHITECTURE §7.1 alignment) in the batch's form, on the output rank."""
         role_batch = RoleBatch.wrap(batch)
         with self.engine.eval_mode():

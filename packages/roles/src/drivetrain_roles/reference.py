@@ -34,7 +34,7 @@ class Reference:
         self.use_actor_base = use_actor_base
         self.temperature = temperature
 
-    def compute_ref_log_prob(self, batch: TensorDict) -> TensorDict:
+    def compute_ref_log_prob(self, batch: TensorDict) -> TensorDict | None:
         """``ref_log_prob`` per token, in the batch's form (jagged or padded), on the output rank."""
         role_batch = RoleBatch.wrap(batch)
         nopad = set_forward_options(role_batch.nopad.copy(), temperature=self.temperature)

@@ -41,7 +41,7 @@ class FlatTokens:
     @classmethod
     def from_jagged(cls, loss_mask: torch.Tensor) -> FlatTokens:
         """Read the layout from a jagged ``loss_mask`` (ragged dim 1, ARCHITECTURE §4)."""
-        return cls(mask=loss_mask.values().float(), offsets=loss_mask.offsets())
+        return cls(mask=loss_mask.values().float(), offsets=loss_mask.offsets())  # type: ignore[attr-defined]
 
     @property
     def num_sequences(self) -> int:
