@@ -1,0 +1,80 @@
+"""SFT data loading: parquet and JSONL read the same, chat messages are masked to the last assistant turn."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from drivetrain_engine_core.testing import build_tiny_tokenizer
+from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
+from drivetrain_roles.sft.config import DataConfig, load_config
+from drivetrain_roles.sft.data import DataError, load_examples
+
+ROWS = [{"prompt": "hello ", "response": "world"}, {"prompt": "the answer is ", "response": "42"}]
+
+
+def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_path) -> None:
+    tokenizer = build_tiny_tokenizer()
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), parquet)
+    config = DataConfig(train_files=(str(jsonl),))
+    from_jsonl = load_examples([jsonl], tokenizer, config)
+    assert from_jsonl == load_examples([parquet], tokenizer, config)
+    first = from_jsonl[0]
+    assert first.prompt_ids == [tokenizer.bos_token_id, *tokenizer.encode("hello ", add_special_tokens=False)]
+    assert first.response_ids == [
+        *tokenizer.encode("world", add_special_tokens=False),
+        tokenizer.eos_token_id,
+    ]
+    batch = make_sft_batch(from_jsonl)
+    mask = batch["loss_mask"].values().tolist()
+    assert mask[: first.length] == [False] * len(first.prompt_ids) + [True] * len(first.response_ids)
+
+
+def test_chat_messages_train_on_the_last_assistant_turn_only(tmp_path) -> None:
+    tokenizer = build_tiny_tokenizer()
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "world"},
+        {"role": "user", "content": "the answer"},
+        {"role": "assistant", "content": "is 42"},
+    ]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    (example,) = load_examples(
+        [path], tokenizer, DataConfig(train_files=(str(path),), messages_key="messages", max_length=256)
+    )
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert tokenizer.decode(example.prompt_ids + example.response_ids) == full
+    assert tokenizer.decode(example.response_ids) == "is 42<|im_end|>\n"
+    assert tokenizer.decode(example.prompt_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_chat_messages_must_end_with_the_assistant(tmp_path) -> None:
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hello"}]}) + "\n")
+    with pytest.raises(DataError, match="ending with an assistant turn"):
+        load_examples([path], build_tiny_tokenizer(), DataConfig(messages_key="messages"))
+
+
+def test_step_order_depends_on_seed_and_step_only_and_ranks_split_it() -> None:
+    sampler = StepSampler(num_examples=10, batch_size=4, seed=7)
+    assert sampler.steps_per_epoch == 2
+    step3 = sampler.global_indices(3).tolist()
+    assert step3 == StepSampler(num_examples=10, batch_size=4, seed=7).global_indices(3).tolist()
+    assert len(set(sampler.global_indices(0).tolist() + sampler.global_indices(1).tolist())) == 8
+    assert sampler.local_indices(3, 0, 2) + sampler.local_indices(3, 1, 2) == step3[0::2] + step3[1::2]
+
+
+def test_overrides_parse_numbers_and_micro_batch_limits_exclude_each_other() -> None:
+    config = load_config(
+        None, ["optimizer.lr=5e-3", "engine.micro_batch.micro_batch_size=4", "data.train_files=[a.jsonl]"]
+    )
+    assert config.optimizer.lr == 0.005
+    assert (config.engine.micro_batch.micro_batch_size, config.engine.micro_batch.max_tokens) == (4, None)
+    assert config.data.train_files == ("a.jsonl",)
+    assert config.optimizer.total_steps == config.trainer.total_steps
