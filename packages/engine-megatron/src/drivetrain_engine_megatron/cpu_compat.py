@@ -59,7 +59,7 @@ class _CpuDeviceMode(TorchFunctionMode):
             return _CUDA_TYPE_NAMES.get(args[0].dtype) or func(*args)
         if _FACTORY_KWARG in kwargs:
             kwargs[_FACTORY_KWARG] = _to_cpu_device(kwargs[_FACTORY_KWARG])
-        if func in (torch.Tensor.to, torch.Tensor.new_empty, torch.Tensor.new_zeros) and len(args) > 1:
+        if func is torch.Tensor.to and len(args) > 1:
             args = (args[0], _to_cpu_device(args[1]), *args[2:])
         return func(*args, **kwargs)
 
