@@ -24,6 +24,9 @@ from drivetrain_engine_core.testing import (
 )
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model
+from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoConfig, AutoModelForCausalLM
 
 VOCAB = 100
@@ -182,3 +185,30 @@ def test_bf16_compute_keeps_fp32_master_weights(model_dirs):
     with engine.train_mode():
         engine.train_batch(batch, token_mean_nll)
     assert {tensor.dtype for _, tensor in engine.export_weights()} == {torch.float32}
+
+
+def dcp_keys(step_dir):
+    return set(FileSystemReader(step_dir / "model").read_metadata().state_dict_metadata)
+
+
+def test_checkpoint_keys_are_hf_and_peft_names_and_lora_resumes(model_dirs, tmp_path):
+    plain = make_engine(model_dirs["qwen2"], optimizer=None)
+    plain.save_checkpoint(tmp_path / "plain", global_step=0)
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dirs["qwen2"])
+    assert dcp_keys(tmp_path / "plain" / "global_step_0") == set(hf_model.state_dict())
+
+    engine = make_engine(model_dirs["qwen2"], lora=LORA)
+    with engine.train_mode():
+        engine.train_batch(make_batch(seed=9), token_mean_nll)
+    engine.save_checkpoint(tmp_path / "lora", global_step=1)
+    peft_model = get_peft_model(
+        hf_model,
+        PeftLoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, target_modules=list(LORA.target_modules)),
+    )
+    keys = dcp_keys(tmp_path / "lora" / "global_step_1")
+    assert keys == set(peft_model.state_dict())
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight" in keys
+    resumed = make_engine(model_dirs["qwen2"], lora=LORA)
+    resumed.load_checkpoint(tmp_path / "lora")
+    resumed_weights = dict(resumed.export_weights())
+    assert all(torch.equal(resumed_weights[name], tensor) for name, tensor in engine.export_weights())
