@@ -1,6 +1,6 @@
 """MegatronEngine at TP2, PP2 and DP2 (2 gloo ranks, fp32) against a plain single-process Hugging Face model.
 
-One launch per layout runs every check and returns numbers; the parent computes the references and asserts:
+One launch per layout (TP2, PP2, PP2 x VPP2, DP2) runs every check and returns numbers; the parent computes the references and asserts:
 log-probs/entropy (packed and padded), first-step loss and grad norm, a 5-step loss curve, a bit-exact
 checkpoint resume, weights exported equal to the Hugging Face state dict, and (TP2) the value model.
 """
@@ -35,6 +35,11 @@ LAYOUTS = {
     "tp2": ("qwen2", {"tensor_model_parallel_size": 2}, True),
     "pp2": ("llama", {"pipeline_model_parallel_size": 2}, False),
     "dp2": ("qwen2", {}, False),
+    "pp2-vpp2": (
+        "qwen2-4-layers",
+        {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+        False,
+    ),
 }
 
 
@@ -135,6 +140,11 @@ def model_dirs(tmp_path_factory) -> dict[str, dict[str, str]]:
             model_type: str(make_tiny_model_dir(root / model_type, arch=arch, model_type=model_type))
             for model_type in ("language_model", "value_model")
         }
+    # Virtual pipeline: 2 stages x 2 chunks needs 4 layers.
+    deep = tmp_path_factory.mktemp("qwen2-4-layers") / "language_model"
+    dirs["qwen2-4-layers"] = {
+        "language_model": str(make_tiny_model_dir(deep, arch="qwen2", num_hidden_layers=4))
+    }
     return dirs
 
 
