@@ -101,6 +101,7 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
     )
     result["history"] = _train(engine, batches[:SAVE_AT], token_mean_nll)
     engine.save_checkpoint(checkpoint_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    result["exported_at_save"] = dict(engine.export_weights())
     continued = _train(engine, batches[SAVE_AT:], token_mean_nll)
     result["history"] += continued
     resumed_engine = _engine(path, layout)
@@ -197,8 +198,35 @@ def test_megatron_layout_matches_hugging_face(layout_name, model_dirs, tmp_path)
             got = language[layout_key]
             torch.testing.assert_close(got["log_probs"], expected_log_probs, atol=1e-5, rtol=0)
             torch.testing.assert_close(got["entropy"], expected_entropy, atol=1e-5, rtol=0)
+    _assert_merged_equal_export(
+        tmp_path / "lm" / f"global_step_{SAVE_AT}", results[0]["language"]["exported_at_save"]
+    )
     if with_value:
         _check_value_model(results, paths["value_model"], vocab_size)
+
+
+def _assert_merged_equal_export(step_dir: Path, exported: dict[str, torch.Tensor]) -> None:
+    """The checkpoint's model tensors, converted offline (no process group), equal the live export."""
+    from drivetrain_engine_core.checkpoint import read_manifest
+    from drivetrain_engine_megatron.hf_names import checkpoint_tensors_to_hf
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from transformers import AutoConfig
+
+    info = read_manifest(step_dir).backend_info
+    flat = step_dir.parent / "model.pt"
+    dcp_to_torch_save(step_dir / info["model_dir"], flat)
+    tensors = torch.load(flat, weights_only=False)
+    merged = dict(
+        checkpoint_tensors_to_hf(
+            AutoConfig.from_pretrained(read_manifest(step_dir).model_path),
+            tensors.items(),
+            value_model=info["value_head"],
+            vocab_size=info["vocab_size"],
+        )
+    )
+    assert sorted(merged) == sorted(exported)
+    for name, tensor in exported.items():
+        assert torch.equal(merged[name], tensor), name
 
 
 def _check_value_model(results: list[dict], path: str, vocab_size: int) -> None:
