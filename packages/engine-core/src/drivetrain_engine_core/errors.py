@@ -25,4 +25,11 @@ class PluginError(DrivetrainError, LookupError):
     """A plugin, engine, role or merger could not be found or loaded."""
 
 
-__all__ = ["BatchError", "CheckpointError", "ConfigError", "DrivetrainError", "EngineStateError", "PluginError"]
+__all__ = [
+    "BatchError",
+    "CheckpointError",
+    "ConfigError",
+    "DrivetrainError",
+    "EngineStateError",
+    "PluginError",
+]
