@@ -55,6 +55,8 @@ def transformer_overrides(config: MegatronEngineConfig) -> dict[str, Any]:
     """``TransformerConfig`` values drivetrain sets on top of what mbridge derives from the HF config."""
     return {
         "sequence_parallel": config.sequence_parallel,
+        # Packed rows differ in length per micro-batch: pipeline stages exchange shapes before tensors.
+        "variable_seq_lengths": True,
         "calculate_per_token_loss": True,
         "masked_softmax_fusion": False,
         "bias_activation_fusion": False,

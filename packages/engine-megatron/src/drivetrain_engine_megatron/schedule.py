@@ -69,6 +69,7 @@ def run_schedule(
         _forward_step, loss_fn=loss_fn, options=options, context=context, spec=spec, results=results
     )
     iterators: Any = [_iterate(micro_batches) for _ in chunks] if len(chunks) > 1 else _iterate(micro_batches)
+    # With variable_seq_lengths (always set) megatron sends shapes between stages; seq_length is a hint only.
     max_len = max(int(mb["input_ids"].offsets().diff().max()) for mb in micro_batches)
     get_forward_backward_func()(
         forward_step_func=forward_step,
