@@ -10,7 +10,7 @@ from .layout import (
     temporary_step_dir,
 )
 from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
-from .merger import AUTO_CLASSES, PEFT_PREFIX, CheckpointMerger, split_peft_name
+from .merger import AUTO_CLASSES, PEFT_PREFIX, CheckpointMerger, DCPTensorReader, split_peft_name
 
 __all__ = [
     "AUTO_CLASSES",
@@ -18,6 +18,7 @@ __all__ = [
     "MANIFEST_FILE",
     "PEFT_PREFIX",
     "CheckpointMerger",
+    "DCPTensorReader",
     "Manifest",
     "complete_steps",
     "prune_old_steps",
