@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _JOIN_GRACE_S = 10.0
+_EXIT_GRACE_S = 5.0  # ranks that reported get this long to exit normally before they are killed
 # How long to wait for other ranks' tracebacks once one rank has failed.
 _FOLLOW_UP_S = 2.0
 
@@ -118,8 +119,15 @@ def _rank_env(rank: int, world_size: int, port: int, env: Mapping[str, str] | No
     }
 
 
-def _kill_all(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    """Kill every child still alive and reap them all, so no orphan survives the call."""
+def _kill_all(processes: Sequence[multiprocessing.process.BaseProcess], exit_grace_s: float = 0.0) -> None:
+    """Kill every child still alive and reap them all, so no orphan survives the call.
+
+    ``exit_grace_s`` first lets ranks that already reported exit normally, so that helper processes that
+    libraries start (megatron's checkpoint writer) are shut down by their owners instead of orphaned.
+    """
+    deadline = time.monotonic() + exit_grace_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
     for process in processes:
         if process.is_alive():
             process.kill()
@@ -233,7 +241,9 @@ def run_distributed(
     try:
         for process in processes:
             process.start()
-        return _collect(processes, results, timeout_s)
+        outcome = _collect(processes, results, timeout_s)
+        _kill_all(processes, exit_grace_s=_EXIT_GRACE_S)
+        return outcome
     finally:
         _kill_all(processes)
         results.close()
