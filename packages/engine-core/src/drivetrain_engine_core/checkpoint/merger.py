@@ -208,7 +208,8 @@ class DCPTensorReader:
         """
         try:
             metadata = FileSystemReader(self.directory).read_metadata()
-        except (OSError, EOFError, ValueError) as e:
+        except Exception as e:
+            # The metadata is a pickle: a damaged file fails with unpickling errors of any type, not just I/O.
             raise CheckpointError(
                 f"cannot read the DCP metadata of {self.directory} (file .metadata): {e}. The step is damaged; "
                 "use another step."
