@@ -21,8 +21,14 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
-MODEL = {"hidden_size": 512, "num_hidden_layers": 32, "intermediate_size": 1536, "vocab_size": 8000}
+MODEL: dict[str, Any] = {
+    "hidden_size": 512,
+    "num_hidden_layers": 32,
+    "intermediate_size": 1536,
+    "vocab_size": 8000,
+}
 MAX_SHARD_BYTES = 32 * 1000**2
 ALLOWANCE_BYTES = 48 * 1024**2
 """Fixed headroom over the data-proportional terms: DCP read planning, file buffers, malloc slack."""

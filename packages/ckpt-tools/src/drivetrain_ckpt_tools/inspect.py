@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,23 +68,24 @@ def list_steps(root: Path | str, *, check_files: bool = False) -> list[StepInfo]
 
 
 def _describe(step_dir: Path, global_step: int, latest: bool, check_files: bool) -> StepInfo:
-    base = {
-        "global_step": global_step,
-        "path": str(step_dir),
-        "latest": latest,
-        "contents": sorted(p.name for p in step_dir.iterdir()),
-        "size_bytes": sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()),
-    }
+    base = StepInfo(
+        global_step=global_step,
+        path=str(step_dir),
+        complete=False,
+        latest=latest,
+        contents=sorted(p.name for p in step_dir.iterdir()),
+        size_bytes=sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()),
+    )
     if not (step_dir / MANIFEST_FILE).is_file():
-        return StepInfo(**base, complete=False, problem=f"no {MANIFEST_FILE}: the save was interrupted")
+        return replace(base, problem=f"no {MANIFEST_FILE}: the save was interrupted")
     try:
         manifest = read_manifest(step_dir)
         if check_files:
             verify_files(step_dir, manifest)
     except CheckpointError as e:
-        return StepInfo(**base, complete=False, problem=str(e))
-    return StepInfo(
-        **base,
+        return replace(base, problem=str(e))
+    return replace(
+        base,
         complete=True,
         backend=manifest.backend,
         world_size=manifest.world_size,

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from drivetrain_engine_core.checkpoint import CheckpointMerger
-from drivetrain_engine_core.config import LoraConfig, ModelConfig
+from drivetrain_engine_core.config import LoraConfig, ModelConfig, ModelType
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.data.options import set_forward_options
 from drivetrain_engine_core.errors import CheckpointError
@@ -98,7 +99,7 @@ def engine_outputs(
     lora = manifest.lora
     model_config = ModelConfig(
         path=manifest.model_path,
-        model_type=manifest.model_type,
+        model_type=cast(ModelType, manifest.model_type),
         lora=None
         if lora is None
         else LoraConfig(**{**lora, "target_modules": tuple(lora["target_modules"])}),
@@ -112,6 +113,10 @@ def engine_outputs(
         batch = set_forward_options(batch, compute_entropy=True)
     with engine.eval_mode():
         outputs = engine.infer_batch(batch).outputs
+    if outputs is None:
+        raise CheckpointError(
+            f"the {manifest.backend} engine returned no outputs at world size 1; verify needs an output rank."
+        )
     keys = ("log_probs", "entropy") if manifest.model_type == "language_model" else ("values",)
     return {key: [t.detach().to("cpu", torch.float32) for t in outputs[key].unbind()] for key in keys}
 

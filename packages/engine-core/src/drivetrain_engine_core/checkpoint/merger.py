@@ -256,6 +256,8 @@ class _RegionLoadPlanner(DefaultLoadPlanner):
     def create_local_plan(self) -> LoadPlan:
         name, chunk = self._region
         checkpoint_meta = self.metadata.state_dict_metadata[name]  # type: ignore[union-attr]
+        if not isinstance(checkpoint_meta, TensorStorageMetadata):
+            raise CheckpointError(f"{name!r} is not a tensor in this checkpoint.")
         return LoadPlan(create_read_items_for_chunk_list(name, checkpoint_meta, [chunk]))
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
