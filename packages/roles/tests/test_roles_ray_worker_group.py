@@ -7,6 +7,8 @@ loss and gradient norm as the same update in this process on the whole batch.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
@@ -17,7 +19,15 @@ from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, re
 from drivetrain_roles.actor import Actor, ActorConfig
 from drivetrain_roles.losses import PolicyLossConfig
 from drivetrain_roles.mini_batches import UpdateSchedule
-from drivetrain_roles.workers import DispatchPlan, WorkerSpec, WorkerTopology, check_topology
+from drivetrain_roles.workers import (
+    DispatchPlan,
+    RayWorkerGroup,
+    WorkerGroupError,
+    WorkerSpec,
+    WorkerTopology,
+    check_topology,
+    require_ray,
+)
 from tensordict import TensorDict
 
 VOCAB = 100
@@ -54,12 +64,18 @@ def test_dispatch_errors_name_the_problem() -> None:
     two = [WorkerTopology(rank=r, dp_rank=r, dp_size=2, is_output_rank=True) for r in range(2)]
     with pytest.raises(BatchError, match="cannot be split evenly over dp_size=2"):
         DispatchPlan.for_batch(
-            random_batch(vocab_size=VOCAB, prompt_lengths=[2] * 3, response_lengths=[1] * 3), two
+            random_batch(vocab_size=VOCAB, prompt_lengths=[2] * 3, response_lengths=[1] * 3, seed=0), two
         )
     with pytest.raises(ValueError, match="exactly one output rank"):
         check_topology([WorkerTopology(rank=r, dp_rank=0, dp_size=1, is_output_rank=True) for r in range(2)])
     with pytest.raises(ValueError, match="disagree on data_parallel_size"):
         check_topology([two[0], WorkerTopology(rank=1, dp_rank=0, dp_size=1, is_output_rank=True)])
+
+
+def test_missing_ray_names_the_install_command(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"pip install 'drivetrain-roles\[ray\]'"):
+        require_ray()
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +122,6 @@ def in_process_update(model_dir, batch: TensorDict) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_two_ray_actors_match_references_and_fail_clearly(ray_cluster, model_dir) -> None:
-    from drivetrain_roles.workers import RayWorkerGroup, WorkerGroupError
-
     batch = rollout_batch(model_dir)
     spec = WorkerSpec(
         role="actor",
@@ -125,10 +139,13 @@ def test_two_ray_actors_match_references_and_fail_clearly(ray_cluster, model_dir
         expected = reference_log_probs(model_dir, batch)
         torch.testing.assert_close(log_probs.values(), expected.values(), rtol=0, atol=1e-5)
         metrics = group.update_policy(batch)
-        with pytest.raises(
-            WorkerGroupError, match=r"no_such_method failed on rank \d.*no method 'no_such_method'"
-        ):
+        no_method = r"no_such_method failed on rank \d: AttributeError: rank \d: role Actor has no method"
+        with pytest.raises(WorkerGroupError, match=no_method):
             group.execute_all("no_such_method")
+        # A dead worker fails the call with its rank while its peer is still blocked in a collective.
+        ray_cluster.kill(group.actors[1])
+        with pytest.raises(WorkerGroupError, match=r"compute_log_prob failed on rank 1: The actor died"):
+            group.compute_log_prob(batch)
     reference = in_process_update(model_dir, batch)
     for name in ("pg_loss", "grad_norm", "pg_clipfrac", "approx_kl"):
         assert metrics[name] == pytest.approx(reference[name], rel=1e-5, abs=1e-7), name

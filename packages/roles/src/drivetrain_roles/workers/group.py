@@ -90,6 +90,11 @@ class RayWorkerGroup:
         """Number of workers."""
         return len(self._actors)
 
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, in rank order (empty after :meth:`shutdown`)."""
+        return list(self._actors)
+
     def _setup(self, world_size: int) -> list[WorkerTopology]:
         local = len(self._ray.nodes()) == 1
         master = self._wait(
@@ -127,7 +132,12 @@ class RayWorkerGroup:
                 try:
                     results[rank_of[ref]] = self._ray.get(ref)
                 except Exception as e:
-                    raise WorkerGroupError(f"{what} failed on rank {rank_of[ref]}: {e}") from e
+                    # A task error wraps the worker's own exception; name that, not Ray's remote traceback.
+                    cause = getattr(e, "cause", None)
+                    detail = (
+                        f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(e)
+                    )
+                    raise WorkerGroupError(f"{what} failed on rank {rank_of[ref]}: {detail}") from e
         return [results[rank] for rank in ranks]
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
@@ -170,7 +180,7 @@ class RayWorkerGroup:
         if not actors:
             return
         closing = [actor.close.remote() for actor in actors]
-        self._ray.wait(closing, num_returns=len(closing), timeout=min(self.timeout_s, 10.0))
+        self._ray.wait(closing, num_returns=len(closing), timeout=min(self.timeout_s, 5.0))
         for actor in actors:
             self._ray.kill(actor)
 
