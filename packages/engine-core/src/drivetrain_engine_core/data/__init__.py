@@ -1,7 +1,7 @@
 """The no-padding batch format and its transforms: building, padding conversions, response views, packing,
 micro-batching and data-parallel sharding (ARCHITECTURE §4)."""
 
-from .batch import LOSS_MASK_DTYPE, TOKEN_FIELDS, make_batch, sequence_lengths, validate_batch
+from .batch import LOSS_MASK_DTYPE, TOKEN_FIELDS, make_batch, move_batch, sequence_lengths, validate_batch
 from .dp import shard_data, shard_indices, unshard_data
 from .micro_batch import (
     MicroBatches,
@@ -21,6 +21,7 @@ from .packing import (
 from .padding import nopad_to_padded, padded_to_nopad
 from .partition import estimate_workload, karmarkar_karp
 from .response import response_to_padded, response_view
+from .rows import select_rows, slice_rows
 from .tokens import global_token_count, local_token_count
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "local_token_count",
     "make_batch",
     "micro_batch_count",
+    "move_batch",
     "next_token_labels",
     "nopad_to_padded",
     "pack_micro_batch",
@@ -44,11 +46,13 @@ __all__ = [
     "read_forward_options",
     "response_to_padded",
     "response_view",
+    "select_rows",
     "sequence_lengths",
     "set_forward_options",
     "shard_data",
     "shard_indices",
     "shift_right_per_sequence",
+    "slice_rows",
     "split_micro_batches",
     "strip_forward_options",
     "unpack_to_jagged",

@@ -125,6 +125,57 @@ def make_batch(
     return batch
 
 
+def move_batch(batch: TensorDict, device: str | torch.device, *, non_blocking: bool = False) -> TensorDict:
+    """``batch`` on ``device``, every jagged field rebuilt on ONE moved copy of ``input_ids``' offsets.
+
+    ``batch.to(device)`` copies each jagged field's offsets separately, so the moved fields stop sharing an
+    offsets tensor (and lose it entirely when tensordict rebuilds them, e.g. from consolidated storage).
+    A batch already on ``device`` whose jagged fields already share offsets is returned as is.
+
+    Args:
+        batch: a batch in the no-padding format.
+        device: the target device (``"cuda"`` means the current CUDA device).
+        non_blocking: passed to every copy (useful from pinned host memory).
+    """
+    target = _resolved(torch.device(device))
+    offsets = batch.get(INPUT_IDS).offsets()
+    if _already_on(batch, target, offsets):
+        return batch
+    lengths = offsets.diff()
+    bounds = (
+        {}
+        if offsets.device.type != "cpu"
+        else {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())}
+    )
+    moved_offsets = offsets.to(target, non_blocking=non_blocking)
+    out = {}
+    for key in field_names(batch):
+        value = batch.get(key)
+        if is_jagged(value):
+            values = value.values().to(target, non_blocking=non_blocking)
+            out[key] = torch.nested.nested_tensor_from_jagged(values, offsets=moved_offsets, **bounds)
+        else:
+            out[key] = value.to(target, non_blocking=non_blocking)
+    return TensorDict(out, batch_size=batch.batch_size, device=target)
+
+
+def _resolved(device: torch.device) -> torch.device:
+    """``device`` with its index filled in for indexed device types (``cuda`` -> ``cuda:<current>``)."""
+    if device.index is not None or device.type in ("cpu", "meta"):
+        return device
+    return torch.empty(0, device=device).device
+
+
+def _already_on(batch: TensorDict, device: torch.device, offsets: Tensor) -> bool:
+    for key in field_names(batch):
+        value = batch.get(key)
+        if not isinstance(value, torch.Tensor) or value.device != device:
+            return False
+        if is_jagged(value) and value.offsets() is not offsets:
+            return False
+    return True
+
+
 def sequence_lengths(batch: TensorDict) -> Tensor:
     """Tokens of each sequence (int64, shape ``(n,)``), from ``input_ids``' offsets."""
     return batch[INPUT_IDS].offsets().diff()
@@ -195,6 +246,11 @@ def _check_token_field(key: str, value: Tensor, offsets: Tensor) -> None:
         raise BatchError(
             f"per-token field {key!r} must be a jagged nested tensor (layout=torch.jagged), got "
             f"{_describe(value)}; build it with make_batch or nested_tensor_from_jagged(values, offsets)."
+        )
+    if value.lengths() is not None:
+        raise BatchError(
+            f"per-token field {key!r} is a jagged tensor with holes (lengths set); build it from contiguous "
+            "values with nested_tensor_from_jagged(values, offsets)."
         )
     if value._ragged_idx != 1:
         raise BatchError(

@@ -17,6 +17,7 @@ from ..errors import BatchError
 from .batch import sequence_lengths
 from .micro_batch import MicroBatches
 from .partition import estimate_workload, karmarkar_karp
+from .rows import select_rows
 
 
 def shard_indices(batch: TensorDict, dp_size: int, balance: bool = True) -> list[Tensor]:
@@ -51,7 +52,7 @@ def shard_data(batch: TensorDict, dp_rank: int, dp_size: int, *, balance: bool =
     if not 0 <= dp_rank < dp_size:
         raise BatchError(f"shard_data: dp_rank={dp_rank} is outside [0, {dp_size}).")
     index = shard_indices(batch, dp_size, balance)[dp_rank]
-    return batch[index if batch.device is None else index.to(batch.device)]
+    return select_rows(batch, index)
 
 
 def unshard_data(shards: Sequence[TensorDict], indices: Sequence[Tensor]) -> TensorDict:

@@ -24,9 +24,11 @@ from .. import distributed as dist_utils
 from ..config import MicroBatchConfig
 from ..distributed import ProcessGroup
 from ..errors import BatchError
-from .batch import INPUT_IDS, jagged, sequence_lengths, token_keys
+from .batch import INPUT_IDS, sequence_lengths
 from .cap_repair import repair_to_cap
+from .merge import is_identity, merge_outputs
 from .partition import estimate_workload, karmarkar_karp
+from .rows import select_groups
 
 EXTRA_COUNTS_TRIED = 4
 """How many counts above the token lower bound are tried for a balanced partition before bin packing."""
@@ -37,7 +39,8 @@ class MicroBatches:
     """Micro-batches of one batch and where their sequences came from.
 
     Attributes:
-        batches: the micro-batches, each a TensorDict in the batch format.
+        batches: the micro-batches, each a TensorDict in the batch format (views of the batch's token data
+            when they are contiguous ranges of it, the batch itself when one micro-batch covers it).
         indices: for each micro-batch, the original positions (int64) of its sequences, in its order.
         offsets: ``input_ids`` offsets of the original batch; restored per-token outputs are rebuilt on this
             very tensor so they combine with the original batch's fields (``log_probs * loss_mask``).
@@ -49,6 +52,8 @@ class MicroBatches:
 
     def restore(self, outputs: Sequence[TensorDict]) -> TensorDict:
         """Concatenate per-micro-batch outputs and reorder them into the original sequence order.
+
+        Outputs that already are the whole batch in order (one micro-batch) are returned without copying.
 
         Args:
             outputs: one TensorDict per micro-batch with ``batch_size=[len(indices[i])]``; per-token fields
@@ -65,30 +70,8 @@ class MicroBatches:
                     f"restore: output {i} has batch_size {list(out.batch_size)}, its micro-batch has "
                     f"{len(idx)} sequences; return one row per sequence."
                 )
-        order = torch.cat(self.indices)
-        merged = outputs[0] if len(outputs) == 1 else torch.cat(list(outputs))
-        inverse = torch.argsort(order)
-        restored = merged[inverse if merged.device is None else inverse.to(merged.device)]
-        return restored if self.offsets is None else _rebase(restored, self.offsets)
-
-
-def _rebase(batch: TensorDict, offsets: Tensor) -> TensorDict:
-    """Rebuild every jagged field of ``batch`` on ``offsets`` (same lengths required).
-
-    Outputs on another device than the batch share one copy of ``offsets`` per device.
-    """
-    on_device = {offsets.device: offsets}
-    for key in token_keys(batch):
-        value = batch.get(key)
-        device = value.values().device
-        target = on_device.setdefault(device, offsets.to(device))
-        if not torch.equal(value.offsets(), target):
-            raise BatchError(
-                f"restore: per-token output {key!r} has sequence lengths {value.offsets().diff().tolist()}, the "
-                f"batch has {offsets.diff().tolist()}; per-token outputs need one value per input token."
-            )
-        batch.set(key, jagged(value.values(), target))
-    return batch
+        order = self.indices[0] if len(self.indices) == 1 else torch.cat(self.indices)
+        return merge_outputs(outputs, order, self.offsets)
 
 
 def split_micro_batches(
@@ -119,9 +102,17 @@ def split_micro_batches(
     else:
         count = int(dist_utils.all_reduce_max(math.ceil(n / config.micro_batch_size), dp_group))
         indices = fixed_indices(n, config.micro_batch_size, count)
-    offsets = batch[INPUT_IDS].offsets()
-    batches = [batch[idx.to(offsets.device)] for idx in indices]
-    return MicroBatches(batches=batches, indices=indices, offsets=offsets)
+    return MicroBatches(
+        batches=cut_batch(batch, indices), indices=indices, offsets=batch[INPUT_IDS].offsets()
+    )
+
+
+def cut_batch(batch: TensorDict, indices: Sequence[Tensor]) -> list[TensorDict]:
+    """The micro-batches ``indices`` of ``batch``: the batch itself if one covers it in order, views for
+    contiguous ranges, copies otherwise (every micro-batch's jagged fields share one offsets tensor)."""
+    if len(indices) == 1 and is_identity(indices[0]):
+        return [batch]
+    return select_groups(batch, indices)
 
 
 def fixed_indices(n: int, micro_batch_size: int, count: int) -> list[Tensor]:
