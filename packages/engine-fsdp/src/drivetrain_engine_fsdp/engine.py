@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.data.batch import move_batch
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
@@ -113,7 +114,7 @@ class FSDPEngine(Engine):
         options: ForwardOptions,
         context: LossContext,
     ) -> MicroBatchResult:
-        micro_batch = _on_device(micro_batch, self.engine_config.device)
+        micro_batch = move_batch(micro_batch, self.engine_config.device)
         layout = self._layout
         inputs = prepare_model_inputs(
             micro_batch,
@@ -222,10 +223,3 @@ class FSDPEngine(Engine):
             "ulysses_sequence_parallel_size": self._layout.sp_size,
             "param_dtype": self.engine_config.param_dtype,
         }
-
-
-def _on_device(micro_batch: TensorDict, device: str) -> TensorDict:
-    """``micro_batch`` on ``device``; untouched when already there, so its jagged fields keep sharing offsets."""
-    if micro_batch["input_ids"].device.type == torch.device(device).type:
-        return micro_batch
-    return micro_batch.to(device)
