@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.data.batch import move_batch
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
 from megatron.core import parallel_state as mpu
@@ -98,6 +99,9 @@ def _forward_step(
     results: list[MicroBatchResult],
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict]]]:
     index, micro_batch = next(data_iterator)
+    # On the device before packing: outputs are then unpacked on the micro-batch's own offsets, and the loss
+    # combines them with its fields (one offsets tensor, one device).
+    micro_batch = move_batch(micro_batch, spec.device)
     inputs = prepare_model_inputs(micro_batch, remove_padding=spec.remove_padding, device=spec.device)
     output = model(**inputs.model_kwargs())
     micro_context = dataclasses.replace(context, micro_batch_index=index)
