@@ -7,10 +7,8 @@ Algorithm code (the roles) uses only the public methods.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,14 +21,15 @@ from tensordict import TensorDict
 from . import distributed as dist_utils
 from .checkpoint import (
     Manifest,
+    prepare_temporary_step_dir,
     prune_old_steps,
     publish_step,
     read_manifest,
     resolve_step_dir,
     temporary_step_dir,
-    verify_files,
     write_manifest,
 )
+from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import validate_batch
 from .data.micro_batch import split_micro_batches
@@ -296,15 +295,15 @@ class Engine(ABC):
             The published step directory.
         """
         self._require_initialized("save_checkpoint()")
-        _require_json("extra_state", extra_state)
+        require_json("extra_state", extra_state)
         root = Path(path)
         temporary = temporary_step_dir(root, global_step)
         is_writer = dist_utils.rank() == 0
         if is_writer:
-            _fresh_directory(temporary)
+            prepare_temporary_step_dir(temporary)
         dist_utils.barrier()
         self._save_checkpoint(temporary, save_optimizer=self.checkpoint_config.save_optimizer)
-        self._save_extra(temporary / "extra", extra_state or {})
+        save_extra_state(temporary / "extra", self._extra_state(extra_state or {}))
         dist_utils.barrier()
         final = root / f"global_step_{global_step}"
         if is_writer:
@@ -338,25 +337,16 @@ class Engine(ABC):
                 "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
             )
         if verify:
-            self._verify_on_rank_zero(step_dir, manifest)
+            verify_on_rank_zero(step_dir, manifest)
         with self._loaded():
             self._load_checkpoint(
                 step_dir, load_optimizer=load_optimizer and self.optimizer_config is not None
             )
-        return {"global_step": manifest.global_step, **self._load_extra(step_dir / "extra")}
-
-    @staticmethod
-    def _verify_on_rank_zero(step_dir: Path, manifest: Manifest) -> None:
-        """Rank 0 checks the files; every rank raises its verdict, so no rank waits for one that failed."""
-        problem = None
-        if dist_utils.rank() == 0:
-            try:
-                verify_files(step_dir, manifest)
-            except CheckpointError as e:
-                problem = str(e)
-        verdict = dist_utils.broadcast_object(problem)
-        if isinstance(verdict, str):
-            raise CheckpointError(verdict)
+        state = load_extra_state(step_dir / "extra")
+        if self._lr_schedule is not None and "lr_schedule" in state:
+            self._lr_schedule.load_state_dict(state["lr_schedule"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        return {"global_step": manifest.global_step, **state["extra_state"]}
 
     def _manifest(self, global_step: int) -> Manifest:
         lora = self.model_config.lora
@@ -370,24 +360,12 @@ class Engine(ABC):
             backend_info=self._checkpoint_backend_info(),
         )
 
-    def _save_extra(self, extra_dir: Path, extra_state: dict[str, Any]) -> None:
-        extra_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(_rng_state(), extra_dir / f"rng_rank{dist_utils.rank()}.pt")
-        if dist_utils.rank() == 0:
-            state = {"extra_state": extra_state, "skipped_steps": self.skipped_steps}
-            if self._lr_schedule is not None:
-                state["lr_schedule"] = self._lr_schedule.state_dict()
-            (extra_dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-
-    def _load_extra(self, extra_dir: Path) -> dict[str, Any]:
-        state = json.loads((extra_dir / "state.json").read_text())
-        if self._lr_schedule is not None and "lr_schedule" in state:
-            self._lr_schedule.load_state_dict(state["lr_schedule"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        rng_file = extra_dir / f"rng_rank{dist_utils.rank()}.pt"
-        if rng_file.is_file():
-            _set_rng_state(torch.load(rng_file, weights_only=True))
-        return dict(state["extra_state"])
+    def _extra_state(self, caller_state: dict[str, Any]) -> dict[str, Any]:
+        """What core saves beside the backend's state: caller state, skipped steps, LR schedule."""
+        state: dict[str, Any] = {"extra_state": caller_state, "skipped_steps": self.skipped_steps}
+        if self._lr_schedule is not None:
+            state["lr_schedule"] = self._lr_schedule.state_dict()
+        return state
 
     @contextmanager
     def _loaded(self) -> Iterator[None]:
@@ -535,36 +513,3 @@ class Engine(ABC):
             local = sum(float(r.loss) for r in results if r.loss is not None)
             loss = dist_utils.all_reduce_sum(local, self.data_parallel_group)
         return ForwardBackwardOutput(outputs=outputs, loss=loss, metrics=metrics)
-
-
-def _require_json(name: str, value: Any) -> None:
-    """Fail on every rank before any collective, rather than on rank 0 alone while the others wait."""
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"save_checkpoint: {name} must be JSON-serialisable (numbers, strings, lists, dicts): {e}"
-        ) from e
-
-
-def _fresh_directory(path: Path) -> None:
-    import shutil
-
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1])}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, _, gauss = random.getstate()
-    random.setstate((version, tuple(state["python"]), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])

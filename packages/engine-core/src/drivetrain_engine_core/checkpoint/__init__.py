@@ -3,6 +3,7 @@
 from .layout import (
     LATEST_FILE,
     complete_steps,
+    prepare_temporary_step_dir,
     prune_old_steps,
     publish_step,
     resolve_step_dir,
@@ -21,6 +22,7 @@ __all__ = [
     "DCPTensorReader",
     "Manifest",
     "complete_steps",
+    "prepare_temporary_step_dir",
     "prune_old_steps",
     "publish_step",
     "read_manifest",

@@ -28,6 +28,13 @@ def temporary_step_dir(root: Path, global_step: int) -> Path:
     return root / f".tmp-{step_dir_name(global_step)}"
 
 
+def prepare_temporary_step_dir(temporary: Path) -> None:
+    """Create an empty temporary step directory, removing what an interrupted save left there."""
+    if temporary.exists():
+        shutil.rmtree(temporary)
+    temporary.mkdir(parents=True)
+
+
 def complete_steps(root: Path) -> list[tuple[int, Path]]:
     """``(global_step, path)`` of every step directory under ``root`` that has a manifest, oldest first."""
     steps = []
