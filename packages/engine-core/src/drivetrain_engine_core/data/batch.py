@@ -13,12 +13,14 @@ other operand) or index with it, and a bool can never hold a fractional weight b
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch import Tensor
 
 from ..errors import BatchError
+from .jagged import has_holes, offsets_of, ragged_dim_of
 
 INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
@@ -138,11 +140,11 @@ def move_batch(batch: TensorDict, device: str | torch.device, *, non_blocking: b
         non_blocking: passed to every copy (useful from pinned host memory).
     """
     target = _resolved(torch.device(device))
-    offsets = batch.get(INPUT_IDS).offsets()
+    offsets = offsets_of(batch.get(INPUT_IDS))
     if _already_on(batch, target, offsets):
         return batch
     lengths = offsets.diff()
-    bounds = (
+    bounds: dict[str, Any] = (
         {}
         if offsets.device.type != "cpu"
         else {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())}
@@ -171,14 +173,14 @@ def _already_on(batch: TensorDict, device: torch.device, offsets: Tensor) -> boo
         value = batch.get(key)
         if not isinstance(value, torch.Tensor) or value.device != device:
             return False
-        if is_jagged(value) and value.offsets() is not offsets:
+        if is_jagged(value) and offsets_of(value) is not offsets:
             return False
     return True
 
 
 def sequence_lengths(batch: TensorDict) -> Tensor:
     """Tokens of each sequence (int64, shape ``(n,)``), from ``input_ids``' offsets."""
-    return batch[INPUT_IDS].offsets().diff()
+    return offsets_of(batch[INPUT_IDS]).diff()
 
 
 def is_jagged(value: object) -> bool:
@@ -193,7 +195,7 @@ def token_keys(batch: TensorDict) -> list[str]:
 
 def field_names(batch: TensorDict) -> list[str]:
     """Top-level keys of ``batch`` (iterating a TensorDict walks its rows, not its keys)."""
-    return list(batch.keys())
+    return list(map(str, batch.keys()))
 
 
 def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSITION_IDS)) -> None:
@@ -219,7 +221,7 @@ def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSI
     if missing:
         raise BatchError(f"batch is missing field {missing[0]!r}; it has {sorted(present)}.")
     _check_input_ids(batch[INPUT_IDS])
-    offsets = batch[INPUT_IDS].offsets()
+    offsets = offsets_of(batch[INPUT_IDS])
     n = batch.batch_size[0]
     for key in present:
         value = batch.get(key)
@@ -233,8 +235,8 @@ def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSI
             )
 
 
-def _check_input_ids(ids: object) -> None:
-    if not is_jagged(ids) or ids._ragged_idx != 1 or ids.dim() != 2:
+def _check_input_ids(ids: Any) -> None:
+    if not is_jagged(ids) or ragged_dim_of(ids) != 1 or ids.dim() != 2:
         raise BatchError(
             f"field 'input_ids' must be a jagged nested tensor of shape (n, j) with ragged dim 1, got "
             f"{_describe(ids)}; build batches with make_batch or padded_to_nopad."
@@ -247,19 +249,19 @@ def _check_token_field(key: str, value: Tensor, offsets: Tensor) -> None:
             f"per-token field {key!r} must be a jagged nested tensor (layout=torch.jagged), got "
             f"{_describe(value)}; build it with make_batch or nested_tensor_from_jagged(values, offsets)."
         )
-    if value.lengths() is not None:
+    if has_holes(value):
         raise BatchError(
             f"per-token field {key!r} is a jagged tensor with holes (lengths set); build it from contiguous "
             "values with nested_tensor_from_jagged(values, offsets)."
         )
-    if value._ragged_idx != 1:
+    if ragged_dim_of(value) != 1:
         raise BatchError(
-            f"per-token field {key!r} has its ragged dim at {value._ragged_idx}, it must be dim 1 "
+            f"per-token field {key!r} has its ragged dim at {ragged_dim_of(value)}, it must be dim 1 "
             "(shape (n, j, extra...)); put extra per-token dims last."
         )
-    if value.offsets() is not offsets and not torch.equal(value.offsets(), offsets):
+    if offsets_of(value) is not offsets and not torch.equal(offsets_of(value), offsets):
         raise BatchError(
-            f"per-token field {key!r} has sequence lengths {value.offsets().diff().tolist()} but input_ids has "
+            f"per-token field {key!r} has sequence lengths {offsets_of(value).diff().tolist()} but input_ids has "
             f"{offsets.diff().tolist()}; per-token fields need one value per token."
         )
     _check_dtype(key, value.dtype)

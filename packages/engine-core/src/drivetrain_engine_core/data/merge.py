@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from ..errors import BatchError
 from .batch import field_names, is_jagged
+from .jagged import offsets_of
 from .rows import cumulative, gather_sequences, seqlen_bounds
 
 
@@ -37,7 +39,7 @@ class _Target:
 
     offsets: Tensor
     stacked_lengths: Tensor
-    seqlens: dict[str, int]
+    seqlens: dict[str, Any]
 
     def to(self, device: torch.device) -> _Target:
         return _Target(
@@ -89,7 +91,7 @@ def _merge_jagged(
     offsets: Tensor | None,
     targets: dict[torch.device, _Target],
 ) -> Tensor:
-    part_lengths = [part.offsets().diff() for part in parts]
+    part_lengths = [offsets_of(part).diff() for part in parts]
     stacked = part_lengths[0] if len(parts) == 1 else torch.cat(part_lengths)
     device = stacked.device
     if device not in targets:
@@ -100,7 +102,7 @@ def _merge_jagged(
             f"restore: per-token output {key!r} has sequence lengths {stacked.tolist()} (micro-batch order), the "
             f"batch has {target.stacked_lengths.tolist()}; per-token outputs need one value per input token."
         )
-    if inverse is None and len(parts) == 1 and parts[0].offsets() is target.offsets:
+    if inverse is None and len(parts) == 1 and offsets_of(parts[0]) is target.offsets:
         return parts[0]
     order_list = None if inverse is None else inverse.tolist()
     lists = [lens.tolist() for lens in part_lengths] if order_list is not None else []

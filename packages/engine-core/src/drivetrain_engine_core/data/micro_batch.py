@@ -26,6 +26,7 @@ from ..distributed import ProcessGroup
 from ..errors import BatchError
 from .batch import INPUT_IDS, sequence_lengths
 from .cap_repair import repair_to_cap
+from .jagged import offsets_of
 from .merge import is_identity, merge_outputs
 from .partition import estimate_workload, karmarkar_karp
 from .rows import select_groups
@@ -93,17 +94,19 @@ def split_micro_batches(
     """
     n = batch.batch_size[0]
     lengths = sequence_lengths(batch)
-    if config.dynamic:
+    if config.max_tokens is not None:
         local_count, groups = plan_micro_batches(lengths, config.max_tokens)
         count = int(dist_utils.all_reduce_max(local_count, dp_group))
         if count != local_count:
             groups = partition_micro_batches(lengths, config.max_tokens, count)
         indices = [torch.tensor(g, dtype=torch.int64) for g in groups]
     else:
-        count = int(dist_utils.all_reduce_max(math.ceil(n / config.micro_batch_size), dp_group))
-        indices = fixed_indices(n, config.micro_batch_size, count)
+        size = config.micro_batch_size
+        assert size is not None  # MicroBatchConfig sets exactly one of the two limits
+        count = int(dist_utils.all_reduce_max(math.ceil(n / size), dp_group))
+        indices = fixed_indices(n, size, count)
     return MicroBatches(
-        batches=cut_batch(batch, indices), indices=indices, offsets=batch[INPUT_IDS].offsets()
+        batches=cut_batch(batch, indices), indices=indices, offsets=offsets_of(batch[INPUT_IDS])
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tensordict import TensorDict
 
 from ..errors import BatchError
+from .batch import field_names
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -36,7 +37,7 @@ OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Forward
 
 
 def _non_tensor_keys(batch: TensorDict) -> list[str]:
-    keys = list(batch.keys())  # iterating a TensorDict walks its rows, not its keys
+    keys = field_names(batch)
     return [key for key in keys if not _is_tensor(batch, key)]
 
 

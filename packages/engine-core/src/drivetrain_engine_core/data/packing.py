@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..errors import BatchError
 from .batch import INPUT_IDS, POSITION_IDS, jagged
+from .jagged import offsets_of
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class PackedRow:
 def pack_micro_batch(batch: TensorDict) -> PackedRow:
     """Concatenate the sequences of ``batch`` into one :class:`PackedRow` (no copy of token data)."""
     ids = batch[INPUT_IDS]
-    offsets = ids.offsets()
+    offsets = offsets_of(ids)
     return PackedRow(
         input_ids=ids.values().unsqueeze(0),
         position_ids=batch[POSITION_IDS].values().unsqueeze(0),

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..errors import BatchError
 from .batch import INPUT_IDS, LOSS_MASK, LOSS_MASK_DTYPE, POSITION_IDS, jagged, token_keys, validate_batch
+from .jagged import offsets_of
 
 ATTENTION_MASK = "attention_mask"
 RESPONSE_MASK = "response_mask"
@@ -96,7 +97,7 @@ def nopad_to_padded(
         BatchError: a prompt or response does not fit its width, or a prompt is longer than its sequence.
     """
     validate_batch(batch)
-    offsets = batch[INPUT_IDS].offsets()
+    offsets = offsets_of(batch[INPUT_IDS])
     lengths = offsets.diff()
     prompt_lengths = prompt_lengths.to(torch.int64).to(offsets.device)
     response_lengths = lengths - prompt_lengths

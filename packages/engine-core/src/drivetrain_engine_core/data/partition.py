@@ -117,7 +117,8 @@ def _differencing(leaves: list[list[int]], weights: list[float], k: int) -> list
 
 def _resolve(leaves: list[list[int]], merges: list[tuple], k: int) -> list[list[int]]:
     """Walk the merges from the root down to give every bucket of every state its final partition."""
-    labels: list[tuple[int, ...] | None] = [None] * (len(leaves) + len(merges))
+    # Every state is labelled before it is read: states are visited from the root (the last merge) down.
+    labels: list[tuple[int, ...]] = [()] * (len(leaves) + len(merges))
     labels[-1] = tuple(range(k))
     for offset in range(len(merges) - 1, -1, -1):
         node_a, node_b, order = merges[offset]

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..errors import BatchError
 from .batch import is_jagged, jagged
+from .jagged import offsets_of, ragged_dim_of
 
 
 def _response_index(offsets: Tensor, response_lengths: Tensor) -> tuple[Tensor, Tensor]:
@@ -43,9 +44,9 @@ def response_view(values: Tensor, response_lengths: Tensor) -> Tensor:
     Raises:
         BatchError: ``values`` is not jagged or a response length exceeds its sequence.
     """
-    if not is_jagged(values) or values._ragged_idx != 1:
+    if not is_jagged(values) or ragged_dim_of(values) != 1:
         raise BatchError("response_view: values must be a jagged nested tensor with ragged dim 1.")
-    index, offsets = _response_index(values.offsets(), response_lengths)
+    index, offsets = _response_index(offsets_of(values), response_lengths)
     return jagged(values.values()[index], offsets)
 
 
@@ -64,7 +65,7 @@ def response_to_padded(
         )
     view = response_view(values, response_lengths)
     flat = view.values()
-    offsets = view.offsets()
+    offsets = offsets_of(view)
     n = len(offsets) - 1
     row = torch.repeat_interleave(torch.arange(n, device=flat.device), offsets.diff())
     col = torch.arange(len(flat), device=flat.device) - offsets[:-1][row]

@@ -13,12 +13,14 @@ supported, as ``validate_batch`` rejects them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch import Tensor
 
 from .batch import INPUT_IDS, field_names, is_jagged
+from .jagged import offsets_of
 
 
 def cumulative(lengths: Tensor) -> Tensor:
@@ -28,7 +30,7 @@ def cumulative(lengths: Tensor) -> Tensor:
     return offsets
 
 
-def seqlen_bounds(lengths: Tensor) -> dict[str, int]:
+def seqlen_bounds(lengths: Tensor) -> dict[str, Any]:
     """``min_seqlen``/``max_seqlen`` keyword arguments of ``nested_tensor_from_jagged`` for ``lengths``.
 
     Setting them up front spares a later device synchronisation when attention asks for ``max_seqlen``.
@@ -57,7 +59,7 @@ def select_groups(batch: TensorDict, groups: Sequence[Tensor]) -> list[TensorDic
             selected.append(slice_rows(batch, start, start + len(rows)))
             continue
         if not lengths:
-            lengths = batch.get(INPUT_IDS).offsets().diff().tolist()
+            lengths = offsets_of(batch.get(INPUT_IDS)).diff().tolist()
         selected.append(_gather_rows(batch, rows, lengths, pieces))
     return selected
 
@@ -87,7 +89,7 @@ def _gather_rows(
 
 def slice_rows(batch: TensorDict, start: int, stop: int) -> TensorDict:
     """The sequences ``start:stop`` of ``batch`` as views (no token data copied), jagged fields on one offsets."""
-    bounds = batch.get(INPUT_IDS).offsets()[start : stop + 1]
+    bounds = offsets_of(batch.get(INPUT_IDS))[start : stop + 1]
     begin, end = int(bounds[0]), int(bounds[-1])
     offsets, seqlens = bounds - begin, seqlen_bounds(bounds.diff())
     out = {}
