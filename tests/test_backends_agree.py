@@ -1,4 +1,5 @@
-"""Megatron and FSDP engines on the same batches give the same losses and grad norms (single process)."""
+"""Cross-backend agreement: Megatron and FSDP engines, built through the plugin factory by name, give the
+same losses and grad norms on the same batches (single process)."""
 
 from __future__ import annotations
 
