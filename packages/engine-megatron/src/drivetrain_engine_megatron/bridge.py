@@ -142,7 +142,8 @@ def build_model_chunks(bridge: Bridge, vpp_size: int | None) -> list[torch.nn.Mo
             post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage,
         )
-        chunk.vp_stage = vp_stage
+        # torch types Module.__setattr__ values as Tensor | Module, but plain attributes are allowed.
+        chunk.vp_stage = vp_stage  # type: ignore[assignment]
         chunks.append(chunk)
     return chunks
 

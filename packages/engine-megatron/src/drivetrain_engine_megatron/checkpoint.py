@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from megatron.core import dist_checkpointing
 from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.transformer.module import MegatronModule
 
 from .config import MegatronEngineConfig
 from .model import BuiltModel
@@ -26,7 +27,17 @@ _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 def _model_sharded_state_dict(model: BuiltModel) -> dict[str, Any]:
     """Every chunk's sharded state dict under ``model<i>`` (keys inside are global, chunk-independent)."""
-    return {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(model.unwrapped)}
+    return {f"model{i}": _chunk_sharded_state_dict(chunk) for i, chunk in enumerate(model.unwrapped)}
+
+
+def _chunk_sharded_state_dict(chunk: torch.nn.Module) -> dict[str, Any]:
+    """One unwrapped chunk's sharded state dict; only megatron modules know how to shard themselves."""
+    if not isinstance(chunk, MegatronModule):
+        raise TypeError(
+            f"dist_checkpointing needs megatron modules, got a {type(chunk).__name__} chunk; build the model "
+            "with build_model() so every chunk is a GPTModel."
+        )
+    return chunk.sharded_state_dict()
 
 
 def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: MegatronOptimizer | None) -> None:

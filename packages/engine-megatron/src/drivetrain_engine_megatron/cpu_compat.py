@@ -85,8 +85,9 @@ def _stub_torch_cuda() -> None:
     torch.cuda.current_device = lambda: 0
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.empty_cache = lambda: None
-    torch.cuda.current_stream = lambda *args, **kwargs: _InertStream()
-    torch.cuda.default_stream = lambda *args, **kwargs: _InertStream()
+    # The shim deliberately returns a stand-in, not a torch.cuda.Stream (one cannot be built without CUDA).
+    torch.cuda.current_stream = lambda *args, **kwargs: _InertStream()  # type: ignore[assignment]
+    torch.cuda.default_stream = lambda *args, **kwargs: _InertStream()  # type: ignore[assignment]
     torch.cuda.Stream = _InertStream  # type: ignore[misc, assignment]
     torch.cuda.Event = _InertStream  # type: ignore[misc, assignment]
     torch.cuda.stream = _null_stream  # type: ignore[assignment]

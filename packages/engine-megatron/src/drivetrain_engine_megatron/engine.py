@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from drivetrain_engine_core.config import ConfigError
@@ -25,6 +25,12 @@ from tensordict import TensorDict
 from . import parallel_state
 from .config import MegatronEngineConfig
 from .cpu_compat import apply_cpu_compat, cpu_compat_needed, seed_cpu_rng_tracker
+
+if TYPE_CHECKING:
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
+
+    from .model import BuiltModel
 
 
 class MegatronEngine(Engine):
@@ -42,6 +48,8 @@ class MegatronEngine(Engine):
     gradients_averaged_over_data_parallel: ClassVar[bool] = False
 
     engine_config: MegatronEngineConfig
+    _model: BuiltModel
+    _optimizer: MegatronOptimizer | None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -157,22 +165,43 @@ class MegatronEngine(Engine):
     # ------------------------------------------------------------------ optimizer
 
     def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
-        return self._optimizer.param_groups
+        return self._built_optimizer().param_groups
 
     def _optimizer_zero_grad(self) -> None:
-        for chunk in self._model.chunks:
+        for chunk in self._ddp_chunks():
             chunk.zero_grad_buffer()
-        self._optimizer.zero_grad()
+        self._built_optimizer().zero_grad()
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
         from .optim import clip_grad_norm
 
-        return clip_grad_norm(self._optimizer, max_norm)
+        return clip_grad_norm(self._built_optimizer(), max_norm)
 
     def _optimizer_step(self) -> None:
         from .optim import step
 
-        step(self._optimizer)
+        step(self._built_optimizer())
+
+    def _built_optimizer(self) -> MegatronOptimizer:
+        """The optimizer; the core calls optimizer hooks only on engines built with an ``optimizer_config``."""
+        if self._optimizer is None:
+            raise EngineStateError(
+                "this megatron engine has no optimizer (optimizer_config=None); build it with an "
+                "optimizer_config to train."
+            )
+        return self._optimizer
+
+    def _ddp_chunks(self) -> list[DistributedDataParallel]:
+        """The DDP-wrapped chunks, which own the gradient buffers (chunks are wrapped when the engine trains)."""
+        from megatron.core.distributed import DistributedDataParallel
+
+        chunks = [chunk for chunk in self._model.chunks if isinstance(chunk, DistributedDataParallel)]
+        if len(chunks) != len(self._model.chunks):
+            raise EngineStateError(
+                "the megatron model chunks are not DDP-wrapped (inference-only engine); build the engine with "
+                "an optimizer_config to train."
+            )
+        return chunks
 
     # ------------------------------------------------------------------ placement, adapters, export
 

@@ -128,7 +128,8 @@ def _loss_step(
     else:
         model_output = language_model_outputs(output, inputs, options, spec.vocab_size)
     loss_to_backward = output.sum() * 0.0
-    reported, metrics = None, {}
+    reported: torch.Tensor | None = None
+    metrics: dict[str, float] = {}
     if loss_fn is not None:
         loss_to_backward, reported, metrics = spec.compute_loss(loss_fn, model_output, micro_batch, context)
     results.append(MicroBatchResult(outputs=model_output.detach(), loss=reported, metrics=metrics))
@@ -143,11 +144,16 @@ def _share_from_last_stage(results: list[MicroBatchResult], count: int) -> list[
     summary = (
         [(r.loss, r.metrics) for r in results] if mpu.is_pipeline_last_stage(ignore_virtual=True) else None
     )
-    summary = dist_utils.broadcast_object(
+    shared = dist_utils.broadcast_object(
         summary,
         src=mpu.get_pipeline_model_parallel_last_rank(),
         group=mpu.get_pipeline_model_parallel_group(),
     )
     if mpu.is_pipeline_last_stage(ignore_virtual=True):
         return results
-    return [MicroBatchResult(outputs=None, loss=loss, metrics=metrics) for loss, metrics in summary][:count]
+    if not isinstance(shared, list):
+        raise RuntimeError(
+            f"expected the last pipeline stage's list of (loss, metrics) per micro-batch, got "
+            f"{type(shared).__name__}; every pipeline rank must run the same schedule."
+        )
+    return [MicroBatchResult(outputs=None, loss=loss, metrics=metrics) for loss, metrics in shared][:count]
