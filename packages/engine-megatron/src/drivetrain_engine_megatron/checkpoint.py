@@ -127,7 +127,8 @@ def backend_info(model: BuiltModel, config: MegatronEngineConfig) -> dict[str, A
         "padded_vocab_size": model.bridge.padded_vocab_size,
         "value_head": bool(model.bridge.value_head),
         "key_convention": (
-            "global GPTModel names (decoder.layers.<global layer>.*) with Transformer-Engine-style norm names "
+            "GPTModel names with decoder layers stacked (decoder.layers.<param>, leading layer axis over the "
+            "global layers) and Transformer-Engine-style norm names "
             "(self_attention.linear_qkv.layer_norm_weight, mlp.linear_fc1.layer_norm_weight); tensors are full "
             "(TP shards concatenated, linear_fc1 = [gate; up]); map to HF with the mbridge bridge of hf_model_type: "
             "_weight_name_mapping_mcore_to_hf + _weight_to_hf_format; trim embedding/output rows to vocab_size; "
