@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import PluginError
-from .source import DIRECT_SOURCE, PluginSource, target_path, validate_target
+from .source import DIRECT_SOURCE, PluginSource, resolve_target, target_path, validate_target
 
 Key = tuple[str, ...]
 
@@ -25,6 +25,20 @@ class Registration:
     def path(self) -> str:
         """``"module:attr"`` of the target, computed without importing it."""
         return target_path(self.target)
+
+    def resolve(self, what: str, base: type | None = None) -> type:
+        """Import the target (on first use) and check that it subclasses ``base``.
+
+        Raises:
+            PluginError: the target cannot be imported, or is not a subclass of ``base``; names the plugin.
+        """
+        cls = resolve_target(self.target, what=what, source=self.source)
+        if base is not None and not issubclass(cls, base):
+            raise PluginError(
+                f"{what} {self.path}, registered by {self.source.describe()}, does not subclass "
+                f"{base.__module__}.{base.__qualname__}."
+            )
+        return cls
 
 
 class KeyedRegistry:

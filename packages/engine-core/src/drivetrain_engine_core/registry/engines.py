@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..config import MODEL_TYPES
 from ..errors import PluginError
 from .base import KeyedRegistry, Registration, duplicate_error
-from .source import resolve_target, validate_target
+from .source import validate_target
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -88,13 +88,7 @@ class EngineRegistry(KeyedRegistry):
             raise self._missing_error(model_type, backend, device)
         from ..engine import Engine  # deferred: engine imports torch, listing must not
 
-        cls = resolve_target(registration.target, what="engine", source=registration.source)
-        if not issubclass(cls, Engine):
-            raise PluginError(
-                f"engine {registration.path}, registered by {registration.source.describe()}, does not subclass "
-                "drivetrain_engine_core.engine.Engine."
-            )
-        return cls
+        return registration.resolve("engine", Engine)
 
     def config_class(self, backend: str) -> type[EngineConfig]:
         """The ``EngineConfig`` subclass of a backend, importing it if registered lazily.
@@ -107,13 +101,7 @@ class EngineRegistry(KeyedRegistry):
             raise self._missing_error(None, backend, None)
         from ..config import EngineConfig
 
-        cls = resolve_target(registration.target, what="engine config", source=registration.source)
-        if not issubclass(cls, EngineConfig):
-            raise PluginError(
-                f"engine config {registration.path}, registered by {registration.source.describe()}, does not "
-                "subclass drivetrain_engine_core.config.EngineConfig."
-            )
-        return cls
+        return registration.resolve("engine config", EngineConfig)
 
     def backends(self) -> list[str]:
         """Registered backend names, sorted."""

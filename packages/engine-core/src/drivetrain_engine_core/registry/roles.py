@@ -61,15 +61,10 @@ class NamedRegistry(KeyedRegistry):
                 f"{self._failure_hint()} "
                 f"Install the plugin that provides it, e.g. {self.install_hint}."
             )
-        cls = resolve_target(registration.target, what=self.kind, source=registration.source)
+        base = None
         if self.required_base is not None:
             base = resolve_target(self.required_base, what="base class", source=registration.source)
-            if not issubclass(cls, base):
-                raise PluginError(
-                    f"{self.kind} {registration.path}, registered by {registration.source.describe()}, does not "
-                    f"subclass {self.required_base.replace(':', '.')}."
-                )
-        return cls
+        return registration.resolve(self.kind, base)
 
 
 class RoleRegistry(NamedRegistry):
