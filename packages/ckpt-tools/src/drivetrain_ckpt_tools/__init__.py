@@ -6,8 +6,7 @@ which imports this package first, and listing plugins must not pull in torch or 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from drivetrain_engine_core.lazy import lazy_getattr
 
 _EXPORTS = {
     "MergeOptions": "merge",
@@ -20,10 +19,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

@@ -6,8 +6,7 @@ outputs, the factory) loads on first attribute access, so listing plugins never 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .config import (
     CheckpointConfig,
@@ -20,6 +19,7 @@ from .config import (
     config_from_dict,
 )
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError, PluginError
+from .lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -65,7 +65,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)

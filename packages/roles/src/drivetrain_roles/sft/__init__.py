@@ -5,8 +5,7 @@ Names are imported lazily so that registering the ``sft`` command (which imports
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from drivetrain_engine_core.lazy import lazy_getattr
 
 _EXPORTS = {
     "DataConfig": "config",
@@ -21,7 +20,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}; it exports {__all__}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
