@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -47,11 +48,18 @@ def barrier(group: ProcessGroup | None = None) -> None:
 
 def all_reduce_sum(value: float | int, group: ProcessGroup | None = None, device: str = "cpu") -> float:
     """Sum a Python number over ``group`` and return it as a float (identity without a process group)."""
+    return all_reduce_sums([value], group, device)[0]
+
+
+def all_reduce_sums(
+    values: Sequence[float | int], group: ProcessGroup | None = None, device: str = "cpu"
+) -> list[float]:
+    """Sum several Python numbers over ``group`` in one collective (identity without a process group)."""
     if not dist.is_initialized() or world_size(group) == 1:
-        return float(value)
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+        return [float(v) for v in values]
+    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    return float(tensor.item())
+    return tensor.tolist()
 
 
 def all_reduce_max(value: float | int, group: ProcessGroup | None = None, device: str = "cpu") -> float:

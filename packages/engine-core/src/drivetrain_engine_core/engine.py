@@ -34,7 +34,7 @@ from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import validate_batch
 from .data.micro_batch import split_micro_batches
 from .data.options import ForwardOptions, read_forward_options, strip_forward_options
-from .data.tokens import global_token_count
+from .data.tokens import global_counts
 from .errors import CheckpointError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
@@ -162,9 +162,10 @@ class Engine(ABC):
         batch = strip_forward_options(batch)
         validate_batch(batch, required=self._required_fields(loss_fn is not None))
         micro_batches = split_micro_batches(batch, self.engine_config.micro_batch, self.data_parallel_group)
+        tokens, sequences = global_counts(batch, self.data_parallel_group, count_tokens=loss_fn is not None)
         context = LossContext(
-            global_token_count=global_token_count(batch, self.data_parallel_group) if loss_fn else 0,
-            global_sequence_count=int(dist_utils.all_reduce_sum(len(batch), self.data_parallel_group)),
+            global_token_count=tokens,
+            global_sequence_count=sequences,
             data_parallel_size=self.data_parallel_size,
             num_micro_batches=len(micro_batches.batches),
         )

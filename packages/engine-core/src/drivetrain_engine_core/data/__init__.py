@@ -22,7 +22,7 @@ from .padding import nopad_to_padded, padded_to_nopad
 from .partition import estimate_workload, karmarkar_karp
 from .response import response_to_padded, response_view
 from .rows import select_rows, slice_rows
-from .tokens import global_token_count, local_token_count
+from .tokens import global_counts, global_token_count, local_token_count
 
 __all__ = [
     "LOSS_MASK_DTYPE",
@@ -31,6 +31,7 @@ __all__ = [
     "MicroBatches",
     "PackedRow",
     "estimate_workload",
+    "global_counts",
     "global_token_count",
     "karmarkar_karp",
     "local_token_count",

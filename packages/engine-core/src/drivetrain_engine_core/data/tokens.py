@@ -16,4 +16,16 @@ def local_token_count(batch: TensorDict) -> int:
 
 def global_token_count(batch: TensorDict, dp_group: ProcessGroup | None = None) -> int:
     """Loss-mask tokens of the mini-batch summed over every data-parallel rank (a collective)."""
-    return int(dist_utils.all_reduce_sum(local_token_count(batch), dp_group))
+    return global_counts(batch, dp_group)[0]
+
+
+def global_counts(
+    batch: TensorDict, dp_group: ProcessGroup | None = None, *, count_tokens: bool = True
+) -> tuple[int, int]:
+    """``(loss-mask tokens, sequences)`` of the mini-batch over every data-parallel rank, in one collective.
+
+    ``count_tokens=False`` reports 0 tokens, for batches without a ``loss_mask`` (inference).
+    """
+    tokens = local_token_count(batch) if count_tokens else 0
+    total_tokens, total_sequences = dist_utils.all_reduce_sums([tokens, len(batch)], dp_group)
+    return int(total_tokens), int(total_sequences)
