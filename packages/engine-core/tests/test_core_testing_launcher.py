@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +68,40 @@ def test_hanging_rank_fails_within_timeout_and_is_killed() -> None:
     import multiprocessing
 
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("drivetrain-rank")]
+
+
+def _start_sleeper(rank: int, world_size: int) -> int:
+    """Start a helper process, as megatron's checkpoint writer does, and leave it running."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]).pid
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped by init does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_processes_a_rank_started_are_gone_when_the_launcher_returns() -> None:
+    pids = run_distributed(_start_sleeper, world_size=2, timeout_s=120)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "a rank's helper process outlived run_distributed"
+
+
+def test_a_launch_whose_grandchild_holds_the_output_pipe_returns() -> None:
+    # The child exits at once; its own child keeps stdout open for 300 s. A reader of the launcher's output
+    # (pytest, a CI log, `drivetrain sft --nproc 2 | tee`) must see the end of the output when the child ends.
+    child = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])"
+    launcher = (
+        "import sys; from drivetrain_engine_core.processes import run_process_group; "
+        f"sys.exit(run_process_group([sys.executable, '-c', {child!r}]))"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, timeout=60)
+    assert done.returncode == 0
+    assert time.monotonic() - started < 30

@@ -1,8 +1,13 @@
-"""Thin helpers over ``torch.distributed`` that work the same with or without an initialised process group.
+"""The one place that creates drivetrain's default process group, and thin collectives over it.
 
-A single-process run (no ``torchrun``) behaves as a world of size 1, so engines, roles and tests use one code
-path. Collectives always run with the engine's timeout so that a dead rank fails the others instead of
-hanging them.
+Every engine, role and launcher creates the default group through :func:`init_distributed`, with a backend per
+device type: host scalars and pickled objects (token counts, micro-batch counts, metrics, checkpoint verdicts)
+travel over gloo on the CPU, device tensors over nccl on CUDA (``"cpu:gloo,cuda:nccl"``). A process that was
+not launched by torchrun gets a one-rank group over an in-memory store, so one process runs exactly the
+collectives that many do; only code that runs without any engine (pure data helpers) sees no group, and then
+the collectives are the identity.
+
+Collectives always run with the engine's timeout so that a dead rank fails the others instead of hanging them.
 """
 
 from __future__ import annotations
@@ -14,23 +19,69 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .config import ConfigError
+
 ProcessGroup = dist.ProcessGroup
 
+_BACKENDS = {"cpu": "cpu:gloo", "cuda": "cpu:gloo,cuda:nccl"}
 
-def default_backend_for(device: str) -> str:
-    """The collective backend for a device type: nccl for cuda, gloo for everything else."""
-    return "nccl" if device == "cuda" else "gloo"
+
+def backend_for(device: str) -> str:
+    """The ``init_process_group`` backend for an engine device: gloo for host tensors, nccl for CUDA ones.
+
+    Raises:
+        ConfigError: no backend is known for ``device``.
+
+    NOTE: a CUDA run still needs a CPU backend. The scalars that every rank must agree on are Python
+    numbers on the host; an nccl-only group rejects them ("No backend type associated with device type
+    cpu"), and moving them to the GPU would cost a host sync per collective.
+    """
+    if device not in _BACKENDS:
+        raise ConfigError(
+            f"engine.device={device!r} has no collective backend; supported devices: {sorted(_BACKENDS)}."
+        )
+    return _BACKENDS[device]
 
 
 def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> None:
-    """Initialise the default process group from torchrun's environment, once; no-op for a single process."""
-    if dist.is_initialized() or "WORLD_SIZE" not in os.environ:
+    """Create the default process group once, for this process's launch, with a CPU backend.
+
+    Under torchrun (``WORLD_SIZE`` set) the group joins the launched world through its environment; on CUDA
+    each rank first selects ``cuda:LOCAL_RANK``. A process that was not launched gets a one-rank group over an
+    in-memory store. A group that already exists is kept, provided it can reduce host tensors.
+
+    Raises:
+        ConfigError: an existing default group has no CPU backend (e.g. ``init_process_group("nccl")``).
+    """
+    if dist.is_initialized():
+        check_host_backend()
+        return
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if "WORLD_SIZE" not in os.environ:
+        dist.init_process_group(
+            backend=backend_for(device), store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
         return
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(
-        backend=default_backend_for(device), timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    dist.init_process_group(backend=backend_for(device), timeout=timeout)
+
+
+def check_host_backend() -> None:
+    """Fail clearly when the default group cannot reduce CPU tensors (see :func:`backend_for`).
+
+    Raises:
+        ConfigError: the group's backends do not cover the ``cpu`` device type.
+    """
+    config = dist.get_backend_config()
+    device_types = {pair.split(":")[0] for pair in config.split(",") if ":" in pair}
+    if "cpu" not in device_types:
+        raise ConfigError(
+            f"the default process group was created with backend {config!r}, which has no CPU backend; "
+            "drivetrain reduces host scalars over the CPU: create it with "
+            "init_process_group(backend='cpu:gloo,cuda:nccl') or let drivetrain create it "
+            "(drivetrain_engine_core.distributed.init_distributed)."
+        )
 
 
 def world_size(group: ProcessGroup | None = None) -> int:
@@ -46,29 +97,38 @@ def barrier(group: ProcessGroup | None = None) -> None:
         dist.barrier(group=group)
 
 
-def all_reduce_sum(value: float | int, group: ProcessGroup | None = None, device: str = "cpu") -> float:
+def all_reduce_sum(value: float | int, group: ProcessGroup | None = None) -> float:
     """Sum a Python number over ``group`` and return it as a float (identity without a process group)."""
-    return all_reduce_sums([value], group, device)[0]
+    return all_reduce_sums([value], group)[0]
 
 
-def all_reduce_sums(
-    values: Sequence[float | int], group: ProcessGroup | None = None, device: str = "cpu"
+def all_reduce_sums(values: Sequence[float | int], group: ProcessGroup | None = None) -> list[float]:
+    """Sum several host numbers over ``group`` in one collective on the CPU backend.
+
+    It runs at world size 1 too, so a one-rank run takes the same path as many; without a process group it
+    is the identity.
+    """
+    return _all_reduce_host(values, dist.ReduceOp.SUM, group)
+
+
+def all_reduce_max(value: float | int, group: ProcessGroup | None = None) -> float:
+    """Maximum of a host number over ``group`` (identity without a process group)."""
+    return all_reduce_maxes([value], group)[0]
+
+
+def all_reduce_maxes(values: Sequence[float | int], group: ProcessGroup | None = None) -> list[float]:
+    """Element-wise maxima of several host numbers over ``group`` in one collective (negate for minima)."""
+    return _all_reduce_host(values, dist.ReduceOp.MAX, group)
+
+
+def _all_reduce_host(
+    values: Sequence[float | int], op: dist.ReduceOp.RedOpType, group: ProcessGroup | None
 ) -> list[float]:
-    """Sum several Python numbers over ``group`` in one collective (identity without a process group)."""
-    if not dist.is_initialized() or world_size(group) == 1:
+    if not dist.is_initialized():
         return [float(v) for v in values]
-    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    dist.all_reduce(tensor, op=op, group=group)
     return tensor.tolist()
-
-
-def all_reduce_max(value: float | int, group: ProcessGroup | None = None, device: str = "cpu") -> float:
-    """Maximum of a Python number over ``group`` (identity without a process group)."""
-    if not dist.is_initialized() or world_size(group) == 1:
-        return float(value)
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
-    return float(tensor.item())
 
 
 def broadcast_object(obj: object, src: int = 0, group: ProcessGroup | None = None) -> object:
@@ -78,3 +138,12 @@ def broadcast_object(obj: object, src: int = 0, group: ProcessGroup | None = Non
     holder = [obj]
     dist.broadcast_object_list(holder, src=src, group=group)
     return holder[0]
+
+
+def all_gather_objects(obj: object, group: ProcessGroup | None = None) -> list[object]:
+    """Every rank's ``obj``, in rank order (``[obj]`` without a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list[object] = [None] * world_size(group)
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered

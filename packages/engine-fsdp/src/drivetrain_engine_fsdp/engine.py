@@ -30,7 +30,7 @@ from .model import build_model, hf_class_name
 from .optim import build_optimizer, clip_grad_norm
 from .outputs import prepare_model_outputs
 from .ulysses import register_ulysses_attention
-from .wrap import ParallelLayout, build_layout, ensure_process_group, shard_model
+from .wrap import ParallelLayout, build_layout, shard_model
 
 
 class FSDPEngine(Engine):
@@ -44,7 +44,6 @@ class FSDPEngine(Engine):
 
     def _initialize(self) -> None:
         config = self.engine_config
-        ensure_process_group(config.device)
         self._layout: ParallelLayout = build_layout(config)
         model = build_model(self.model_config, attn_implementation=self._attention_name(), seed=config.seed)
         self._hf_class = hf_class_name(model)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core.distributed import default_backend_for
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -39,14 +38,6 @@ class ParallelLayout:
     dp_size: int
     sp_rank: int
     sp_size: int
-
-
-def ensure_process_group(device: str) -> None:
-    """FSDP2 needs a process group: create a one-rank group when the program was not launched by torchrun."""
-    if not dist.is_initialized():
-        dist.init_process_group(
-            backend=default_backend_for(device), store=dist.HashStore(), rank=0, world_size=1
-        )
 
 
 def build_layout(config: FSDPEngineConfig) -> ParallelLayout:

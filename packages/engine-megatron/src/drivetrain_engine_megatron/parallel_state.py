@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
 import math
 
 import torch.distributed as dist
-from drivetrain_engine_core.distributed import default_backend_for
 from megatron.core import parallel_state as mpu
 
 from .config import MegatronEngineConfig
@@ -19,7 +17,6 @@ def initialize_model_parallel(config: MegatronEngineConfig) -> None:
         ValueError: the world size is not a multiple of the model-parallel size, or megatron's groups
             already exist with another layout.
     """
-    _ensure_process_group(config)
     world = dist.get_world_size()
     model_parallel = (
         config.tensor_model_parallel_size * config.pipeline_model_parallel_size * config.context_parallel_size
@@ -39,23 +36,6 @@ def initialize_model_parallel(config: MegatronEngineConfig) -> None:
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
         context_parallel_size=config.context_parallel_size,
         distributed_timeout_minutes=max(1, math.ceil(config.dist_timeout_s / 60)),
-    )
-
-
-def _ensure_process_group(config: MegatronEngineConfig) -> None:
-    """A one-rank process group when the process was not launched by torchrun.
-
-    megatron-core builds its groups with ``torch.distributed`` even for a world of one, so a single-process
-    engine (tests, notebooks) gets an in-memory store instead of failing. It stays for the process's life.
-    """
-    if dist.is_initialized():
-        return
-    dist.init_process_group(
-        backend=default_backend_for(config.device),
-        store=dist.HashStore(),
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=config.dist_timeout_s),
     )
 
 

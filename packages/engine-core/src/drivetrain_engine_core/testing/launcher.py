@@ -8,7 +8,6 @@ it within ``timeout_s``. Every child is killed before the call returns or raises
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import importlib.util
 import multiprocessing
@@ -22,6 +21,8 @@ import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from drivetrain_engine_core.processes import kill_process_group
 
 _JOIN_GRACE_S = 10.0
 _EXIT_GRACE_S = 5.0  # ranks that reported get this long to exit normally before they are killed
@@ -77,27 +78,32 @@ def _child(
     env: dict[str, str],
     source: tuple[str, str | None],
     payload: bytes,
-    backend: str,
+    device: str,
     timeout_s: float,
     results: Any,
 ) -> None:
     """Entry point of one rank: set the torchrun environment, init the group, run, report, clean up.
 
-    The report goes on the queue before the process group is torn down: tearing it down makes the other
-    ranks' collectives fail, and the parent should hear about the cause before the consequences.
+    The rank leads its own process group, so the parent can kill whatever it starts (see
+    :mod:`drivetrain_engine_core.processes`). The default process group is created exactly as engines create
+    it in a real launch (:func:`~drivetrain_engine_core.distributed.init_distributed`). The report goes on the
+    queue before the process group is torn down: tearing it down makes the other ranks' collectives fail, and
+    the parent should hear about the cause before the consequences.
     """
+    if hasattr(os, "setsid"):
+        os.setsid()
     os.environ.update(env)
     import torch
     import torch.distributed as dist
+
+    from drivetrain_engine_core.distributed import init_distributed
 
     try:
         # Two shared cores: one intra-op thread per rank keeps ranks from starving each other.
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         _import_module(*source)
         fn, args = pickle.loads(payload)
-        if backend == "nccl":
-            torch.cuda.set_device(rank)  # one GPU per rank, as torchrun users do with LOCAL_RANK
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
+        init_distributed(device, timeout_s)
         results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # every failure must reach the parent, SystemExit and KeyboardInterrupt too
         results.put((rank, False, traceback.format_exc()))
@@ -133,6 +139,8 @@ def _kill_all(processes: Sequence[multiprocessing.process.BaseProcess], exit_gra
             process.kill()
     for process in processes:
         process.join(_JOIN_GRACE_S)
+        if process.pid is not None:
+            kill_process_group(process.pid)  # what the rank started (writers, workers) goes with it
 
 
 def _next_report(results: Any, wait_s: float) -> tuple[int, bool, Any] | None:
@@ -193,7 +201,7 @@ def run_distributed(
     world_size: int = 2,
     timeout_s: float = 240.0,
     env: Mapping[str, str] | None = None,
-    backend: str = "gloo",
+    device: str = "cpu",
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes and return each rank's result.
 
@@ -205,7 +213,8 @@ def run_distributed(
         timeout_s: Deadline for the whole call; it is also the process-group timeout, so a collective that
             waits on a dead rank fails instead of hanging.
         env: Extra environment variables for every child (``OMP_NUM_THREADS`` defaults to 1).
-        backend: ``torch.distributed`` backend, ``"gloo"`` on CPU, ``"nccl"`` on GPUs.
+        device: the engine device the process group is created for (``"cpu"``: gloo; ``"cuda"``: one GPU
+            per rank, nccl for device tensors and gloo for host scalars).
 
     Returns:
         The return values of ranks ``0..world_size-1``, in rank order.
@@ -230,7 +239,7 @@ def run_distributed(
                 _rank_env(r, world_size, port, env),
                 source,
                 payload,
-                backend,
+                device,
                 timeout_s,
                 results,
             ),

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from drivetrain_engine_core.processes import run_process_group
 
 OUTPUTS_ROOT = Path("outputs")
 RUN_PREFIX = "sft-"
@@ -68,4 +69,6 @@ def spawn_ranks(nproc: int, arguments: Sequence[str]) -> int:
     ]
     # Two ranks on a small CPU machine: one intra-op thread each avoids oversubscribing the cores.
     env = {"OMP_NUM_THREADS": "1", **os.environ}
-    return subprocess.call(command, env=env)
+    # torchrun and its ranks run in their own process group, killed as a whole when torchrun returns, so no
+    # helper a rank started (megatron's checkpoint writer) outlives the command and holds its output open.
+    return run_process_group(command, env=env)

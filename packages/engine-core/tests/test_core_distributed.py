@@ -1,0 +1,95 @@
+"""Process groups as a GPU run builds them: a CPU backend beside the device one, collectives at any world size,
+and checks that fail on one rank failing every rank."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch.distributed as dist
+from drivetrain_engine_core import distributed
+from drivetrain_engine_core.agreement import agreed_checks
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.testing.launcher import run_distributed
+
+
+def test_every_device_gets_a_cpu_backend_for_host_scalars() -> None:
+    # An nccl-only group rejects CPU tensors: "No backend type associated with device type cpu".
+    assert distributed.backend_for("cuda") == "cpu:gloo,cuda:nccl"
+    assert distributed.backend_for("cpu") == "cpu:gloo"
+    with pytest.raises(ConfigError, match=r"engine.device='npu' .* supported devices: \['cpu', 'cuda'\]"):
+        distributed.backend_for("npu")
+
+
+def _count_all_reduces(monkeypatch_target: list[int]):
+    real = dist.all_reduce
+
+    def counting(*args, **kwargs):
+        monkeypatch_target.append(1)
+        return real(*args, **kwargs)
+
+    return counting
+
+
+def _agreed_failure(rank: int) -> str:
+    try:
+        with agreed_checks():
+            if rank == 1:
+                raise BatchError("input_ids of sequence 3 is empty")
+    except BatchError as e:
+        return str(e)
+    return "no error"
+
+
+def _group_without_cpu_backend() -> str:
+    """A group created outside drivetrain with no CPU backend (as ``init_process_group("nccl")`` would)."""
+    dist.destroy_process_group()
+    dist.init_process_group(
+        backend="cuda:gloo",
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        distributed.init_distributed("cpu")
+    except ConfigError as e:
+        return str(e)
+    return "accepted"
+
+
+def _rank_main(rank: int, world_size: int) -> dict[str, object]:
+    calls: list[int] = []
+    dist.all_reduce = _count_all_reduces(calls)  # type: ignore[assignment]
+    own = dist.new_group([0]), dist.new_group([1])  # every rank creates every group, in order
+    alone = own[rank]
+    sums = distributed.all_reduce_sums([rank + 1, 10], None)
+    maxes = distributed.all_reduce_maxes([rank, -rank], None)
+    lonely = distributed.all_reduce_sum(rank + 5, alone)
+    return {
+        "config": dist.get_backend_config(),
+        "subgroup_config": dist.get_backend_config(alone),
+        "sums": sums,
+        "maxes": maxes,
+        "lonely": lonely,
+        "all_reduce_calls": len(calls),
+        "agreed": _agreed_failure(rank),
+        "foreign_group": _group_without_cpu_backend() if rank == 0 else "",
+    }
+
+
+@pytest.mark.slow
+def test_groups_collectives_and_agreed_errors_on_two_ranks() -> None:
+    per_rank = run_distributed(_rank_main, world_size=2, timeout_s=120)
+    for rank, result in enumerate(per_rank):
+        assert result["config"] == "cpu:gloo"  # built by init_distributed, as engines build it
+        assert result["subgroup_config"] == "cpu:gloo"
+        assert result["sums"] == [3.0, 20.0]
+        assert result["maxes"] == [1.0, 0.0]
+        assert result["lonely"] == rank + 5
+        # A one-rank group runs the collective too: one GPU takes the same path as many.
+        assert result["all_reduce_calls"] == 3  # the sums, the maxes and the one-rank sum
+        assert result["agreed"] == "rank 1 (of failing ranks 1): input_ids of sequence 3 is empty"
+    assert "backend 'cuda:gloo', which has no CPU backend" in per_rank[0]["foreign_group"]
+    assert "init_process_group(backend='cpu:gloo,cuda:nccl')" in per_rank[0]["foreign_group"]
