@@ -6,6 +6,7 @@ import pytest
 import torch
 from drivetrain_engine_core.config import MicroBatchConfig
 from drivetrain_engine_core.data import (
+    MicroBatchCountRule,
     global_token_count,
     make_batch,
     micro_batch_count,
@@ -26,19 +27,24 @@ def _rank_main(rank: int, world_size: int) -> dict:
     batch = make_batch([torch.arange(n) for n in lengths], loss_mask=[torch.arange(n) % 2 for n in lengths])
     dynamic = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
     fixed = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=5 if rank == 0 else 2))
+    # Interleaved-pipeline rule: rank 1's 3 fixed micro-batches become 4 on both ranks.
+    ruled = split_micro_batches(
+        batch, MicroBatchConfig(micro_batch_size=2), rule=MicroBatchCountRule(minimum=2, multiple_of=2)
+    )
+    # Only rank 0 is short of sequences; both ranks must raise (neither waits for the other).
     too_few = None
-    if rank == 0:
-        try:
-            split_micro_batches(batch[:2], MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
-        except BatchError as e:
-            too_few = str(e)
-    else:
-        split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
+    try:
+        split_micro_batches(
+            batch[:2] if rank == 0 else batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET)
+        )
+    except BatchError as e:
+        too_few = str(e)
     return {
         "own_count": micro_batch_count(torch.tensor(lengths), BUDGET),
         "dynamic_tokens": [int(sequence_lengths(mb).sum()) for mb in dynamic.batches],
         "dynamic_order": sorted(torch.cat(dynamic.indices).tolist()),
         "fixed_sizes": [mb.batch_size[0] for mb in fixed.batches],
+        "ruled_sizes": [mb.batch_size[0] for mb in ruled.batches],
         "global_tokens": global_token_count(batch),
         "too_few": too_few,
     }
@@ -55,7 +61,13 @@ def test_ranks_agree_on_counts_over_gloo():
     assert per_rank[0]["fixed_sizes"] == [2, 2, 1] and per_rank[1]["fixed_sizes"] == [2, 2, 2]
     expected_tokens = sum(sum(n // 2 for n in lens) for lens in RANK_LENGTHS)
     assert [r["global_tokens"] for r in per_rank] == [expected_tokens] * 2
-    assert "this rank has 2 sequences but the data-parallel group needs 4" in per_rank[0]["too_few"]
+    assert per_rank[0]["ruled_sizes"] == [2, 1, 1, 1] and per_rank[1]["ruled_sizes"] == [2, 2, 1, 1]
+    assert (
+        "a data-parallel rank holds 2 sequences (this rank 2) but the group runs 4" in per_rank[0]["too_few"]
+    )
+    assert (
+        "a data-parallel rank holds 2 sequences (this rank 6) but the group runs 4" in per_rank[1]["too_few"]
+    )
 
 
 def test_shard_then_micro_batch_keeps_every_sequence():

@@ -1,6 +1,6 @@
 """Data parallelism through the base ``Engine`` on two gloo ranks: global token counts and loss scaling make
 loss, gradient norm and updated weights equal those of one process training on the whole batch; a checkpoint
-that fails verification on rank 0 fails every rank at once."""
+that fails verification on rank 0, or a malformed batch on rank 1 only, fails every rank at once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.errors import BatchError, CheckpointError
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.losses import token_mean_nll
@@ -63,11 +63,26 @@ def load_corrupt_checkpoint(rank: int, root: Path) -> str:
     return "loaded a corrupt checkpoint"
 
 
+def train_with_bad_batch_on_rank_one(rank: int) -> str:
+    """Rank 1's batch lacks ``loss_mask``: every rank must raise the same error, none may wait for it."""
+    engine = make_engine(micro_batch_size=1)
+    batch = random_batch(vocab_size=VOCAB, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
+    if rank == 1:
+        del batch["loss_mask"]
+    try:
+        with engine.train_mode():
+            engine.train_batch(batch, token_mean_nll)
+    except BatchError as e:
+        return str(e)
+    return "trained on a bad batch"
+
+
 def _rank_main(rank: int, world_size: int, root: Path) -> dict[str, object]:
     mine = list(range(rank, len(PROMPTS), world_size))
     return {
         "trained": [train_once(mine, micro_batch_size=1), train_once(mine, micro_batch_size=2)],
         "corrupt": load_corrupt_checkpoint(rank, root),
+        "bad_batch": train_with_bad_batch_on_rank_one(rank),
     }
 
 
@@ -75,6 +90,9 @@ def _rank_main(rank: int, world_size: int, root: Path) -> dict[str, object]:
 def test_two_ranks_match_one_process_and_fail_together_on_a_corrupt_checkpoint(tmp_path: Path) -> None:
     expected = train_once(None, micro_batch_size=4)
     per_rank = run_distributed(_rank_main, tmp_path, world_size=2, timeout_s=180)
+    assert per_rank[0]["bad_batch"] == per_rank[1]["bad_batch"]
+    assert per_rank[0]["bad_batch"].startswith("rank 1 (of failing ranks 1): ")
+    assert "loss_mask" in per_rank[0]["bad_batch"]
     for results in per_rank:
         assert re.search(r"model\.pt has \d+ bytes, the manifest says", results["corrupt"]), results[
             "corrupt"

@@ -43,6 +43,9 @@ LAYOUTS = {
 }
 
 
+ONE_SEQUENCE = MicroBatchConfig(micro_batch_size=1)
+
+
 def _batches(vocab_size: int, with_returns: bool = False) -> list:
     """Batches of 4 sequences; seeds 2 and 3 contain the pad token (id 0), whose embedding row HF never trains."""
     return [
@@ -57,13 +60,20 @@ def _batches(vocab_size: int, with_returns: bool = False) -> list:
     ]
 
 
-def _engine(path: str, layout: dict, *, model_type: str = "language_model", remove_padding: bool = True):
+def _engine(
+    path: str,
+    layout: dict,
+    *,
+    model_type: str = "language_model",
+    remove_padding: bool = True,
+    micro_batch: MicroBatchConfig = ONE_SEQUENCE,
+):
     from drivetrain_engine_megatron.config import MegatronEngineConfig
     from drivetrain_engine_megatron.engine import MegatronEngine
 
     engine = MegatronEngine(
         model_config=ModelConfig(path=path, model_type=model_type, use_remove_padding=remove_padding),
-        engine_config=MegatronEngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=1), **layout),
+        engine_config=MegatronEngineConfig(micro_batch=micro_batch, **layout),
         optimizer_config=OPTIMIZER,
     )
     engine.initialize()
@@ -121,11 +131,29 @@ def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:
     return result
 
 
+# Sequence lengths 7, 7, 8, 7: one micro-batch of 4 sequences, or 3 under a 14-token budget. The interleaved
+# schedule needs a multiple of the pipeline size, so the engine must run 2 and 4.
+ODD_COUNT_MICRO_BATCHES = (
+    MicroBatchConfig(micro_batch_size=4),
+    MicroBatchConfig(micro_batch_size=None, max_tokens=14),
+)
+
+
+def _odd_count_checks(path: str, layout: dict, vocab_size: int) -> list[tuple[float, float]]:
+    batch = _batches(vocab_size)[0]
+    return [
+        _train(_engine(path, layout, micro_batch=mb), [batch], token_mean_nll)[0]
+        for mb in ODD_COUNT_MICRO_BATCHES
+    ]
+
+
 def _worker(
     rank: int, world_size: int, paths: dict, layout: dict, vocab_size: int, root: str, with_value: bool
 ):
     del world_size
     result = {"language": _language_checks(paths["language_model"], layout, vocab_size, f"{root}/lm")}
+    if layout.get("virtual_pipeline_model_parallel_size"):
+        result["odd_counts"] = _odd_count_checks(paths["language_model"], layout, vocab_size)
     if with_value:
         result["value"] = _value_checks(paths["value_model"], layout, vocab_size)
     result["rank"] = rank
@@ -193,6 +221,11 @@ def test_megatron_layout_matches_hugging_face(layout_name, model_dirs, tmp_path)
         _assert_curve(language["history"], reference)
         assert language["resumed"] == language["continued"]
         assert language["extra"] == {"global_step": SAVE_AT, "position": SAVE_AT}
+    for result in results:
+        for loss, norm in result.get("odd_counts", []):
+            assert math.isclose(loss, reference[0][0], rel_tol=1e-5) and math.isclose(
+                norm, reference[0][1], rel_tol=1e-5
+            )
     for language in outputs:
         for layout_key in ("packed", "padded"):
             got = language[layout_key]

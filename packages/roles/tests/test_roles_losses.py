@@ -161,3 +161,46 @@ def test_loss_and_gradient_do_not_depend_on_how_the_batch_is_split(mode: str) ->
         total, grad = _sft_pieces(mode, log_probs, masks, groups)
         torch.testing.assert_close(total, whole, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(grad, whole_grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_nan_and_inf_outside_the_mask_change_neither_losses_nor_gradients(mode: str) -> None:
+    # Prompt positions (mask 0) hold NaN old log-probs, inf advantages, NaN reference log-probs, values and
+    # returns: what a rollout leaves in fields it never set. The masked tokens must be selected out, not
+    # multiplied by 0 (NaN * 0 = NaN, in the loss and in every gradient that flows through it).
+    mask = [[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]
+    nan, inf = float("nan"), float("inf")
+    clean = {
+        "old_log_probs": [[0.0, -0.9, -2.2], [0.0, 0.0, -0.4]],
+        "advantages": [[0.0, 1.0, -0.5], [0.0, 0.0, 2.0]],
+        "ref_log_prob": [[0.0, -1.1, -1.9], [0.0, 0.0, -0.6]],
+        "values": [[0.0, 0.3, -0.2], [0.0, 0.0, 0.5]],
+        "returns": [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]],
+    }
+    poisoned = {
+        "old_log_probs": [[nan, -0.9, -2.2], [nan, nan, -0.4]],
+        "advantages": [[inf, 1.0, -0.5], [-inf, inf, 2.0]],
+        "ref_log_prob": [[nan, -1.1, -1.9], [nan, nan, -0.6]],
+        "values": [[nan, 0.3, -0.2], [inf, nan, 0.5]],
+        "returns": [[inf, 1.0, 0.0], [nan, nan, 1.0]],
+    }
+    policy = policy_loss_fn(PolicyLossConfig(loss_agg_mode=mode, kl_loss_coef=0.1, entropy_coeff=0.01))
+    critic = value_loss_fn(ValueLossConfig(loss_agg_mode=mode))
+
+    def losses_and_grads(fields: dict[str, list[list[float]]]) -> list[torch.Tensor]:
+        log_probs = jagged([[0.0, -1.0, -2.0], [0.0, -0.3, -0.5]], requires_grad=True)
+        values = jagged([[0.0, 0.4, -0.1], [0.0, 0.2, 0.7]], requires_grad=True)
+        entropy = jagged([[0.0, 1.0, 0.5], [0.0, 0.2, 0.9]])
+        batch = TensorDict(
+            {"loss_mask": jagged(mask), **{k: jagged(v) for k, v in fields.items()}}, batch_size=[2]
+        )
+        output = TensorDict({"log_probs": log_probs, "entropy": entropy, "values": values}, batch_size=[2])
+        pg, _ = policy(output, batch, context_for(mask))
+        vf, _ = critic(output, batch, context_for(mask))
+        (pg + vf).backward()
+        return [pg.detach(), vf.detach(), log_probs.grad.values(), values.grad.values()]
+
+    expected, actual = losses_and_grads(clean), losses_and_grads(poisoned)
+    for want, got in zip(expected, actual, strict=True):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from . import distributed as dist_utils
+from .agreement import agreed_checks
 from .checkpoint import (
     Manifest,
     prepare_temporary_step_dir,
@@ -32,7 +33,7 @@ from .checkpoint import (
 from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import validate_batch
-from .data.micro_batch import split_micro_batches
+from .data.micro_batch import MicroBatchCountRule, split_micro_batches
 from .data.options import ForwardOptions, read_forward_options, strip_forward_options
 from .data.tokens import global_counts
 from .errors import CheckpointError, EngineStateError
@@ -155,13 +156,16 @@ class Engine(ABC):
 
         Raises:
             EngineStateError: not initialised, outside a mode context, or backward outside ``train_mode``.
-            BatchError: the batch is malformed.
+            BatchError: the batch is malformed. Raised on every rank when any rank's batch is.
         """
-        self._check_compute_allowed(loss_fn, forward_only)
-        options = read_forward_options(batch)
-        batch = strip_forward_options(batch)
-        validate_batch(batch, required=self._required_fields(loss_fn is not None))
-        micro_batches = split_micro_batches(batch, self.engine_config.micro_batch, self.data_parallel_group)
+        with agreed_checks():  # a bad batch on one rank fails every rank, none waits for it
+            self._check_compute_allowed(loss_fn, forward_only)
+            options = read_forward_options(batch)
+            batch = strip_forward_options(batch)
+            validate_batch(batch, required=self._required_fields(loss_fn is not None))
+        micro_batches = split_micro_batches(
+            batch, self.engine_config.micro_batch, self.data_parallel_group, self.micro_batch_count_rule
+        )
         tokens, sequences = global_counts(batch, self.data_parallel_group, count_tokens=loss_fn is not None)
         context = LossContext(
             global_token_count=tokens,
@@ -395,6 +399,11 @@ class Engine(ABC):
     @abstractmethod
     def is_output_rank(self) -> bool:
         """Whether this rank holds outputs and metrics of its data-parallel shard."""
+
+    @property
+    def micro_batch_count_rule(self) -> MicroBatchCountRule:
+        """The micro-batch counts this backend's schedule accepts (any count unless a backend says so)."""
+        return MicroBatchCountRule()
 
     # ------------------------------------------------------------------ backend hooks
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.data.micro_batch import MicroBatchCountRule
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.errors import EngineStateError
@@ -130,6 +131,14 @@ class MegatronEngine(Engine):
     @property
     def is_output_rank(self) -> bool:
         return parallel_state.is_output_rank()
+
+    @property
+    def micro_batch_count_rule(self) -> MicroBatchCountRule:
+        """The interleaved schedule (VPP) runs whole groups of ``pipeline_model_parallel_size`` micro-batches."""
+        if self.engine_config.virtual_pipeline_model_parallel_size is None:
+            return MicroBatchCountRule()
+        pp = self.engine_config.pipeline_model_parallel_size
+        return MicroBatchCountRule(minimum=pp, multiple_of=pp)
 
     # ------------------------------------------------------------------ compute
 

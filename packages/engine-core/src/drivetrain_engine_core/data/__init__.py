@@ -4,6 +4,7 @@ micro-batching and data-parallel sharding (ARCHITECTURE §4)."""
 from .batch import LOSS_MASK_DTYPE, TOKEN_FIELDS, make_batch, move_batch, sequence_lengths, validate_batch
 from .dp import shard_data, shard_indices, unshard_data
 from .micro_batch import (
+    MicroBatchCountRule,
     MicroBatches,
     micro_batch_count,
     partition_micro_batches,
@@ -28,6 +29,7 @@ __all__ = [
     "LOSS_MASK_DTYPE",
     "TOKEN_FIELDS",
     "ForwardOptions",
+    "MicroBatchCountRule",
     "MicroBatches",
     "PackedRow",
     "estimate_workload",

@@ -35,6 +35,35 @@ EXTRA_COUNTS_TRIED = 4
 """How many counts above the token lower bound are tried for a balanced partition before bin packing."""
 
 
+@dataclass(frozen=True)
+class MicroBatchCountRule:
+    """Micro-batch counts a backend's schedule accepts: at least ``minimum``, a multiple of ``multiple_of``.
+
+    Megatron's interleaved pipeline schedule (virtual pipeline stages) runs only counts that are multiples
+    of the pipeline size, and at least one such group; other schedules accept any count (the default).
+    """
+
+    minimum: int = 1
+    multiple_of: int = 1
+
+    def __post_init__(self) -> None:
+        if self.minimum < 1 or self.multiple_of < 1:
+            raise ValueError(
+                f"MicroBatchCountRule needs minimum >= 1 and multiple_of >= 1, got {self.minimum}, "
+                f"{self.multiple_of}."
+            )
+
+    def apply(self, count: int) -> int:
+        """The smallest accepted count that is at least ``count``."""
+        return math.ceil(max(count, self.minimum) / self.multiple_of) * self.multiple_of
+
+    def describe(self) -> str:
+        """How the rule changes counts, for error messages (empty for the default rule)."""
+        if self == MicroBatchCountRule():
+            return ""
+        return f" (the backend needs at least {self.minimum} micro-batches, a multiple of {self.multiple_of})"
+
+
 @dataclass
 class MicroBatches:
     """Micro-batches of one batch and where their sequences came from.
@@ -76,7 +105,10 @@ class MicroBatches:
 
 
 def split_micro_batches(
-    batch: TensorDict, config: MicroBatchConfig, dp_group: ProcessGroup | None = None
+    batch: TensorDict,
+    config: MicroBatchConfig,
+    dp_group: ProcessGroup | None = None,
+    rule: MicroBatchCountRule = MicroBatchCountRule(),
 ) -> MicroBatches:
     """Cut ``batch`` into micro-batches (a collective over ``dp_group``: the count is all-reduced).
 
@@ -84,30 +116,53 @@ def split_micro_batches(
         batch: a validated batch (options already stripped).
         config: fixed ``micro_batch_size`` or dynamic ``max_tokens``.
         dp_group: data-parallel group whose ranks must agree on the count; ``None`` = default group.
+        rule: the counts the backend's schedule accepts.
 
     Returns:
         The micro-batches and their original indices.
 
     Raises:
-        BatchError: a sequence is longer than ``max_tokens``, or this rank has fewer sequences than the
-            agreed count.
+        BatchError: a sequence is longer than ``max_tokens`` (this rank), or some rank has fewer sequences
+            than the agreed count (every rank).
     """
     n = batch.batch_size[0]
     lengths = sequence_lengths(batch)
     if config.max_tokens is not None:
         local_count, groups = plan_micro_batches(lengths, config.max_tokens)
-        count = int(dist_utils.all_reduce_max(local_count, dp_group))
+        count = agree_on_count(local_count, n, rule, dp_group)
         if count != local_count:
             groups = partition_micro_batches(lengths, config.max_tokens, count)
         indices = [torch.tensor(g, dtype=torch.int64) for g in groups]
     else:
         size = config.micro_batch_size
         assert size is not None  # MicroBatchConfig sets exactly one of the two limits
-        count = int(dist_utils.all_reduce_max(math.ceil(n / size), dp_group))
+        count = agree_on_count(math.ceil(n / size), n, rule, dp_group)
         indices = fixed_indices(n, size, count)
     return MicroBatches(
         batches=cut_batch(batch, indices), indices=indices, offsets=offsets_of(batch[INPUT_IDS])
     )
+
+
+def agree_on_count(
+    local_count: int, num_sequences: int, rule: MicroBatchCountRule, dp_group: ProcessGroup | None
+) -> int:
+    """The count every rank of ``dp_group`` runs: the maximum of the ranks' own counts, under ``rule``.
+
+    One all-reduce carries both the count and the fewest sequences any rank holds, so a rank that cannot
+    fill every micro-batch fails all ranks with the same error instead of leaving the others waiting.
+
+    Raises:
+        BatchError: some rank holds fewer sequences than the agreed count.
+    """
+    highest, negated_fewest = dist_utils.all_reduce_maxes([local_count, -num_sequences], dp_group)
+    count, fewest = rule.apply(int(highest)), -int(negated_fewest)
+    if fewest < count:
+        raise BatchError(
+            f"micro-batching: a data-parallel rank holds {fewest} sequences (this rank {num_sequences}) but the "
+            f"group runs {count} micro-batches{rule.describe()} and a micro-batch cannot be empty; give every "
+            f"rank at least {count} sequences (e.g. balance with shard_data) or use fewer micro-batches."
+        )
+    return count
 
 
 def cut_batch(batch: TensorDict, indices: Sequence[Tensor]) -> list[TensorDict]:
@@ -121,7 +176,6 @@ def cut_batch(batch: TensorDict, indices: Sequence[Tensor]) -> list[TensorDict]:
 def fixed_indices(n: int, micro_batch_size: int, count: int) -> list[Tensor]:
     """Consecutive chunks: ``micro_batch_size`` each (last one smaller) if that gives ``count`` chunks,
     else ``count`` near-equal chunks (another rank needed more micro-batches)."""
-    _require_enough(n, count)
     if math.ceil(n / micro_batch_size) == count:
         return list(torch.arange(n).split(micro_batch_size))
     return list(torch.arange(n).tensor_split(count))
@@ -165,7 +219,10 @@ def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> lis
         BatchError: fewer sequences than ``count``, a sequence longer than the cap, or ``count`` too small.
     """
     _require_within_budget(lengths, max_tokens)
-    _require_enough(len(lengths), count)
+    if len(lengths) < count:
+        raise BatchError(
+            f"micro-batching: {len(lengths)} sequences cannot fill {count} micro-batches (none may be empty)."
+        )
     groups = _balanced(lengths, max_tokens, count)
     return groups if groups is not None else _packed(lengths, max_tokens, count)
 
@@ -219,13 +276,4 @@ def _require_within_budget(lengths: Tensor, max_tokens: int) -> None:
             f"micro-batching: sequence {i} has {int(lengths[i])} tokens, more than the micro-batch token budget "
             f"max_tokens={max_tokens}; raise micro_batch.max_tokens to at least {int(lengths.max())} or "
             "truncate the sequence."
-        )
-
-
-def _require_enough(n: int, count: int) -> None:
-    if n < count:
-        raise BatchError(
-            f"micro-batching: this rank has {n} sequences but the data-parallel group needs {count} "
-            "micro-batches (the maximum over ranks) and a micro-batch cannot be empty; give every rank at least "
-            f"{count} sequences (e.g. balance with shard_data) or use fewer micro-batches."
         )

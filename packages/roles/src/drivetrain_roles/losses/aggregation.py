@@ -43,6 +43,21 @@ class FlatTokens:
         """Read the layout from a jagged ``loss_mask`` (ragged dim 1, ARCHITECTURE §4)."""
         return cls(mask=loss_mask.values().float(), offsets=loss_mask.offsets())  # type: ignore[attr-defined]
 
+    def select(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` on loss tokens, 0 elsewhere, whatever is stored elsewhere.
+
+        NOTE: masks select, they never multiply. Prompt and padding positions may hold NaN or inf (an unset
+        ``old_log_probs``, an infinite advantage); ``x * 0`` is NaN there, and so is the gradient that flows
+        through any term computed from it. Loss functions select their batch inputs with this before
+        computing anything, and :func:`aggregate` selects its values again.
+        """
+        selected = self.mask.to(values.device) != 0
+        return torch.where(selected, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+    def weighted(self, values: torch.Tensor) -> torch.Tensor:
+        """``values * mask`` on loss tokens, 0 elsewhere (see :meth:`select`)."""
+        return self.select(values) * self.mask.to(device=values.device, dtype=values.dtype)
+
     @property
     def num_sequences(self) -> int:
         return int(self.offsets.numel() - 1)
@@ -55,7 +70,7 @@ class FlatTokens:
     def per_sequence_sum(self, values: torch.Tensor) -> torch.Tensor:
         """``(num_sequences,)`` masked sum of ``values`` within each sequence (differentiable)."""
         sums = torch.zeros(self.num_sequences, dtype=values.dtype, device=values.device)
-        return sums.index_add(0, self.sequence_ids().to(values.device), values * self.mask.to(values.dtype))
+        return sums.index_add(0, self.sequence_ids().to(values.device), self.weighted(values))
 
 
 def flat_values(tensor: torch.Tensor) -> torch.Tensor:
@@ -81,7 +96,7 @@ def aggregate(
     """
     check_aggregation_mode(mode)
     if mode == "token-mean":
-        return (values * tokens.mask.to(values.dtype)).sum() / max(context.global_token_count, 1)
+        return tokens.weighted(values).sum() / max(context.global_token_count, 1)
     per_sequence = tokens.per_sequence_sum(values)
     if mode == "seq-mean-token-mean":
         counts = tokens.per_sequence_sum(torch.ones_like(values)).clamp(min=1.0)

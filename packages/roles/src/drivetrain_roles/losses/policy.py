@@ -103,8 +103,8 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
         log_probs = flat_values(model_output["log_probs"])
         terms = clipped_policy_terms(
             log_probs,
-            flat_values(micro_batch["old_log_probs"]),
-            flat_values(micro_batch["advantages"]),
+            tokens.select(flat_values(micro_batch["old_log_probs"])),
+            tokens.select(flat_values(micro_batch["advantages"])),
             config,
         )
         pg_loss = aggregate(terms.loss, tokens, context, config.loss_agg_mode)
@@ -119,7 +119,7 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
         }
         if config.uses_kl:
             per_token_kl = kl_penalty(
-                log_probs, flat_values(micro_batch["ref_log_prob"]), config.kl_estimator
+                log_probs, tokens.select(flat_values(micro_batch["ref_log_prob"])), config.kl_estimator
             )
             kl_loss = aggregate(per_token_kl, tokens, context, config.loss_agg_mode)
             loss = loss + config.kl_loss_coef * kl_loss

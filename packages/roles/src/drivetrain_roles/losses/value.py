@@ -54,8 +54,8 @@ def value_loss_fn(config: ValueLossConfig) -> LossFn:
         tokens = FlatTokens.from_jagged(micro_batch["loss_mask"])
         per_token, clipped = clipped_value_terms(
             flat_values(model_output["values"]),
-            flat_values(micro_batch["values"]),
-            flat_values(micro_batch["returns"]),
+            tokens.select(flat_values(micro_batch["values"])),
+            tokens.select(flat_values(micro_batch["returns"])),
             config.cliprange_value,
         )
         loss = aggregate(per_token, tokens, context, config.loss_agg_mode)
