@@ -22,6 +22,7 @@ from drivetrain_engine_core.testing import (
     reference_loss_and_grad_norm,
     token_mean_nll,
 )
+from drivetrain_engine_core.testing.device import device_under_test
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
 from peft import LoraConfig as PeftLoraConfig
@@ -45,6 +46,7 @@ def model_dirs(tmp_path_factory):
 
 def make_engine(path, *, lora=None, gradient_checkpointing=False, optimizer=OPTIMIZER, **engine):
     engine.setdefault("micro_batch", MicroBatchConfig(micro_batch_size=2))
+    engine.setdefault("device", device_under_test())
     model = ModelConfig(path=str(path), lora=lora, gradient_checkpointing=gradient_checkpointing)
     instance = FSDPEngine(
         model_config=model, engine_config=FSDPEngineConfig(**engine), optimizer_config=optimizer

@@ -155,6 +155,15 @@ class FSDPEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
+        if self.engine_config.cpu_offload_policy and self.engine_config.device == "cuda":
+            # NOTE: under CPUOffloadPolicy FSDP2 copies each reduced gradient to pinned host memory with a
+            # non-blocking copy on its post-reduce stream. Some torch releases (2.11 among them) record the
+            # event the CPU waits on before the optimizer on the reduce-scatter stream instead, so the last
+            # copies of a step (a layer's norm weights come last) can still be in flight when the norm is
+            # read on the host: the grad norm came out 1.05e-4 low on an H100. Waiting for the device here
+            # makes every host gradient complete; the cost is one sync per step, on a path that already
+            # moves every gradient to the host.
+            torch.cuda.synchronize()
         return clip_grad_norm(self.module, max_norm)
 
     def _optimizer_step(self) -> None:
