@@ -1,4 +1,4 @@
-"""Loss functions for tests, normalised by the global token count as every drivetrain loss is (docs §7.3)."""
+"""Loss functions for tests, normalised by the global token count as every drivetrain loss is (docs §7.4)."""
 
 from __future__ import annotations
 
