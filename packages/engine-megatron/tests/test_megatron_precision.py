@@ -101,3 +101,26 @@ def test_low_precision_resume_is_bit_exact(model_dir, tmp_path, param_dtype, use
     for name, tensor in engine.export_weights():
         assert torch.equal(resumed_weights[name], tensor), f"{name} differs after resuming"
 
+
+def _overflowing(model_output, batch, context):
+    loss, metrics = token_mean_nll(model_output, batch, context)
+    return loss * float("inf"), metrics
+
+
+@pytest.mark.parametrize("use_distributed_optimizer", [True, False], ids=["distributed", "plain"])
+def test_fp16_checkpoint_before_the_first_update_resumes(model_dir, tmp_path, use_distributed_optimizer):
+    """Three overflowing steps are skipped and halve the loss scale (2^16 -> 2^14, hysteresis 2); a checkpoint
+    of this never-updated optimizer saves, loads with its loss scale, and then resumes bit for bit."""
+    *overflowing, clean = _batches(model_dir, range(4))
+    engine = _engine(model_dir, "float16", use_distributed_optimizer)
+    with engine.train_mode():
+        for batch in overflowing:
+            engine.train_batch(batch, _overflowing)
+    assert engine.skipped_steps == 3
+    engine.save_checkpoint(tmp_path, global_step=3)
+    expected = _train(engine, [clean, clean])
+    resumed = _engine(model_dir, "float16", use_distributed_optimizer)
+    resumed.load_checkpoint(tmp_path)
+    # The loss scale is internal to megatron's optimizer (powers of two leave the numbers unchanged).
+    assert float(resumed._optimizer.get_loss_scale()) == 2.0**14
+    assert _train(resumed, [clean, clean]) == expected
