@@ -31,8 +31,8 @@ class MegatronEngineConfig(EngineConfig):
             DistributedOptimizer); checkpoints store it ``dp_reshardable``.
         make_vocab_size_divisible_by: pad the vocabulary to a multiple of this times TP (``None``: no padding).
         initial_loss_scale: ``param_dtype="float16"`` only: the first value of megatron's dynamic loss scale.
-            A step whose scaled gradients overflow is skipped and the scale halved; after 1000 clean steps it
-            doubles. The default is ``torch.amp.GradScaler``'s 2^16 rather than megatron's 2^32, which
+            A step whose scaled gradients overflow is skipped, and from the second overflow on each one
+            halves the scale; 1000 clean steps in a row double it. The default is ``torch.amp.GradScaler``'s 2^16 rather than megatron's 2^32, which
             overflows (and so skips) the first dozen or more steps of a run on ordinary gradients.
     """
 
