@@ -11,5 +11,4 @@ pytestmark = pytest.mark.slow
 class TestMegatronEngineConformance(EngineConformanceTests):
     backend = "megatron"
     supports_lora = False
-    # bf16 checkpoints fail inside megatron's optimizer (issue #10 item 3); enabled with its fix.
-    skip_tests = frozenset({"test_low_precision_checkpoint_round_trip_is_bit_exact"})
+    low_precision_dtypes = ("bfloat16", "float16")

@@ -44,6 +44,7 @@ class FSDPEngine(Engine):
 
     def _initialize(self) -> None:
         config = self.engine_config
+        self._refuse_fp16_training()
         self._layout: ParallelLayout = build_layout(config)
         model = build_model(self.model_config, attn_implementation=self._attention_name(), seed=config.seed)
         self._hf_class = hf_class_name(model)
@@ -54,6 +55,21 @@ class FSDPEngine(Engine):
         )
         self._params_on_cpu = False
         self._optimizer_on_cpu = False
+
+    def _refuse_fp16_training(self) -> None:
+        """Refuse to train in float16: this backend has no loss scaling, so small gradients flush to zero.
+
+        NOTE: bf16 has float32's exponent range and needs no loss scale; fp16 would need a sharded grad
+        scaler (scale the loss, unscale before the norm, an inf check agreed by every rank, the scale in
+        checkpoints). Inference in float16 needs none of it and stays allowed.
+        """
+        if self.engine_config.param_dtype == "float16" and self.optimizer_config is not None:
+            raise ConfigError(
+                "engine.param_dtype='float16' cannot train with the fsdp backend: it has no loss scaling, so "
+                "small fp16 gradients underflow to zero. Set engine.param_dtype='bfloat16' (same memory, "
+                "float32's range, no loss scale needed), or use backend 'megatron' (dynamic loss scaling) on "
+                "GPUs without bf16. float16 inference engines (optimizer_config=None) are allowed."
+            )
 
     def _attention_name(self) -> str:
         if not self.model_config.use_remove_padding or self.engine_config.attention_backend == "sdpa":

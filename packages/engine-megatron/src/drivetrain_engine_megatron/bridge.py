@@ -9,7 +9,8 @@ transformers 4. Rather than patching it, :func:`make_bridge` subclasses the regi
   maps those names onto the Hugging Face norm weights;
 - reads ``rope_theta`` from ``rope_parameters`` (transformers 5) and refuses RoPE scaling it cannot map;
 - pins the ``TransformerConfig`` values drivetrain relies on (sequence parallel off unless asked, per-token
-  loss summation, no fused kernels) through mbridge's own ``set_extra_args``.
+  loss summation, no fused kernels) through mbridge's own ``set_extra_args``;
+- keeps the weight-name mappings per bridge instance (mbridge edits its class-level dicts for tied embeddings).
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ class _DrivetrainBridgeMixin:
     value_head = False
     """Whether ``output_layer`` is the value model's ``score`` head rather than ``lm_head``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # NOTE: mbridge's weight-name mappings are class attributes, and Qwen2Bridge's
+        # ``_adjust_mapping_for_shared_weights`` (run by ``Bridge.__init__``) edits ``_DIRECT_MAPPING`` in place
+        # for a tied model: every later bridge of that class or a subclass (Qwen3, ...) in the process would
+        # then load ``output_layer`` from the embedding. Each bridge gets its own copies first.
+        for name in _mapping_attributes(type(self)):
+            setattr(self, name, copy.deepcopy(getattr(self, name)))
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+
     def _get_transformer_layer_spec(self, vp_stage: int | None = None) -> Any:
         spec = get_gpt_decoder_block_spec(
             self.config,
@@ -69,6 +79,11 @@ class _DrivetrainBridgeMixin:
             if mcore_weights_name.startswith("decoder.layers.") and mcore_weights_name.endswith(suffix):
                 return [hf_name.format(layer=mcore_weights_name.split(".")[2])]
         return super()._weight_name_mapping_mcore_to_hf(mcore_weights_name)  # type: ignore[misc]
+
+
+def _mapping_attributes(cls: type) -> list[str]:
+    """Names of the bridge's weight-name mapping dicts (``_DIRECT_MAPPING``, ``_ATTENTION_MAPPING``, ...)."""
+    return [name for name in dir(cls) if name.endswith("_MAPPING") and isinstance(getattr(cls, name), dict)]
 
 
 def rope_theta(hf_config: PretrainedConfig) -> float:

@@ -44,6 +44,11 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
     """Write ``model/`` (and ``optimizer/``) under ``step_dir`` (collective over all ranks)."""
     _save(_model_sharded_state_dict(model), step_dir / MODEL_DIR)
     if optimizer is not None:
+        # NOTE: an optimizer that has not stepped yet (a step-0 save, or only skipped steps: fp16 overflows
+        # while the loss scale settles, a NaN loss) has no torch AdamW state, and megatron's distributed
+        # optimizer without Apex/TE then fails to read its step count. Zero state at step 0 is exactly what
+        # torch AdamW creates on its first step, so this changes no update.
+        _allocate_adam_state(optimizer)
         # A fresh model state dict: saving may have consumed the first one's factories.
         optimizer_state = optimizer.sharded_state_dict(
             _model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA
@@ -64,7 +69,9 @@ def load_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
             optimizer_state = optimizer.sharded_state_dict(
                 model_state, is_loading=True, metadata=_OPTIMIZER_METADATA
             )
-            optimizer.load_state_dict(dist_checkpointing.load(optimizer_state, str(step_dir / OPTIMIZER_DIR)))
+            loaded_optimizer = dist_checkpointing.load(optimizer_state, str(step_dir / OPTIMIZER_DIR))
+            _fill_zero_adam_steps(loaded_optimizer)
+            optimizer.load_state_dict(loaded_optimizer)
             _restore_adam_steps(optimizer)
 
 
@@ -74,10 +81,10 @@ def _torch_optimizers(optimizer: MegatronOptimizer) -> list[torch.optim.Optimize
 
 
 def _allocate_adam_state(optimizer: MegatronOptimizer) -> None:
-    """Give a fresh torch AdamW its state (zeros, step 0) so megatron can build the state dict to load into.
+    """Give a never-stepped torch AdamW its state (zeros, step 0) so megatron can build its state dict.
 
-    Without Apex or Transformer Engine, megatron reads the step count from the torch state, which a
-    never-stepped optimizer does not have yet.
+    Without Apex or Transformer Engine, megatron reads the step count from the torch state (to save it, and to
+    build the state dict to load into), which a never-stepped optimizer does not have yet.
     """
     for torch_optimizer in _torch_optimizers(optimizer):
         for group in torch_optimizer.param_groups:
@@ -87,6 +94,23 @@ def _allocate_adam_state(optimizer: MegatronOptimizer) -> None:
                     state["exp_avg"] = torch.zeros_like(param)
                     state["exp_avg_sq"] = torch.zeros_like(param)
                     state["step"] = torch.zeros((), dtype=torch.float32)
+
+
+def _fill_zero_adam_steps(loaded: Any) -> None:
+    """Put back the AdamW ``step`` (0) that megatron leaves out of a checkpoint saved before the first update.
+
+    The non-distributed optimizer saves the step shared by all parameters only when it is truthy
+    (``if step:``), so a step-0 checkpoint has moments but no step, which torch AdamW refuses to load.
+    Walks the (possibly chained) loaded state dict; the per-parameter states sit under ``["state"]``.
+    """
+    if not isinstance(loaded, dict):
+        return
+    for param_state in (loaded.get("state") or {}).values():
+        if isinstance(param_state, dict) and "exp_avg" in param_state and "step" not in param_state:
+            param_state["step"] = torch.zeros((), dtype=torch.float32)
+    for key, value in loaded.items():
+        if key != "state":
+            _fill_zero_adam_steps(value)
 
 
 def _restore_adam_steps(optimizer: MegatronOptimizer) -> None:

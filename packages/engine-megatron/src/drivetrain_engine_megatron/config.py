@@ -30,6 +30,10 @@ class MegatronEngineConfig(EngineConfig):
         use_distributed_optimizer: shard optimizer state over data-parallel ranks (megatron's
             DistributedOptimizer); checkpoints store it ``dp_reshardable``.
         make_vocab_size_divisible_by: pad the vocabulary to a multiple of this times TP (``None``: no padding).
+        initial_loss_scale: ``param_dtype="float16"`` only: the first value of megatron's dynamic loss scale.
+            A step whose scaled gradients overflow is skipped, and from the second overflow on each one
+            halves the scale; 1000 clean steps in a row double it. The default is ``torch.amp.GradScaler``'s 2^16 rather than megatron's 2^32, which
+            overflows (and so skips) the first dozen or more steps of a run on ordinary gradients.
     """
 
     backend: str = "megatron"
@@ -40,6 +44,7 @@ class MegatronEngineConfig(EngineConfig):
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
     make_vocab_size_divisible_by: int | None = None
+    initial_loss_scale: float = 2.0**16
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,6 +70,10 @@ class MegatronEngineConfig(EngineConfig):
                 self.make_vocab_size_divisible_by >= 1,
                 f"engine.make_vocab_size_divisible_by must be >= 1 or None, got {self.make_vocab_size_divisible_by}.",
             )
+        _require(
+            self.initial_loss_scale >= 1,
+            f"engine.initial_loss_scale must be >= 1 (megatron's minimum loss scale), got {self.initial_loss_scale}.",
+        )
 
     @property
     def model_parallel_size(self) -> int:

@@ -71,6 +71,10 @@ class MegatronEngine(Engine):
 
             self._optimizer = build_optimizer(self.optimizer_config, self.engine_config, self._model.chunks)
             self._install_grad_finalizer()
+            # NOTE: as megatron's own training loop does: the schedule multiplies the loss by the optimizer's
+            # loss scale before backward (1 for fp32/bf16, the dynamic scale for fp16), and the optimizer
+            # divides the gradients by it before the norm. Without it fp16 gradients come out divided by 2^32.
+            self._model.transformer_config.grad_scale_func = self._optimizer.scale_loss
 
     def _refuse_unsupported(self) -> None:
         """Refuse, before any group or model exists, what this backend cannot run here."""

@@ -73,19 +73,21 @@ def prepare_model_inputs(micro_batch: TensorDict, *, remove_padding: bool, devic
 
 
 def _right_padded(packed: PackedRow, device: str) -> ModelInputs:
-    lengths = packed.offsets.diff()
+    # NOTE: every tensor is made on ``device`` (the micro-batch's): built on the default device instead, the
+    # index and mask arithmetic mixes devices as soon as the micro-batch lives on an accelerator.
+    lengths = packed.offsets.diff().to(device)
     width = packed.max_seqlen
-    valid = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    input_ids = torch.zeros(valid.shape, dtype=packed.input_ids.dtype)
-    input_ids[valid] = packed.input_ids[0]
-    position_ids = torch.arange(width).expand(valid.shape).clone()
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    positions = torch.arange(width, device=device)
+    valid = positions.unsqueeze(0) < lengths.unsqueeze(1)
+    input_ids = torch.zeros(valid.shape, dtype=packed.input_ids.dtype, device=device)
+    input_ids[valid] = packed.input_ids[0].to(device)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
     allowed = causal.unsqueeze(0) & valid.unsqueeze(1)
     return ModelInputs(
         packed=packed,
-        input_ids=input_ids.to(device),
-        position_ids=position_ids.to(device),
-        attention_mask=(~allowed).unsqueeze(1).to(device),
+        input_ids=input_ids,
+        position_ids=positions.expand(valid.shape).clone(),
+        attention_mask=(~allowed).unsqueeze(1),
         packed_seq_params=None,
-        valid=valid.to(device),
+        valid=valid,
     )

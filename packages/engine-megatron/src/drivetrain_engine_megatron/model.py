@@ -97,7 +97,11 @@ def build_model(
     if value_model and mpu.is_pipeline_last_stage(ignore_virtual=True):
         attach_value_head(chunks[-1], hf_config.hidden_size, dtype)
     for chunk in chunks:
-        chunk.to(engine_config.device)
+        # NOTE: every parameter in the compute dtype, as megatron's Float16Module (``module.bfloat16()``) makes
+        # it. The local spec's torch norms ignore ``params_dtype`` and stay float32 otherwise, and megatron's
+        # mixed-precision optimizers pair optimizer state with parameters assuming one dtype: a bf16 model with
+        # float32 norms cannot save its optimizer (the state of a norm is paired with a matrix).
+        chunk.to(device=engine_config.device, dtype=dtype)
         freeze_padding_row(chunk, getattr(hf_config, "pad_token_id", None))
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)

@@ -38,6 +38,7 @@ def build_optimizer(
         clip_grad=0.0,
         bf16=engine_config.param_dtype == "bfloat16",
         fp16=engine_config.param_dtype == "float16",
+        initial_loss_scale=engine_config.initial_loss_scale,
         params_dtype=torch.float32,
         use_distributed_optimizer=engine_config.use_distributed_optimizer,
     )

@@ -1,0 +1,44 @@
+"""mbridge state per bridge: a tied model built first leaves the next model of the same family untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig
+from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, reference_log_probs
+
+pytestmark = pytest.mark.slow
+
+
+def _log_probs(model_dir) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's and the float32 Hugging Face reference's log-probs of one batch."""
+    from drivetrain_engine_megatron import MegatronEngine, MegatronEngineConfig
+
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=str(model_dir)),
+        engine_config=MegatronEngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=2)),
+        optimizer_config=None,
+    )
+    engine.initialize()
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    batch = random_batch(vocab_size=vocab_size, prompt_lengths=[3, 5], response_lengths=[4, 2], seed=0)
+    with engine.eval_mode():
+        log_probs = engine.infer_batch(batch).outputs["log_probs"].values()
+    return log_probs, reference_log_probs(model_dir, batch).values()
+
+
+def test_tied_then_untied_model_in_one_process(tmp_path):
+    """Qwen2Bridge maps a tied model's output layer to the embedding by editing a class-level dict; the
+    untied Qwen2 built next must still load its own ``lm_head`` (and the class dict stays as shipped)."""
+    from mbridge.models.qwen2 import Qwen2Bridge
+
+    tied = make_tiny_model_dir(tmp_path / "tied", arch="qwen2", seed=1, tie_word_embeddings=True)
+    untied = make_tiny_model_dir(tmp_path / "untied", arch="qwen2", seed=2)
+    for model_dir in (tied, untied):
+        log_probs, expected = _log_probs(model_dir)
+        torch.testing.assert_close(
+            log_probs, expected, atol=1e-5, rtol=0, msg=lambda m, d=model_dir: f"{d}: {m}"
+        )
+    assert Qwen2Bridge._DIRECT_MAPPING["output_layer.weight"] == "lm_head.weight"
