@@ -27,7 +27,6 @@ from .checkpoint import (
     read_manifest,
     resolve_step_dir,
     temporary_step_dir,
-    write_manifest,
 )
 from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
@@ -284,7 +283,11 @@ class Engine(ABC):
         max_ckpt_to_keep: int | None = None,
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
-        """Save ``<path>/global_step_<N>/`` atomically (collective: every rank calls it).
+        """Save ``<path>/global_step_<N>/`` atomically and durably (collective: every rank calls it).
+
+        The step is written under a temporary name, fsynced, completed by its manifest and renamed into place;
+        a step that already exists is replaced without a moment when no complete copy exists; pruning keeps
+        the step just saved whatever its number (see :mod:`.checkpoint.publish`).
 
         Args:
             path: the checkpoint root.
@@ -308,13 +311,12 @@ class Engine(ABC):
         dist_utils.barrier()
         final = root / f"global_step_{global_step}"
         if is_writer:
-            write_manifest(temporary, self._manifest(global_step))
-            final = publish_step(root, temporary, global_step)
+            final = publish_step(root, temporary, global_step, self._manifest(global_step))
             keep = (
                 max_ckpt_to_keep if max_ckpt_to_keep is not None else self.checkpoint_config.max_ckpt_to_keep
             )
             if keep is not None:
-                prune_old_steps(root, keep)
+                prune_old_steps(root, keep, published=final)
         dist_utils.barrier()
         return final
 
