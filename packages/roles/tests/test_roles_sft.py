@@ -8,7 +8,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.errors import PluginError
+from drivetrain_engine_core.errors import CheckpointError, PluginError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
 from drivetrain_roles.sft.metrics import read_records
@@ -26,8 +26,9 @@ SMALL = [
 ]
 
 
-def run_sft(output_dir, *overrides, resume=False):
-    return SFTTrainer(load_config(None, [*SMALL, *overrides]), output_dir, resume=resume).run()
+def run_sft(output_dir, *overrides, resume=False, overwrite=False):
+    config = load_config(None, [*SMALL, *overrides])
+    return SFTTrainer(config, output_dir, resume=resume, overwrite=overwrite).run()
 
 
 STEPS = ["trainer.total_steps=8", "trainer.save_every=4"]
@@ -68,6 +69,30 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_pa
     assert resumed.evaluations[-1] == full.evaluations[-1]
     resumed_records = read_records(resumed_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
+
+
+def test_a_new_run_refuses_a_directory_with_checkpoints_and_resume_needs_one(full_run, tmp_path) -> None:
+    full_dir, _ = full_run
+    metrics = (full_dir / "metrics.jsonl").read_text()
+    with pytest.raises(
+        CheckpointError, match=r"already holds checkpoints of a run \(global_step_4, global_step_8\)"
+    ):
+        run_sft(full_dir, *STEPS)
+    assert (full_dir / "metrics.jsonl").read_text() == metrics  # nothing truncated, nothing pruned
+    assert sorted(p.name for p in (full_dir / "checkpoints").iterdir()) == [
+        "global_step_4",
+        "global_step_8",
+        "latest",
+    ]
+    with pytest.raises(CheckpointError, match=r"--resume: .* holds no complete checkpoint.*Drop --resume"):
+        run_sft(tmp_path / "empty", *STEPS, resume=True)
+    result = CliRunner().invoke(drivetrain_cli, ["sft", "--resume", "--output-dir", str(tmp_path / "empty")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "holds no complete checkpoint" in result.output
+    overwritten = tmp_path / "overwritten"
+    shutil.copytree(full_dir, overwritten)
+    run_sft(overwritten, "trainer.total_steps=1", overwrite=True)
+    assert sorted(p.name for p in (overwritten / "checkpoints").iterdir()) == ["global_step_1", "latest"]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from pathlib import Path
 
 OUTPUTS_ROOT = Path("outputs")
 RUN_PREFIX = "sft-"
+CHECKPOINT_DIR = "checkpoints"
 
 
 def under_launcher() -> bool:
@@ -31,8 +32,37 @@ def new_output_dir(root: Path = OUTPUTS_ROOT) -> Path:
 
 def latest_output_dir(root: Path = OUTPUTS_ROOT) -> Path | None:
     """The newest ``outputs/sft-*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
-    runs = sorted(p for p in root.glob(f"{RUN_PREFIX}*") if (p / "checkpoints" / "latest").is_file())
+    from drivetrain_engine_core.checkpoint import complete_steps
+
+    runs = sorted(p for p in root.glob(f"{RUN_PREFIX}*") if complete_steps(p / CHECKPOINT_DIR))
     return runs[-1] if runs else None
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """A resumed run needs a checkpoint in ``run_dir``; a new run needs none there unless told to overwrite.
+
+    Checked before any rank starts, so that a new run never prunes or overwrites another run's steps and
+    metrics, and ``--resume`` never silently starts from step 0.
+
+    Raises:
+        CheckpointError: the run directory does not fit the request; the message names the flag to change.
+    """
+    from drivetrain_engine_core.checkpoint import step_entries
+    from drivetrain_engine_core.errors import CheckpointError
+
+    root = run_dir / CHECKPOINT_DIR
+    complete = [entry.path.name for entry in step_entries(root) if entry.complete]
+    if resume and not complete:
+        raise CheckpointError(
+            f"--resume: {root} holds no complete checkpoint, so there is nothing to continue. Drop --resume to "
+            f"start a new run in {run_dir}, or pass the --output-dir of the run to continue."
+        )
+    if not resume and not overwrite and complete:
+        raise CheckpointError(
+            f"{run_dir} already holds checkpoints of a run ({', '.join(complete)}); a new run there would prune "
+            "and overwrite them. Continue that run with --resume, choose another --output-dir, or pass "
+            "--overwrite to delete them and start over."
+        )
 
 
 def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed as dist_utils
-from drivetrain_engine_core.checkpoint import complete_steps
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
 
@@ -29,10 +29,10 @@ from .batches import StepSampler, check_batch_size, make_sft_batch
 from .config import SFTConfig
 from .data import DataError, Example, load_examples
 from .evaluate import greedy_accuracy, held_out_loss
+from .launch import CHECKPOINT_DIR, check_run_dir
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
-CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass
@@ -58,13 +58,19 @@ class SFTTrainer:
     Args:
         config: the run's configuration (see :func:`~drivetrain_roles.sft.config.load_config`).
         output_dir: where the model (for the embedded default), data, checkpoints and metrics go.
-        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` when there is one.
+        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` (an error when there is
+            none).
+        overwrite: delete the checkpoints a previous run left in ``output_dir`` and start over (without it, a
+            new run refuses a directory that holds checkpoints).
     """
 
-    def __init__(self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False) -> None:
+    def __init__(
+        self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+    ) -> None:
         self.config = config
         self.output_dir = Path(output_dir)
         self.resume = resume
+        self.overwrite = overwrite
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
 
     @property
@@ -76,8 +82,12 @@ class SFTTrainer:
         dist_utils.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
         if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
             torch.set_num_threads(self.config.trainer.cpu_threads)
+        check_run_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        dist_utils.barrier()  # every rank checked before rank 0 deletes anything
         if dist_utils.rank() == 0:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            if self.overwrite and not self.resume:
+                shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         dist_utils.barrier()
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
@@ -126,12 +136,9 @@ class SFTTrainer:
         return engine
 
     def _maybe_resume(self, engine: Engine) -> int:
-        """The step to start from: the latest checkpoint's when resuming, else 0."""
+        """The step to start from: the latest checkpoint's when resuming (``check_run_dir`` made sure there is
+        one), else 0."""
         if not self.resume:
-            return 0
-        if not complete_steps(self.checkpoint_root):
-            if dist_utils.rank() == 0:
-                logger.warning("--resume: no checkpoint under %s; starting from step 0", self.checkpoint_root)
             return 0
         state = engine.load_checkpoint(self.checkpoint_root)
         expected = self._data_position(0)
