@@ -11,7 +11,7 @@ from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.errors import CheckpointError, PluginError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
-from drivetrain_roles.sft.metrics import read_records
+from drivetrain_roles.sft.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.trainer import SFTTrainer
 
 SMALL = [
@@ -53,6 +53,8 @@ def test_sft_lowers_the_loss_and_writes_its_metrics(full_run) -> None:
     records = read_records(full_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses
     assert json.loads((full_dir / "summary.json").read_text())["final_train_loss"] == full.train_losses[-1]
+    assert [r["train/skipped_steps"] for r in records if "train/loss" in r] == [0.0] * 8
+    assert json.loads((full_dir / "summary.json").read_text())["skipped_steps"] == 0
 
 
 @pytest.mark.slow
@@ -69,6 +71,22 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_pa
     assert resumed.evaluations[-1] == full.evaluations[-1]
     resumed_records = read_records(resumed_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
+
+
+def test_non_finite_metrics_are_written_as_valid_json(tmp_path) -> None:
+    writer = MetricsWriter(tmp_path, enabled=True)
+    writer.write(1, {"train/loss": float("nan"), "train/grad_norm": float("inf"), "train/skipped_steps": 1.0})
+    writer.write(2, {"train/loss": 0.5, "train/grad_norm": 1.0, "train/skipped_steps": 1.0})
+    writer.close()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=refuse) for line in lines]
+    assert records[0] == {"step": 1, "train/loss": None, "train/grad_norm": None, "train/skipped_steps": 1.0}
+    plot_loss_curve(records, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 0
 
 
 def test_a_new_run_refuses_a_directory_with_checkpoints_and_resume_needs_one(full_run, tmp_path) -> None:

@@ -34,7 +34,7 @@ from .data.batch import validate_batch
 from .data.micro_batch import split_micro_batches
 from .data.options import ForwardOptions, read_forward_options, strip_forward_options
 from .data.tokens import global_counts
-from .errors import CheckpointError, EngineStateError
+from .errors import CheckpointError, DivergenceError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
 
@@ -82,6 +82,7 @@ class Engine(ABC):
         self._mode_stack: list[Mode] = []
         self._lr_schedule: LRSchedule | None = None
         self.skipped_steps = 0
+        self._consecutive_skips = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -218,28 +219,49 @@ class Engine(ABC):
 
         Returns:
             The global gradient norm before clipping. A non-finite norm skips the update (gradients are
-            zeroed, ``skipped_steps`` grows) and is logged.
+            zeroed, ``skipped_steps`` grows, the next ``lr_scheduler_step`` does not advance) and is logged.
+
+        Raises:
+            DivergenceError: ``optimizer.max_consecutive_skips`` updates in a row were skipped (on every rank:
+                the norm is global).
         """
         self._require_optimizer("optimizer_step()")
         if self.mode != "train":
             raise EngineStateError("optimizer_step() must be called inside `with engine.train_mode():`.")
-        grad_norm = float(self._clip_grad_norm(self.optimizer_config.clip_grad))  # type: ignore[union-attr]
-        if not math.isfinite(grad_norm):
-            self.skipped_steps += 1
-            logger.warning(
-                "grad norm is %s: skipping this optimizer update (%d skipped so far)",
-                grad_norm,
-                self.skipped_steps,
-            )
-            self._optimizer_zero_grad()
+        config = self.optimizer_config
+        assert config is not None
+        grad_norm = float(self._clip_grad_norm(config.clip_grad))
+        if math.isfinite(grad_norm):
+            self._consecutive_skips = 0
+            self._optimizer_step()
             return grad_norm
-        self._optimizer_step()
+        self.skipped_steps += 1
+        self._consecutive_skips += 1
+        logger.warning(
+            "grad norm is %s: skipping this optimizer update (%d skipped so far)",
+            grad_norm,
+            self.skipped_steps,
+        )
+        self._optimizer_zero_grad()
+        limit = config.max_consecutive_skips
+        if limit is not None and self._consecutive_skips >= limit:
+            raise DivergenceError(
+                f"{self._consecutive_skips} optimizer updates in a row had a non-finite grad norm (last: "
+                f"{grad_norm}) and were skipped: the run diverged. Lower optimizer.lr, set optimizer.clip_grad, "
+                "check the data for broken rows, or raise optimizer.max_consecutive_skips."
+            )
         return grad_norm
 
     def lr_scheduler_step(self) -> float:
-        """Advance the LR schedule one step; returns the new learning rate."""
+        """Advance the LR schedule one step; returns the new learning rate.
+
+        After a skipped update the schedule stays where it is: the schedule counts updates that happened,
+        so warm-up and decay are not consumed by steps that changed nothing (as Megatron-LM does).
+        """
         self._require_optimizer("lr_scheduler_step()")
         assert self._lr_schedule is not None
+        if self._consecutive_skips:
+            return self._lr_schedule.current_lr
         return self._lr_schedule.step()
 
     @property

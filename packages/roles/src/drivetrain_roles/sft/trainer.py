@@ -30,7 +30,7 @@ from .config import SFTConfig
 from .data import DataError, Example, load_examples
 from .evaluate import greedy_accuracy, held_out_loss
 from .launch import CHECKPOINT_DIR, check_run_dir
-from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+from .metrics import CURVE_FILE, MetricsWriter, format_record, json_safe, plot_loss_curve
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,13 @@ class SFTResult:
         start_step: the step the run started from (0, or the resumed checkpoint's step).
         train_losses: the training loss of each step this process ran, in order.
         evaluations: ``{"step", "val/loss", "val/accuracy"}`` of each evaluation this process ran.
+        skipped_steps: optimizer updates skipped for a non-finite grad norm, over the whole run (resumes
+            included).
     """
 
     output_dir: Path
     start_step: int
+    skipped_steps: int = 0
     train_losses: list[float] = field(default_factory=list)
     evaluations: list[dict[str, float]] = field(default_factory=list)
 
@@ -181,8 +184,10 @@ class SFTTrainer:
                 "train/loss": float(output.loss),  # type: ignore[arg-type]
                 "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
                 "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
+                "train/skipped_steps": float(engine.skipped_steps),
             }
             result.train_losses.append(values["train/loss"])
+            result.skipped_steps = engine.skipped_steps
             writer.write(step + 1, values)
             bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
             bar.update(1)
@@ -275,6 +280,7 @@ def _write_summary(output_dir: Path, result: SFTResult) -> None:
     summary = {
         "start_step": result.start_step,
         "final_train_loss": result.train_losses[-1] if result.train_losses else None,
+        "skipped_steps": result.skipped_steps,
         "evaluations": result.evaluations,
     }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (output_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
