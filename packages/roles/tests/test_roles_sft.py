@@ -8,6 +8,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, PluginError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
@@ -148,6 +149,14 @@ def test_bad_data_gives_one_clear_error(tmp_path, rows, overrides, message) -> N
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     with pytest.raises(DataError, match=message):
         run_sft(tmp_path / "run", f"data.train_files=[{train}]", *overrides)
+
+
+def test_a_model_that_sft_cannot_train_is_refused_before_training(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"model.model_type='value_model' has no next-token log-probs"):
+        SFTTrainer(load_config(None, ["model.model_type=value_model"]), tmp_path / "run")
+    (tmp_path / "not_a_model").mkdir()
+    with pytest.raises(ConfigError, match=r"not_a_model is a directory without config.json"):
+        run_sft(tmp_path / "run", f"model.path={tmp_path / 'not_a_model'}")
 
 
 def test_unknown_backend_names_the_installed_ones() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
 
@@ -70,6 +71,12 @@ class SFTTrainer:
     def __init__(
         self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
     ) -> None:
+        if config.model.model_type != "language_model":
+            raise ConfigError(
+                f"drivetrain sft trains a language model; model.model_type={config.model.model_type!r} has no "
+                "next-token log-probs to train on. Set model.model_type=language_model (value models are "
+                "trained by the critic role)."
+            )
         self.config = config
         self.output_dir = Path(output_dir)
         self.resume = resume
