@@ -30,10 +30,11 @@ from .checkpoint import (
 )
 from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
-from .data.batch import validate_batch
+from .data.batch import require_tensordict, validate_batch
 from .data.micro_batch import split_micro_batches
 from .data.options import ForwardOptions, read_forward_options, strip_forward_options
 from .data.tokens import global_counts
+from .data.values import TokenLimits, check_batch_values
 from .errors import CheckpointError, DivergenceError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
@@ -155,12 +156,15 @@ class Engine(ABC):
 
         Raises:
             EngineStateError: not initialised, outside a mode context, or backward outside ``train_mode``.
-            BatchError: the batch is malformed.
+            BatchError: the batch is malformed: not a TensorDict, bad offsets, token ids outside the vocabulary,
+                sequences longer than the model's positions, non-finite float fields.
         """
         self._check_compute_allowed(loss_fn, forward_only)
+        require_tensordict(batch)
         options = read_forward_options(batch)
         batch = strip_forward_options(batch)
         validate_batch(batch, required=self._required_fields(loss_fn is not None))
+        check_batch_values(batch, self._token_limits())
         micro_batches = split_micro_batches(batch, self.engine_config.micro_batch, self.data_parallel_group)
         tokens, sequences = global_counts(batch, self.data_parallel_group, count_tokens=loss_fn is not None)
         context = LossContext(
@@ -488,6 +492,10 @@ class Engine(ABC):
     def _checkpoint_backend_info(self) -> dict[str, Any]:
         """Backend layout details recorded in the manifest (parallel sizes, formats)."""
         return {}
+
+    def _token_limits(self) -> TokenLimits:
+        """The vocabulary and positions batches are checked against; backends that know them override this."""
+        return TokenLimits()
 
     def _required_fields(self, with_loss: bool) -> tuple[str, ...]:
         """Batch fields the engine needs; ``loss_mask`` is needed to normalise losses."""

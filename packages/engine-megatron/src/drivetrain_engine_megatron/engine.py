@@ -8,6 +8,7 @@ core does not rescale the loss: each rank backwards its share of the globally no
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
@@ -70,6 +72,11 @@ class MegatronEngine(Engine):
 
             self._optimizer = build_optimizer(self.optimizer_config, self.engine_config, self._model.chunks)
             self._install_grad_finalizer()
+
+    def _token_limits(self) -> TokenLimits:
+        # The tokenizer's vocabulary, not the padded one: ids in the padding rows would train with loss inf.
+        limits = TokenLimits.from_hf_config(self._model.bridge.hf_config, self.model_config.path)
+        return dataclasses.replace(limits, vocab_size=self._model.vocab_size)
 
     def _refuse_unsupported(self) -> None:
         """Refuse, before any group or model exists, what this backend cannot run here."""
