@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +16,7 @@ from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, PluginError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
+from drivetrain_roles.sft.launch import spawn_ranks
 from drivetrain_roles.sft.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.trainer import SFTTrainer
 
@@ -125,6 +130,55 @@ def test_cli_with_two_spawned_ranks_trains_like_one_rank(full_run, tmp_path) -> 
     records = read_records(output_dir / "metrics.jsonl")
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert losses == pytest.approx(full.train_losses, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_user_error_under_nproc_is_one_line_from_one_rank(tmp_path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "1+1=", "response": "2"}\n[1, 2]\n')
+    drivetrain = Path(sys.executable).parent / "drivetrain"
+    command = [
+        drivetrain,
+        "sft",
+        "--nproc",
+        "2",
+        "--output-dir",
+        tmp_path / "run",
+        f"data.train_files=[{data}]",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [
+        f"drivetrain sft: error: {data}:2 is a JSON list, not an object; write one object per line, such as "
+        '{"prompt": "...", "response": "..."}.'
+    ], done.stderr
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
+
+
+def test_ctrl_c_ends_ranks_and_launcher_quietly(monkeypatch, capsys) -> None:
+    from drivetrain_roles.sft import rank_main
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rank_main.sft, "main", interrupted)
+    with pytest.raises(SystemExit) as rank_exit:
+        rank_main.main()
+    assert rank_exit.value.code == 130
+    assert capsys.readouterr().err == ""
+
+    def launch(config, entrypoint):
+        def run(*args):
+            raise SignalException("got signal: 2", sigval=signal.SIGINT)
+
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", launch)
+    assert spawn_ranks(2, ["--output-dir", "x"]) == 130
+    assert capsys.readouterr().err == "drivetrain sft: interrupted; every rank was stopped.\n"
 
 
 def write_jsonl(path, rows):
