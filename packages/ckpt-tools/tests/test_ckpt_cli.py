@@ -65,3 +65,23 @@ def test_merge_command_errors_are_one_line_without_traceback(synthetic_step, tmp
     assert bad_size.exit_code == 1
     assert "'lots' is not a size" in bad_size.output
     assert not (tmp_path / "other").exists()
+
+
+def test_ls_recognises_the_copy_an_interrupted_resave_left_aside(synthetic_step):
+    root = synthetic_step.parent
+    shutil.copytree(synthetic_step, root / ".tmp-global_step_5")  # the new copy, complete but not renamed in
+    synthetic_step.rename(root / ".old-global_step_5")
+    (root / "latest").write_text("global_step_5")
+
+    steps = json.loads(_run("ls", str(root), "--json").output)
+    by_path = {s["path"].rsplit("/", 1)[-1]: s for s in steps}
+    aside, pending = by_path[".old-global_step_5"], by_path[".tmp-global_step_5"]
+    assert (aside["kind"], aside["complete"], aside["problem"], aside["backend"]) == (
+        "aside",
+        True,
+        None,
+        "fsdp",
+    )
+    assert (pending["kind"], pending["complete"]) == ("temporary", False)
+    assert "never published" in pending["problem"]
+    assert " aside " in _run("ls", str(root)).output

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from drivetrain_ckpt_tools.hf_files import SIDE_FILES
 from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
 from drivetrain_engine_core.errors import CheckpointError
 
@@ -87,3 +90,29 @@ def test_unknown_backend_names_what_is_installed(synthetic_step, tmp_path):
     with pytest.raises(PluginError, match=r"deepspeed.*fsdp"):
         merge_checkpoint(synthetic_step, tmp_path / "hf")
     _assert_nothing_written(tmp_path, ["ckpt"])
+
+
+def test_only_allow_listed_regular_side_files_travel(write_step, source_dir, source_model, tmp_path):
+    planted = tmp_path / "model"
+    shutil.copytree(source_dir, planted)
+    (planted / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    (planted / "notes.txt").write_text("internal")
+    secret = tmp_path / "secret"
+    secret.write_text("do not publish")
+    (planted / "generation_config.json").unlink(missing_ok=True)
+    (planted / "generation_config.json").symlink_to(secret)
+    step = write_step(tmp_path / "ckpt", 5, source_model, model_path=planted)
+    result = merge_checkpoint(step, tmp_path / "hf")
+    assert not {"id_rsa", "notes.txt", "generation_config.json"} & set(result.files)
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"} <= set(
+        result.files
+    )
+    assert set(result.files) - {"config.json", "model.safetensors"} <= SIDE_FILES
+
+
+def test_destination_that_contains_the_checkpoint_is_refused(synthetic_step, tmp_path):
+    run = synthetic_step.parent.parent
+    for destination in (run, synthetic_step.parent, synthetic_step):
+        with pytest.raises(CheckpointError, match=r"contains the checkpoint .* being merged"):
+            merge_checkpoint(synthetic_step.parent, destination, MergeOptions(overwrite=True))
+    assert (synthetic_step / "manifest.json").is_file()

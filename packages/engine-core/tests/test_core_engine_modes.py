@@ -10,12 +10,13 @@ import pytest
 import torch
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.options import set_forward_options
-from drivetrain_engine_core.errors import BatchError, EngineStateError
+from drivetrain_engine_core.errors import BatchError, DivergenceError, EngineStateError
 from drivetrain_engine_core.lr_schedule import lr_at_step
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
+from tensordict import TensorDict
 
 VOCAB = 64
 OPTIMIZER = OptimizerConfig(lr=0.1, weight_decay=0.0, clip_grad=None)
@@ -173,6 +174,54 @@ def test_non_finite_grad_norm_skips_the_update() -> None:
         output = engine.train_batch(batch, token_mean_nll)
     assert math.isfinite(output.metrics["grad_norm"]) and engine.skipped_steps == 1
     assert not torch.equal(before["0.weight"], weights(engine)["0.weight"])
+
+
+def test_malformed_batches_are_one_error_naming_the_fix() -> None:
+    engine = make_engine()
+    batch = make_batch()
+    with (
+        engine.eval_mode(),
+        pytest.raises(BatchError, match=r"must be a tensordict.TensorDict, got dict.*make_batch"),
+    ):
+        engine.infer_batch({key: batch[key] for key in ("input_ids", "position_ids")})
+    for offsets in ([0, 3, 2, 6], [1, 3, 6], [0, 3, 5]):
+        ids = torch.nested.nested_tensor_from_jagged(torch.arange(6), offsets=torch.tensor(offsets))
+        bad = TensorDict({"input_ids": ids, "position_ids": ids}, batch_size=[len(offsets) - 1])
+        with engine.eval_mode(), pytest.raises(BatchError, match=r"input_ids has malformed offsets"):
+            engine.infer_batch(bad)
+    batch["input_ids"].values()[0] = -1
+    with (
+        engine.eval_mode(),
+        pytest.raises(BatchError, match=r"sequence 0 holds token id -1, outside \[0, 64\)"),
+    ):
+        engine.infer_batch(batch)
+
+
+def test_skipped_updates_hold_the_lr_schedule_and_too_many_in_a_row_stop_the_run() -> None:
+    optimizer = OptimizerConfig(lr=1.0, warmup_steps=4, max_consecutive_skips=3)
+    engine, batch = make_engine(optimizer), make_batch()
+
+    def nan_loss(output, micro_batch, context):
+        loss, metrics = token_mean_nll(output, micro_batch, context)
+        return loss * float("nan"), metrics
+
+    def step(loss_fn) -> float:
+        with engine.train_mode():
+            engine.train_batch(batch, loss_fn)
+        return engine.lr_scheduler_step()
+
+    assert step(token_mean_nll) == pytest.approx(0.5)  # warm-up 1 -> 2 of 4
+    assert [step(nan_loss), step(nan_loss)] == pytest.approx([0.5, 0.5])  # skipped: the schedule holds
+    assert step(token_mean_nll) == pytest.approx(0.75)
+    assert engine.skipped_steps == 2
+    step(nan_loss)
+    step(nan_loss)
+    with pytest.raises(
+        DivergenceError,
+        match=r"3 optimizer updates in a row had a non-finite grad norm .*max_consecutive_skips",
+    ):
+        step(nan_loss)
+    assert engine.skipped_steps == 5
 
 
 def test_lr_schedule_warmup_then_cosine_by_hand() -> None:

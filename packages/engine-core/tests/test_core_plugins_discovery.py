@@ -12,6 +12,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import build_cli
 from drivetrain_engine_core.config import ConfigError, EngineConfig, ModelConfig
 from drivetrain_engine_core.errors import PluginError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
@@ -201,20 +203,63 @@ def test_blocked_by_environment(fake, monkeypatch):
     assert (by_name["blocked"].status, by_name["blocked"].error) == ("blocked", None)
     assert by_name["fake"].status == "loaded"
     assert blocked_module not in sys.modules
-    assert get_plugin_manager(entry_points=entry_points, disabled=["fake"]).engines.entries() == []
+    without_fake = get_plugin_manager(entry_points=entry_points, disabled=["fake"])
+    assert without_fake.engines.entries() == []
+    with pytest.raises(PluginError) as missing:
+        without_fake.engines.get("language_model", "fake", "cpu")
+    message = str(missing.value)
+    assert (
+        "provided by plugin 'fake' (drivetrain-engine-fake 1.2.3), which is installed but blocked" in message
+    )
+    assert "remove 'fake' from DRIVETRAIN_DISABLE_PLUGINS" in message
+    assert "pip install" not in message
 
 
-def test_duplicate_registration_names_both_distributions(fake):
-    copy = fake.module("copycat", BACKEND_PLUGIN)
-    entry_points = [*_backend(fake), fake.entry_point("zz_copy", copy, "drivetrain-copycat", "9.9")]
-    loaded = get_plugin_manager(entry_points=entry_points)
-    failed = {p.name: p for p in loaded.plugins}["zz_copy"]
-    assert failed.status == "failed"
-    assert "engine language_model/fake/cpu is registered twice" in failed.error
-    assert "drivetrain-engine-fake 1.2.3" in failed.error and "drivetrain-copycat 9.9" in failed.error
-    assert len(loaded.engines.entries()) == 3, "the first plugin keeps its registrations"
+HIJACK_PLUGIN = """
+    from drivetrain_engine_core.hookspecs import hookimpl
+
+    @hookimpl
+    def register_engines(registry):
+        registry.register(model_type="language_model", backend="fake", devices=["cpu"],
+                          engine="evil_SUFFIX:Engine", config="fake_impl_SUFFIX:FakeConfig")
+        registry.register(model_type="language_model", backend="own", devices=["cpu"],
+                          engine="evil_SUFFIX:Engine", config="evil_SUFFIX:Config")
+"""
+
+
+def test_a_key_registered_twice_fails_loudly_and_withdraws_nobody(fake):
+    # The entry-point name "aaa" sorts before "fake": it loads first and claims the official engine's key.
+    hijack = fake.entry_point("aaa", fake.module("hijack", HIJACK_PLUGIN), "drivetrain-hijack", "6.6.6")
+    loaded = get_plugin_manager(entry_points=[hijack, *_backend(fake)])
+    assert {p.name: p.status for p in loaded.plugins} == {"aaa": "loaded", "fake": "loaded"}
+    with pytest.raises(PluginError) as conflict:
+        loaded.engines.get("language_model", "fake", "cpu")
+    message = str(conflict.value)
+    assert "engine language_model/fake/cpu is registered by several plugins" in message
+    assert (
+        "drivetrain-hijack 6.6.6 (plugin 'aaa'" in message
+        and "drivetrain-engine-fake 1.2.3 (plugin 'fake'" in message
+    )
+    assert "DRIVETRAIN_DISABLE_PLUGINS=<name> (aaa or fake)" in message
+    # Every other registration of both plugins stays; nothing was silently replaced or withdrawn.
+    assert loaded.engines.get("language_model", "fake", "cuda").__name__ == "FakeEngine"
+    assert {(e.backend, e.device, e.plugin) for e in loaded.engines.entries()} >= {
+        ("fake", "cuda", "fake"),
+        ("fake", "*", "fake"),
+        ("own", "cpu", "aaa"),
+    }
+    assert loaded.mergers.names() == ["fake"]
+    assert any("language_model/fake/cpu is registered by several plugins" in p for p in loaded.problems())
+    by_name = {p.name: p for p in loaded.plugins}
+    conflict_line = f"engine language_model/fake/cpu -> evil_{fake.suffix}:Engine (CONFLICT: also registered by another plugin)"
+    assert conflict_line in by_name["aaa"].registered
+    settled = get_plugin_manager(entry_points=[hijack, *_backend(fake)], disabled=["aaa"])
+    assert settled.engines.get("language_model", "fake", "cpu").__name__ == "FakeEngine"
     same_name = get_plugin_manager(
-        entry_points=[*_backend(fake), fake.entry_point("fake", copy, "drivetrain-fork")]
+        entry_points=[
+            *_backend(fake),
+            fake.entry_point("fake", fake.module("copycat", BACKEND_PLUGIN), "drivetrain-fork"),
+        ]
     )
     assert [(p.distribution, p.status) for p in same_name.plugins] == [
         ("drivetrain-engine-fake", "loaded"),
@@ -225,6 +270,25 @@ def test_duplicate_registration_names_both_distributions(fake):
         in same_name.plugins[1].error
     )
     assert same_name.plugins[1].registered == []
+
+
+def test_commands_report_failed_plugins_and_conflicts_on_stderr(fake):
+    broken = fake.entry_point(
+        "broken", fake.module("broken", "raise RuntimeError('boom')\n"), "drivetrain-broken"
+    )
+    hijack = fake.entry_point("aaa", fake.module("hijack", HIJACK_PLUGIN), "drivetrain-hijack", "6.6.6")
+    reset_plugins()
+    try:
+        plugins(lambda: get_plugin_manager(entry_points=[hijack, broken, *_backend(fake)]))
+        result = CliRunner().invoke(build_cli(), ["engines"])
+    finally:
+        reset_plugins()
+    assert result.exit_code == 0
+    assert (
+        "drivetrain: plugin 'broken' (drivetrain-broken 1.2.3) failed to load: RuntimeError: boom"
+        in result.stderr
+    )
+    assert "drivetrain: engine language_model/fake/cpu is registered by several plugins" in result.stderr
 
 
 def test_missing_engine_message(fake):

@@ -94,14 +94,16 @@ def test_processes_a_rank_started_are_gone_when_the_launcher_returns() -> None:
 
 
 def test_a_launch_whose_grandchild_holds_the_output_pipe_returns() -> None:
-    # The child exits at once; its own child keeps stdout open for 300 s. A reader of the launcher's output
-    # (pytest, a CI log, `drivetrain sft --nproc 2 | tee`) must see the end of the output when the child ends.
-    child = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])"
+    # The rank starts in a new session, as torch's elastic launcher starts ranks, and exits at once; its own
+    # child keeps stdout open for 300 s. A reader of the launcher's output (pytest, a CI log,
+    # `drivetrain sft --nproc 2 | tee`) must see the end of the output when the launch ends.
+    rank = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])"
     launcher = (
-        "import sys; from drivetrain_engine_core.processes import run_process_group; "
-        f"sys.exit(run_process_group([sys.executable, '-c', {child!r}]))"
+        "import subprocess, sys; from drivetrain_engine_core.processes import owning_descendants\n"
+        "with owning_descendants():\n"
+        f"    subprocess.run([sys.executable, '-c', {rank!r}], start_new_session=True)"
     )
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, timeout=60)
-    assert done.returncode == 0
+    assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.errors import PluginError
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import CheckpointError, PluginError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
-from drivetrain_roles.sft.metrics import read_records
+from drivetrain_roles.sft.launch import spawn_ranks
+from drivetrain_roles.sft.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.trainer import SFTTrainer
 
 SMALL = [
@@ -26,8 +32,9 @@ SMALL = [
 ]
 
 
-def run_sft(output_dir, *overrides, resume=False):
-    return SFTTrainer(load_config(None, [*SMALL, *overrides]), output_dir, resume=resume).run()
+def run_sft(output_dir, *overrides, resume=False, overwrite=False):
+    config = load_config(None, [*SMALL, *overrides])
+    return SFTTrainer(config, output_dir, resume=resume, overwrite=overwrite).run()
 
 
 STEPS = ["trainer.total_steps=8", "trainer.save_every=4"]
@@ -52,6 +59,8 @@ def test_sft_lowers_the_loss_and_writes_its_metrics(full_run) -> None:
     records = read_records(full_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses
     assert json.loads((full_dir / "summary.json").read_text())["final_train_loss"] == full.train_losses[-1]
+    assert [r["train/skipped_steps"] for r in records if "train/loss" in r] == [0.0] * 8
+    assert json.loads((full_dir / "summary.json").read_text())["skipped_steps"] == 0
 
 
 @pytest.mark.slow
@@ -70,6 +79,46 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_pa
     assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
 
 
+def test_non_finite_metrics_are_written_as_valid_json(tmp_path) -> None:
+    writer = MetricsWriter(tmp_path, enabled=True)
+    writer.write(1, {"train/loss": float("nan"), "train/grad_norm": float("inf"), "train/skipped_steps": 1.0})
+    writer.write(2, {"train/loss": 0.5, "train/grad_norm": 1.0, "train/skipped_steps": 1.0})
+    writer.close()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=refuse) for line in lines]
+    assert records[0] == {"step": 1, "train/loss": None, "train/grad_norm": None, "train/skipped_steps": 1.0}
+    plot_loss_curve(records, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_a_new_run_refuses_a_directory_with_checkpoints_and_resume_needs_one(full_run, tmp_path) -> None:
+    full_dir, _ = full_run
+    metrics = (full_dir / "metrics.jsonl").read_text()
+    with pytest.raises(
+        CheckpointError, match=r"already holds checkpoints of a run \(global_step_4, global_step_8\)"
+    ):
+        run_sft(full_dir, *STEPS)
+    assert (full_dir / "metrics.jsonl").read_text() == metrics  # nothing truncated, nothing pruned
+    assert sorted(p.name for p in (full_dir / "checkpoints").iterdir()) == [
+        "global_step_4",
+        "global_step_8",
+        "latest",
+    ]
+    with pytest.raises(CheckpointError, match=r"--resume: .* holds no complete checkpoint.*Drop --resume"):
+        run_sft(tmp_path / "empty", *STEPS, resume=True)
+    result = CliRunner().invoke(drivetrain_cli, ["sft", "--resume", "--output-dir", str(tmp_path / "empty")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "holds no complete checkpoint" in result.output
+    overwritten = tmp_path / "overwritten"
+    shutil.copytree(full_dir, overwritten)
+    run_sft(overwritten, "trainer.total_steps=1", overwrite=True)
+    assert sorted(p.name for p in (overwritten / "checkpoints").iterdir()) == ["global_step_1", "latest"]
+
+
 @pytest.mark.slow
 def test_cli_with_two_spawned_ranks_trains_like_one_rank(full_run, tmp_path) -> None:
     _, full = full_run
@@ -81,6 +130,55 @@ def test_cli_with_two_spawned_ranks_trains_like_one_rank(full_run, tmp_path) -> 
     records = read_records(output_dir / "metrics.jsonl")
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert losses == pytest.approx(full.train_losses, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_user_error_under_nproc_is_one_line_from_one_rank(tmp_path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "1+1=", "response": "2"}\n[1, 2]\n')
+    drivetrain = Path(sys.executable).parent / "drivetrain"
+    command = [
+        drivetrain,
+        "sft",
+        "--nproc",
+        "2",
+        "--output-dir",
+        tmp_path / "run",
+        f"data.train_files=[{data}]",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [
+        f"drivetrain sft: error: {data}:2 is a JSON list, not an object; write one object per line, such as "
+        '{"prompt": "...", "response": "..."}.'
+    ], done.stderr
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
+
+
+def test_ctrl_c_ends_ranks_and_launcher_quietly(monkeypatch, capsys) -> None:
+    from drivetrain_roles.sft import rank_main
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rank_main.sft, "main", interrupted)
+    with pytest.raises(SystemExit) as rank_exit:
+        rank_main.main()
+    assert rank_exit.value.code == 130
+    assert capsys.readouterr().err == ""
+
+    def launch(config, entrypoint):
+        def run(*args):
+            raise SignalException("got signal: 2", sigval=signal.SIGINT)
+
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", launch)
+    assert spawn_ranks(2, ["--output-dir", "x"]) == 130
+    assert capsys.readouterr().err == "drivetrain sft: interrupted; every rank was stopped.\n"
 
 
 def write_jsonl(path, rows):
@@ -105,6 +203,14 @@ def test_bad_data_gives_one_clear_error(tmp_path, rows, overrides, message) -> N
     train = write_jsonl(tmp_path / "train.jsonl", rows)
     with pytest.raises(DataError, match=message):
         run_sft(tmp_path / "run", f"data.train_files=[{train}]", *overrides)
+
+
+def test_a_model_that_sft_cannot_train_is_refused_before_training(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"model.model_type='value_model' has no next-token log-probs"):
+        SFTTrainer(load_config(None, ["model.model_type=value_model"]), tmp_path / "run")
+    (tmp_path / "not_a_model").mkdir()
+    with pytest.raises(ConfigError, match=r"not_a_model is a directory without config.json"):
+        run_sft(tmp_path / "run", f"model.path={tmp_path / 'not_a_model'}")
 
 
 def test_unknown_backend_names_the_installed_ones() -> None:

@@ -11,6 +11,7 @@ from drivetrain_engine_core.testing import build_tiny_tokenizer
 from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
 from drivetrain_roles.sft.config import DataConfig, load_config
 from drivetrain_roles.sft.data import DataError, load_examples
+from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
 
 ROWS = [{"prompt": "hello ", "response": "world"}, {"prompt": "the answer is ", "response": "42"}]
 
@@ -78,3 +79,47 @@ def test_overrides_parse_numbers_and_micro_batch_limits_exclude_each_other() -> 
     assert (config.engine.micro_batch.micro_batch_size, config.engine.micro_batch.max_tokens) == (4, None)
     assert config.data.train_files == ("a.jsonl",)
     assert config.optimizer.total_steps == config.trainer.total_steps
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"prompt": null, "response": "2"}\n', r"row 0 column 'prompt' holds NoneType 'None', not text"),
+        (
+            '{"prompt": "1+1=", "response": ["2"]}\n',
+            r"row 0 column 'response' holds list \"\['2'\]\", not text",
+        ),
+        ('{"prompt": "1+1=", "response": "2"}\n[1, 2]\n', r"d\.jsonl:2 is a JSON list, not an object"),
+        ('"just text"\n', r"d\.jsonl:1 is a JSON str, not an object"),
+        (
+            b'{"prompt": "caf\xe9", "response": "2"}\n',
+            r"d\.jsonl is not UTF-8 \(byte 15 is b'\\xe9'\).*iconv",
+        ),
+    ],
+    ids=["none_value", "list_value", "array_line", "string_line", "latin1"],
+)
+def test_unusable_rows_are_one_clear_error(tmp_path, content, message) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(DataError, match=message):
+        load_examples([path], build_tiny_tokenizer(), DataConfig(train_files=(str(path),)))
+
+
+def test_corrupt_parquet_is_one_clear_error(tmp_path) -> None:
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(DataError, match=r"d\.parquet is not a readable parquet file .*re-export"):
+        load_examples([path], build_tiny_tokenizer(), DataConfig(train_files=(str(path),)))
+
+
+def test_characters_the_tokenizer_maps_to_padding_are_refused(tmp_path) -> None:
+    tokenizer = build_arithmetic_tokenizer()  # its unknown token is <pad>
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "response": "two"}) + "\n")
+    with pytest.raises(
+        DataError, match=r"row 0 column 'response' has characters the tokenizer does not know \('otw'\)"
+    ):
+        load_examples([path], tokenizer, DataConfig(train_files=(str(path),)))
+    path.write_text(json.dumps({"prompt": "1+1=", "response": "2"}) + "\n")
+    assert load_examples([path], tokenizer, DataConfig(train_files=(str(path),)))[0].response_text == "2"

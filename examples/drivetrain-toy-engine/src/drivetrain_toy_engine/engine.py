@@ -25,6 +25,7 @@ from drivetrain_engine_core.data.packing import (
     unpack_to_jagged,
 )
 from drivetrain_engine_core.data.padding import nopad_to_padded
+from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
 from safetensors.torch import load_file, save_file
@@ -50,12 +51,16 @@ class ToyEngine(Engine):
     is_output_rank = True
 
     # ------------------------------------------------------------------ build
+    def _token_limits(self) -> TokenLimits:
+        return self._limits
+
     def _initialize(self) -> None:
         if distributed.world_size() > 1 or self.model_config.lora is not None:
             raise ConfigError("the toy backend runs one process without LoRA; use the fsdp backend for more.")
         torch.manual_seed(self.engine_config.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_config.path, dtype=torch.float32)
         self.model.to(self.engine_config.device)
+        self._limits = TokenLimits.from_hf_config(self.model.config, self.model_config.path)
         if self.model_config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.optimizer = None

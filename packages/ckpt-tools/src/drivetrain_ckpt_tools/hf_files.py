@@ -1,20 +1,45 @@
 """The non-weight files of a merged Hugging Face directory: config, tokenizer, generation config.
 
 The config is re-written for the merged model's head (a value model becomes a token-classification model
-with one label); every other small file of the source model directory (tokenizer files, chat template,
-generation config) is copied as is, so the merged directory loads and tokenizes exactly like the source.
+with one label); the tokenizer files, chat template and generation config of the source model directory are
+copied as is, so the merged directory loads and tokenizes exactly like the source. Only those named files
+are copied (an allow-list), only regular files (never a symlink), and only up to a size cap: a merge must not
+carry whatever else sits in the source directory (keys, notes, caches) into a model that gets published.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 from drivetrain_engine_core.checkpoint import CheckpointMerger
 from drivetrain_engine_core.errors import CheckpointError
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
-_NOT_COPIED = {"config.json", "adapter_config.json"}
+logger = logging.getLogger(__name__)
+
+SIDE_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "chat_template.jinja",
+        "chat_template.json",
+        "generation_config.json",
+        "preprocessor_config.json",
+    }
+)
+"""The files of a source model directory a merge copies: tokenizer, chat template, generation config."""
+
+MAX_SIDE_FILE_BYTES = 64 << 20
+"""Largest side file copied (the biggest tokenizer.json files are about 35 MB)."""
 
 
 def write_model_config(merger: CheckpointMerger, directory: Path) -> None:
@@ -41,21 +66,29 @@ def write_model_config(merger: CheckpointMerger, directory: Path) -> None:
 
 
 def copy_side_files(source: Path | str, directory: Path) -> list[str]:
-    """Copy the tokenizer, chat template and generation config (every small non-weight file) of ``source``.
+    """Copy the allow-listed tokenizer, chat-template and generation-config files of ``source``.
+
+    Symlinks and files over :data:`MAX_SIDE_FILE_BYTES` are skipped with a warning.
 
     Returns:
         The names of the copied files.
     """
     copied = []
-    for path in sorted(Path(source).iterdir()):
-        if path.is_file() and path.name not in _NOT_COPIED and not _is_weight_file(path.name):
-            shutil.copy2(path, directory / path.name)
-            copied.append(path.name)
+    for name in sorted(SIDE_FILES):
+        path = Path(source) / name
+        if path.is_symlink() or not path.is_file():
+            if path.is_symlink():
+                logger.warning("not copying %s: it is a symlink (only regular files are copied)", path)
+            continue
+        size = path.stat().st_size
+        if size > MAX_SIDE_FILE_BYTES:
+            logger.warning(
+                "not copying %s: %d bytes is over the %d-byte cap", path, size, MAX_SIDE_FILE_BYTES
+            )
+            continue
+        shutil.copyfile(path, directory / name)
+        copied.append(name)
     return copied
 
 
-def _is_weight_file(name: str) -> bool:
-    return name.endswith(_WEIGHT_SUFFIXES) or name.endswith(".index.json")
-
-
-__all__ = ["copy_side_files", "write_model_config"]
+__all__ = ["MAX_SIDE_FILE_BYTES", "SIDE_FILES", "copy_side_files", "write_model_config"]

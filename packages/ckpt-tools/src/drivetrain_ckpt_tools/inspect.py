@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.checkpoint import LATEST_FILE, MANIFEST_FILE, read_manifest, verify_files
+from drivetrain_engine_core.checkpoint import (
+    MANIFEST_FILE,
+    StepEntry,
+    complete_steps,
+    read_latest,
+    read_manifest,
+    step_entries,
+    verify_files,
+)
 from drivetrain_engine_core.errors import CheckpointError
-
-_STEP_DIR = re.compile(r"^(?:\.tmp-)?global_step_(\d+)$")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -20,8 +25,11 @@ class StepInfo:
     Attributes:
         global_step: the step number.
         path: the step directory.
-        complete: whether its manifest exists (a step without one was interrupted and cannot be merged).
+        complete: whether it is a loadable step: a published step with its manifest, or the complete copy an
+            interrupted re-save left aside (``kind="aside"``) while the published copy is missing or incomplete.
         latest: whether ``latest`` points at it.
+        kind: ``step`` (published), ``temporary`` (being written, never loaded) or ``aside`` (the previous copy
+            of a step during a re-save).
         backend, world_size, model_type, lora: from the manifest (``None`` for incomplete steps).
         contents: top-level entries of the step (``model``, ``optimizer``, ``extra``, ...).
         size_bytes: total size of the step's files.
@@ -32,6 +40,7 @@ class StepInfo:
     path: str
     complete: bool
     latest: bool = False
+    kind: str = "step"
     backend: str | None = None
     world_size: int | None = None
     model_type: str | None = None
@@ -57,27 +66,32 @@ def list_steps(root: Path | str, *, check_files: bool = False) -> list[StepInfo]
     root = Path(root)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint root {root} is not a directory.")
-    pointer = root / LATEST_FILE
-    latest = pointer.read_text().strip() if pointer.is_file() else None
-    steps = []
-    for child in sorted(root.iterdir()):
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir():
-            steps.append(_describe(child, int(match.group(1)), child.name == latest, check_files))
-    return sorted(steps, key=lambda step: (step.global_step, step.path))
+    latest, _ = read_latest(root)
+    loadable = {path for _, path in complete_steps(root)}
+    return [
+        _describe(entry, entry.path.name == latest, entry.path in loadable, check_files)
+        for entry in step_entries(root)
+    ]
 
 
-def _describe(step_dir: Path, global_step: int, latest: bool, check_files: bool) -> StepInfo:
+def _describe(entry: StepEntry, latest: bool, loadable: bool, check_files: bool) -> StepInfo:
+    step_dir = entry.path
     base = StepInfo(
-        global_step=global_step,
+        global_step=entry.global_step,
         path=str(step_dir),
         complete=False,
         latest=latest,
+        kind=entry.kind,
         contents=sorted(p.name for p in step_dir.iterdir()),
         size_bytes=sum(p.stat().st_size for p in step_dir.rglob("*") if p.is_file()),
     )
-    if not (step_dir / MANIFEST_FILE).is_file():
+    if not entry.complete:
         return replace(base, problem=f"no {MANIFEST_FILE}: the save was interrupted")
+    if not loadable:
+        why = "never published (the save was interrupted before the rename)"
+        if entry.kind == "aside":
+            why = "superseded copy left by an interrupted re-save; the published step replaces it"
+        return replace(base, problem=why)
     try:
         manifest = read_manifest(step_dir)
         if check_files:
@@ -103,12 +117,14 @@ def format_steps(steps: list[StepInfo]) -> str:
     ]
     for step in steps:
         status = ("complete" if step.complete else "BROKEN") + ("*" if step.latest else "")
+        if step.complete and step.kind == "aside":
+            status = "aside"
         lines.append(
             f"{step.global_step:>8}  {status:<10} {step.backend or '-':<9} {step.world_size or '-':>5}  "
             f"{step.model_type or '-':<15} {'yes' if step.lora else 'no':<5} {step.size_bytes / 1e6:>9.2f}  "
             f"{','.join(step.contents)}" + (f"\n          problem: {step.problem}" if step.problem else "")
         )
-    lines.append("(* = latest)")
+    lines.append("(* = latest; aside = the only complete copy of a step whose re-save was interrupted)")
     return "\n".join(lines)
 
 

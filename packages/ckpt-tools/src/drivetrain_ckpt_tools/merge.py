@@ -90,10 +90,12 @@ def merge_checkpoint(
     """Merge the checkpoint step at ``src`` (a step or a root with ``latest``) into ``dst``.
 
     Raises:
-        CheckpointError: ``dst`` exists without ``overwrite``, or the step is incomplete or damaged.
+        CheckpointError: ``dst`` exists without ``overwrite``, ``dst`` contains or lies inside ``src``
+            (replacing it would delete checkpoint data), or the step is incomplete or damaged.
     """
     options = options or MergeOptions()
     destination = Path(dst)
+    _refuse_destination_holding(destination, Path(src))
     if destination.exists() and not options.overwrite:
         raise CheckpointError(
             f"destination {destination} already exists; choose another path or pass --overwrite to replace it."
@@ -112,6 +114,17 @@ def merge_checkpoint(
     return MergeResult(
         step_dir=merger.step_dir, destination=destination, kind=kind, files=sorted(os.listdir(destination))
     )
+
+
+def _refuse_destination_holding(destination: Path, source: Path) -> None:
+    """A destination that is, contains or lies inside the source: ``--overwrite`` would delete checkpoint data."""
+    target, checkpoint = destination.resolve(), source.resolve()
+    if checkpoint == target or target in checkpoint.parents or checkpoint in target.parents:
+        raise CheckpointError(
+            f"destination {destination} contains the checkpoint {source} being merged (or lies inside it); "
+            "writing there would delete checkpoint data. Choose a destination outside it, e.g. a new directory "
+            "beside the run."
+        )
 
 
 def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> str:

@@ -1,7 +1,8 @@
 """The ``drivetrain`` command line: built-in ``plugins`` and ``engines`` listings, plus plugin commands.
 
 Plugins add sub-commands through the ``register_commands(cli)`` hook when the CLI first looks up a command.
-A plugin whose registration fails is reported on stderr and the other commands keep working. Errors users can
+Plugins that failed to load, keys that several plugins registered, and a plugin whose command registration
+fails are reported on stderr whatever command runs, and the other commands keep working. Errors users can
 fix (:class:`~.errors.DrivetrainError`, :class:`~.config.ConfigError`) end the command with a short message
 and exit status 1, never a traceback.
 """
@@ -46,6 +47,8 @@ class DrivetrainGroup(click.Group):
         if self._commands_from is loaded:
             return
         self._commands_from = loaded
+        for problem in loaded.problems():
+            click.echo(f"drivetrain: {problem}", err=True)
         for info in loaded.register_commands(self):
             click.echo(
                 f"drivetrain: plugin {info.name!r} ({info.distribution} {info.version}) could not add its "

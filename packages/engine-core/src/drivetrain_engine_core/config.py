@@ -163,6 +163,8 @@ class OptimizerConfig:
         warmup_steps: steps of linear warm-up from 0 to ``lr``.
         total_steps: schedule length; required by ``cosine``.
         min_lr_ratio: cosine floor as a fraction of ``lr``.
+        max_consecutive_skips: stop with an error after this many optimizer updates in a row were skipped for
+            a non-finite grad norm (the run is diverging, not hitting one bad batch); ``None`` never stops.
     """
 
     lr: float = 1e-5
@@ -174,9 +176,15 @@ class OptimizerConfig:
     warmup_steps: int = 0
     total_steps: int | None = None
     min_lr_ratio: float = 0.0
+    max_consecutive_skips: int | None = 10
 
     def __post_init__(self) -> None:
         _require(self.lr >= 0, f"optimizer.lr must be >= 0, got {self.lr}.")
+        if self.max_consecutive_skips is not None:
+            _require(
+                self.max_consecutive_skips >= 1,
+                f"optimizer.max_consecutive_skips must be >= 1 or None, got {self.max_consecutive_skips}.",
+            )
         _require_choice(self.lr_schedule, LR_SCHEDULES, "optimizer.lr_schedule")
         _require(self.warmup_steps >= 0, f"optimizer.warmup_steps must be >= 0, got {self.warmup_steps}.")
         _require(

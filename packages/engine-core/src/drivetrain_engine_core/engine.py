@@ -28,15 +28,15 @@ from .checkpoint import (
     read_manifest,
     resolve_step_dir,
     temporary_step_dir,
-    write_manifest,
 )
 from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
-from .data.batch import validate_batch
+from .data.batch import require_tensordict, validate_batch
 from .data.micro_batch import MicroBatchCountRule, split_micro_batches
 from .data.options import ForwardOptions, read_forward_options, strip_forward_options
 from .data.tokens import global_counts
-from .errors import CheckpointError, EngineStateError
+from .data.values import TokenLimits, check_batch_values
+from .errors import CheckpointError, DivergenceError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
 
@@ -84,6 +84,7 @@ class Engine(ABC):
         self._mode_stack: list[Mode] = []
         self._lr_schedule: LRSchedule | None = None
         self.skipped_steps = 0
+        self._consecutive_skips = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -156,13 +157,17 @@ class Engine(ABC):
 
         Raises:
             EngineStateError: not initialised, outside a mode context, or backward outside ``train_mode``.
-            BatchError: the batch is malformed. Raised on every rank when any rank's batch is.
+            BatchError: the batch is malformed: not a TensorDict, bad offsets, token ids outside the vocabulary,
+                sequences longer than the model's positions, non-finite float fields. Raised on every rank when
+                any rank's batch is.
         """
         with agreed_checks():  # a bad batch on one rank fails every rank, none waits for it
             self._check_compute_allowed(loss_fn, forward_only)
+            require_tensordict(batch)
             options = read_forward_options(batch)
             batch = strip_forward_options(batch)
             validate_batch(batch, required=self._required_fields(loss_fn is not None))
+            check_batch_values(batch, self._token_limits())
         micro_batches = split_micro_batches(
             batch, self.engine_config.micro_batch, self.data_parallel_group, self.micro_batch_count_rule
         )
@@ -223,28 +228,49 @@ class Engine(ABC):
 
         Returns:
             The global gradient norm before clipping. A non-finite norm skips the update (gradients are
-            zeroed, ``skipped_steps`` grows) and is logged.
+            zeroed, ``skipped_steps`` grows, the next ``lr_scheduler_step`` does not advance) and is logged.
+
+        Raises:
+            DivergenceError: ``optimizer.max_consecutive_skips`` updates in a row were skipped (on every rank:
+                the norm is global).
         """
         self._require_optimizer("optimizer_step()")
         if self.mode != "train":
             raise EngineStateError("optimizer_step() must be called inside `with engine.train_mode():`.")
-        grad_norm = float(self._clip_grad_norm(self.optimizer_config.clip_grad))  # type: ignore[union-attr]
-        if not math.isfinite(grad_norm):
-            self.skipped_steps += 1
-            logger.warning(
-                "grad norm is %s: skipping this optimizer update (%d skipped so far)",
-                grad_norm,
-                self.skipped_steps,
-            )
-            self._optimizer_zero_grad()
+        config = self.optimizer_config
+        assert config is not None
+        grad_norm = float(self._clip_grad_norm(config.clip_grad))
+        if math.isfinite(grad_norm):
+            self._consecutive_skips = 0
+            self._optimizer_step()
             return grad_norm
-        self._optimizer_step()
+        self.skipped_steps += 1
+        self._consecutive_skips += 1
+        logger.warning(
+            "grad norm is %s: skipping this optimizer update (%d skipped so far)",
+            grad_norm,
+            self.skipped_steps,
+        )
+        self._optimizer_zero_grad()
+        limit = config.max_consecutive_skips
+        if limit is not None and self._consecutive_skips >= limit:
+            raise DivergenceError(
+                f"{self._consecutive_skips} optimizer updates in a row had a non-finite grad norm (last: "
+                f"{grad_norm}) and were skipped: the run diverged. Lower optimizer.lr, set optimizer.clip_grad, "
+                "check the data for broken rows, or raise optimizer.max_consecutive_skips."
+            )
         return grad_norm
 
     def lr_scheduler_step(self) -> float:
-        """Advance the LR schedule one step; returns the new learning rate."""
+        """Advance the LR schedule one step; returns the new learning rate.
+
+        After a skipped update the schedule stays where it is: the schedule counts updates that happened,
+        so warm-up and decay are not consumed by steps that changed nothing (as Megatron-LM does).
+        """
         self._require_optimizer("lr_scheduler_step()")
         assert self._lr_schedule is not None
+        if self._consecutive_skips:
+            return self._lr_schedule.current_lr
         return self._lr_schedule.step()
 
     @property
@@ -288,7 +314,11 @@ class Engine(ABC):
         max_ckpt_to_keep: int | None = None,
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
-        """Save ``<path>/global_step_<N>/`` atomically (collective: every rank calls it).
+        """Save ``<path>/global_step_<N>/`` atomically and durably (collective: every rank calls it).
+
+        The step is written under a temporary name, fsynced, completed by its manifest and renamed into place;
+        a step that already exists is replaced without a moment when no complete copy exists; pruning keeps
+        the step just saved whatever its number (see :mod:`.checkpoint.publish`).
 
         Args:
             path: the checkpoint root.
@@ -312,13 +342,12 @@ class Engine(ABC):
         dist_utils.barrier()
         final = root / f"global_step_{global_step}"
         if is_writer:
-            write_manifest(temporary, self._manifest(global_step))
-            final = publish_step(root, temporary, global_step)
+            final = publish_step(root, temporary, global_step, self._manifest(global_step))
             keep = (
                 max_ckpt_to_keep if max_ckpt_to_keep is not None else self.checkpoint_config.max_ckpt_to_keep
             )
             if keep is not None:
-                prune_old_steps(root, keep)
+                prune_old_steps(root, keep, published=final)
         dist_utils.barrier()
         return final
 
@@ -473,6 +502,10 @@ class Engine(ABC):
     def _checkpoint_backend_info(self) -> dict[str, Any]:
         """Backend layout details recorded in the manifest (parallel sizes, formats)."""
         return {}
+
+    def _token_limits(self) -> TokenLimits:
+        """The vocabulary and positions batches are checked against; backends that know them override this."""
+        return TokenLimits()
 
     def _required_fields(self, with_loss: bool) -> tuple[str, ...]:
         """Batch fields the engine needs; ``loss_mask`` is needed to normalise losses."""

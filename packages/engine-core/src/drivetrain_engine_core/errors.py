@@ -21,6 +21,10 @@ class CheckpointError(DrivetrainError, RuntimeError):
     """A checkpoint is incomplete, corrupt or incompatible; the message names the file."""
 
 
+class DivergenceError(DrivetrainError, RuntimeError):
+    """Too many optimizer updates in a row had a non-finite grad norm: the run diverged."""
+
+
 class PluginError(DrivetrainError, LookupError):
     """A plugin, engine, role or merger could not be found or loaded."""
 
@@ -29,6 +33,7 @@ __all__ = [
     "BatchError",
     "CheckpointError",
     "ConfigError",
+    "DivergenceError",
     "DrivetrainError",
     "EngineStateError",
     "PluginError",

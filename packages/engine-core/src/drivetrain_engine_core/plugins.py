@@ -128,11 +128,22 @@ class DrivetrainPlugins:
         for hook_name in REGISTRAR_HOOKS:
             self._call_registrar_hook(hook_name)
         for info in self._infos.values():
-            if info.status == "failed":
-                for registry in self._registries():
+            for registry in self._registries():
+                if info.status == "failed":
                     registry.note_failed_plugin(
                         f"{info.name} ({info.distribution} {info.version}): {info.error}"
                     )
+                elif info.status == "blocked":
+                    registry.note_blocked_plugin(self._source(info.name))
+
+    def problems(self) -> list[str]:
+        """What a command reports on stderr before it runs: failed plugins and keys several plugins claim."""
+        failed = [
+            f"plugin {info.name!r} ({info.distribution} {info.version}) failed to load: {info.error}"
+            for info in self._infos.values()
+            if info.status == "failed"
+        ]
+        return failed + [line for registry in self._registries() for line in registry.conflicts()]
 
     def register_commands(self, cli: click.Group) -> list[PluginInfo]:
         """Let every loaded plugin add sub-commands to ``cli``.

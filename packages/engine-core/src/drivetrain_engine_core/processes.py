@@ -1,22 +1,31 @@
-"""Child processes that leave nothing behind: each launched rank leads its own process group.
+"""Launches that leave nothing behind: every process a launch started is gone when the launcher returns.
 
 Libraries start helper processes of their own inside a rank (megatron's asynchronous checkpoint writer,
-data-loader workers). When a rank dies or is killed, such a helper is orphaned: it keeps running and keeps the
-rank's stdout/stderr pipes open, so whoever reads the launcher's output waits forever. Starting each launch in
-a new session and killing the whole process group when the launch ends removes every descendant at once
-(POSIX; on other systems only the direct child is stopped).
+data-loader workers). When a rank exits or dies, such a helper is orphaned: it keeps running and keeps the
+rank's stdout/stderr open, so whoever reads the launcher's output waits forever. Two mechanisms remove them:
+
+* :func:`owning_descendants` (the ``drivetrain sft --nproc`` launcher): on Linux the launcher becomes a child
+  subreaper, so orphans of its descendants are re-parented to it instead of to init, whatever sessions or
+  process groups the ranks made (torch's elastic launcher starts each rank in a new session); when the launch
+  ends, every remaining descendant is killed and reaped (psutil lists them).
+* :func:`kill_process_group` (the test launcher, whose ranks lead their own process group): kills a rank's
+  whole group at once, without making the test process a subreaper for the rest of the session.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
-import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator
 
-GRACE_S = 10.0
-"""How long a launch may take to exit after it was asked to stop (Ctrl-C) before it is killed."""
+import psutil
+
+_PR_SET_CHILD_SUBREAPER = 36
+REAP_TIMEOUT_S = 5.0
+"""How long killed descendants get to disappear before the launcher returns anyway."""
 
 
 def kill_process_group(leader_pid: int) -> None:
@@ -27,29 +36,32 @@ def kill_process_group(leader_pid: int) -> None:
         os.killpg(leader_pid, signal.SIGKILL)
 
 
-def run_process_group(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-    """Run ``command`` in a new process group, wait for it, then kill whatever it left running.
+@contextlib.contextmanager
+def owning_descendants() -> Iterator[None]:
+    """Within the block, adopt orphaned descendants (Linux); on leaving it, kill every descendant left.
 
-    A Ctrl-C in this process is passed on to the whole group (as torchrun would receive it from a terminal),
-    which then gets :data:`GRACE_S` to exit before it is killed.
-
-    Returns:
-        The command's exit code (negative: killed by that signal).
+    Only processes started inside the block should be alive below this process when it ends; anything else
+    this process started earlier and still runs is killed too, so call it around a launch in a CLI process.
     """
-    process = subprocess.Popen(
-        list(command), env=dict(env) if env is not None else None, start_new_session=True
-    )
+    _become_subreaper()
     try:
-        return process.wait()
-    except KeyboardInterrupt:
-        _interrupt(process)
-        raise
+        yield
     finally:
-        kill_process_group(process.pid)
-        process.wait()
+        kill_descendants()
 
 
-def _interrupt(process: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(GRACE_S)
+def kill_descendants() -> None:
+    """SIGKILL every descendant of this process and wait (bounded) until they are gone."""
+    descendants = psutil.Process().children(recursive=True)
+    for process in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(descendants, timeout=REAP_TIMEOUT_S)
+
+
+def _become_subreaper() -> None:
+    """Make orphaned descendants re-parent to this process (Linux ``PR_SET_CHILD_SUBREAPER``; else no-op)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -17,6 +17,7 @@ import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.batch import move_batch
 from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
 from tensordict import TensorDict
@@ -48,6 +49,7 @@ class FSDPEngine(Engine):
         self._layout: ParallelLayout = build_layout(config)
         model = build_model(self.model_config, attn_implementation=self._attention_name(), seed=config.seed)
         self._hf_class = hf_class_name(model)
+        self._limits = TokenLimits.from_hf_config(model.config, self.model_config.path)
         # An FSDPModule over a transformers (or PEFT) model: typed loosely, its methods are added dynamically.
         self.module: Any = shard_model(model, self._layout, config)
         self.optimizer = (
@@ -70,6 +72,9 @@ class FSDPEngine(Engine):
                 "float32's range, no loss scale needed), or use backend 'megatron' (dynamic loss scaling) on "
                 "GPUs without bf16. float16 inference engines (optimizer_config=None) are allowed."
             )
+
+    def _token_limits(self) -> TokenLimits:
+        return self._limits
 
     def _attention_name(self) -> str:
         if not self.model_config.use_remove_padding or self.engine_config.attention_backend == "sdpa":

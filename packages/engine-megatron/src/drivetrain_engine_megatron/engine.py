@@ -8,6 +8,7 @@ core does not rescale the loss: each rank backwards its share of the globally no
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
@@ -18,6 +19,7 @@ import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.micro_batch import MicroBatchCountRule
 from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
@@ -75,6 +77,11 @@ class MegatronEngine(Engine):
             # loss scale before backward (1 for fp32/bf16, the dynamic scale for fp16), and the optimizer
             # divides the gradients by it before the norm. Without it fp16 gradients come out divided by 2^32.
             self._model.transformer_config.grad_scale_func = self._optimizer.scale_loss
+
+    def _token_limits(self) -> TokenLimits:
+        # The tokenizer's vocabulary, not the padded one: ids in the padding rows would train with loss inf.
+        limits = TokenLimits.from_hf_config(self._model.bridge.hf_config, self.model_config.path)
+        return dataclasses.replace(limits, vocab_size=self._model.vocab_size)
 
     def _refuse_unsupported(self) -> None:
         """Refuse, before any group or model exists, what this backend cannot run here."""

@@ -2,33 +2,41 @@
 
 from .layout import (
     LATEST_FILE,
+    StepEntry,
     complete_steps,
     prepare_temporary_step_dir,
-    prune_old_steps,
-    publish_step,
+    read_latest,
     resolve_step_dir,
     step_dir_name,
+    step_entries,
     temporary_step_dir,
 )
 from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
 from .merger import AUTO_CLASSES, PEFT_PREFIX, CheckpointMerger, DCPTensorReader, split_peft_name
+from .points import PUBLISH_POINTS, set_fault_hook
+from .publish import prune_old_steps, publish_step
 
 __all__ = [
     "AUTO_CLASSES",
     "LATEST_FILE",
     "MANIFEST_FILE",
     "PEFT_PREFIX",
+    "PUBLISH_POINTS",
     "CheckpointMerger",
     "DCPTensorReader",
     "Manifest",
+    "StepEntry",
     "complete_steps",
     "prepare_temporary_step_dir",
     "prune_old_steps",
     "publish_step",
+    "read_latest",
     "read_manifest",
     "resolve_step_dir",
+    "set_fault_hook",
     "split_peft_name",
     "step_dir_name",
+    "step_entries",
     "temporary_step_dir",
     "verify_files",
     "write_manifest",

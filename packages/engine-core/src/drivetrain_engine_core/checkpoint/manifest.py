@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from .durable import write_durably
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "drivetrain-checkpoint/1"
@@ -67,11 +67,11 @@ def describe_files(step_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def write_manifest(step_dir: Path, manifest: Manifest) -> Manifest:
-    """Describe the step's files into ``manifest`` and write it atomically; returns the written manifest."""
+    """Describe the step's files into ``manifest`` and write it atomically and fsynced; returns what was written."""
     complete = dataclasses.replace(manifest, files=describe_files(step_dir))
-    temporary = step_dir / f".{MANIFEST_FILE}.tmp"
-    temporary.write_text(json.dumps(dataclasses.asdict(complete), indent=2, sort_keys=True))
-    os.replace(temporary, step_dir / MANIFEST_FILE)
+    write_durably(
+        step_dir / MANIFEST_FILE, json.dumps(dataclasses.asdict(complete), indent=2, sort_keys=True)
+    )
     return complete
 
 

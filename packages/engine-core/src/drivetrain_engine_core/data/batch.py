@@ -208,10 +208,7 @@ def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSI
     Raises:
         BatchError: naming the first field that is wrong and how to fix it.
     """
-    if not isinstance(batch, TensorDict):
-        raise BatchError(
-            f"batch must be a tensordict.TensorDict (see make_batch), got {type(batch).__name__}."
-        )
+    require_tensordict(batch)
     if len(batch.batch_size) != 1 or batch.batch_size[0] == 0:
         raise BatchError(
             f"batch must have batch_size=[num_sequences] with at least one sequence, got {list(batch.batch_size)}."
@@ -233,6 +230,15 @@ def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSI
             raise BatchError(
                 f"dense field {key!r} has shape {tuple(value.shape)}; its first dim must be {n}."
             )
+
+
+def require_tensordict(batch: object) -> None:
+    """Refuse anything but a ``TensorDict`` (a plain ``dict`` of tensors is the usual mistake)."""
+    if not isinstance(batch, TensorDict):
+        raise BatchError(
+            f"batch must be a tensordict.TensorDict, got {type(batch).__name__}; build it with "
+            "drivetrain_engine_core.data.batch.make_batch(sequences, **fields) or padded_to_nopad(...)."
+        )
 
 
 def _check_input_ids(ids: Any) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..config import MODEL_TYPES
 from ..errors import PluginError
-from .base import KeyedRegistry, Registration, duplicate_error
+from .base import KeyedRegistry, Registration, conflict_error, duplicate_error
 from .source import validate_target
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class EngineRegistry(KeyedRegistry):
     def __init__(self) -> None:
         super().__init__()
         self._configs: dict[str, Registration] = {}
+        self._config_conflicts: dict[str, list[Registration]] = {}
 
     def register(
         self,
@@ -81,7 +82,7 @@ class EngineRegistry(KeyedRegistry):
             PluginError: nothing is registered for the key (the message lists what is and how to install it),
                 or the registered target cannot be imported or is not an ``Engine``.
         """
-        registration = self._entries.get((model_type, backend, device)) or self._entries.get(
+        registration = self._lookup((model_type, backend, device)) or self._lookup(
             (model_type, backend, ANY_DEVICE)
         )
         if registration is None:
@@ -96,6 +97,8 @@ class EngineRegistry(KeyedRegistry):
         Raises:
             PluginError: the backend is not registered, or its config class cannot be imported.
         """
+        if backend in self._config_conflicts:
+            raise conflict_error("config class of backend", (backend,), self._config_conflicts[backend])
         registration = self._configs.get(backend)
         if registration is None:
             raise self._missing_error(None, backend, None)
@@ -115,7 +118,7 @@ class EngineRegistry(KeyedRegistry):
                 backend=backend,
                 device=device,
                 engine=registration.path,
-                config=self._configs[backend].path,
+                config=self._configs[backend].path if backend in self._configs else "<conflict>",
                 plugin=registration.source.name,
                 distribution=registration.source.distribution,
                 version=registration.source.version,
@@ -123,16 +126,37 @@ class EngineRegistry(KeyedRegistry):
             for (model_type, backend, device), registration in sorted(self._entries.items())
         ]
 
+    def conflicts(self) -> list[str]:
+        own = [
+            str(conflict_error("config class of backend", (backend,), registrations))
+            for backend, registrations in sorted(self._config_conflicts.items())
+        ]
+        return super().conflicts() + own
+
     def remove_source(self, plugin_name: str) -> None:
         super().remove_source(plugin_name)
         self._configs = {b: r for b, r in self._configs.items() if r.source.name != plugin_name}
+        for backend, registrations in list(self._config_conflicts.items()):
+            remaining = [r for r in registrations if r.source.name != plugin_name]
+            if len({r.path for r in remaining}) > 1:
+                self._config_conflicts[backend] = remaining
+                continue
+            del self._config_conflicts[backend]
+            if remaining:
+                self._configs[backend] = remaining[0]
 
     def _add_config(self, backend: str, config: type | str) -> None:
         # Several plugins may add model types to one backend, as long as they agree on its config class.
         new = Registration(key=(backend,), target=config, source=self._source)
+        if backend in self._config_conflicts:
+            self._config_conflicts[backend].append(new)
+            return
         existing = self._configs.setdefault(backend, new)
-        if existing.path != new.path:
+        if existing.path == new.path:
+            return
+        if existing.source.name == new.source.name:
             raise duplicate_error("config class of backend", (backend,), existing.source, self._source)
+        self._config_conflicts[backend] = [self._configs.pop(backend), new]
 
     def _missing_error(self, model_type: str | None, backend: str, device: str | None) -> PluginError:
         asked = ", ".join(
@@ -143,10 +167,17 @@ class EngineRegistry(KeyedRegistry):
         lines = [f"no engine is registered for {asked}."]
         lines.append(f"Registered engines: {self._describe_registered()}.{self._failure_hint()}")
         lines.extend(self._hints(model_type, backend, device))
-        lines.append(
-            f"To add backend {backend!r}, install its plugin: pip install drivetrain-engine-{backend} "
-            "(then check with `drivetrain engines`)."
-        )
+        blocked = self.blocked_source(backend)
+        if blocked is not None:
+            lines.append(
+                f"Backend {backend!r} is most likely provided by plugin {blocked.name!r} ({blocked.describe()}), "
+                f"which is installed but blocked: remove {blocked.name!r} from DRIVETRAIN_DISABLE_PLUGINS."
+            )
+        else:
+            lines.append(
+                f"To add backend {backend!r}, install its plugin: pip install drivetrain-engine-{backend} "
+                "(then check with `drivetrain engines`)."
+            )
         return PluginError("\n".join(lines))
 
     def _describe_registered(self) -> str:

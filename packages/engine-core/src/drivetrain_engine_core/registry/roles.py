@@ -48,7 +48,7 @@ class NamedRegistry(KeyedRegistry):
         ]
 
     def _get(self, name: str) -> type:
-        registration = self._entries.get((name,))
+        registration = self._lookup((name,))
         if registration is None:
             registered = ", ".join(
                 f"{key[0]} ({registration.source.describe()})"

@@ -301,6 +301,39 @@ class EngineConformanceTests:
         batch.set_non_tensor("temprature", 0.5)
         with engine.eval_mode(), pytest.raises(BatchError, match=r"'temprature'.*Did you mean 'temperature'"):
             engine.infer_batch(batch)
+        self.assert_bad_values_are_refused(engine, model_dir)
+
+    def assert_bad_values_are_refused(self, engine: Engine, model_dir: Path) -> None:
+        """Ids outside the tokenizer's vocabulary (also inside a padded one), too-long sequences and NaN masks
+        are one ``BatchError`` naming the field and the sequence, in train and eval."""
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        vocab = config["vocab_size"]
+        batch = self.make_batch(model_dir)
+        batch["input_ids"].values()[PROMPT_LENGTHS[0] + RESPONSE_LENGTHS[0] + 1] = vocab  # in sequence 1
+        expected = rf"input_ids of sequence 1 holds token id {vocab}, outside \[0, {vocab}\)"
+        with engine.eval_mode(), pytest.raises(BatchError, match=expected):
+            engine.infer_batch(batch)
+        with engine.train_mode(), pytest.raises(BatchError, match=expected):
+            engine.train_batch(batch, token_mean_nll)
+        longest = config["max_position_embeddings"] + 1
+        too_long = random_batch(
+            vocab_size=vocab, prompt_lengths=[2, longest - 4], response_lengths=[2, 4], seed=0
+        )
+        with (
+            engine.eval_mode(),
+            pytest.raises(BatchError, match=rf"sequence 1 has {longest} tokens, more than"),
+        ):
+            engine.infer_batch(too_long)
+        batch = self.make_batch(model_dir)
+        mask = batch["loss_mask"]
+        values = mask.values().to(torch.float32)
+        values[-1] = float("nan")
+        batch["loss_mask"] = torch.nested.nested_tensor_from_jagged(values, offsets=mask.offsets())
+        with (
+            engine.train_mode(),
+            pytest.raises(BatchError, match=r"loss_mask of sequence 3 holds 1 non-finite"),
+        ):
+            engine.train_batch(batch, token_mean_nll)
 
     # ------------------------------------------------------------------ value models
     def test_value_model_matches_reference(self, value_model_dir: Path) -> None:

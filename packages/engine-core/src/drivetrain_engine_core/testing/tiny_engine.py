@@ -24,6 +24,7 @@ from drivetrain_engine_core.config import ConfigError, EngineConfig
 from drivetrain_engine_core.data.batch import INPUT_IDS
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.data.packing import next_token_labels, shift_right_per_sequence, unpack_to_jagged
+from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine, Mode
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
@@ -182,6 +183,9 @@ class TinyTorchEngine(Engine):
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach().cpu().clone()
+
+    def _token_limits(self) -> TokenLimits:
+        return TokenLimits(vocab_size=self.engine_config.vocab_size, model="the tiny engine's model")
 
     # ------------------------------------------------------------------ checkpoints (replicas: rank 0 writes)
     def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:

@@ -25,16 +25,28 @@ if TYPE_CHECKING:
     help="Run directory [default: outputs/sft-<timestamp>; with --resume the newest outputs/sft-* run].",
 )
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint of the run directory.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Delete the checkpoints a previous run left in --output-dir and start over.",
+)
 @click.argument("overrides", nargs=-1)
 def sft(
-    config_file: str | None, nproc: int, output_dir: str | None, resume: bool, overrides: tuple[str, ...]
+    config_file: str | None,
+    nproc: int,
+    output_dir: str | None,
+    resume: bool,
+    overwrite: bool,
+    overrides: tuple[str, ...],
 ) -> None:
     """Supervised fine-tuning; with no arguments, a tiny model learns addition on CPU in a few minutes.
 
     OVERRIDES are dotted config values such as engine.micro_batch.max_tokens=512 or trainer.total_steps=100.
     """
-    from .launch import resolve_output_dir, spawn_ranks, under_launcher
+    from .launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
 
+    if resume and overwrite:
+        raise click.UsageError("--resume continues a run and --overwrite deletes its checkpoints: pass one.")
     try:
         run_dir = resolve_output_dir(output_dir, resume)
     except FileNotFoundError as e:
@@ -42,13 +54,18 @@ def sft(
     if nproc > 1 and not under_launcher():
         from .config import load_config
 
-        load_config(config_file, overrides)  # a bad config fails here once, not once per spawned rank
+        # Fail here once, not once per spawned rank: a bad config or a run directory that does not fit.
+        load_config(config_file, overrides)
+        check_run_dir(run_dir, resume=resume, overwrite=overwrite)
         arguments = [*(["--config", config_file] if config_file else []), "--output-dir", str(run_dir)]
-        sys.exit(spawn_ranks(nproc, [*arguments, *(["--resume"] if resume else []), *overrides]))
-    run_here(config_file, str(run_dir), resume, overrides)
+        flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
+        sys.exit(spawn_ranks(nproc, [*arguments, *flags, *overrides]))
+    run_here(config_file, str(run_dir), resume, overwrite, overrides)
 
 
-def run_here(config_file: str | None, output_dir: str, resume: bool, overrides: tuple[str, ...]) -> None:
+def run_here(
+    config_file: str | None, output_dir: str, resume: bool, overwrite: bool, overrides: tuple[str, ...]
+) -> None:
     """Run this process's rank of the job and print where the results are."""
     from drivetrain_engine_core import distributed as dist_utils
     from transformers.utils import logging as hf_logging
@@ -58,7 +75,8 @@ def run_here(config_file: str | None, output_dir: str, resume: bool, overrides: 
 
     hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
     config = load_config(config_file, overrides)
-    result = SFTTrainer(config, _agreed_output_dir(output_dir, config), resume=resume).run()
+    run_dir = _agreed_output_dir(output_dir, config)
+    result = SFTTrainer(config, run_dir, resume=resume, overwrite=overwrite).run()
     if dist_utils.rank() == 0:
         click.echo(_summary(result))
 

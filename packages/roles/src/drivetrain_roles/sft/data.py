@@ -1,7 +1,9 @@
 """SFT data: parquet or JSONL files of prompt/response pairs or chat messages, tokenised with a loss on responses.
 
-Every problem is found before training starts and reported once, naming the file, the row and the fix: a
-missing column, an empty data set, a response that leaves no room in the token budget.
+Every problem is found before training starts and reported once, naming the file, the row and the fix: an
+unreadable file (not UTF-8, corrupt parquet), a line that is not a JSON object, a missing column, a value that
+is not text, characters the tokenizer does not know, an empty data set, a response that leaves no room in the
+token budget.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a ``.parquet`` or ``.jsonl``/``.json`` file as dicts.
 
     Raises:
-        DataError: the file is missing, has another extension, or a JSONL line is not valid JSON.
+        DataError: the file is missing, has another extension, is not readable as its format (corrupt
+            parquet, JSONL that is not UTF-8), or a JSONL line is not a JSON object.
     """
     path = Path(path)
     if not path.is_file():
@@ -47,25 +50,49 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             f"data file {path} does not exist; set data.train_files / data.val_files to existing files."
         )
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
+        return _read_parquet(path)
     if path.suffix in (".jsonl", ".json"):
         return _read_jsonl(path)
     raise DataError(f"data file {path} has extension {path.suffix!r}; use .parquet or .jsonl.")
 
 
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_table(path).to_pylist())
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"data file {path} is not a readable parquet file ({type(e).__name__}: {e}); re-export it, e.g. "
+            "with pandas.DataFrame.to_parquet."
+        ) from e
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"data file {path} is not UTF-8 (byte {e.start} is {e.object[e.start : e.start + 1]!r}); "
+            "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8."
+        ) from e
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
             raise DataError(
                 f"{path}:{number} is not valid JSON ({e.msg}); write one JSON object per line."
             ) from e
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{path}:{number} is a JSON {type(row).__name__}, not an object; write one object per line, "
+                'such as {"prompt": "...", "response": "..."}.'
+            )
+        rows.append(row)
     return rows
 
 
@@ -95,12 +122,12 @@ def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, whe
         return _tokenize_messages(
             _column(row, config.messages_key, where, "data.messages_key"), tokenizer, where
         )
-    prompt = str(_column(row, config.prompt_key, where, "data.prompt_key"))
-    response = str(_column(row, config.response_key, where, "data.response_key"))
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    prompt = _text(row, config.prompt_key, where, "data.prompt_key")
+    response = _text(row, config.response_key, where, "data.response_key")
+    prompt_ids = _encode(tokenizer, prompt, f"{where} column {config.prompt_key!r}")
     if tokenizer.bos_token_id is not None:
         prompt_ids = [tokenizer.bos_token_id, *prompt_ids]
-    response_ids = tokenizer.encode(response, add_special_tokens=False)
+    response_ids = _encode(tokenizer, response, f"{where} column {config.response_key!r}")
     if tokenizer.eos_token_id is not None:
         response_ids = [*response_ids, tokenizer.eos_token_id]
     return Example(
@@ -115,6 +142,34 @@ def _column(row: dict[str, Any], key: str, where: str, option: str) -> Any:
             "that holds it (or data.messages_key=<column> for chat messages)."
         )
     return row[key]
+
+
+def _text(row: dict[str, Any], key: str, where: str, option: str) -> str:
+    """A prompt or response value, which must be a string: ``None`` or a list would train on its repr."""
+    value = _column(row, key, where, option)
+    if not isinstance(value, str):
+        raise DataError(
+            f"{where} column {key!r} holds {type(value).__name__} {str(value)[:40]!r}, not text; fix or drop the "
+            f"row, or point {option} at the column that holds the text."
+        )
+    return value
+
+
+def _encode(tokenizer: Any, text: str, where: str) -> list[int]:
+    """Token ids of ``text``, refusing characters the tokenizer maps to its unknown (or padding) token."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    unknown = {tokenizer.unk_token_id, tokenizer.pad_token_id} - {
+        None,
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+    }
+    if unknown.isdisjoint(ids):
+        return list(ids)
+    characters = sorted(c for c in set(text) if unknown & set(tokenizer.encode(c, add_special_tokens=False)))
+    raise DataError(
+        f"{where} has characters the tokenizer does not know ({''.join(characters)!r}); it would train on "
+        "unknown/padding tokens in their place. Remove them from the data or use a tokenizer that covers them."
+    )
 
 
 def _tokenize_messages(messages: Any, tokenizer: Any, where: str) -> Example:

@@ -1,22 +1,36 @@
 """Starting the ranks of an SFT run: in this process, or ``N`` processes through ``torch.distributed.run``.
 
-``drivetrain sft --nproc N`` re-launches itself under torchrun's module (``python -m torch.distributed.run
---standalone --nproc-per-node N -m drivetrain_roles.sft.rank_main ...``) with the same arguments, so a run
+``drivetrain sft --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.sft.rank_main ...`` with the
+same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run
 needs no separate launcher; under an outer ``torchrun`` (``WORLD_SIZE`` set) the command runs as one rank.
+
+A user error inside the ranks is written by each rank to a file of a per-launch directory
+(:data:`ERROR_DIR_ENV`) instead of its console, and the launcher prints one line, from the lowest rank that
+failed, and exits 1: not ``N`` copies followed by torchrun's traceback. Ctrl-C ends every rank quietly and
+exits 130.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import logging
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from drivetrain_engine_core.processes import run_process_group
+import click
+from drivetrain_engine_core.processes import owning_descendants
 
 OUTPUTS_ROOT = Path("outputs")
 RUN_PREFIX = "sft-"
+CHECKPOINT_DIR = "checkpoints"
+ERROR_DIR_ENV = "DRIVETRAIN_SFT_ERROR_DIR"
+"""Set by :func:`spawn_ranks`: where each rank writes its one-line user error instead of printing it."""
+INTERRUPTED = 130
 
 
 def under_launcher() -> bool:
@@ -32,8 +46,37 @@ def new_output_dir(root: Path = OUTPUTS_ROOT) -> Path:
 
 def latest_output_dir(root: Path = OUTPUTS_ROOT) -> Path | None:
     """The newest ``outputs/sft-*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
-    runs = sorted(p for p in root.glob(f"{RUN_PREFIX}*") if (p / "checkpoints" / "latest").is_file())
+    from drivetrain_engine_core.checkpoint import complete_steps
+
+    runs = sorted(p for p in root.glob(f"{RUN_PREFIX}*") if complete_steps(p / CHECKPOINT_DIR))
     return runs[-1] if runs else None
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """A resumed run needs a checkpoint in ``run_dir``; a new run needs none there unless told to overwrite.
+
+    Checked before any rank starts, so that a new run never prunes or overwrites another run's steps and
+    metrics, and ``--resume`` never silently starts from step 0.
+
+    Raises:
+        CheckpointError: the run directory does not fit the request; the message names the flag to change.
+    """
+    from drivetrain_engine_core.checkpoint import step_entries
+    from drivetrain_engine_core.errors import CheckpointError
+
+    root = run_dir / CHECKPOINT_DIR
+    complete = [entry.path.name for entry in step_entries(root) if entry.complete]
+    if resume and not complete:
+        raise CheckpointError(
+            f"--resume: {root} holds no complete checkpoint, so there is nothing to continue. Drop --resume to "
+            f"start a new run in {run_dir}, or pass the --output-dir of the run to continue."
+        )
+    if not resume and not overwrite and complete:
+        raise CheckpointError(
+            f"{run_dir} already holds checkpoints of a run ({', '.join(complete)}); a new run there would prune "
+            "and overwrite them. Continue that run with --resume, choose another --output-dir, or pass "
+            "--overwrite to delete them and start over."
+        )
 
 
 def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:
@@ -56,19 +99,70 @@ def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:
 
 
 def spawn_ranks(nproc: int, arguments: Sequence[str]) -> int:
-    """Run ``nproc`` ranks of ``drivetrain sft <arguments>`` under torchrun; returns the launcher's exit code."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "drivetrain_roles.sft.rank_main",
-        *arguments,
-    ]
+    """Run ``nproc`` ranks of ``drivetrain sft <arguments>``; returns the exit code for the command.
+
+    Returns:
+        0 on success; 1 after printing the first rank's user error (or the launcher's failure summary for a
+        crash); 130 after Ctrl-C.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # The agent logs each failed rank; the one line below replaces those logs for user errors.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+    )
+    with (
+        tempfile.TemporaryDirectory(prefix="drivetrain-sft-errors-") as errors,
+        _rank_environment(errors),
+        owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
+    ):
+        try:
+            elastic_launch(config, sys.executable)("-m", "drivetrain_roles.sft.rank_main", *arguments)
+        except ChildFailedError as e:
+            click.echo(_first_user_error(Path(errors)) or str(e), err=True)
+            return 1
+        except (KeyboardInterrupt, SignalException):
+            click.echo("drivetrain sft: interrupted; every rank was stopped.", err=True)
+            return INTERRUPTED
+    return 0
+
+
+@contextlib.contextmanager
+def _rank_environment(error_dir: str) -> Iterator[None]:
+    """Environment of the spawned ranks, restored afterwards: the error directory, one thread per rank."""
     # Two ranks on a small CPU machine: one intra-op thread each avoids oversubscribing the cores.
-    env = {"OMP_NUM_THREADS": "1", **os.environ}
-    # torchrun and its ranks run in their own process group, killed as a whole when torchrun returns, so no
-    # helper a rank started (megatron's checkpoint writer) outlives the command and holds its output open.
-    return run_process_group(command, env=env)
+    values = {ERROR_DIR_ENV: error_dir, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def report_rank_error(message: str) -> None:
+    """Hand a rank's one-line user error to the launcher (or print it when this rank was not spawned by it)."""
+    directory = os.environ.get(ERROR_DIR_ENV)
+    if directory is None:
+        click.echo(message, err=True)
+        return
+    rank = os.environ.get("RANK", "0")
+    Path(directory, f"rank{int(rank):05d}.txt").write_text(message)
+
+
+def _first_user_error(directory: Path) -> str | None:
+    reports = sorted(directory.glob("rank*.txt"))
+    return reports[0].read_text() if reports else None

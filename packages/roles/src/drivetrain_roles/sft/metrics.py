@@ -1,13 +1,15 @@
 """Where SFT metrics go: the console, ``metrics.jsonl``, TensorBoard when installed, and a loss-curve PNG.
 
 Only the output rank writes. ``metrics.jsonl`` holds one JSON object per record (``{"step": N, ...}``); on
-resume, records after the resumed step are dropped first, so the file and the curve describe one run.
+resume, records after the resumed step are dropped first, so the file and the curve describe one run. A
+non-finite value (the loss of a step whose update was skipped) is written as ``null``: ``NaN`` is not JSON.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ class MetricsWriter:
             return
         if resume_step is not None:
             self.records = [r for r in read_records(self.path) if r["step"] <= resume_step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self.path.write_text("".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in self.records))
         self._tensorboard = _open_tensorboard(output_dir / "tensorboard")
 
     def write(self, step: int, values: dict[str, float]) -> None:
@@ -45,7 +47,7 @@ class MetricsWriter:
         record = {"step": step, **values}
         self.records.append(record)
         with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         if self._tensorboard is not None:
             for name, value in values.items():
                 self._tensorboard.add_scalar(name, value, step)
@@ -53,6 +55,17 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tensorboard is not None:
             self._tensorboard.close()
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (dicts and lists followed)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -103,7 +116,7 @@ def plot_loss_curve(records: list[dict[str, Any]], path: Path) -> Path:
 def _plot_series(
     axis: Any, records: list[dict[str, Any]], key: str, label: str, style: str, **kwargs: Any
 ) -> None:
-    points = [(r["step"], r[key]) for r in records if key in r]
+    points = [(r["step"], r[key]) for r in records if r.get(key) is not None and math.isfinite(r[key])]
     if points:
         steps, values = zip(*points, strict=True)
         axis.plot(steps, values, style, label=label, **kwargs)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed as dist_utils
-from drivetrain_engine_core.checkpoint import complete_steps
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
 
@@ -29,10 +30,10 @@ from .batches import StepSampler, check_batch_size, make_sft_batch
 from .config import SFTConfig
 from .data import DataError, Example, load_examples
 from .evaluate import greedy_accuracy, held_out_loss
-from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+from .launch import CHECKPOINT_DIR, check_run_dir
+from .metrics import CURVE_FILE, MetricsWriter, format_record, json_safe, plot_loss_curve
 
 logger = logging.getLogger(__name__)
-CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass
@@ -44,10 +45,13 @@ class SFTResult:
         start_step: the step the run started from (0, or the resumed checkpoint's step).
         train_losses: the training loss of each step this process ran, in order.
         evaluations: ``{"step", "val/loss", "val/accuracy"}`` of each evaluation this process ran.
+        skipped_steps: optimizer updates skipped for a non-finite grad norm, over the whole run (resumes
+            included).
     """
 
     output_dir: Path
     start_step: int
+    skipped_steps: int = 0
     train_losses: list[float] = field(default_factory=list)
     evaluations: list[dict[str, float]] = field(default_factory=list)
 
@@ -58,13 +62,25 @@ class SFTTrainer:
     Args:
         config: the run's configuration (see :func:`~drivetrain_roles.sft.config.load_config`).
         output_dir: where the model (for the embedded default), data, checkpoints and metrics go.
-        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` when there is one.
+        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` (an error when there is
+            none).
+        overwrite: delete the checkpoints a previous run left in ``output_dir`` and start over (without it, a
+            new run refuses a directory that holds checkpoints).
     """
 
-    def __init__(self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False) -> None:
+    def __init__(
+        self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+    ) -> None:
+        if config.model.model_type != "language_model":
+            raise ConfigError(
+                f"drivetrain sft trains a language model; model.model_type={config.model.model_type!r} has no "
+                "next-token log-probs to train on. Set model.model_type=language_model (value models are "
+                "trained by the critic role)."
+            )
         self.config = config
         self.output_dir = Path(output_dir)
         self.resume = resume
+        self.overwrite = overwrite
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
 
     @property
@@ -76,8 +92,12 @@ class SFTTrainer:
         dist_utils.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
         if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
             torch.set_num_threads(self.config.trainer.cpu_threads)
+        check_run_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        dist_utils.barrier()  # every rank checked before rank 0 deletes anything
         if dist_utils.rank() == 0:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+            if self.overwrite and not self.resume:
+                shutil.rmtree(self.checkpoint_root, ignore_errors=True)
         dist_utils.barrier()
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
@@ -126,12 +146,9 @@ class SFTTrainer:
         return engine
 
     def _maybe_resume(self, engine: Engine) -> int:
-        """The step to start from: the latest checkpoint's when resuming, else 0."""
+        """The step to start from: the latest checkpoint's when resuming (``check_run_dir`` made sure there is
+        one), else 0."""
         if not self.resume:
-            return 0
-        if not complete_steps(self.checkpoint_root):
-            if dist_utils.rank() == 0:
-                logger.warning("--resume: no checkpoint under %s; starting from step 0", self.checkpoint_root)
             return 0
         state = engine.load_checkpoint(self.checkpoint_root)
         expected = self._data_position(0)
@@ -174,8 +191,10 @@ class SFTTrainer:
                 "train/loss": float(output.loss),  # type: ignore[arg-type]
                 "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
                 "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
+                "train/skipped_steps": float(engine.skipped_steps),
             }
             result.train_losses.append(values["train/loss"])
+            result.skipped_steps = engine.skipped_steps
             writer.write(step + 1, values)
             bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
             bar.update(1)
@@ -268,6 +287,7 @@ def _write_summary(output_dir: Path, result: SFTResult) -> None:
     summary = {
         "start_step": result.start_step,
         "final_train_loss": result.train_losses[-1] if result.train_losses else None,
+        "skipped_steps": result.skipped_steps,
         "evaluations": result.evaluations,
     }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (output_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
