@@ -12,7 +12,16 @@ def to_plain(config: Any) -> dict[str, Any]:
     """The resolved config as plain dicts, lists and scalars (what ``config.yaml`` and ``summary.json`` hold)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.structured(config))  # type: ignore[return-value]
+    return _lists(OmegaConf.to_container(OmegaConf.structured(config)))
+
+
+def _lists(value: Any) -> Any:
+    """Tuples as lists, recursively, so the values are JSON and safe-YAML as they are."""
+    if isinstance(value, dict):
+        return {key: _lists(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(item) for item in value]
+    return value
 
 
 def to_yaml(config: Any) -> str:
