@@ -89,3 +89,18 @@ def test_reference_page_is_generated_from_the_dataclasses() -> None:
         'python -c "from drivetrain_roles.sft.reference import reference_page; '
         "open('docs/sft-config.md', 'w').write(reference_page())\""
     )
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_a_model_path_that_is_not_a_model_directory_is_one_line_before_anything_starts(tmp_path, nproc) -> None:
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(
+        drivetrain_cli, ["sft", "--nproc", nproc, "--output-dir", str(run_dir), "model.path=/nonexistent"]
+    )
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "Error: model.path=/nonexistent does not exist; set model.path to a local Hugging Face model directory "
+        "(config.json, weights, tokenizer; e.g. `hf download <repo> --local-dir DIR`) or to builtin:arithmetic "
+        "for the embedded model."
+    ]
+    assert not run_dir.exists()

@@ -32,18 +32,17 @@ def sft(
     OVERRIDES are dotted config values such as engine.micro_batch.max_tokens=512 or trainer.total_steps=100;
     --help-config lists every field, --print-config shows the resolved config.
     """
+    from .assets import check_model_path
+    from .config import load_config
     from .launch import resolve_output_dir, spawn_ranks, under_launcher
 
+    # A bad config or model path fails here once, before any rank starts or any folder is made.
+    check_model_path(load_config(config_file, overrides).model.path)
     try:
         run_dir = resolve_output_dir(output_dir, resume)
     except FileNotFoundError as e:
         raise click.UsageError(str(e)) from e
     if nproc > 1 and not under_launcher():
-        from .assets import check_model_path
-        from .config import load_config
-
-        # A bad config or model path fails here once, not once per spawned rank.
-        check_model_path(load_config(config_file, overrides).model.path)
         arguments = [*(["--config", config_file] if config_file else []), "--output-dir", str(run_dir)]
         sys.exit(spawn_ranks(nproc, [*arguments, *(["--resume"] if resume else []), *overrides]))
     run_here(config_file, str(run_dir), resume, overrides)
