@@ -18,7 +18,6 @@ import click
 from .config import ConfigError
 from .errors import DrivetrainError
 from .plugins import DrivetrainPlugins, PluginInfo, plugins
-from .upstream_noise import silence_upstream_noise
 
 
 class DrivetrainGroup(click.Group):
@@ -45,7 +44,6 @@ class DrivetrainGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        silence_upstream_noise()
         try:
             return super().invoke(ctx)
         except (DrivetrainError, ConfigError) as e:

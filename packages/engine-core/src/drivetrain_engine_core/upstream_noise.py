@@ -26,7 +26,7 @@ class _DropMessage(logging.Filter):
 
 
 def silence_upstream_noise() -> None:
-    """Install the filters (idempotent); call before the first forward of a run."""
+    """Install the filters (idempotent); importing ``drivetrain_engine_core`` does it."""
     logger = logging.getLogger(_FX_LOGGER)
     if not any(isinstance(f, _DropMessage) and f.prefix == _FX_MESSAGE for f in logger.filters):
         logger.addFilter(_DropMessage(_FX_MESSAGE))

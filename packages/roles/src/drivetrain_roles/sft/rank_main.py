@@ -10,13 +10,11 @@ import sys
 import click
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import DrivetrainError
-from drivetrain_engine_core.upstream_noise import silence_upstream_noise
 
 from .command import sft
 
 
 def main() -> None:
-    silence_upstream_noise()
     try:
         sft.main(prog_name="drivetrain sft", standalone_mode=False)
     except (DrivetrainError, ConfigError, click.ClickException) as e:
