@@ -92,7 +92,9 @@ def test_reference_page_is_generated_from_the_dataclasses() -> None:
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])
-def test_a_model_path_that_is_not_a_model_directory_is_one_line_before_anything_starts(tmp_path, nproc) -> None:
+def test_a_model_path_that_is_not_a_model_directory_is_one_line_before_anything_starts(
+    tmp_path, nproc
+) -> None:
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(
         drivetrain_cli, ["sft", "--nproc", nproc, "--output-dir", str(run_dir), "model.path=/nonexistent"]

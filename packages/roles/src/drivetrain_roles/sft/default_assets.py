@@ -1,6 +1,6 @@
 """The embedded default job: a tiny model, its own arithmetic tokenizer and a generated data set.
 
-``drivetrain sft`` with no arguments trains this on CPU in a few minutes. Nothing is downloaded: the
+``drivetrain sft`` with no arguments trains this on CPU in about a minute. Nothing is downloaded: the
 tokenizer is built with the ``tokenizers`` library, the model directory is written from a config with
 random weights (then loaded back through ``from_pretrained`` like any user model), and the data are
 addition questions (``"12+7="`` -> ``"19"``) written as JSONL, so the default run reads data through the
