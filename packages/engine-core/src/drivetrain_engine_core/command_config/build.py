@@ -1,11 +1,11 @@
 """Typed configs from plain layers, through OmegaConf structured configs, with errors that name the field.
 
 A command's config is one frozen dataclass of sections (its field defaults are the command's defaults). It is
-built in four visible steps: the typed schema (a section typed :class:`~..config.EngineConfig` becomes the
+built in five visible steps: the typed schema (a section typed :class:`~..config.EngineConfig` becomes the
 class of the backend it names), a check of every key against the dataclasses (unknown keys get the close
-match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), then
-the derived values the command computes from the others (``derived_values``), and the dataclasses themselves
-(their ``__post_init__`` checks ranges and combinations).
+match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), the
+derived values the command computes from the others (``derived_values``, only where no layer set them), and
+the dataclasses themselves (their ``__post_init__`` checks ranges and combinations).
 """
 
 from __future__ import annotations
@@ -130,7 +130,9 @@ def _default_backend(cls: type, section: str) -> str:
     return EngineConfig().backend
 
 
-def _unset_only(derived: Mapping[str, Any], layers: Sequence[Mapping[str, Any]], prefix=()) -> dict:
+def _unset_only(
+    derived: Mapping[str, Any], layers: Sequence[Mapping[str, Any]], prefix: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """``derived`` without the keys a user layer sets (what the user wrote always wins)."""
     kept: dict[str, Any] = {}
     for key, value in derived.items():
