@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, PluginError
+from drivetrain_roles.sft.assets import ModelPathError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
 from drivetrain_roles.sft.launch import spawn_ranks
@@ -209,7 +210,7 @@ def test_a_model_that_sft_cannot_train_is_refused_before_training(tmp_path) -> N
     with pytest.raises(ConfigError, match=r"model.model_type='value_model' has no next-token log-probs"):
         SFTTrainer(load_config(None, ["model.model_type=value_model"]), tmp_path / "run")
     (tmp_path / "not_a_model").mkdir()
-    with pytest.raises(ConfigError, match=r"not_a_model is a directory without config.json"):
+    with pytest.raises(ModelPathError, match=r"not_a_model has no config.json"):
         run_sft(tmp_path / "run", f"model.path={tmp_path / 'not_a_model'}")
 
 

@@ -20,6 +20,7 @@ from .config import (
 )
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError, PluginError
 from .lazy import lazy_getattr
+from .upstream_noise import silence_upstream_noise
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -39,6 +40,8 @@ _LAZY = {
 }
 
 __version__ = "0.1.0"
+
+silence_upstream_noise()  # one known upstream log record, dropped at its logger (see upstream_noise)
 
 __all__ = [
     "BatchError",

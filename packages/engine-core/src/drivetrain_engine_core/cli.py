@@ -10,6 +10,7 @@ and exit status 1, never a traceback.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 from typing import Any
 
@@ -35,6 +36,14 @@ class DrivetrainGroup(click.Group):
         self._add_plugin_commands()
         return super().get_command(ctx, cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name in FIRST_PARTY_COMMANDS and self.get_command(ctx, name) is None:
+            raise click.UsageError(missing_command_message(name), ctx)
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -55,6 +64,32 @@ class DrivetrainGroup(click.Group):
                 f"commands: {info.error}",
                 err=True,
             )
+
+
+FIRST_PARTY_COMMANDS: dict[str, str] = {
+    "sft": "drivetrain-roles",
+    "dpo": "drivetrain-roles",
+    "rm": "drivetrain-roles",
+    "grpo": "drivetrain-roles",
+    "ckpt": "drivetrain-ckpt-tools",
+}
+"""Commands that drivetrain's own distributions add, so a missing one names what to install."""
+
+
+def missing_command_message(name: str) -> str:
+    """Why ``drivetrain <name>`` is unavailable and the install command (or where to look if installed)."""
+    distribution = FIRST_PARTY_COMMANDS[name]
+    try:
+        version = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return (
+            f"No such command {name!r}: it comes from {distribution}, which is not installed. Install it with: "
+            f"pip install {distribution}"
+        )
+    return (
+        f"No such command {name!r}: {distribution} {version} is installed but its plugin did not add the "
+        "command (disabled by DRIVETRAIN_DISABLE_PLUGINS, or failed to load); see `drivetrain plugins`."
+    )
 
 
 def _echo_json(value: Any) -> None:
@@ -95,6 +130,19 @@ def engines_command(as_json: bool) -> None:
         click.echo(f"{e.model_type}/{e.backend}/{e.device} -> {e.engine} ({e.distribution} {e.version})")
 
 
+@click.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def env_command(as_json: bool) -> None:
+    """Print versions for bug reports: Python, torch (CUDA, cuDNN, NCCL), key libraries, every plugin."""
+    from .environment import environment_report, format_report
+
+    report = environment_report()
+    if as_json:
+        _echo_json(report)
+    else:
+        click.echo(format_report(report))
+
+
 def build_cli() -> DrivetrainGroup:
     """A fresh root group with the built-in commands (tests build one per case)."""
 
@@ -105,9 +153,10 @@ def build_cli() -> DrivetrainGroup:
 
     root.add_command(plugins_command)
     root.add_command(engines_command)
+    root.add_command(env_command)
     return root  # type: ignore[return-value]
 
 
 main = build_cli()
 
-__all__ = ["DrivetrainGroup", "build_cli", "main"]
+__all__ = ["FIRST_PARTY_COMMANDS", "DrivetrainGroup", "build_cli", "main", "missing_command_message"]

@@ -7,11 +7,9 @@ a wrong config fails before any process group or model is touched.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 ModelType = Literal["language_model", "value_model"]
 MODEL_TYPES: tuple[str, ...] = ("language_model", "value_model")
@@ -99,6 +97,9 @@ class MicroBatchConfig:
 
     micro_batch_size: int | None = 1
     max_tokens: int | None = None
+
+    exclusive_fields: ClassVar[tuple[str, ...]] = ("micro_batch_size", "max_tokens")
+    """Setting one of these in a config layer clears the other (see :mod:`.command_config`)."""
 
     def __post_init__(self) -> None:
         _require(
@@ -227,51 +228,12 @@ ConfigT = TypeVar("ConfigT")
 def config_from_dict(cls: type[ConfigT], values: dict[str, Any], *, where: str = "") -> ConfigT:
     """Build a (possibly nested) config dataclass from plain values, as read from YAML.
 
-    Unknown keys are an error that lists the known ones and the closest match; nested dataclass fields are
-    built recursively and lists become tuples, so YAML files map one-to-one onto the dataclasses.
+    Goes through the command config layer (:mod:`.command_config`): unknown keys are an error that lists the
+    known ones and the closest match, and every value is checked against its annotation.
 
     Raises:
         ConfigError: a key is unknown or a value fails validation.
     """
-    prefix = where or cls.__name__
-    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], list(known), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown option {prefix}.{unknown[0]}; known options: {sorted(known)}.{hint}")
-    kwargs: dict[str, Any] = {}
-    for name, value in values.items():
-        kwargs[name] = _coerce(cls, known[name], value, f"{prefix}.{name}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{prefix}: {e}") from e
+    from .command_config import build_config
 
-
-def _coerce(owner: type, config_field: dataclasses.Field, value: Any, where: str) -> Any:
-    nested = _nested_dataclass(owner, config_field)
-    if nested is not None and isinstance(value, dict):
-        return config_from_dict(nested, value, where=where)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
-
-
-def _nested_dataclass(owner: type, config_field: dataclasses.Field) -> type | None:
-    """The dataclass type a field holds (``X`` or ``X | None``), from its default or its resolved annotation.
-
-    Annotations are strings here (``from __future__ import annotations``), so they are resolved against the
-    module that declares each class; this is what lets a backend's config nest its own dataclasses.
-    """
-    if config_field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        default = config_field.default_factory()  # type: ignore[misc]
-        if dataclasses.is_dataclass(default):
-            return type(default)
-    try:
-        hint = typing.get_type_hints(owner)[config_field.name]
-    except NameError:
-        # An annotation naming a type imported only under TYPE_CHECKING cannot be resolved: treat as plain.
-        return None
-    candidates = typing.get_args(hint) or (hint,)
-    return next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
+    return build_config(cls, [values], where=where or cls.__name__)

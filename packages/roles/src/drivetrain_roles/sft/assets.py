@@ -5,30 +5,47 @@ from __future__ import annotations
 from pathlib import Path
 
 from drivetrain_engine_core import distributed as dist_utils
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import DrivetrainError
 
 from .config import DataConfig
 from .default_assets import BUILTIN_MODEL, write_arithmetic_data, write_model_dir
 
+INITIAL_MODEL_DIR = "initial_model"
+"""Where the embedded model is written before training (random weights: the run's starting point)."""
+
 
 def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
-    """``path`` itself, or for ``builtin:arithmetic`` the embedded model under ``<output_dir>/model``.
+    """``path`` itself, or for ``builtin:arithmetic`` the embedded untrained model under ``<run>/initial_model``.
 
     Raises:
-        ConfigError: ``path`` is a local directory without ``config.json`` (not a Hugging Face model).
+        ModelPathError: ``path`` is not a local Hugging Face model directory.
     """
     if path != BUILTIN_MODEL:
-        if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
-            raise ConfigError(
-                f"model.path={path} is a directory without config.json, so it is not a Hugging Face model "
-                "directory; point model.path at one (config.json, tokenizer files, weights)."
-            )
+        check_model_path(path)
         return path
-    target = output_dir / "model"
+    target = output_dir / INITIAL_MODEL_DIR
     if dist_utils.rank() == 0 and not (target / "config.json").is_file():
         write_model_dir(target, seed=seed)
     dist_utils.barrier()
     return str(target)
+
+
+class ModelPathError(DrivetrainError, FileNotFoundError):
+    """``model.path`` does not name a local Hugging Face model directory."""
+
+
+def check_model_path(path: str) -> None:
+    """Raise one clear error unless ``path`` is the embedded model or a directory with a ``config.json``."""
+    if path == BUILTIN_MODEL:
+        return
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        what = "has no config.json" if directory.is_dir() else "does not exist"
+        raise ModelPathError(
+            f"model.path={path} {what}; set model.path to a local Hugging Face model directory (config.json, "
+            f"weights, tokenizer; e.g. `hf download <repo> --local-dir DIR`) or to {BUILTIN_MODEL} for the "
+            "embedded model."
+        )
 
 
 def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple[list[str], list[str]]:

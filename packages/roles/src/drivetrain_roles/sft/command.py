@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+from drivetrain_engine_core.command_config import config_options
 
 if TYPE_CHECKING:
     from .config import SFTConfig
@@ -13,9 +14,7 @@ if TYPE_CHECKING:
 
 
 @click.command("sft", context_settings={"show_default": True})
-@click.option(
-    "--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of config sections."
-)
+@config_options("drivetrain_roles.sft.config:SFTConfig")
 @click.option(
     "--nproc", type=click.IntRange(min=1), default=1, help="Ranks to spawn (ignored under torchrun)."
 )
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Delete the checkpoints a previous run left in --output-dir and start over.",
 )
-@click.argument("overrides", nargs=-1)
 def sft(
     config_file: str | None,
     nproc: int,
@@ -39,24 +37,25 @@ def sft(
     overwrite: bool,
     overrides: tuple[str, ...],
 ) -> None:
-    """Supervised fine-tuning; with no arguments, a tiny model learns addition on CPU in a few minutes.
+    """Supervised fine-tuning; with no arguments, a tiny model learns addition on CPU in about a minute.
 
-    OVERRIDES are dotted config values such as engine.micro_batch.max_tokens=512 or trainer.total_steps=100.
+    OVERRIDES are dotted config values such as engine.micro_batch.max_tokens=512 or trainer.total_steps=100;
+    --help-config lists every field, --print-config shows the resolved config.
     """
+    from .assets import check_model_path
+    from .config import load_config
     from .launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
 
     if resume and overwrite:
         raise click.UsageError("--resume continues a run and --overwrite deletes its checkpoints: pass one.")
+    # A bad config or model path fails here once, before any rank starts or any folder is made.
+    check_model_path(load_config(config_file, overrides).model.path)
     try:
         run_dir = resolve_output_dir(output_dir, resume)
     except FileNotFoundError as e:
         raise click.UsageError(str(e)) from e
     if nproc > 1 and not under_launcher():
-        from .config import load_config
-
-        # Fail here once, not once per spawned rank: a bad config or a run directory that does not fit.
-        load_config(config_file, overrides)
-        check_run_dir(run_dir, resume=resume, overwrite=overwrite)
+        check_run_dir(run_dir, resume=resume, overwrite=overwrite)  # once, not once per spawned rank
         arguments = [*(["--config", config_file] if config_file else []), "--output-dir", str(run_dir)]
         flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
         sys.exit(spawn_ranks(nproc, [*arguments, *flags, *overrides]))
@@ -100,5 +99,8 @@ def _summary(result: SFTResult) -> str:
                 )
     if result.train_losses:
         lines.append(f"train/loss at the last step: {result.train_losses[-1]:.4f}")
+    lines.append(
+        f"trained model: {result.output_dir}/final_model (plain Hugging Face folder, with tokenizer)"
+    )
     lines.append(f"metrics: {result.output_dir}/metrics.jsonl, curve: {result.output_dir}/loss_curve.png")
     return "\n".join(lines)

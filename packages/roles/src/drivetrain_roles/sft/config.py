@@ -1,46 +1,32 @@
-"""Typed configuration of the SFT trainer and its loading from YAML plus dotted overrides.
+"""Typed configuration of ``drivetrain sft``: its sections, their defaults (the embedded job) and derived values.
 
-A run's config is the embedded defaults (the tiny arithmetic job), then a YAML file, then command-line
-overrides such as ``engine.micro_batch.max_tokens=512`` (values parsed as YAML scalars). Sections map
-one-to-one onto frozen dataclasses; the ``engine`` section is built by the chosen backend's own config class
-through core's factory, so backend knobs (``engine.ulysses_sequence_parallel_size``) are checked too.
+Loading (YAML + dotted overrides, type checks, messages) is core's command config layer
+(:mod:`drivetrain_engine_core.command_config`); this module only declares what the SFT command configures.
+The ``engine`` section is built by the chosen backend's own config class, so backend knobs
+(``engine.ulysses_sequence_parallel_size``) are checked too.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
     ConfigError,
     EngineConfig,
+    MicroBatchConfig,
     ModelConfig,
     OptimizerConfig,
-    config_from_dict,
 )
 
 from ..losses.aggregation import AGGREGATION_MODES
 from .default_assets import BUILTIN_MODEL
 
-DEFAULTS: dict[str, Any] = {
-    "model": {"path": BUILTIN_MODEL},
-    "engine": {"backend": "fsdp", "micro_batch": {"micro_batch_size": None, "max_tokens": 2048}},
-    "optimizer": {
-        "lr": 5e-3,
-        "weight_decay": 0.0,
-        "lr_schedule": "cosine",
-        "min_lr_ratio": 0.1,
-        "clip_grad": 1.0,
-    },
-    "checkpoint": {"max_ckpt_to_keep": 2},
-}
-"""Section values that differ from the dataclass defaults: those of the embedded arithmetic job."""
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -96,6 +82,8 @@ class TrainerConfig:
         progress_bar: show a tqdm bar on the output rank.
         cpu_threads: intra-op threads per rank when the engine runs on CPU (``torch.set_num_threads``);
             ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
+        report_to: metrics trackers: ``jsonl`` (``<run>/metrics.jsonl``), ``tensorboard``, ``wandb``,
+            ``mlflow`` (each needs its package installed).
     """
 
     total_steps: int = 800
@@ -108,8 +96,12 @@ class TrainerConfig:
     seed: int = 0
     progress_bar: bool = True
     cpu_threads: int | None = 1
+    report_to: tuple[str, ...] = ("jsonl",)
 
     def __post_init__(self) -> None:
+        from drivetrain_engine_core.tracking import check_report_to
+
+        check_report_to(self.report_to)
         for name in ("total_steps", "batch_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
@@ -124,120 +116,71 @@ class TrainerConfig:
             )
 
 
+def schedule_length(total_steps: int) -> dict[str, int]:
+    """The LR schedule of a run of ``total_steps``: it spans the run; warm-up is a tenth, at most 10 steps."""
+    return {"total_steps": total_steps, "warmup_steps": min(10, total_steps // 10)}
+
+
+def _default_model() -> ModelConfig:
+    return ModelConfig(path=BUILTIN_MODEL)
+
+
+def _default_engine() -> EngineConfig:
+    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=2048))
+
+
+def _default_optimizer() -> OptimizerConfig:
+    schedule = schedule_length(TrainerConfig().total_steps)
+    return OptimizerConfig(
+        lr=5e-3,
+        weight_decay=0.0,
+        lr_schedule="cosine",
+        min_lr_ratio=0.1,
+        clip_grad=1.0,
+        total_steps=schedule["total_steps"],
+        warmup_steps=schedule["warmup_steps"],
+    )
+
+
+def _default_checkpoint() -> CheckpointConfig:
+    return CheckpointConfig(max_ckpt_to_keep=2)
+
+
 @dataclass(kw_only=True, frozen=True)
 class SFTConfig:
-    """Everything one SFT run needs (see :func:`load_config`)."""
+    """Everything one SFT run needs; the defaults are the embedded arithmetic job (see :func:`load_config`).
 
-    model: ModelConfig
-    engine: EngineConfig
-    optimizer: OptimizerConfig
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    Attributes:
+        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` is the embedded tiny model.
+        engine: the backend's engine config (``engine.backend`` picks the installed plugin).
+        optimizer: AdamW and its LR schedule; ``total_steps`` and ``warmup_steps`` follow
+            ``trainer.total_steps`` unless set (see :func:`schedule_length`).
+        checkpoint: checkpoint contents and retention.
+        data: training and held-out data.
+        trainer: the training loop.
+    """
+
+    model: ModelConfig = field(default_factory=_default_model)
+    engine: EngineConfig = field(default_factory=_default_engine)
+    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
-
-SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SFTConfig))
+    @staticmethod
+    def derived_values(config: DictConfig) -> dict[str, Any]:
+        """Values that follow others unless the user sets them: the LR schedule follows the run length."""
+        return {"optimizer": schedule_length(config.trainer.total_steps)}
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> SFTConfig:
     """Defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), as a checked config.
 
     Raises:
-        ConfigError: unreadable YAML, a malformed override, an unknown section or key, or an invalid value.
+        ConfigError: unreadable YAML, a malformed override, an unknown section or key, or an invalid value
+            (the message names the field and the fix).
         PluginError: ``engine.backend`` names a backend that is not installed.
     """
-    values = merge(copy.deepcopy(DEFAULTS), _read_yaml(config_file) if config_file else {})
-    for override in overrides:
-        apply_override(values, override)
-    return build_config(values)
+    from drivetrain_engine_core.command_config import load_config as load_command_config
 
-
-def build_config(values: dict[str, Any]) -> SFTConfig:
-    """The typed config from merged plain values (see :func:`load_config`)."""
-    from drivetrain_engine_core.factory import engine_config_from_dict
-
-    unknown = sorted(set(values) - set(SECTIONS))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], SECTIONS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown config section {unknown[0]!r}; sections are {list(SECTIONS)}.{hint}")
-    trainer = config_from_dict(TrainerConfig, values.get("trainer", {}), where="trainer")
-    # Schedule length follows the run; warm-up defaults to a tenth of it, at most 10 steps.
-    optimizer_values = {
-        "total_steps": trainer.total_steps,
-        "warmup_steps": min(10, trainer.total_steps // 10),
-        **values.get("optimizer", {}),
-    }
-    return SFTConfig(
-        model=config_from_dict(ModelConfig, values.get("model", {}), where="model"),
-        engine=engine_config_from_dict(values.get("engine", {})),
-        optimizer=config_from_dict(OptimizerConfig, optimizer_values, where="optimizer"),
-        checkpoint=config_from_dict(CheckpointConfig, values.get("checkpoint", {}), where="checkpoint"),
-        data=config_from_dict(DataConfig, values.get("data", {}), where="data"),
-        trainer=trainer,
-    )
-
-
-def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``update`` into ``base`` recursively (in place) and return ``base``.
-
-    ``micro_batch`` is special: its two limits are exclusive, so setting one clears the other.
-    """
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            merge(base[key], value)
-        else:
-            base[key] = value
-        if key in ("micro_batch_size", "max_tokens") and value is not None:
-            other = "max_tokens" if key == "micro_batch_size" else "micro_batch_size"
-            base[other] = None
-    return base
-
-
-def apply_override(values: dict[str, Any], override: str) -> None:
-    """Apply one ``dotted.key=value`` override; the value is parsed as a YAML scalar (``512``, ``true``, ``[a]``).
-
-    Raises:
-        ConfigError: the override has no ``=`` or an empty key.
-    """
-    import yaml
-
-    key, sep, raw = override.partition("=")
-    parts = key.strip().split(".")
-    if not sep or not all(parts):
-        raise ConfigError(
-            f"override {override!r} must look like section.key=value, e.g. trainer.total_steps=100."
-        )
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {override!r}: the value is not valid YAML ({e}).") from e
-    nested: dict[str, Any] = _number_or_value(value)
-    for part in reversed(parts):
-        nested = {part: nested}
-    merge(values, nested)
-
-
-def _number_or_value(value: Any) -> Any:
-    """YAML 1.1 reads ``5e-3`` as a string (it wants ``5.0e-3``); users mean the number."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _read_yaml(path: str | Path) -> dict[str, Any]:
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config.")
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections (model, engine, ...).")
-    return loaded
+    return load_command_config(SFTConfig, config_file, overrides)

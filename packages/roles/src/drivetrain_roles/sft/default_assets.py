@@ -1,6 +1,6 @@
 """The embedded default job: a tiny model, its own arithmetic tokenizer and a generated data set.
 
-``drivetrain sft`` with no arguments trains this on CPU in a few minutes. Nothing is downloaded: the
+``drivetrain sft`` with no arguments trains this on CPU in about a minute. Nothing is downloaded: the
 tokenizer is built with the ``tokenizers`` library, the model directory is written from a config with
 random weights (then loaded back through ``from_pretrained`` like any user model), and the data are
 addition questions (``"12+7="`` -> ``"19"``) written as JSONL, so the default run reads data through the
@@ -36,17 +36,23 @@ TINY_MODEL_CONFIG: dict[str, object] = {
 def build_arithmetic_tokenizer():
     """A character-level fast tokenizer over digits, ``+-*=`` and space, with pad/bos/eos.
 
+    Encoding with special tokens (``tokenizer(prompt)``) prepends bos, as the SFT data do, so the saved
+    tokenizer reproduces the training inputs.
+
     Returns:
         A ``PreTrainedTokenizerFast`` (18 tokens) that ``save_pretrained`` writes as a normal tokenizer
         directory.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {token: index for index, token in enumerate([PAD, BOS, EOS, *ALPHABET])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD)
 
 

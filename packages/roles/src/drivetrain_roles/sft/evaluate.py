@@ -20,6 +20,7 @@ from drivetrain_engine_core.outputs import LossFn
 
 from .batches import make_sft_batch
 from .data import Example
+from .final_model import gather_hf_model
 
 
 def held_out_loss(engine: Engine, examples: Sequence[Example], loss_fn: LossFn) -> float:
@@ -34,34 +35,13 @@ def greedy_accuracy(
     engine: Engine, examples: Sequence[Example], tokenizer: Any, *, max_new_tokens: int, model_path: str
 ) -> float:
     """Fraction of ``examples`` whose greedy answer equals the reference (collective; every rank gets it)."""
-    weights = {}
-    for name, tensor in engine.export_weights():
-        if dist_utils.rank() == 0:
-            weights[name] = tensor.detach().to("cpu", copy=True)
+    model = gather_hf_model(engine, model_path)
     accuracy = 0.0
-    if dist_utils.rank() == 0:
-        model = _hf_model(model_path, weights)
+    if model is not None:
         answers = generate_answers(model, examples, tokenizer, max_new_tokens=max_new_tokens)
         correct = sum(a.strip() == e.response_text.strip() for a, e in zip(answers, examples, strict=True))
         accuracy = correct / len(examples)
     return float(dist_utils.broadcast_object(accuracy))  # type: ignore[arg-type]
-
-
-def _hf_model(model_path: str, weights: dict[str, torch.Tensor]) -> Any:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    result = model.load_state_dict(weights, strict=False)
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing = sorted(set(result.missing_keys) - tied)
-    if missing or result.unexpected_keys:
-        raise RuntimeError(
-            f"exported weights do not match {config.model_type} from {model_path}: missing {missing[:5]}, "
-            f"unexpected {sorted(result.unexpected_keys)[:5]}; the backend's export_weights() must yield "
-            "Hugging Face names."
-        )
-    return model.eval()
 
 
 @torch.no_grad()

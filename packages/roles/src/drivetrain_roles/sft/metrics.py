@@ -1,87 +1,64 @@
-"""Where SFT metrics go: the console, ``metrics.jsonl``, TensorBoard when installed, and a loss-curve PNG.
+"""Where SFT metrics go: the console, the ``trainer.report_to`` trackers (``metrics.jsonl`` by default), a PNG.
 
-Only the output rank writes. ``metrics.jsonl`` holds one JSON object per record (``{"step": N, ...}``); on
-resume, records after the resumed step are dropped first, so the file and the curve describe one run. A
-non-finite value (the loss of a step whose update was skipped) is written as ``null``: ``NaN`` is not JSON.
+Only the output rank writes. Trackers come from core (:mod:`drivetrain_engine_core.tracking`); on resume the
+JSONL tracker drops records after the resumed step first, so the file and the curve describe one run.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from drivetrain_engine_core.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
+
 logger = logging.getLogger(__name__)
-METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "loss_curve.png"
 
 
 class MetricsWriter:
-    """Writes metric records of the output rank.
+    """Writes metric records of the output rank to every tracker and keeps them for the loss curve.
 
     Args:
         output_dir: the run directory.
         enabled: whether this rank writes (the output rank) or stays silent.
-        resume_step: keep only records up to this step from an earlier, interrupted run (``None``: start a new
-            file).
+        report_to: tracker names (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
+        config: the resolved config as plain values (trackers log it as the run's parameters).
+        resume_step: keep only records up to this step from an earlier, interrupted run (``None``: a new run).
     """
 
-    def __init__(self, output_dir: Path, *, enabled: bool, resume_step: int | None = None) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        enabled: bool,
+        report_to: Sequence[str] = ("jsonl",),
+        config: dict[str, Any] | None = None,
+        resume_step: int | None = None,
+    ) -> None:
         self.enabled = enabled
-        self.path = output_dir / METRICS_FILE
         self.records: list[dict[str, Any]] = []
-        self._tensorboard = None
+        self._trackers = []
         if not enabled:
             return
         if resume_step is not None:
-            self.records = [r for r in read_records(self.path) if r["step"] <= resume_step]
-        self.path.write_text("".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in self.records))
-        self._tensorboard = _open_tensorboard(output_dir / "tensorboard")
+            self.records = [r for r in read_records(output_dir / METRICS_FILE) if r["step"] <= resume_step]
+        run = RunInfo(run_dir=output_dir, name=output_dir.name, config=config or {}, resume_step=resume_step)
+        self._trackers = open_trackers(report_to, run)
 
     def write(self, step: int, values: dict[str, float]) -> None:
-        """Record ``values`` at ``step`` (JSONL, TensorBoard)."""
+        """Record ``values`` at ``step`` in every tracker."""
         if not self.enabled:
             return
-        record = {"step": step, **values}
-        self.records.append(record)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
-        if self._tensorboard is not None:
-            for name, value in values.items():
-                self._tensorboard.add_scalar(name, value, step)
+        self.records.append({"step": step, **values})
+        for tracker in self._trackers:
+            tracker.log(step, values)
 
     def close(self) -> None:
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by ``None`` (dicts and lists followed)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [json_safe(item) for item in value]
-    return value
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file (empty if it does not exist)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _open_tensorboard(directory: Path) -> Any:
-    """A TensorBoard ``SummaryWriter`` when the ``tensorboard`` package is installed, else ``None``."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(log_dir=str(directory))
+        for tracker in self._trackers:
+            tracker.close()
 
 
 def format_record(values: dict[str, float]) -> str:

@@ -6,23 +6,27 @@ shards the work, and the output rank writes metrics. Per step: this rank's share
 measured before the first step, every ``trainer.eval_every`` steps and after the last; checkpoints go to
 ``<output_dir>/checkpoints`` every ``trainer.save_every`` steps and at the end, and ``resume=True`` continues
 from the latest one with the same data order, so a resumed run reproduces the uninterrupted one exactly.
+The run directory also holds the resolved ``config.yaml`` and, at the end, the trained model as a plain
+Hugging Face folder (``final_model``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.command_config import to_plain, to_yaml
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..losses.sft import sft_loss_fn
 from .assets import resolve_data_files, resolve_model_path
@@ -30,10 +34,12 @@ from .batches import StepSampler, check_batch_size, make_sft_batch
 from .config import SFTConfig
 from .data import DataError, Example, load_examples
 from .evaluate import greedy_accuracy, held_out_loss
+from .final_model import FINAL_MODEL_DIR, save_final_model
 from .launch import CHECKPOINT_DIR, check_run_dir
-from .metrics import CURVE_FILE, MetricsWriter, format_record, json_safe, plot_loss_curve
+from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
+CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -98,6 +104,7 @@ class SFTTrainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             if self.overwrite and not self.resume:
                 shutil.rmtree(self.checkpoint_root, ignore_errors=True)
+            (self.output_dir / CONFIG_FILE).write_text(to_yaml(self.config))
         dist_utils.barrier()
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
@@ -106,7 +113,11 @@ class SFTTrainer:
         sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
         start_step = self._maybe_resume(engine)
         writer = MetricsWriter(
-            self.output_dir, enabled=dist_utils.rank() == 0, resume_step=start_step if self.resume else None
+            self.output_dir,
+            enabled=dist_utils.rank() == 0,
+            report_to=self.config.trainer.report_to,
+            config=to_plain(self.config),
+            resume_step=start_step if self.resume else None,
         )
         result = SFTResult(output_dir=self.output_dir, start_step=start_step)
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
@@ -114,9 +125,16 @@ class SFTTrainer:
             self._train(engine, sampler, train, evaluate, writer, result)
         finally:
             writer.close()
+        save_final_model(
+            engine,
+            model_path,
+            tokenizer,
+            self.output_dir / FINAL_MODEL_DIR,
+            max_new_tokens=self.config.trainer.max_new_tokens,
+        )
         if dist_utils.rank() == 0:
             plot_loss_curve(writer.records, self.output_dir / CURVE_FILE)
-            _write_summary(self.output_dir, result)
+            _write_summary(self.output_dir, result, to_plain(self.config))
         return result
 
     # ------------------------------------------------------------------ setup
@@ -184,19 +202,30 @@ class SFTTrainer:
             self._record_eval(evaluate, 0, writer, result, bar)
         for step in range(result.start_step, trainer.total_steps):
             local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+            started = time.perf_counter()
             with engine.train_mode():
                 output = engine.train_batch(make_sft_batch([train[i] for i in local]), self.loss_fn)
             engine.lr_scheduler_step()
+            seconds = time.perf_counter() - started
+            tokens = sum(train[i].length for i in sampler.global_indices(step).tolist())
             values = {
                 "train/loss": float(output.loss),  # type: ignore[arg-type]
                 "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
                 "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
                 "train/skipped_steps": float(engine.skipped_steps),
+                "perf/step_time_s": seconds,
+                "perf/tokens": float(tokens),
+                "perf/tokens_per_s": tokens / seconds,
             }
             result.train_losses.append(values["train/loss"])
             result.skipped_steps = engine.skipped_steps
             writer.write(step + 1, values)
-            bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{values['train/loss']:.4f}",
+                s_step=f"{seconds:.3f}",
+                tok_s=f"{tokens / seconds:.0f}",
+                refresh=False,
+            )
             bar.update(1)
             self._after_step(engine, step + 1, evaluate, writer, result, bar)
         bar.close()
@@ -283,11 +312,13 @@ def _progress_bar(trainer: Any, start_step: int) -> Any:
     )
 
 
-def _write_summary(output_dir: Path, result: SFTResult) -> None:
+def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) -> None:
     summary = {
         "start_step": result.start_step,
         "final_train_loss": result.train_losses[-1] if result.train_losses else None,
         "skipped_steps": result.skipped_steps,
         "evaluations": result.evaluations,
+        "final_model": str(output_dir / FINAL_MODEL_DIR),
+        "config": config,
     }
-    (output_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False))
+    (output_dir / "summary.json").write_text(dumps(summary, indent=2))

@@ -1,0 +1,56 @@
+"""One config layer for every ``drivetrain`` command: YAML file + dotted overrides -> typed frozen dataclasses.
+
+Built on OmegaConf structured configs (what Hydra and verl users already write): OmegaConf checks every
+value against its annotation and merges the layers; drivetrain adds the unknown-key check with the close
+match, engine sections typed by the chosen backend's own config class, derived values in one place, and
+messages that name the field and the fix.
+
+```python
+from drivetrain_engine_core.command_config import load_config, to_yaml
+
+config = load_config(MyCommandConfig, "run.yaml", ["trainer.total_steps=100"])
+print(to_yaml(config))
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from .build import Derive, build_config, check_keys
+from .layers import parse_override, read_yaml
+from .options import config_options
+from .render import FieldInfo, describe_fields, format_reference, to_plain, to_yaml
+
+ConfigT = TypeVar("ConfigT")
+
+
+def load_config(
+    cls: type[ConfigT], config_file: str | Path | None = None, overrides: Sequence[str] = ()
+) -> ConfigT:
+    """``cls``'s defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), fully checked.
+
+    Raises:
+        ConfigError: unreadable YAML, a malformed override, an unknown section or key, or an invalid value.
+        PluginError: ``engine.backend`` names a backend that is not installed.
+    """
+    layers = [read_yaml(config_file)] if config_file else []
+    return build_config(cls, [*layers, *(parse_override(o) for o in overrides)])
+
+
+__all__ = [
+    "Derive",
+    "FieldInfo",
+    "build_config",
+    "check_keys",
+    "config_options",
+    "describe_fields",
+    "format_reference",
+    "load_config",
+    "parse_override",
+    "read_yaml",
+    "to_plain",
+    "to_yaml",
+]

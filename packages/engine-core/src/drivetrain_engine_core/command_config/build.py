@@ -1,0 +1,207 @@
+"""Typed configs from plain layers, through OmegaConf structured configs, with errors that name the field.
+
+A command's config is one frozen dataclass of sections (its field defaults are the command's defaults). It is
+built in five visible steps: the typed schema (a section typed :class:`~..config.EngineConfig` becomes the
+class of the backend it names), a check of every key against the dataclasses (unknown keys get the close
+match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), the
+derived values the command computes from the others (``derived_values``, only where no layer set them), and
+the dataclasses themselves (their ``__post_init__`` checks ranges and combinations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..config import ConfigError, EngineConfig
+from .fields import field_types, nested_dataclass, type_name
+from .layers import lookup
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from ..plugins import DrivetrainPlugins
+
+ConfigT = TypeVar("ConfigT")
+Derive = Callable[["DictConfig"], dict[str, Any]]
+"""``derived_values(config) -> {section: {key: value}}``: values that follow others unless the user set them."""
+
+
+def build_config(
+    cls: type[ConfigT],
+    layers: Sequence[Mapping[str, Any]],
+    *,
+    where: str = "",
+    plugins: DrivetrainPlugins | None = None,
+) -> ConfigT:
+    """The dataclass ``cls`` from its defaults and ``layers`` (later layers win), fully checked.
+
+    Args:
+        cls: a dataclass of sections or of plain fields; a ``derived_values`` static method, when it has one,
+            computes values that follow others (e.g. the LR schedule length from the run length).
+        layers: plain nested mappings (a YAML file, then each override).
+        where: the dotted prefix that names ``cls``'s fields in messages (``engine``), empty for a command.
+        plugins: where backend config classes are looked up; default: the process-wide plugins.
+
+    Raises:
+        ConfigError: an unknown key (with the close match), a value that does not fit its annotation, or one
+            that fails the dataclass's own checks; the message names the field and the fix.
+        PluginError: an ``engine.backend`` that no installed plugin provides.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    plain = [_exclusive_limits(dict(layer), cls) for layer in layers]
+    backends = _backend_classes(cls, plain, plugins)
+    classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
+    for layer in plain:
+        check_keys(layer, cls, where, classes)
+    try:
+        typed = OmegaConf.merge(_schema(cls, backends), *plain)
+        derive: Derive | None = getattr(cls, "derived_values", None)
+        if derive is not None:
+            typed = OmegaConf.merge(typed, _unset_only(derive(typed), plain))  # type: ignore[arg-type]
+        return OmegaConf.to_object(typed)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise _field_error(e, cls, plain, where, classes) from e
+    except TypeError as e:
+        raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def check_keys(values: Mapping[str, Any], cls: type, where: str, backends: Mapping[str, type]) -> None:
+    """Every key of ``values`` is a field of ``cls`` (recursively); else one error with the close match."""
+    types = field_types(cls)
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else key
+        if key not in types:
+            close = difflib.get_close_matches(key, list(types), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown option {path}; known options: {sorted(types)}.{hint}")
+        nested = backends.get(path) or nested_dataclass(types[key])
+        if nested is not None and isinstance(value, Mapping):
+            check_keys(value, nested, path, backends)
+
+
+def _schema(cls: type, backends: Mapping[str, tuple[str, type]]) -> DictConfig:
+    """``cls``'s defaults as a typed OmegaConf node, each engine section typed by its backend's class.
+
+    A backend class keeps the command's own engine defaults (those that differ from :class:`EngineConfig`'s).
+    """
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.structured(cls)
+    base: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(EngineConfig))  # type: ignore[assignment]
+    for name, (backend, backend_cls) in backends.items():
+        defaults: dict[str, Any] = OmegaConf.to_container(schema[name])  # type: ignore[assignment]
+        changed = {k: v for k, v in defaults.items() if k in base and v != base[k]}
+        node = OmegaConf.merge(OmegaConf.structured(backend_cls), changed, {"backend": backend})
+        schema = OmegaConf.merge(schema, {name: node})
+    return schema  # type: ignore[return-value]
+
+
+def _backend_classes(
+    cls: type, layers: Sequence[Mapping[str, Any]], plugins: DrivetrainPlugins | None
+) -> dict[str, tuple[str, type]]:
+    """``{section: (backend, its config class)}`` for each section of ``cls`` typed as an engine config."""
+    if issubclass(cls, EngineConfig):
+        return {}
+    from ..plugins import plugins as default_plugins
+
+    found = {}
+    for name, annotation in field_types(cls).items():
+        declared = nested_dataclass(annotation)
+        if declared is None or not issubclass(declared, EngineConfig):
+            continue
+        given, backend = lookup(layers, (name, "backend"))
+        if not given:
+            backend = _default_backend(cls, name)
+        found[name] = (str(backend), (plugins or default_plugins()).engines.config_class(str(backend)))
+    return found
+
+
+def _default_backend(cls: type, section: str) -> str:
+    """The ``backend`` of ``cls``'s default for ``section`` (its default factory's, else the class's)."""
+    for f in dataclasses.fields(cls):
+        if f.name == section and f.default_factory is not dataclasses.MISSING:
+            return f.default_factory().backend  # type: ignore[attr-defined]
+    return EngineConfig().backend
+
+
+def _unset_only(
+    derived: Mapping[str, Any], layers: Sequence[Mapping[str, Any]], prefix: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``derived`` without the keys a user layer sets (what the user wrote always wins)."""
+    kept: dict[str, Any] = {}
+    for key, value in derived.items():
+        path = (*prefix, key)
+        if isinstance(value, Mapping):
+            kept[key] = _unset_only(value, layers, path)
+        elif not lookup(layers, path)[0]:
+            kept[key] = value
+    return kept
+
+
+def _exclusive_limits(layer: dict[str, Any], cls: type) -> dict[str, Any]:
+    """A layer that sets one of a dataclass's ``exclusive_fields`` clears the others (e.g. micro-batch limits)."""
+    types = field_types(cls)
+    exclusive = getattr(cls, "exclusive_fields", ())
+    chosen = [k for k in exclusive if layer.get(k) is not None]
+    if len(chosen) == 1:
+        layer = {**{k: None for k in exclusive}, **layer}
+    for key, value in list(layer.items()):
+        nested = nested_dataclass(types.get(key))
+        if nested is not None and isinstance(value, Mapping):
+            layer[key] = _exclusive_limits(dict(value), nested)
+    return layer
+
+
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def _field_error(
+    error: Exception, cls: type, layers: Sequence[Mapping[str, Any]], where: str, backends: Mapping[str, type]
+) -> ConfigError:
+    """One line naming the field, the value given, the type it needs and how to write one."""
+    key = str(getattr(error, "full_key", "") or "")
+    path = tuple(_INDEX.sub("", key).split(".")) if key else ()
+    annotation = _annotation_at(cls, path, backends)
+    given, value = lookup(layers, path)
+    name = ".".join(p for p in (where, key) if p)
+    if annotation is None or not given:
+        message = (getattr(error, "msg", None) or str(error)).split("\n")[0]
+        return ConfigError(f"{name or cls.__name__}: {message}")
+    return ConfigError(
+        f"{name}={value!r} is not a valid {type_name(annotation)}; {_how_to_write(annotation, name)}"
+    )
+
+
+def _annotation_at(cls: type, path: tuple[str, ...], backends: Mapping[str, type]) -> Any:
+    owner: type | None = cls
+    annotation: Any = None
+    for depth, part in enumerate(path):
+        if owner is None:
+            return None
+        annotation = field_types(owner).get(part)
+        if annotation is None:
+            return None
+        owner = backends.get(".".join(path[: depth + 1])) or nested_dataclass(annotation)
+    return annotation
+
+
+def _how_to_write(annotation: Any, name: str) -> str:
+    shown = type_name(annotation)
+    if shown.startswith("bool"):
+        return f"write true or false, e.g. {name}=false."
+    if shown.startswith(("tuple", "list")):
+        return f"write a list in brackets, e.g. {name}=[a, b] (one item: {name}=[a])."
+    if shown.startswith("int"):
+        return f"write a whole number, e.g. {name}=100."
+    if shown.startswith("float"):
+        return f"write a number, e.g. {name}=0.5."
+    return f"write a value of type {shown}."
+
+
+__all__ = ["Derive", "build_config", "check_keys"]

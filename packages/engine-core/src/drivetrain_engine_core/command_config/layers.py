@@ -1,0 +1,81 @@
+"""The user's layers of a command config: a YAML file and ``dotted.key=value`` overrides, as plain mappings.
+
+Values are parsed as YAML (``512``, ``true``, ``null``, ``[a, b]``); ``5e-3``, which YAML 1.1 reads as a
+string, is read as the number users mean. Types are checked later, against the dataclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping of sections in a YAML config file.
+
+    Raises:
+        ConfigError: the file is missing, is not valid YAML, or does not hold a mapping.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config.")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections (model, engine, ...).")
+    return loaded
+
+
+def parse_override(override: str) -> dict[str, Any]:
+    """``a.b.c=value`` as the nested mapping ``{"a": {"b": {"c": value}}}``.
+
+    Raises:
+        ConfigError: the override has no ``=``, an empty key part, or a value that is not valid YAML.
+    """
+    import yaml
+
+    key, sep, raw = override.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise ConfigError(
+            f"override {override!r} must look like section.key=value, e.g. trainer.total_steps=100."
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({e}).") from e
+    nested: Any = _number_or_value(value)
+    for part in reversed(parts):
+        nested = {part: nested}
+    return nested
+
+
+def _number_or_value(value: Any) -> Any:
+    """YAML 1.1 reads ``5e-3`` as a string (it wants ``5.0e-3``); users mean the number."""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            return value
+    return value
+
+
+def lookup(layers: Sequence[Mapping[str, Any]], path: tuple[str, ...]) -> tuple[bool, Any]:
+    """Whether any layer sets ``path``, and the value of the last one that does."""
+    found, value = False, None
+    for layer in layers:
+        node: Any = layer
+        for part in path:
+            if not isinstance(node, Mapping) or part not in node:
+                break
+            node = node[part]
+        else:
+            found, value = True, node
+    return found, value

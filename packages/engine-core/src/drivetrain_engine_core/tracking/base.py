@@ -1,0 +1,36 @@
+"""The interface every metrics tracker implements (JSONL, TensorBoard, Weights & Biases, MLflow)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunInfo:
+    """What a tracker is told about the run when it opens.
+
+    Attributes:
+        run_dir: the run directory (trackers that write files write under it).
+        name: the run's name (its directory name).
+        config: the resolved config as plain values (logged as the run's parameters).
+        resume_step: the step a resumed run continues from; ``None`` for a new run.
+    """
+
+    run_dir: Path
+    name: str
+    config: dict[str, Any]
+    resume_step: int | None = None
+
+
+class Tracker(ABC):
+    """Receives the metric records of the output rank."""
+
+    @abstractmethod
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Record ``values`` (metric name -> number) at ``step``."""
+
+    def close(self) -> None:  # noqa: B027 - most trackers have nothing to release
+        """Flush and release what the tracker holds."""

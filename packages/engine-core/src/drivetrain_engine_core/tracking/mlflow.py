@@ -1,0 +1,34 @@
+"""MLflow (needs the ``mlflow`` package; tracking URI and experiment from MLflow's own environment variables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import RunInfo, Tracker
+
+
+class MlflowTracker(Tracker):
+    """One MLflow run per drivetrain run, named after the run directory, the config flattened into params."""
+
+    def __init__(self, run: RunInfo) -> None:
+        import mlflow
+
+        self._mlflow = mlflow
+        mlflow.start_run(run_name=run.name)
+        mlflow.log_params(_flatten(run.config))
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self._mlflow.log_metrics(values, step=step)
+
+    def close(self) -> None:
+        self._mlflow.end_run()
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

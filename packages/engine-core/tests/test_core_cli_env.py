@@ -1,0 +1,63 @@
+"""``drivetrain env`` for bug reports, the install hint for a missing command, and the one silenced upstream log."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+
+import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import build_cli, missing_command_message
+from drivetrain_engine_core.plugins import plugins, reset_plugins
+from drivetrain_engine_core.upstream_noise import silence_upstream_noise
+
+
+def test_env_prints_torch_libraries_and_every_plugin() -> None:
+    result = CliRunner().invoke(build_cli(), ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["libraries"]["torch"] == importlib.metadata.version("torch")
+    assert report["libraries"]["transformers"] == importlib.metadata.version("transformers")
+    assert report["libraries"]["megatron-core"] == importlib.metadata.version("megatron-core")
+    assert {"cuda_build", "cuda_available", "nccl"} <= set(report["accelerator"])
+    for info in plugins().plugins:
+        assert report["plugins"][info.name].startswith(f"{info.distribution} {info.version}")
+    text = CliRunner().invoke(build_cli(), ["env"]).output
+    assert f"  torch: {importlib.metadata.version('torch')}" in text
+
+
+def test_missing_first_party_command_names_the_distribution(monkeypatch) -> None:
+    monkeypatch.setenv("DRIVETRAIN_DISABLE_PLUGINS", "roles")
+    reset_plugins()
+    try:
+        result = CliRunner().invoke(build_cli(), ["sft"])
+    finally:
+        monkeypatch.delenv("DRIVETRAIN_DISABLE_PLUGINS")
+        reset_plugins()
+    assert result.exit_code == 2
+    assert (
+        "No such command 'sft': drivetrain-roles" in result.output and "drivetrain plugins" in result.output
+    )
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert missing_command_message("sft") == (
+        "No such command 'sft': it comes from drivetrain-roles, which is not installed. Install it with: "
+        "pip install drivetrain-roles"
+    )
+
+
+def test_only_the_is_fx_tracing_record_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("torch.fx._symbolic_trace")
+    silence_upstream_noise()
+    silence_upstream_noise()  # idempotent
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning(
+            "is_fx_tracing will return true for both fx.symbolic_trace and torch.export. Please use ..."
+        )
+        logger.warning("another torch.fx message")
+    assert [r.getMessage() for r in caplog.records] == ["another torch.fx message"]
+    assert len([f for f in logger.filters if type(f).__name__ == "_DropMessage"]) == 1

@@ -1,0 +1,176 @@
+"""The command config layer: typed checks naming the field, close matches, derived values, backend sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+from drivetrain_engine_core.command_config import (
+    build_config,
+    config_options,
+    describe_fields,
+    load_config,
+    to_plain,
+    to_yaml,
+)
+from drivetrain_engine_core.command_config.layers import parse_override
+from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig
+from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.plugins import get_plugin_manager
+
+
+@dataclass(kw_only=True, frozen=True)
+class LoopConfig:
+    """A training loop.
+
+    Attributes:
+        steps: optimizer steps.
+        verbose: print more.
+        files: input files.
+        warmup: warm-up steps (follows ``steps`` unless set).
+    """
+
+    steps: int = 10
+    verbose: bool = False
+    files: tuple[str, ...] = ()
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"loop.steps must be >= 1, got {self.steps}.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class ToyBackendConfig(EngineConfig):
+    """A backend with one knob.
+
+    Attributes:
+        knob: a backend-only setting.
+    """
+
+    backend: str = "toy"
+    knob: int = 3
+
+
+def _engine() -> EngineConfig:
+    return EngineConfig(backend="toy", micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=64))
+
+
+@dataclass(kw_only=True, frozen=True)
+class CommandConfig:
+    """A made-up command: its defaults are the field defaults.
+
+    Attributes:
+        loop: the loop.
+        engine: the engine.
+    """
+
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    engine: EngineConfig = field(default_factory=_engine)
+
+    @staticmethod
+    def derived_values(config: Any) -> dict[str, Any]:
+        return {"loop": {"warmup": config.loop.steps // 10}}
+
+
+@hookimpl
+def _register(registry):
+    registry.register(
+        model_type="language_model", backend="toy", devices=["*"], engine="m:E", config=ToyBackendConfig
+    )
+
+
+class _EntryPoint:
+    name, value = "toy", "in_memory"
+    dist = SimpleNamespace(name="drivetrain-engine-toy", version="0.1.0")
+
+    def load(self):
+        return SimpleNamespace(register_engines=_register)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return get_plugin_manager(entry_points=[_EntryPoint()], disabled=[])
+
+
+def build(loaded, *overrides: str) -> CommandConfig:
+    return build_config(CommandConfig, [parse_override(o) for o in overrides], plugins=loaded)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("loop.steps=abc", "loop.steps='abc' is not a valid int; write a whole number"),
+        ("loop.steps=2.5", "loop.steps=2.5 is not a valid int; write a whole number"),
+        ("loop.verbose=nope", "loop.verbose='nope' is not a valid bool; write true or false"),
+        (
+            "loop.files=/abs/a.jsonl",
+            r"loop.files='/abs/a.jsonl' is not a valid tuple\[str, \.\.\.\]; write a list in brackets",
+        ),
+        ("engine.knob=x", "engine.knob='x' is not a valid int"),
+        ("loop.steps=0", "loop.steps must be >= 1, got 0"),
+        (
+            "loop.step=3",
+            r"unknown option loop.step; known options: \['files', 'steps', 'verbose', 'warmup'\]. "
+            "Did you mean 'steps'",
+        ),
+        ("engine.knobb=1", "unknown option engine.knobb;.*Did you mean 'knob'"),
+    ],
+)
+def test_every_value_is_checked_against_its_annotation_and_names_the_field(loaded, override, message):
+    with pytest.raises(ConfigError, match=message):
+        build(loaded, override)
+
+
+def test_defaults_come_from_the_dataclass_and_derived_values_follow_unless_set(loaded):
+    config = build(loaded)
+    assert config.loop == LoopConfig(steps=10, warmup=1)
+    assert build(loaded, "loop.steps=50").loop.warmup == 5  # derived
+    assert build(loaded, "loop.steps=50", "loop.warmup=7").loop.warmup == 7  # the user's value wins
+    assert build(loaded, "loop.files=[a.jsonl]").loop.files == ("a.jsonl",)
+
+
+def test_engine_section_is_the_backends_class_with_the_commands_defaults(loaded):
+    config = build(loaded, "engine.knob=5")
+    assert type(config.engine) is ToyBackendConfig
+    assert (config.engine.knob, config.engine.micro_batch.max_tokens) == (5, 64)
+    # Setting one micro-batch limit clears the other (they are exclusive).
+    assert build(loaded, "engine.micro_batch.micro_batch_size=2").engine.micro_batch == MicroBatchConfig(
+        micro_batch_size=2, max_tokens=None
+    )
+
+
+def test_resolved_config_round_trips_through_yaml(loaded, tmp_path):
+    config = build(loaded, "loop.steps=30", "loop.files=[x]")
+    assert to_plain(config)["loop"] == {"steps": 30, "verbose": False, "files": ["x"], "warmup": 3}
+    path = tmp_path / "c.yaml"
+    path.write_text(to_yaml(config))
+    assert build_config(CommandConfig, [yaml.safe_load(path.read_text())], plugins=loaded) == config
+
+
+def test_field_reference_lists_type_default_and_help(loaded):
+    fields = {f.name: f for f in describe_fields(build(loaded))}
+    assert fields["loop.files"].type == "tuple[str, ...]" and fields["loop.files"].default == ()
+    assert fields["loop.warmup"].help == "warm-up steps (follows ``steps`` unless set)."
+    assert fields["engine.knob"].help == "a backend-only setting."
+    assert fields["engine.micro_batch.max_tokens"].help == "token budget per micro-batch (dynamic batching)."
+
+
+def test_click_options_print_and_describe_the_config(tmp_path):
+    @click.command()
+    @config_options(LoopConfig)
+    def command(config_file, overrides):
+        click.echo(f"ran {load_config(LoopConfig, config_file, overrides).steps}")
+
+    runner = CliRunner()
+    assert runner.invoke(command, ["steps=4"]).output == "ran 4\n"
+    printed = runner.invoke(command, ["--print-config", "steps=4"]).output
+    assert yaml.safe_load(printed) == {"steps": 4, "verbose": False, "files": [], "warmup": 1}
+    described = runner.invoke(command, ["--help-config"]).output
+    assert "steps: int = 10\n    optimizer steps." in described
+    assert "files: tuple[str, ...] = []" in described

@@ -1,0 +1,86 @@
+"""``report_to`` trackers: JSONL by default, others dispatched by name, missing libraries named with the fix."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.tracking import RunInfo, check_report_to, open_trackers, read_records
+
+
+def _run(tmp_path, resume_step=None) -> RunInfo:
+    return RunInfo(
+        run_dir=tmp_path, name="sft-x", config={"trainer": {"total_steps": 3}}, resume_step=resume_step
+    )
+
+
+def _fake_module(monkeypatch, name: str, **attributes) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for key, value in attributes.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_jsonl_keeps_records_up_to_the_resumed_step(tmp_path) -> None:
+    (tracker,) = open_trackers(["jsonl"], _run(tmp_path))
+    for step in (1, 2, 3):
+        tracker.log(step, {"train/loss": float(step)})
+    open_trackers(["jsonl"], _run(tmp_path, resume_step=2))
+    assert read_records(tmp_path / "metrics.jsonl") == [
+        {"step": 1, "train/loss": 1.0},
+        {"step": 2, "train/loss": 2.0},
+    ]
+
+
+def test_wandb_and_mlflow_receive_config_and_every_record(tmp_path, monkeypatch) -> None:
+    calls: list[tuple] = []
+
+    class FakeWandbRun:
+        def log(self, values, step):
+            calls.append(("wandb.log", step, values))
+
+        def finish(self):
+            calls.append(("wandb.finish",))
+
+    def wandb_init(**kwargs):
+        calls.append(("wandb.init", kwargs["name"], kwargs["config"]))
+        return FakeWandbRun()
+
+    _fake_module(monkeypatch, "wandb", init=wandb_init)
+    _fake_module(
+        monkeypatch,
+        "mlflow",
+        start_run=lambda run_name: calls.append(("mlflow.start_run", run_name)),
+        log_params=lambda params: calls.append(("mlflow.log_params", params)),
+        log_metrics=lambda values, step: calls.append(("mlflow.log_metrics", step, values)),
+        end_run=lambda: calls.append(("mlflow.end_run",)),
+    )
+    trackers = open_trackers(["jsonl", "wandb", "mlflow"], _run(tmp_path))
+    for tracker in trackers:
+        tracker.log(1, {"train/loss": 0.5})
+        tracker.close()
+    assert calls == [
+        ("wandb.init", "sft-x", {"trainer": {"total_steps": 3}}),
+        ("mlflow.start_run", "sft-x"),
+        ("mlflow.log_params", {"trainer.total_steps": 3}),
+        ("wandb.log", 1, {"train/loss": 0.5}),
+        ("wandb.finish",),
+        ("mlflow.log_metrics", 1, {"train/loss": 0.5}),
+        ("mlflow.end_run",),
+    ]
+    assert read_records(tmp_path / "metrics.jsonl") == [{"step": 1, "train/loss": 0.5}]
+
+
+def test_unknown_or_missing_trackers_name_the_fix(monkeypatch) -> None:
+    with pytest.raises(
+        ConfigError, match=r"trainer.report_to names 'tensorbord'.*Did you mean 'tensorboard'"
+    ):
+        check_report_to(["tensorbord"])
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"'mlflow' package is not installed; pip install mlflow"):
+        check_report_to(["jsonl", "mlflow"])

@@ -1,0 +1,68 @@
+"""The trained model as a plain Hugging Face folder: the engine's exported weights in the source model's class.
+
+``export_weights()`` is a collective (every rank streams the full tensors); rank 0 loads them into the model
+class of ``config.json`` and, for ``<run>/final_model``, writes weights (safetensors), config, generation
+config and the tokenizer that produced the training inputs, so ``from_pretrained`` + ``tokenizer(prompt)`` +
+``generate`` reproduce what the run measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core.engine import Engine
+
+FINAL_MODEL_DIR = "final_model"
+
+
+def gather_hf_model(engine: Engine, model_path: str) -> Any | None:
+    """The engine's current weights in a Hugging Face model on rank 0 (``None`` elsewhere); collective."""
+    weights = {}
+    for name, tensor in engine.export_weights():
+        if dist_utils.rank() == 0:
+            weights[name] = tensor.detach().to("cpu", copy=True)
+    return _hf_model(model_path, weights) if dist_utils.rank() == 0 else None
+
+
+def save_final_model(
+    engine: Engine, model_path: str, tokenizer: Any, target: Path, *, max_new_tokens: int
+) -> None:
+    """Write the trained model to ``target`` on rank 0 (collective: every rank exports its shards).
+
+    The generation config asks for what evaluation does (greedy, ``max_new_tokens``), with the tokenizer's
+    special tokens.
+    """
+    model = gather_hf_model(engine, model_path)
+    if model is not None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        generation = model.generation_config
+        generation.update(
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad_id,
+        )
+        model.save_pretrained(target, safe_serialization=True)
+        tokenizer.save_pretrained(target)
+    dist_utils.barrier()
+
+
+def _hf_model(model_path: str, weights: dict[str, torch.Tensor]) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    result = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(result.missing_keys) - tied)
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"exported weights do not match {config.model_type} from {model_path}: missing {missing[:5]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:5]}; the backend's export_weights() must yield "
+            "Hugging Face names."
+        )
+    return model.eval()

@@ -1,0 +1,112 @@
+"""The run folder tells the truth: resolved config, the untrained model named as such, and a trained model that
+plain ``from_pretrained`` loads, that reproduces the engine's log-probs and whose tokenizer reproduces the
+training inputs (BOS included) and the run's accuracy."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import yaml
+from drivetrain_engine_core.command_config import to_plain
+from drivetrain_engine_core.factory import create_engine
+from drivetrain_engine_core.testing.reference import reference_log_probs
+from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
+from drivetrain_roles.sft.config import load_config
+from drivetrain_roles.sft.data import load_examples
+from drivetrain_roles.sft.metrics import read_records
+from drivetrain_roles.sft.trainer import SFTTrainer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+OVERRIDES = [
+    "data.generated_train_size=128",
+    "data.generated_val_size=16",
+    "trainer.batch_size=16",
+    "trainer.eval_samples=16",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=4",
+    "trainer.progress_bar=false",
+    "trainer.total_steps=30",
+    "trainer.save_every=0",
+]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    config = load_config(None, OVERRIDES)
+    output_dir = tmp_path_factory.mktemp("sft") / "run"
+    return config, output_dir, SFTTrainer(config, output_dir).run()
+
+
+def test_resolved_config_is_saved_in_config_yaml_and_summary(run) -> None:
+    config, output_dir, _ = run
+    saved = yaml.safe_load((output_dir / "config.yaml").read_text())
+    assert saved == to_plain(config)
+    assert saved["trainer"]["total_steps"] == 30 and saved["optimizer"]["total_steps"] == 30
+    assert load_config(output_dir / "config.yaml") == config  # a run can be repeated from its folder
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["config"] == saved
+    assert summary["final_model"] == str(output_dir / "final_model")
+
+
+def test_initial_model_is_the_untrained_start_and_final_model_the_trained_one(run) -> None:
+    _, output_dir, _ = run
+    initial = AutoModelForCausalLM.from_pretrained(output_dir / "initial_model")
+    final = AutoModelForCausalLM.from_pretrained(output_dir / "final_model")
+    assert not (output_dir / "model").exists()
+    name = "lm_head.weight"
+    assert not torch.equal(initial.state_dict()[name], final.state_dict()[name])
+    assert final.generation_config.do_sample is False and final.generation_config.max_new_tokens == 4
+
+
+def test_final_model_reproduces_the_engines_log_probs(run) -> None:
+    config, output_dir, _ = run
+    tokenizer = AutoTokenizer.from_pretrained(output_dir / "final_model")
+    examples = load_examples([output_dir / "data" / "val.jsonl"], tokenizer, config.data)[:8]
+    batch = make_sft_batch(examples)
+    engine = create_engine(
+        model_config=dataclasses.replace(config.model, path=str(output_dir / "initial_model")),
+        engine_config=config.engine,
+        optimizer_config=config.optimizer,
+        checkpoint_config=config.checkpoint,
+    )
+    engine.initialize()
+    engine.load_checkpoint(output_dir / "checkpoints")
+    with engine.eval_mode():
+        engine_log_probs = engine.infer_batch(batch).outputs["log_probs"]
+    expected = reference_log_probs(output_dir / "final_model", batch)  # plain from_pretrained, one by one
+    torch.testing.assert_close(engine_log_probs.values(), expected.values(), atol=1e-5, rtol=0)
+
+
+def test_saved_tokenizer_reproduces_training_inputs_and_the_runs_accuracy(run) -> None:
+    config, output_dir, result = run
+    final_dir = output_dir / "final_model"
+    tokenizer = AutoTokenizer.from_pretrained(final_dir)
+    examples = load_examples([output_dir / "data" / "val.jsonl"], tokenizer, config.data)
+    for example in examples:
+        assert tokenizer(example.prompt_text)["input_ids"] == example.prompt_ids
+        assert example.prompt_ids[0] == tokenizer.bos_token_id
+    model = AutoModelForCausalLM.from_pretrained(final_dir)
+    encoded = tokenizer(
+        [e.prompt_text for e in examples], return_tensors="pt", padding=True, padding_side="left"
+    )
+    generated = model.generate(**encoded)
+    answers = tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+    accuracy = sum(a.strip() == e.response_text for a, e in zip(answers, examples, strict=True)) / len(
+        examples
+    )
+    assert accuracy == result.evaluations[-1]["val/accuracy"]
+
+
+def test_metrics_report_step_time_and_tokens(run) -> None:
+    config, output_dir, _ = run
+    tokenizer = AutoTokenizer.from_pretrained(output_dir / "final_model")
+    train = load_examples([output_dir / "data" / "train.jsonl"], tokenizer, config.data)
+    first_step = StepSampler(len(train), config.trainer.batch_size, config.trainer.seed).global_indices(0)
+    first = next(r for r in read_records(output_dir / "metrics.jsonl") if "train/loss" in r)
+    assert first["perf/tokens"] == sum(train[i].length for i in first_step.tolist())
+    assert first["perf/tokens_per_s"] == pytest.approx(first["perf/tokens"] / first["perf/step_time_s"])
