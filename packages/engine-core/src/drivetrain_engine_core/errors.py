@@ -25,6 +25,10 @@ class DivergenceError(DrivetrainError, RuntimeError):
     """Too many optimizer updates in a row had a non-finite grad norm: the run diverged."""
 
 
+class CollectiveTimeoutError(DrivetrainError, RuntimeError):
+    """A collective gave up waiting for other ranks; the message names the ranks that are behind."""
+
+
 class PluginError(DrivetrainError, LookupError):
     """A plugin, engine, role or merger could not be found or loaded."""
 
@@ -32,6 +36,7 @@ class PluginError(DrivetrainError, LookupError):
 __all__ = [
     "BatchError",
     "CheckpointError",
+    "CollectiveTimeoutError",
     "ConfigError",
     "DivergenceError",
     "DrivetrainError",

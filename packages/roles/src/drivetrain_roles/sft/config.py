@@ -125,8 +125,17 @@ def _default_model() -> ModelConfig:
     return ModelConfig(path=BUILTIN_MODEL)
 
 
+SFT_DIST_TIMEOUT_S = 300.0
+"""The command's collective timeout: every collective of an SFT step should be quick (a save, the slowest,
+takes seconds to a minute), so a rank stuck for five minutes is named (``<run>/heartbeat``) rather than
+waited on for the engine's default ten."""
+
+
 def _default_engine() -> EngineConfig:
-    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=2048))
+    return EngineConfig(
+        micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=2048),
+        dist_timeout_s=SFT_DIST_TIMEOUT_S,
+    )
 
 
 def _default_optimizer() -> OptimizerConfig:

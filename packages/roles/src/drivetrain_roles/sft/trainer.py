@@ -26,6 +26,7 @@ from drivetrain_engine_core.command_config import to_plain, to_yaml
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..losses.sft import sft_loss_fn
@@ -40,6 +41,7 @@ from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
+HEARTBEAT_DIR = "heartbeat"
 
 
 @dataclass
@@ -121,8 +123,10 @@ class SFTTrainer:
         )
         result = SFTResult(output_dir=self.output_dir, start_step=start_step)
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
+        heartbeat = Heartbeat(self.output_dir / HEARTBEAT_DIR, dist_utils.rank(), dist_utils.world_size())
         try:
-            self._train(engine, sampler, train, evaluate, writer, result)
+            with heartbeat.naming_laggards():
+                self._train(engine, sampler, train, evaluate, writer, result, heartbeat)
         finally:
             writer.close()
         save_final_model(
@@ -195,12 +199,15 @@ class SFTTrainer:
         evaluate: _Evaluator,
         writer: MetricsWriter,
         result: SFTResult,
+        heartbeat: Heartbeat,
     ) -> None:
         trainer = self.config.trainer
         bar = _progress_bar(trainer, result.start_step)
         if result.start_step == 0:
+            heartbeat.beat(0, "eval")
             self._record_eval(evaluate, 0, writer, result, bar)
         for step in range(result.start_step, trainer.total_steps):
+            heartbeat.beat(step + 1, "train")
             local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
             started = time.perf_counter()
             with engine.train_mode():
@@ -227,7 +234,7 @@ class SFTTrainer:
                 refresh=False,
             )
             bar.update(1)
-            self._after_step(engine, step + 1, evaluate, writer, result, bar)
+            self._after_step(engine, step + 1, evaluate, writer, result, bar, heartbeat)
         bar.close()
 
     def _after_step(
@@ -238,12 +245,15 @@ class SFTTrainer:
         writer: MetricsWriter,
         result: SFTResult,
         bar: Any,
+        heartbeat: Heartbeat,
     ) -> None:
         trainer = self.config.trainer
         last = step == trainer.total_steps
         if last or (trainer.eval_every and step % trainer.eval_every == 0):
+            heartbeat.beat(step, "eval")
             self._record_eval(evaluate, step, writer, result, bar)
         if last or (trainer.save_every and step % trainer.save_every == 0):
+            heartbeat.beat(step, "save")
             engine.save_checkpoint(self.checkpoint_root, step, extra_state=self._data_position(step))
 
     def _record_eval(
