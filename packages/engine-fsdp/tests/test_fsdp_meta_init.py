@@ -155,6 +155,20 @@ def test_a_directory_without_safetensors_names_what_it_holds(model_dirs, tmp_pat
         make_engine(tmp_path)
 
 
+def test_sharded_checkpoints_load_and_a_stale_file_outside_the_index_is_refused(model_dirs, tmp_path):
+    source = model_dirs["qwen2", False]
+    AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).save_pretrained(
+        tmp_path, max_shard_size="40KB"
+    )
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    assert_bit_equal(
+        full_state(make_engine(tmp_path).module), reference_state(source, "language_model", None)
+    )
+    (tmp_path / WEIGHTS).write_bytes((source / WEIGHTS).read_bytes())
+    with pytest.raises(CheckpointError, match=r"index\.json does not list: \['model\.safetensors'\]"):
+        make_engine(tmp_path)
+
+
 def test_shards_that_disagree_with_the_config_name_the_tensor(model_dirs, tmp_path):
     source = model_dirs["qwen2", False]
     narrow = copy_model_dir(source, tmp_path / "narrow")

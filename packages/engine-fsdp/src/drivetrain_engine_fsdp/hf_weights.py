@@ -13,6 +13,7 @@ of another architecture fail with the names that are missing and the names that 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from drivetrain_engine_core.errors import CheckpointError
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 
 SAFETENSORS = "*.safetensors"
+INDEX = "model.safetensors.index.json"
 _SHOWN = 5  # names listed in an error message before "... and N more"
 
 
@@ -44,8 +46,11 @@ def read_checkpoint_index(path: Path) -> CheckpointIndex:
 
     Raises:
         FileNotFoundError: ``path`` holds no ``*.safetensors`` file; the message lists what it does hold.
+        CheckpointError: ``path`` has an index that does not list every safetensors file (a stale left-over
+            that ``from_pretrained`` would skip but a directory-wide read would not).
     """
-    if not any(path.glob(SAFETENSORS)):
+    files = sorted(file.name for file in path.glob(SAFETENSORS))
+    if not files:
         found = sorted(entry.name for entry in path.iterdir())
         raise FileNotFoundError(
             f"model.path={str(path)!r} has a config.json but no *.safetensors weights (it holds {found}). "
@@ -53,6 +58,14 @@ def read_checkpoint_index(path: Path) -> CheckpointIndex:
             "model.from_config_only=True to start from fresh weights, or set engine.meta_init=False to load "
             "other formats through from_pretrained (every rank then holds the whole model)."
         )
+    if (path / INDEX).is_file():
+        listed = set(json.loads((path / INDEX).read_text())["weight_map"].values())
+        if unlisted := [name for name in files if name not in listed]:
+            raise CheckpointError(
+                f"{path} holds safetensors files that its {INDEX} does not list: {unlisted}. The sharded loader "
+                "reads every *.safetensors file in the directory; move or delete the files the index does not "
+                "name (from_pretrained ignores them)."
+            )
     metadata = HuggingFaceStorageReader(str(path)).read_metadata()
     return CheckpointIndex(
         path=path,
