@@ -46,7 +46,7 @@ FULL_PATH_PEAK = 1.6
 """Worst peak of the full path per rank, in float32 model sizes (from_pretrained plus FSDP2's shard copies)."""
 
 
-def write_model(rank: int, world_size: int, directory: Path) -> dict[str, Any]:
+def write_model(rank: int, world_size: int, directory: Path, shard_size: str) -> dict[str, Any]:
     """Build the model from its config in bfloat16 and save it as sharded safetensors; returns its facts.
 
     Runs in a child process of its own, so that the parent's memory stays small while the ranks are measured.
@@ -60,7 +60,7 @@ def write_model(rank: int, world_size: int, directory: Path) -> dict[str, Any]:
     tokenizer.save_pretrained(directory)
     config = AutoConfig.for_model("llama", **{**TINY_CONFIG, **MODEL}, pad_token_id=tokenizer.pad_token_id)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(directory, max_shard_size=SHARD_SIZE)
+    model.save_pretrained(directory, max_shard_size=shard_size)
     parameters = sum(p.numel() for p in model.parameters())
     files = sorted(directory.glob("*.safetensors"))
     return {
@@ -68,6 +68,7 @@ def write_model(rank: int, world_size: int, directory: Path) -> dict[str, Any]:
         "fp32_bytes": parameters * 4,
         "disk_dtype": "bfloat16",
         "disk_files": len(files),
+        "disk_shard_size": shard_size,
         "disk_bytes": sum(f.stat().st_size for f in files),
         **MODEL,
     }
@@ -184,13 +185,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--worlds", default="1,2", help="comma-separated world sizes")
+    parser.add_argument("--shard-size", default=SHARD_SIZE, help="max_shard_size of the saved safetensors")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="drivetrain-init-bench-") as work:
         model_dir = Path(work) / "model"
         from drivetrain_engine_core.testing import run_distributed
 
-        facts = run_distributed(write_model, model_dir, world_size=1, timeout_s=1800)[0]
+        facts = run_distributed(write_model, model_dir, args.shard_size, world_size=1, timeout_s=1800)[0]
         report: dict[str, Any] = {"model": facts, "machine_at_start": machine(), "runs": []}
         for world in (int(w) for w in args.worlds.split(",")):
             for meta_init in (True, False):

@@ -16,6 +16,7 @@ import torch
 from drivetrain_engine_core.config import LoraConfig, ModelConfig
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, run_distributed
+from drivetrain_engine_core.testing.device import device_under_test
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
 from peft import LoraConfig as PeftLoraConfig
@@ -43,6 +44,7 @@ def model_dirs(tmp_path_factory):
 
 
 def make_engine(path, *, model_type="language_model", lora=None, optimizer=None, **engine):
+    engine.setdefault("device", device_under_test())
     model = ModelConfig(path=str(path), model_type=model_type, lora=lora)
     instance = FSDPEngine(
         model_config=model,
@@ -56,7 +58,7 @@ def make_engine(path, *, model_type="language_model", lora=None, optimizer=None,
 def full_state(module):
     """Every parameter and buffer as a full tensor (a collective when sharded over several ranks)."""
     return {
-        name: (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+        name: (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().cpu().clone()
         for name, tensor in [*module.named_parameters(), *module.named_buffers()]
     }
 
@@ -92,7 +94,7 @@ def log_probs(engine, batch):
     with engine.eval_mode():
         outputs = engine.infer_batch(batch).outputs
     field = "values" if engine.model_config.model_type == "value_model" else "log_probs"
-    return outputs[field].values()
+    return outputs[field].values().cpu()
 
 
 def make_batch():
