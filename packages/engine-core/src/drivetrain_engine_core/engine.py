@@ -39,6 +39,7 @@ from .data.values import TokenLimits, check_batch_values
 from .errors import CheckpointError, DivergenceError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
+from .usage import ResourceUsage, measure_usage
 
 logger = logging.getLogger(__name__)
 Mode = Literal["train", "eval"]
@@ -85,19 +86,29 @@ class Engine(ABC):
         self._lr_schedule: LRSchedule | None = None
         self.skipped_steps = 0
         self._consecutive_skips = 0
+        # Wall time and this rank's peak memory of initialize() (None before it).
+        self.init_usage: ResourceUsage | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def initialize(self) -> None:
-        """Build model, optimizer and LR schedule, then offload what the config asks to offload."""
+        """Build model, optimizer and LR schedule, then offload what the config asks to offload.
+
+        Its wall time and this rank's peak host (and CUDA) memory are logged and kept in ``init_usage``.
+        """
         if self._initialized:
             raise EngineStateError(f"{type(self).__name__}.initialize() was already called; call it once.")
         dist_utils.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
-        self._initialize()
-        if self.optimizer_config is not None:
-            self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
-        self._initialized = True
-        self._offload(self.engine_config.param_offload, self.engine_config.optimizer_offload)
+        with measure_usage(self.engine_config.device) as meter:
+            self._initialize()
+            if self.optimizer_config is not None:
+                self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
+            self._initialized = True
+            self._offload(self.engine_config.param_offload, self.engine_config.optimizer_offload)
+        self.init_usage = meter.usage
+        if meter.usage is not None:
+            metrics = meter.usage.as_metrics("initialize")
+            logger.info("%s.initialize() on rank %d: %s", type(self).__name__, dist_utils.rank(), metrics)
 
     @property
     def is_initialized(self) -> bool:

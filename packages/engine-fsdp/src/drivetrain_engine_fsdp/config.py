@@ -26,6 +26,10 @@ class FSDPEngineConfig(EngineConfig):
             softmax-sized intermediates of only one chunk exist at a time.
         attention_backend: ``varlen`` attends per packed sequence (flash-attention varlen on GPU when installed,
             SDPA per sequence otherwise); ``sdpa`` is used for padded rows regardless.
+        meta_init: build the model on the meta device, shard it there, and read into each rank only its
+            shards of the safetensors weights (peak host memory per rank near ``1 / world_size`` of the
+            model). ``False`` loads the whole model on every rank with ``from_pretrained`` first, for
+            checkpoints whose tensor names transformers converts while loading, or that are not safetensors.
     """
 
     fsdp_size: int = -1
@@ -35,6 +39,7 @@ class FSDPEngineConfig(EngineConfig):
     reduce_dtype: str = "float32"
     entropy_chunk_size: int = 2048
     attention_backend: str = "varlen"
+    meta_init: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

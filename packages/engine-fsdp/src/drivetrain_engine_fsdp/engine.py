@@ -1,9 +1,9 @@
 """``FSDPEngine``: core's :class:`~drivetrain_engine_core.engine.Engine` on PyTorch FSDP2 and transformers.
 
-This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``
-(build), ``wrap.py`` (meshes, ``fully_shard``), ``inputs.py`` / ``outputs.py`` (packing and per-token
-outputs), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``, ``checkpoint.py`` and
-``export.py``.
+This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``,
+``meta_build.py``, ``hf_weights.py`` and ``materialize.py`` (build and load), ``wrap.py`` (meshes,
+``fully_shard``), ``inputs.py`` / ``outputs.py`` (packing and per-token outputs), ``ulysses.py`` (sequence
+parallelism), ``optim.py``, ``offload.py``, ``checkpoint.py`` and ``export.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from .attention import register_varlen_attention
 from .config import FSDPEngineConfig
 from .export import export_full_weights
 from .inputs import prepare_model_inputs
+from .materialize import materialize
+from .meta_build import MetaModel, build_meta_model
 from .model import build_model, hf_class_name
 from .optim import build_optimizer, clip_grad_norm
 from .outputs import prepare_model_outputs
@@ -47,11 +49,13 @@ class FSDPEngine(Engine):
         config = self.engine_config
         self._refuse_fp16_training()
         self._layout: ParallelLayout = build_layout(config)
-        model = build_model(self.model_config, attn_implementation=self._attention_name(), seed=config.seed)
+        model, meta_model = self._build_model()
         self._hf_class = hf_class_name(model)
         self._limits = TokenLimits.from_hf_config(model.config, self.model_config.path)
         # An FSDPModule over a transformers (or PEFT) model: typed loosely, its methods are added dynamically.
         self.module: Any = shard_model(model, self._layout, config)
+        if meta_model is not None:
+            materialize(self.module, meta_model, self._home_device)
         self.optimizer = (
             build_optimizer(self.module, self.optimizer_config) if self.optimizer_config else None
         )
@@ -75,6 +79,16 @@ class FSDPEngine(Engine):
 
     def _token_limits(self) -> TokenLimits:
         return self._limits
+
+    def _build_model(self) -> tuple[Any, MetaModel | None]:
+        """The model to shard, with what fills it after sharding when it was built on ``meta``."""
+        config, attention = self.engine_config, self._attention_name()
+        if config.meta_init and not self.model_config.from_config_only:
+            meta_model = build_meta_model(self.model_config, attn_implementation=attention, seed=config.seed)
+            return meta_model.module, meta_model
+        # NOTE: fresh weights (from_config_only) take the full path: their seeded values depend on drawing the
+        # whole model in order, which only a full CPU copy reproduces.
+        return build_model(self.model_config, attn_implementation=attention, seed=config.seed), None
 
     def _attention_name(self) -> str:
         if not self.model_config.use_remove_padding or self.engine_config.attention_backend == "sdpa":

@@ -32,8 +32,8 @@ def export_full_weights(module: nn.Module, lora: LoraConfig | None) -> Iterator[
         return
     scale = lora.alpha / lora.rank
     for name, tensor in state.items():
-        hf_name = _plain_name(name)
-        if hf_name is None:
+        plain = _plain_name(name)
+        if plain is None:
             continue
         weight = _full(tensor).detach()
         if name.endswith(".base_layer.weight"):
@@ -41,12 +41,25 @@ def export_full_weights(module: nn.Module, lora: LoraConfig | None) -> Iterator[
             down = _full(state[f"{stem}.lora_A.{ADAPTER}.weight"]).detach()
             up = _full(state[f"{stem}.lora_B.{ADAPTER}.weight"]).detach()
             weight = weight + (up.float() @ down.float()).to(weight.dtype) * scale
-        yield hf_name, weight
+        yield plain, weight
 
 
 def _plain_name(peft_name: str) -> str | None:
     """The Hugging Face name of a PEFT state-dict entry, or ``None`` for adapter-only entries."""
-    if ".lora_" in peft_name or ".original_module." in peft_name:
+    if ".original_module." in peft_name:
+        return None
+    return hf_name(peft_name)
+
+
+def hf_name(peft_name: str) -> str | None:
+    """The Hugging Face name a (possibly PEFT) parameter was made from; ``None`` for LoRA adapter weights.
+
+    ``modules_to_save`` keeps two copies of a module (``original_module`` and the trained one): both come from
+    the same Hugging Face weight.
+    """
+    if ".lora_" in peft_name:
         return None
     name = peft_name.removeprefix(PEFT_PREFIX)
-    return name.replace(".base_layer.", ".").replace(f".modules_to_save.{ADAPTER}.", ".")
+    for wrapper in (".base_layer.", f".modules_to_save.{ADAPTER}.", ".original_module."):
+        name = name.replace(wrapper, ".")
+    return name

@@ -1,8 +1,9 @@
 """Build the Hugging Face module the engine trains: weights, value head, LoRA adapters, activation checkpointing.
 
-Everything here happens on CPU in float32 before sharding, so that every rank builds the same full model
-(seeded) and FSDP2 then keeps only its shard. Master weights stay float32; compute dtype is FSDP2's
-mixed-precision policy (see ``wrap.py``).
+Two ways in, one result. :func:`build_model` is the full path: every rank loads (or initialises) the whole model
+on CPU in float32 before sharding, and FSDP2 then keeps only its shard. ``meta_build.py`` builds the same module
+on the meta device and ``hf_weights.py`` fills in only the local shards. Master weights stay float32; compute
+dtype is FSDP2's mixed-precision policy (see ``wrap.py``).
 """
 
 from __future__ import annotations
@@ -19,17 +20,8 @@ VALUE_HEAD = "score"
 """Name of the value head of ``AutoModelForTokenClassification`` (``num_labels=1``), verl's critic layout."""
 
 
-def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> Any:
-    """Load (or initialise) the model of ``model_config`` on CPU in float32.
-
-    Args:
-        model_config: path, model type, LoRA and activation-checkpointing settings.
-        attn_implementation: the transformers attention implementation (``sdpa`` or a registered name).
-        seed: seeds fresh weights (a value head, ``from_config_only``) identically on every rank.
-
-    Returns:
-        The module to shard: a causal LM, or a token-classification model with one label for values; wrapped
-        in a ``PeftModel`` when LoRA is configured.
+def check_model_dir(model_config: ModelConfig) -> Path:
+    """The model directory of ``model_config``.
 
     Raises:
         FileNotFoundError: ``model_config.path`` has no ``config.json``.
@@ -40,30 +32,62 @@ def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: in
             f"model.path={model_config.path!r} has no config.json; point it at a local Hugging Face model "
             "directory (one written by save_pretrained)."
         )
+    return path
+
+
+def auto_class(model_config: ModelConfig) -> Any:
+    """The transformers auto class of the model type: a causal LM, or token classification for values."""
+    if model_config.model_type == "language_model":
+        return AutoModelForCausalLM
+    return AutoModelForTokenClassification
+
+
+def hf_config(model_config: ModelConfig) -> Any:
+    """The model's transformers config; a value model gets one label (a scalar per token)."""
+    extra = {"num_labels": 1} if model_config.model_type == "value_model" else {}
+    return AutoConfig.from_pretrained(
+        model_config.path, trust_remote_code=model_config.trust_remote_code, **extra
+    )
+
+
+def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> Any:
+    """Load (or initialise) the whole model of ``model_config`` on CPU in float32, on every rank.
+
+    Args:
+        model_config: path, model type, LoRA and activation-checkpointing settings.
+        attn_implementation: the transformers attention implementation (``sdpa`` or a registered name).
+        seed: seeds fresh weights (a value head, LoRA adapters, ``from_config_only``) identically on every rank.
+
+    Returns:
+        The module to shard: a causal LM, or a token-classification model with one label for values; wrapped
+        in a ``PeftModel`` when LoRA is configured.
+
+    Raises:
+        FileNotFoundError: ``model_config.path`` has no ``config.json``.
+    """
+    check_model_dir(model_config)
     torch.manual_seed(seed)
-    model = _load_hf_model(model_config, attn_implementation)
+    common = {
+        "dtype": torch.float32,
+        "attn_implementation": attn_implementation,
+        "trust_remote_code": model_config.trust_remote_code,
+    }
+    if model_config.from_config_only:
+        model = auto_class(model_config).from_config(hf_config(model_config), **common)
+    else:
+        extra = {"num_labels": 1} if model_config.model_type == "value_model" else {}
+        model = auto_class(model_config).from_pretrained(model_config.path, **extra, **common)
+    return add_training_wrappers(model, model_config)
+
+
+def add_training_wrappers(model: Any, model_config: ModelConfig) -> Any:
+    """Activation checkpointing and LoRA adapters, as ``model_config`` asks; returns the module to shard."""
     if model_config.gradient_checkpointing:
         # Non-reentrant checkpointing composes with FSDP2's hooks and with frozen (LoRA) base weights.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if model_config.lora is not None:
         model = apply_lora(model, model_config.lora, value_model=model_config.model_type == "value_model")
     return model
-
-
-def _load_hf_model(model_config: ModelConfig, attn_implementation: str) -> Any:
-    auto_class = (
-        AutoModelForCausalLM
-        if model_config.model_type == "language_model"
-        else AutoModelForTokenClassification
-    )
-    extra = {"num_labels": 1} if model_config.model_type == "value_model" else {}
-    common = {"attn_implementation": attn_implementation, "trust_remote_code": model_config.trust_remote_code}
-    if model_config.from_config_only:
-        hf_config = AutoConfig.from_pretrained(
-            model_config.path, trust_remote_code=model_config.trust_remote_code, **extra
-        )
-        return auto_class.from_config(hf_config, dtype=torch.float32, **common)
-    return auto_class.from_pretrained(model_config.path, dtype=torch.float32, **extra, **common)
 
 
 def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
