@@ -1,6 +1,6 @@
 """Single-process MegatronEngine in bf16 and fp16 against a float32 Hugging Face reference, and bf16 resume.
 
-The engine runs in this process as a world of one (CPU, gloo). Mixed precision keeps float32 main weights in
+The engine runs in this process as a world of one (CPU and gloo; CUDA in the GPU lane). Mixed precision keeps float32 main weights in
 megatron's optimizer: the reference is plain float32 HF training, so numbers agree within a stated
 tolerance (bf16 rounds more than fp16); a resumed run must equal the uninterrupted one bit for bit.
 """
@@ -19,6 +19,7 @@ from drivetrain_engine_core.testing import (
     reference_train_losses,
     token_mean_nll,
 )
+from drivetrain_engine_core.testing.device import device_under_test
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +41,7 @@ def _engine(model_dir: Path, param_dtype: str, use_distributed_optimizer: bool =
     engine = MegatronEngine(
         model_config=ModelConfig(path=str(model_dir)),
         engine_config=MegatronEngineConfig(
+            device=device_under_test(),
             param_dtype=param_dtype,
             use_distributed_optimizer=use_distributed_optimizer,
             micro_batch=MicroBatchConfig(micro_batch_size=2),
