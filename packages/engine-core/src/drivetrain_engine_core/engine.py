@@ -1,7 +1,8 @@
 """The backend-agnostic ``Engine``: one interface for FSDP2, Megatron-Core or any third-party backend.
 
-Public methods own the checks, the micro-batching, the loss normalisation, the LR schedule, the checkpoint
-layout and the metrics; backends implement the ``_``-prefixed hooks (template method, as in torchtitan).
+Public methods own the checks, the micro-batching, the micro-batch round trip (:mod:`.round_trip`: layout,
+labels, outputs back to tokens, the one loss-scaling rule), the LR schedule, the checkpoint layout and the
+metrics; backends implement the ``_``-prefixed hooks (template method, as in torchtitan).
 Algorithm code (the roles) uses only the public methods.
 """
 
@@ -34,11 +35,12 @@ from .checkpoint.extra_state import load_extra_state, require_json, save_extra_s
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import validate_batch
 from .data.micro_batch import MicroBatchCountRule, split_micro_batches
-from .data.options import ForwardOptions, read_forward_options, strip_forward_options
+from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
 from .errors import CheckpointError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
+from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
 
 logger = logging.getLogger(__name__)
 Mode = Literal["train", "eval"]
@@ -59,9 +61,6 @@ class Engine(ABC):
 
     config_class: ClassVar[type[EngineConfig]] = EngineConfig
     """The engine-config type this backend accepts."""
-
-    gradients_averaged_over_data_parallel: ClassVar[bool] = True
-    """Whether the backend's gradient reduction averages (rather than sums) over data-parallel ranks."""
 
     def __init__(
         self,
@@ -141,76 +140,79 @@ class Engine(ABC):
     # ------------------------------------------------------------------ compute
 
     def forward_backward_batch(
-        self, batch: TensorDict, loss_fn: LossFn | None = None, forward_only: bool = False
+        self,
+        batch: TensorDict,
+        loss_fn: LossFn | None = None,
+        forward_only: bool = False,
+        *,
+        options: ForwardOptions | None = None,
     ) -> ForwardBackwardOutput:
         """Run forward (and backward) over ``batch`` in micro-batches.
 
         Args:
-            batch: a no-padding batch (ARCHITECTURE §4); options ``temperature`` and ``compute_entropy`` travel
-                as non-tensor metadata.
+            batch: a no-padding batch (ARCHITECTURE §4), tensors only.
             loss_fn: ``loss_fn(model_output, micro_batch, context) -> (loss, metrics)``; required for backward.
             forward_only: skip backward (no gradients are kept).
+            options: temperature and entropy of the forward (defaults: 1.0, no entropy).
 
         Returns:
             Outputs in the caller's sample order, the global loss and per-micro-batch metrics.
 
         Raises:
             EngineStateError: not initialised, outside a mode context, or backward outside ``train_mode``.
-            BatchError: the batch is malformed. Raised on every rank when any rank's batch is.
+            BatchError: the batch is malformed or carries non-tensor entries. Raised on every rank when any
+                rank's batch is.
         """
         with agreed_checks():  # a bad batch on one rank fails every rank, none waits for it
             self._check_compute_allowed(loss_fn, forward_only)
-            options = read_forward_options(batch)
-            batch = strip_forward_options(batch)
+            refuse_batch_options(batch)
             validate_batch(batch, required=self._required_fields(loss_fn is not None))
-        micro_batches = split_micro_batches(
+        split = split_micro_batches(
             batch, self.engine_config.micro_batch, self.data_parallel_group, self.micro_batch_count_rule
         )
         tokens, sequences = global_counts(batch, self.data_parallel_group, count_tokens=loss_fn is not None)
-        context = LossContext(
-            global_token_count=tokens,
-            global_sequence_count=sequences,
-            data_parallel_size=self.data_parallel_size,
-            num_micro_batches=len(micro_batches.batches),
+        round_trip = RoundTrip(
+            loss_fn=loss_fn,
+            options=options or ForwardOptions(),
+            context=LossContext(
+                global_token_count=tokens,
+                global_sequence_count=sequences,
+                num_micro_batches=len(split.batches),
+            ),
+            gradient_divisor=self.gradient_divisor,
+            keep_outputs=self.is_output_rank,
         )
-        grad_context = torch.no_grad() if forward_only else torch.enable_grad()
-        with grad_context:
-            results = self._forward_backward_micro_batches(
-                micro_batches.batches, loss_fn, forward_only, options, context
+        micro_batches = [
+            MicroBatch.build(
+                micro_batch,
+                index,
+                device=self.engine_config.device,
+                layout=self.input_layout,
+                round_trip=round_trip,
+                sequence_split=self._sequence_split(),
             )
-        return self._assemble(results, micro_batches, loss_fn is not None)
+            for index, micro_batch in enumerate(split.batches)
+        ]
+        with torch.no_grad() if forward_only else torch.enable_grad():
+            results = self._forward_backward_micro_batches(micro_batches, forward_only)
+        return self._assemble(results, split, loss_fn is not None)
 
-    def train_batch(self, batch: TensorDict, loss_fn: LossFn) -> ForwardBackwardOutput:
+    def train_batch(
+        self, batch: TensorDict, loss_fn: LossFn, *, options: ForwardOptions | None = None
+    ) -> ForwardBackwardOutput:
         """Zero grads, forward/backward over ``batch``, one optimizer step; adds ``grad_norm`` and ``lr``."""
         self._check_compute_allowed(loss_fn, forward_only=False)
         self.optimizer_zero_grad()
-        output = self.forward_backward_batch(batch, loss_fn)
+        output = self.forward_backward_batch(batch, loss_fn, options=options)
         output.metrics["grad_norm"] = self.optimizer_step()
         output.metrics["lr"] = self.current_lr
         return output
 
-    def infer_batch(self, batch: TensorDict, loss_fn: LossFn | None = None) -> ForwardBackwardOutput:
+    def infer_batch(
+        self, batch: TensorDict, loss_fn: LossFn | None = None, *, options: ForwardOptions | None = None
+    ) -> ForwardBackwardOutput:
         """Forward only (no gradients), optionally evaluating ``loss_fn``."""
-        return self.forward_backward_batch(batch, loss_fn, forward_only=True)
-
-    def compute_micro_batch_loss(
-        self, loss_fn: LossFn, model_output: TensorDict, micro_batch: TensorDict, context: LossContext
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Call ``loss_fn`` for one micro-batch; backends call this from their forward loop.
-
-        Returns:
-            ``(loss_to_backward, reported_loss, metrics)``: the first is scaled so that the backend's gradient
-            reduction yields the gradient of the global mini-batch loss; the second is the detached, unscaled
-            contribution.
-        """
-        loss, metrics = loss_fn(model_output, micro_batch, context)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise TypeError(
-                f"loss_fn must return (scalar tensor, dict of floats), got loss of type {type(loss).__name__}"
-                f"{' with shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}."
-            )
-        scale = context.data_parallel_size if self.gradients_averaged_over_data_parallel else 1
-        return loss.reshape(()) * scale, loss.detach().reshape(()), {k: float(v) for k, v in metrics.items()}
+        return self.forward_backward_batch(batch, loss_fn, forward_only=True, options=options)
 
     # ------------------------------------------------------------------ optimizer
 
@@ -401,6 +403,20 @@ class Engine(ABC):
         """Whether this rank holds outputs and metrics of its data-parallel shard."""
 
     @property
+    @abstractmethod
+    def gradient_divisor(self) -> int:
+        """How many ranks the backend's gradient reduction divides the summed gradients by.
+
+        Averaging over N ranks: N; summing (or one process): 1. Core multiplies every micro-batch loss by it
+        before backward, the one loss-scaling rule (:mod:`drivetrain_engine_core.round_trip`).
+        """
+
+    @property
+    def input_layout(self) -> InputLayout:
+        """The layout of :attr:`MicroBatch.inputs`: a packed row unless ``model.use_remove_padding`` is off."""
+        return "packed" if self.model_config.use_remove_padding else "padded"
+
+    @property
     def micro_batch_count_rule(self) -> MicroBatchCountRule:
         """The micro-batch counts this backend's schedule accepts (any count unless a backend says so)."""
         return MicroBatchCountRule()
@@ -413,18 +429,17 @@ class Engine(ABC):
 
     @abstractmethod
     def _forward_backward_micro_batches(
-        self,
-        micro_batches: Sequence[TensorDict],
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
+        self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
-        """Run every micro-batch (forward, ``compute_micro_batch_loss``, backward unless ``forward_only``).
+        """Run every micro-batch: the model on ``micro_batch.inputs``, the per-position fields to
+        ``micro_batch.finish``, and backward of the loss it returns unless ``forward_only``.
 
         Gradients accumulate across micro-batches; gradient synchronisation may be deferred to the last one.
-        ``context.micro_batch_index`` must be set per micro-batch (``dataclasses.replace``).
         """
+
+    def _sequence_split(self) -> SequenceSplit | None:
+        """How packed rows are split over sequence-parallel ranks (``None``: not split)."""
+        return None
 
     @abstractmethod
     def _set_mode(self, mode: Mode) -> None:

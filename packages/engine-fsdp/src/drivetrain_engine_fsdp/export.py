@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from drivetrain_engine_core.config import LoraConfig
+from drivetrain_engine_core.backend import LoraConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 
