@@ -19,25 +19,15 @@ from typing import Any, ClassVar, Literal
 import torch
 from tensordict import TensorDict
 
-from . import distributed as dist_utils
+from . import distributed
 from .agreement import agreed_checks
-from .checkpoint import (
-    Manifest,
-    prepare_temporary_step_dir,
-    prune_old_steps,
-    publish_step,
-    read_manifest,
-    resolve_step_dir,
-    temporary_step_dir,
-    write_manifest,
-)
-from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
+from .checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import validate_batch
 from .data.micro_batch import MicroBatchCountRule, split_micro_batches
 from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
-from .errors import CheckpointError, EngineStateError
+from .errors import EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
@@ -90,7 +80,7 @@ class Engine(ABC):
         """Build model, optimizer and LR schedule, then offload what the config asks to offload."""
         if self._initialized:
             raise EngineStateError(f"{type(self).__name__}.initialize() was already called; call it once.")
-        dist_utils.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
+        distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         self._initialize()
         if self.optimizer_config is not None:
             self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
@@ -302,27 +292,7 @@ class Engine(ABC):
             The published step directory.
         """
         self._require_initialized("save_checkpoint()")
-        require_json("extra_state", extra_state)
-        root = Path(path)
-        temporary = temporary_step_dir(root, global_step)
-        is_writer = dist_utils.rank() == 0
-        if is_writer:
-            prepare_temporary_step_dir(temporary)
-        dist_utils.barrier()
-        self._save_checkpoint(temporary, save_optimizer=self.checkpoint_config.save_optimizer)
-        save_extra_state(temporary / "extra", self._extra_state(extra_state or {}))
-        dist_utils.barrier()
-        final = root / f"global_step_{global_step}"
-        if is_writer:
-            write_manifest(temporary, self._manifest(global_step))
-            final = publish_step(root, temporary, global_step)
-            keep = (
-                max_ckpt_to_keep if max_ckpt_to_keep is not None else self.checkpoint_config.max_ckpt_to_keep
-            )
-            if keep is not None:
-                prune_old_steps(root, keep)
-        dist_utils.barrier()
-        return final
+        return save_engine_checkpoint(self, Path(path), global_step, max_ckpt_to_keep, extra_state)
 
     def load_checkpoint(
         self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True
@@ -336,43 +306,7 @@ class Engine(ABC):
             CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
         """
         self._require_initialized("load_checkpoint()")
-        step_dir = resolve_step_dir(path)
-        manifest = read_manifest(step_dir)
-        if manifest.backend != self.backend_name:
-            raise CheckpointError(
-                f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {self.backend_name!r}. "
-                "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
-            )
-        if verify:
-            verify_on_rank_zero(step_dir, manifest)
-        with self._loaded():
-            self._load_checkpoint(
-                step_dir, load_optimizer=load_optimizer and self.optimizer_config is not None
-            )
-        state = load_extra_state(step_dir / "extra")
-        if self._lr_schedule is not None and "lr_schedule" in state:
-            self._lr_schedule.load_state_dict(state["lr_schedule"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        return {"global_step": manifest.global_step, **state["extra_state"]}
-
-    def _manifest(self, global_step: int) -> Manifest:
-        lora = self.model_config.lora
-        return Manifest(
-            backend=self.backend_name,
-            global_step=global_step,
-            world_size=dist_utils.world_size(),
-            model_type=self.model_config.model_type,
-            model_path=str(Path(self.model_config.path).resolve()),
-            lora=None if lora is None else {**lora.__dict__, "target_modules": list(lora.target_modules)},
-            backend_info=self._checkpoint_backend_info(),
-        )
-
-    def _extra_state(self, caller_state: dict[str, Any]) -> dict[str, Any]:
-        """What core saves beside the backend's state: caller state, skipped steps, LR schedule."""
-        state: dict[str, Any] = {"extra_state": caller_state, "skipped_steps": self.skipped_steps}
-        if self._lr_schedule is not None:
-            state["lr_schedule"] = self._lr_schedule.state_dict()
-        return state
+        return load_engine_checkpoint(self, path, load_optimizer=load_optimizer, verify=verify)
 
     @contextmanager
     def _loaded(self) -> Iterator[None]:
@@ -395,7 +329,7 @@ class Engine(ABC):
 
     @property
     @abstractmethod
-    def data_parallel_group(self) -> dist_utils.ProcessGroup | None: ...
+    def data_parallel_group(self) -> distributed.ProcessGroup | None: ...
 
     @property
     @abstractmethod
@@ -536,5 +470,5 @@ class Engine(ABC):
         loss = None
         if with_loss:
             local = sum(float(r.loss) for r in results if r.loss is not None)
-            loss = dist_utils.all_reduce_sum(local, self.data_parallel_group)
+            loss = distributed.all_reduce_sum(local, self.data_parallel_group)
         return ForwardBackwardOutput(outputs=outputs, loss=loss, metrics=metrics)
