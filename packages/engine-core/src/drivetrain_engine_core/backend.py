@@ -19,7 +19,7 @@ The conformance kit (:mod:`drivetrain_engine_core.testing.conformance`) checks t
 from __future__ import annotations
 
 from . import distributed
-from .checkpoint import CheckpointMerger, DCPTensorReader
+from .checkpoint import PEFT_PREFIX, CheckpointMerger, DCPTensorReader
 from .config import (
     DTYPES,
     CheckpointConfig,
@@ -41,6 +41,7 @@ from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
 
 __all__ = [
     "DTYPES",
+    "PEFT_PREFIX",
     "BatchError",
     "CheckpointConfig",
     "CheckpointError",
