@@ -172,6 +172,7 @@ class Engine(ABC):
             gradient_divisor=self.gradient_divisor,
             keep_outputs=self.is_output_rank,
         )
+        sequence_split = self._sequence_split()
         micro_batches = [
             MicroBatch.build(
                 micro_batch,
@@ -179,7 +180,7 @@ class Engine(ABC):
                 device=self.engine_config.device,
                 layout=self.input_layout,
                 round_trip=round_trip,
-                sequence_split=self._sequence_split(),
+                sequence_split=sequence_split,
             )
             for index, micro_batch in enumerate(split.batches)
         ]
