@@ -33,7 +33,7 @@ def _train_save_and_probe(rank: int, world_size: int, work: str, names: list[str
     """In each rank: for every variant, train one step, save a checkpoint and score the probe batch."""
     from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
     from drivetrain_engine_core.data.batch import make_batch
-    from drivetrain_engine_core.data.options import set_forward_options
+    from drivetrain_engine_core.data.options import ForwardOptions
     from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
     from drivetrain_engine_core.testing.batches import random_batch
     from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
@@ -63,9 +63,7 @@ def _train_save_and_probe(rank: int, world_size: int, work: str, names: list[str
         engine.save_checkpoint(Path(work) / name, global_step=1)
         probe = make_batch(probe_sequences(100))
         with engine.eval_mode():
-            outputs = engine.infer_batch(
-                probe if critic else set_forward_options(probe, compute_entropy=True)
-            ).outputs
+            outputs = engine.infer_batch(probe, options=ForwardOptions(compute_entropy=not critic)).outputs
         keys = ("values",) if critic else ("log_probs", "entropy")
         results[name] = {key: [t.clone() for t in outputs[key].unbind()] for key in keys}
     return results if rank == 0 else None

@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.errors import BatchError, DivergenceError, EngineStateError
 from drivetrain_engine_core.lr_schedule import lr_at_step
 from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.round_trip import MicroBatch, RoundTrip
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
@@ -88,7 +89,9 @@ def test_compute_errors_name_the_fix() -> None:
         engine.disable_adapter().__enter__()
     with pytest.raises(ValueError, match=r"engine.to\('meta'\).*\['cpu'\]"):
         engine.to("meta")
-    with pytest.raises(BatchError, match=r"unknown batch option 'temprature'.*Did you mean 'temperature'"):
+    with pytest.raises(
+        BatchError, match=r"'temprature' is not a tensor.*ForwardOptions.*Did you mean 'temperature'"
+    ):
         batch.set_non_tensor("temprature", 0.5)
         with engine.eval_mode():
             engine.infer_batch(batch)
@@ -248,20 +251,21 @@ def test_constant_schedule_holds_after_warmup() -> None:
 # ---------------------------------------------------------------------- loss scaling and outputs
 
 
-@pytest.mark.parametrize(("averaged", "factor"), [(True, 4.0), (False, 1.0)])
-def test_loss_is_scaled_by_data_parallel_size_when_gradients_are_averaged(
-    averaged: bool, factor: float
-) -> None:
-    engine = make_engine()
-    engine.gradients_averaged_over_data_parallel = averaged
-    context = LossContext(global_token_count=8, global_sequence_count=2, data_parallel_size=4)
-
-    def loss_fn(output, batch, ctx):
-        return torch.tensor(0.75), {"seen_tokens": ctx.global_token_count}
-
-    scaled, reported, metrics = engine.compute_micro_batch_loss(loss_fn, None, None, context)
-    assert float(scaled) == 0.75 * factor and float(reported) == 0.75
-    assert metrics == {"seen_tokens": 8.0}
+@pytest.mark.parametrize("divisor", [4, 1])
+def test_finish_scales_the_loss_by_the_gradient_divisor_only(divisor: int) -> None:
+    context = LossContext(global_token_count=8, global_sequence_count=2)
+    trip = RoundTrip(
+        loss_fn=lambda output, batch, ctx: (torch.tensor(0.75), {"seen_tokens": ctx.global_token_count}),
+        options=ForwardOptions(),
+        context=context,
+        gradient_divisor=divisor,
+        keep_outputs=False,
+    )
+    micro_batch = MicroBatch.build(make_batch(), 1, device="cpu", layout="packed", round_trip=trip)
+    scaled, result = micro_batch.finish({"log_probs": torch.zeros(micro_batch.num_tokens)})
+    assert float(scaled) == 0.75 * divisor and float(result.loss) == 0.75
+    assert result.metrics == {"seen_tokens": 8.0} and result.outputs is None
+    assert micro_batch.context.micro_batch_index == 1
 
 
 def hand_log_probs(engine: TinyTorchEngine, batch, temperature: float = 1.0) -> list[torch.Tensor]:
@@ -288,9 +292,9 @@ def test_outputs_come_back_in_sample_order_with_global_loss(
     micro_batch: MicroBatchConfig, count: int
 ) -> None:
     engine = make_engine(micro_batch=micro_batch)
-    batch = set_forward_options(make_batch(seed=5), temperature=0.5)
+    batch = make_batch(seed=5)
     with engine.eval_mode():
-        output = engine.infer_batch(batch, token_mean_nll)
+        output = engine.infer_batch(batch, token_mean_nll, options=ForwardOptions(temperature=0.5))
     expected = hand_log_probs(engine, batch, temperature=0.5)
     assert output.outputs["log_probs"].offsets() is batch["input_ids"].offsets()
     for got, want in zip(output.outputs["log_probs"].unbind(), expected, strict=True):

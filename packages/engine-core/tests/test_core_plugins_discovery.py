@@ -17,7 +17,7 @@ from drivetrain_engine_core.cli import build_cli
 from drivetrain_engine_core.config import ConfigError, EngineConfig, ModelConfig
 from drivetrain_engine_core.errors import PluginError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core.plugins import DrivetrainPlugins, get_plugin_manager, plugins, reset_plugins
 
 
 @dataclass
@@ -140,6 +140,40 @@ def test_listing_and_lazy_loading(fake):
     assert loaded.engines.get("value_model", "fake", "tpu") is engine_cls, "'*' serves any device"
     assert loaded.engines.config_class("fake") is sys.modules[impl].FakeConfig
     assert loaded.roles.get("actor").__name__ == "Actor"
+
+
+WRAPPING_PLUGIN = """
+    from drivetrain_engine_core.hookspecs import hookimpl
+
+    SEEN = []
+
+    @hookimpl(wrapper=True, specname="register_roles")
+    def wrap_register_roles(registry):
+        SEEN.append("before")
+        result = yield
+        SEEN.append("after")
+        return result
+
+    @hookimpl
+    def register_roles(registry):
+        SEEN.append("impl")
+"""
+
+
+def test_hooks_run_through_pluggy_so_monitoring_and_wrappers_work(fake):
+    """Each plugin's hook is called alone, yet through pluggy's hook execution (tracing, wrappers)."""
+    module = fake.module("wrapping_plugin", WRAPPING_PLUGIN)
+    roles = fake.entry_point("roles", fake.module("roles_plugin", ROLES_PLUGIN), "drivetrain-roles")
+    loaded = DrivetrainPlugins()
+    monitored: list[tuple[str, list[str]]] = []
+    loaded.manager.add_hookcall_monitoring(
+        lambda name, impls, kwargs: monitored.append((name, [i.plugin_name for i in impls])),
+        lambda outcome, name, impls, kwargs: None,
+    )
+    loaded.load([fake.entry_point("wrapping", module, "drivetrain-wrapping"), roles], set())
+    assert sys.modules[module].SEEN == ["before", "impl", "after"]
+    assert ("register_roles", ["wrapping", "wrapping"]) in monitored
+    assert ("register_roles", ["roles"]) in monitored
 
 
 def test_broken_plugins_are_reported_and_others_load(fake):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from drivetrain_engine_core.config import OptimizerConfig
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
@@ -112,7 +112,7 @@ def test_losses_by_hand() -> None:
     log_probs = torch.nested.nested_tensor_from_jagged(
         torch.tensor([0.0, -1.0, -2.0, 0.0, -5.0, -3.0]), offsets
     )
-    context = LossContext(global_token_count=6, global_sequence_count=2, data_parallel_size=1)
+    context = LossContext(global_token_count=6, global_sequence_count=2)
     loss, metrics = token_mean_nll({"log_probs": log_probs}, batch, context)
     assert float(loss) == pytest.approx((1 + 2 + 3) / 6) and metrics == {"nll_sum": 6.0}
     values = torch.nested.nested_tensor_from_jagged(batch["returns"].values() + 2.0, offsets)
@@ -183,8 +183,10 @@ def test_reference_loss_grad_norm_and_training_curve(lm_dir: Path) -> None:
         lm_dir, [batch] * 3, OptimizerConfig(lr=1e-2, warmup_steps=1), token_mean_nll
     )
     assert moving[0] == (loss, grad_norm) and moving[2][0] < moving[1][0] < loss
-    tempered = set_forward_options(batch.clone(), temperature=2.0)
-    assert reference_loss_and_grad_norm(lm_dir, tempered, token_mean_nll)[0] != pytest.approx(loss)
+    tempered = ForwardOptions(temperature=2.0)
+    assert reference_loss_and_grad_norm(lm_dir, batch, token_mean_nll, options=tempered)[0] != pytest.approx(
+        loss
+    )
 
 
 def _masks(batch, ids: torch.Tensor) -> list[torch.Tensor]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.dp import shard_data, shard_indices
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing import (
     load_reference_model,
@@ -63,7 +63,7 @@ def run_scenario(engine, batch):
     """Log-probs before training, then one train step: the numbers the parent checks."""
     local = shard_data(batch, engine.data_parallel_rank, engine.data_parallel_size, balance=True)
     with engine.eval_mode():
-        outputs = engine.infer_batch(set_forward_options(local.clone(), temperature=0.9)).outputs
+        outputs = engine.infer_batch(local, options=ForwardOptions(temperature=0.9)).outputs
     with engine.train_mode():
         step = engine.train_batch(local, token_mean_nll)
     log_probs = None if outputs is None else [t.clone() for t in outputs["log_probs"].unbind()]
@@ -121,7 +121,6 @@ def lora_reference(model_dir, batch):
     context = LossContext(
         global_token_count=int(batch["loss_mask"].values().sum()),
         global_sequence_count=len(batch),
-        data_parallel_size=1,
     )
     loss, _ = token_mean_nll(outputs, batch, context)
     loss.backward()

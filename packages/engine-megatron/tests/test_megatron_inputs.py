@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from drivetrain_engine_core.backend import ForwardOptions, LossContext, MicroBatch, RoundTrip
 from drivetrain_engine_core.testing import random_batch
-from drivetrain_engine_megatron.inputs import prepare_model_inputs
+from drivetrain_engine_megatron.inputs import model_kwargs
 
 PROMPTS, RESPONSES = [3, 5, 2], [4, 2, 6]
 
@@ -17,15 +18,21 @@ def test_padded_rows_are_built_on_the_micro_batch_device():
     the default device. The values are checked against the layout written out by hand.
     """
     batch = random_batch(vocab_size=50, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=0)
+    trip = RoundTrip(
+        loss_fn=None,
+        options=ForwardOptions(),
+        context=LossContext(global_token_count=0, global_sequence_count=3),
+        gradient_divisor=1,
+        keep_outputs=True,
+    )
     with torch.device("meta"):
-        inputs = prepare_model_inputs(batch, remove_padding=False, device="cpu")
-    tensors = {
-        "input_ids": inputs.input_ids,
-        "position_ids": inputs.position_ids,
-        "attention_mask": inputs.attention_mask,
-        "valid": inputs.valid,
-    }
-    assert {name: tensor.device.type for name, tensor in tensors.items()} == dict.fromkeys(tensors, "cpu")
+        micro_batch = MicroBatch.build(batch, 0, device="cpu", layout="padded", round_trip=trip)
+        kwargs = model_kwargs(micro_batch)
+    valid = micro_batch.inputs.valid  # type: ignore[union-attr]
+    tensors = {name: kwargs[name] for name in ("input_ids", "position_ids", "attention_mask")}
+    assert {name: t.device.type for name, t in {**tensors, "valid": valid}.items()} == dict.fromkeys(
+        [*tensors, "valid"], "cpu"
+    )
     lengths = [p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]
     width = max(lengths)
     sequences = batch["input_ids"].values().split(lengths)
@@ -33,7 +40,7 @@ def test_padded_rows_are_built_on_the_micro_batch_device():
     key = torch.arange(width)
     expected_valid = key[None, :] < torch.tensor(lengths)[:, None]
     allowed = (key[None, :] <= key[:, None])[None] & expected_valid[:, None, :]
-    assert torch.equal(inputs.input_ids, expected_ids)
-    assert torch.equal(inputs.position_ids, key.expand(len(lengths), width))
-    assert torch.equal(inputs.valid, expected_valid)
-    assert torch.equal(inputs.attention_mask, ~allowed[:, None])
+    assert torch.equal(tensors["input_ids"], expected_ids)
+    assert torch.equal(tensors["position_ids"], torch.where(expected_valid, key, 0))
+    assert torch.equal(valid, expected_valid)
+    assert torch.equal(tensors["attention_mask"], ~allowed[:, None])

@@ -65,14 +65,14 @@ def _engine(
     layout: dict,
     *,
     model_type: str = "language_model",
-    remove_padding: bool = True,
+    use_remove_padding: bool = True,
     micro_batch: MicroBatchConfig = ONE_SEQUENCE,
 ):
     from drivetrain_engine_megatron.config import MegatronEngineConfig
     from drivetrain_engine_megatron.engine import MegatronEngine
 
     engine = MegatronEngine(
-        model_config=ModelConfig(path=path, model_type=model_type, use_remove_padding=remove_padding),
+        model_config=ModelConfig(path=path, model_type=model_type, use_remove_padding=use_remove_padding),
         engine_config=MegatronEngineConfig(micro_batch=micro_batch, **layout),
         optimizer_config=OPTIMIZER,
     )
@@ -91,11 +91,11 @@ def _train(engine, batches, loss_fn) -> list[tuple[float, float]]:
 
 
 def _infer(engine, batch, keys: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
-    from drivetrain_engine_core.data.options import set_forward_options
+    from drivetrain_engine_core.backend import ForwardOptions
 
     with engine.eval_mode():
-        options = {"temperature": TEMPERATURE, "compute_entropy": True} if "entropy" in keys else {}
-        output = engine.infer_batch(set_forward_options(batch.clone(), **options))
+        options = ForwardOptions(temperature=TEMPERATURE, compute_entropy=True) if "entropy" in keys else None
+        output = engine.infer_batch(batch, options=options)
     if not engine.is_output_rank:
         return None
     return {key: output.outputs[key].values() for key in keys}
@@ -107,7 +107,7 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
     result = {"exported": dict(engine.export_weights())}
     result["packed"] = _infer(engine, batches[0], ("log_probs", "entropy"))
     result["padded"] = _infer(
-        _engine(path, layout, remove_padding=False), batches[0], ("log_probs", "entropy")
+        _engine(path, layout, use_remove_padding=False), batches[0], ("log_probs", "entropy")
     )
     result["history"] = _train(engine, batches[:SAVE_AT], token_mean_nll)
     engine.save_checkpoint(checkpoint_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})

@@ -11,7 +11,7 @@ import pytest
 import torch
 from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
@@ -70,7 +70,7 @@ def losses_and_grad_norms(model_dir, micro_batch, batch) -> dict[str, tuple[floa
     results = {}
     with engine.train_mode():
         for name, loss_fn in LOSSES.items():
-            output = engine.train_batch(set_forward_options(batch.copy(), compute_entropy=True), loss_fn)
+            output = engine.train_batch(batch, loss_fn, options=ForwardOptions(compute_entropy=True))
             results[name] = (output.loss, output.metrics["grad_norm"])
     return results
 
@@ -94,8 +94,11 @@ def batch(model_dir):
 
 @pytest.fixture(scope="module")
 def references(model_dir, batch):
-    with_entropy = set_forward_options(batch.copy(), compute_entropy=True)
-    return {name: reference_loss_and_grad_norm(model_dir, with_entropy, fn) for name, fn in LOSSES.items()}
+    with_entropy = ForwardOptions(compute_entropy=True)
+    return {
+        name: reference_loss_and_grad_norm(model_dir, batch, fn, options=with_entropy)
+        for name, fn in LOSSES.items()
+    }
 
 
 def assert_matches(results, references) -> None:

@@ -26,7 +26,7 @@ def jagged(rows: list[list[float]], requires_grad: bool = False) -> torch.Tensor
 
 def context_for(mask_rows: list[list[float]]) -> LossContext:
     tokens = int(sum(sum(r) for r in mask_rows))
-    return LossContext(global_token_count=tokens, global_sequence_count=len(mask_rows), data_parallel_size=1)
+    return LossContext(global_token_count=tokens, global_sequence_count=len(mask_rows))
 
 
 LOG_PROBS = [[0.0, -1.0, -2.0], [0.0, -0.5]]

@@ -1,35 +1,30 @@
 """``ToyEngine``: the smallest correct drivetrain engine, a plain Hugging Face causal LM in one process.
 
-It shows what a backend must provide: the core ``Engine`` owns the checks, micro-batching, loss scaling, LR
-schedule and checkpoint layout; the backend implements only the ``_`` hooks below. No sharding, no offload
-(the model stays on the engine device), no LoRA.
+It shows what a backend must provide: the core ``Engine`` owns the checks, micro-batching, the micro-batch
+round trip (layout, labels, outputs back to tokens, loss scaling), LR schedule and checkpoint layout; the
+backend implements only the ``_`` hooks below and imports only ``drivetrain_engine_core.backend``. No
+sharding, no offload (the model stays on the engine device), no LoRA.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.batch import INPUT_IDS
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.packing import (
-    next_token_labels,
-    pack_micro_batch,
-    shift_right_per_sequence,
-    unpack_to_jagged,
+from drivetrain_engine_core.backend import (
+    ConfigError,
+    Engine,
+    MicroBatch,
+    MicroBatchResult,
+    Mode,
+    PaddedRows,
+    TokenLimits,
+    distributed,
 )
-from drivetrain_engine_core.data.padding import nopad_to_padded
-from drivetrain_engine_core.data.values import TokenLimits
-from drivetrain_engine_core.engine import Engine, Mode
-from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
 from safetensors.torch import load_file, save_file
-from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from .config import ToyEngineConfig
@@ -49,6 +44,7 @@ class ToyEngine(Engine):
     data_parallel_size = 1
     data_parallel_group = None
     is_output_rank = True
+    gradient_divisor = 1  # one process: nothing averages the gradients
 
     # ------------------------------------------------------------------ build
     def _token_limits(self) -> TokenLimits:
@@ -76,59 +72,30 @@ class ToyEngine(Engine):
 
     # ------------------------------------------------------------------ compute
     def _forward_backward_micro_batches(
-        self,
-        micro_batches: Sequence[TensorDict],
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
+        self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
         results = []
-        for index, micro_batch in enumerate(micro_batches):
-            micro_batch = micro_batch.to(self.engine_config.device)
-            outputs = self._forward(micro_batch, options)
-            result = MicroBatchResult(outputs=outputs.detach())
-            if loss_fn is not None:
-                step_context = dataclasses.replace(context, micro_batch_index=index)
-                to_backward, result.loss, result.metrics = self.compute_micro_batch_loss(
-                    loss_fn, outputs, micro_batch, step_context
-                )
-                if not forward_only:
-                    to_backward.backward()
+        for micro_batch in micro_batches:
+            loss, result = micro_batch.finish(self._token_fields(micro_batch))
+            if not forward_only:
+                loss.backward()
             results.append(result)
         return results
 
-    def _forward(self, micro_batch: TensorDict, options: ForwardOptions) -> TensorDict:
-        """Per-token log-probs (and entropy) of one micro-batch, aligned as in docs §7.1."""
-        offsets = micro_batch[INPUT_IDS].offsets()
-        logits = self._flat_logits(micro_batch).float() / options.temperature
-        log_softmax = torch.log_softmax(logits, dim=-1)
-        labels = next_token_labels(micro_batch[INPUT_IDS].values(), offsets)
-        log_probs = log_softmax.gather(-1, labels[:, None]).squeeze(-1)
-        fields = {"log_probs": unpack_to_jagged(shift_right_per_sequence(log_probs, offsets), offsets)}
-        if options.compute_entropy:
-            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-            fields["entropy"] = unpack_to_jagged(shift_right_per_sequence(entropy, offsets), offsets)
-        return TensorDict(fields, batch_size=micro_batch.batch_size)
-
-    def _flat_logits(self, micro_batch: TensorDict) -> torch.Tensor:
-        """Logits ``(total_tokens, vocab)``: from one packed row, or from a right-padded batch."""
-        if self.model_config.use_remove_padding:
-            row = pack_micro_batch(micro_batch)
-            # use_cache=False: with a cache transformers does not detect the packed sequences.
-            return self.model(input_ids=row.input_ids, position_ids=row.position_ids, use_cache=False).logits[
-                0
-            ]
-        no_prompts = torch.zeros(len(micro_batch), dtype=torch.int64)
-        padded = nopad_to_padded(micro_batch, prompt_lengths=no_prompts)
-        mask = padded["attention_mask"]
+    def _token_fields(self, micro_batch: MicroBatch) -> dict[str, torch.Tensor]:
+        """Per-position log-probs (and entropy) of core's layout: one packed row, or right-padded rows."""
+        inputs = micro_batch.inputs
+        mask = {"attention_mask": inputs.valid.long()} if isinstance(inputs, PaddedRows) else {}
+        # use_cache=False: with a cache transformers does not detect the packed sequences.
         logits = self.model(
-            input_ids=padded[INPUT_IDS],
-            attention_mask=mask,
-            position_ids=padded["position_ids"],
-            use_cache=False,
+            input_ids=inputs.input_ids, position_ids=inputs.position_ids, use_cache=False, **mask
         ).logits
-        return logits[mask.bool()]
+        options = micro_batch.options
+        log_softmax = torch.log_softmax(micro_batch.rows(logits).float() / options.temperature, dim=-1)
+        fields = {"log_probs": log_softmax.gather(-1, micro_batch.labels[:, None]).squeeze(-1)}
+        if options.compute_entropy:
+            fields["entropy"] = -(log_softmax.exp() * log_softmax).sum(-1)
+        return fields
 
     def _set_mode(self, mode: Mode) -> None:
         self.model.train(mode == "train")

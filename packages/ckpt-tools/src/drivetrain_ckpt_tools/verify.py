@@ -16,7 +16,7 @@ import torch
 from drivetrain_engine_core.checkpoint import CheckpointMerger
 from drivetrain_engine_core.config import LoraConfig, ModelConfig, ModelType
 from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.plugins import DrivetrainPlugins
 
@@ -108,11 +108,9 @@ def engine_outputs(
     engine = create_engine(model_config=model_config, engine_config=engine_config, plugins=plugins)
     engine.initialize()
     engine.load_checkpoint(merger.step_dir, load_optimizer=False)
-    batch = make_batch(sequences)
-    if manifest.model_type == "language_model":
-        batch = set_forward_options(batch, compute_entropy=True)
+    options = ForwardOptions(compute_entropy=manifest.model_type == "language_model")
     with engine.eval_mode():
-        outputs = engine.infer_batch(batch).outputs
+        outputs = engine.infer_batch(make_batch(sequences), options=options).outputs
     if outputs is None:
         raise CheckpointError(
             f"the {manifest.backend} engine returned no outputs at world size 1; verify needs an output rank."

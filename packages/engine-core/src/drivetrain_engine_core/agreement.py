@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from . import distributed as dist_utils
+from . import distributed
 from .config import ConfigError
 from .distributed import ProcessGroup
 from .errors import DrivetrainError
@@ -36,9 +36,9 @@ def agreed_checks(group: ProcessGroup | None = None) -> Iterator[None]:
         yield
     except UserError as e:
         local = e
-    if not dist_utils.all_reduce_max(0 if local is None else 1, group):
+    if not distributed.all_reduce_max(0 if local is None else 1, group):
         return
-    reports = dist_utils.all_gather_objects(None if local is None else (type(local), str(local)), group)
+    reports = distributed.all_gather_objects(None if local is None else (type(local), str(local)), group)
     failed: list[tuple[int, tuple[type[Exception], str]]] = [
         (rank, report)  # type: ignore[misc]
         for rank, report in enumerate(reports)
@@ -46,6 +46,6 @@ def agreed_checks(group: ProcessGroup | None = None) -> Iterator[None]:
     ]
     first_rank, (error_type, message) = failed[0]
     ranks = ", ".join(str(rank) for rank, _ in failed)
-    if dist_utils.world_size(group) > 1:
+    if distributed.world_size(group) > 1:
         message = f"rank {first_rank} (of failing ranks {ranks}): {message}"
     raise error_type(message) from local

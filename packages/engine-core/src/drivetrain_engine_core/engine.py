@@ -1,7 +1,8 @@
 """The backend-agnostic ``Engine``: one interface for FSDP2, Megatron-Core or any third-party backend.
 
-Public methods own the checks, the micro-batching, the loss normalisation, the LR schedule, the checkpoint
-layout and the metrics; backends implement the ``_``-prefixed hooks (template method, as in torchtitan).
+Public methods own the checks, the micro-batching, the micro-batch round trip (:mod:`.round_trip`: layout,
+labels, outputs back to tokens, the one loss-scaling rule), the LR schedule, the checkpoint layout and the
+metrics; backends implement the ``_``-prefixed hooks (template method, as in torchtitan).
 Algorithm code (the roles) uses only the public methods.
 """
 
@@ -18,27 +19,19 @@ from typing import Any, ClassVar, Literal
 import torch
 from tensordict import TensorDict
 
-from . import distributed as dist_utils
+from . import distributed
 from .agreement import agreed_checks
-from .checkpoint import (
-    Manifest,
-    prepare_temporary_step_dir,
-    prune_old_steps,
-    publish_step,
-    read_manifest,
-    resolve_step_dir,
-    temporary_step_dir,
-)
-from .checkpoint.extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
+from .checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import require_tensordict, validate_batch
 from .data.micro_batch import MicroBatchCountRule, split_micro_batches
-from .data.options import ForwardOptions, read_forward_options, strip_forward_options
+from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
 from .data.values import TokenLimits, check_batch_values
-from .errors import CheckpointError, DivergenceError, EngineStateError
+from .errors import DivergenceError, EngineStateError
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
+from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
 from .usage import ResourceUsage, measure_usage
 
 logger = logging.getLogger(__name__)
@@ -60,9 +53,6 @@ class Engine(ABC):
 
     config_class: ClassVar[type[EngineConfig]] = EngineConfig
     """The engine-config type this backend accepts."""
-
-    gradients_averaged_over_data_parallel: ClassVar[bool] = True
-    """Whether the backend's gradient reduction averages (rather than sums) over data-parallel ranks."""
 
     def __init__(
         self,
@@ -98,7 +88,7 @@ class Engine(ABC):
         """
         if self._initialized:
             raise EngineStateError(f"{type(self).__name__}.initialize() was already called; call it once.")
-        dist_utils.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
+        distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         with measure_usage(self.engine_config.device) as meter:
             self._initialize()
             if self.optimizer_config is not None:
@@ -108,7 +98,7 @@ class Engine(ABC):
         self.init_usage = meter.usage
         if meter.usage is not None:
             metrics = meter.usage.as_metrics("initialize")
-            logger.info("%s.initialize() on rank %d: %s", type(self).__name__, dist_utils.rank(), metrics)
+            logger.info("%s.initialize() on rank %d: %s", type(self).__name__, distributed.rank(), metrics)
 
     @property
     def is_initialized(self) -> bool:
@@ -153,80 +143,83 @@ class Engine(ABC):
     # ------------------------------------------------------------------ compute
 
     def forward_backward_batch(
-        self, batch: TensorDict, loss_fn: LossFn | None = None, forward_only: bool = False
+        self,
+        batch: TensorDict,
+        loss_fn: LossFn | None = None,
+        forward_only: bool = False,
+        *,
+        options: ForwardOptions | None = None,
     ) -> ForwardBackwardOutput:
         """Run forward (and backward) over ``batch`` in micro-batches.
 
         Args:
-            batch: a no-padding batch (ARCHITECTURE §4); options ``temperature`` and ``compute_entropy`` travel
-                as non-tensor metadata.
+            batch: a no-padding batch (ARCHITECTURE §4), tensors only.
             loss_fn: ``loss_fn(model_output, micro_batch, context) -> (loss, metrics)``; required for backward.
             forward_only: skip backward (no gradients are kept).
+            options: temperature and entropy of the forward (defaults: 1.0, no entropy).
 
         Returns:
             Outputs in the caller's sample order, the global loss and per-micro-batch metrics.
 
         Raises:
             EngineStateError: not initialised, outside a mode context, or backward outside ``train_mode``.
-            BatchError: the batch is malformed: not a TensorDict, bad offsets, token ids outside the vocabulary,
-                sequences longer than the model's positions, non-finite float fields. Raised on every rank when
-                any rank's batch is.
+            BatchError: the batch is malformed (not a TensorDict, bad offsets, token ids outside the vocabulary,
+                sequences longer than the model's positions, non-finite float fields) or carries non-tensor
+                entries. Raised on every rank when any rank's batch is.
         """
         with agreed_checks():  # a bad batch on one rank fails every rank, none waits for it
             self._check_compute_allowed(loss_fn, forward_only)
             require_tensordict(batch)
-            options = read_forward_options(batch)
-            batch = strip_forward_options(batch)
+            refuse_batch_options(batch)
             validate_batch(batch, required=self._required_fields(loss_fn is not None))
             check_batch_values(batch, self._token_limits())
-        micro_batches = split_micro_batches(
+        split = split_micro_batches(
             batch, self.engine_config.micro_batch, self.data_parallel_group, self.micro_batch_count_rule
         )
         tokens, sequences = global_counts(batch, self.data_parallel_group, count_tokens=loss_fn is not None)
-        context = LossContext(
-            global_token_count=tokens,
-            global_sequence_count=sequences,
-            data_parallel_size=self.data_parallel_size,
-            num_micro_batches=len(micro_batches.batches),
+        round_trip = RoundTrip(
+            loss_fn=loss_fn,
+            options=options or ForwardOptions(),
+            context=LossContext(
+                global_token_count=tokens,
+                global_sequence_count=sequences,
+                num_micro_batches=len(split.batches),
+            ),
+            gradient_divisor=self.gradient_divisor,
+            keep_outputs=self.is_output_rank,
         )
-        grad_context = torch.no_grad() if forward_only else torch.enable_grad()
-        with grad_context:
-            results = self._forward_backward_micro_batches(
-                micro_batches.batches, loss_fn, forward_only, options, context
+        sequence_split = self._sequence_split()
+        micro_batches = [
+            MicroBatch.build(
+                micro_batch,
+                index,
+                device=self.engine_config.device,
+                layout=self.input_layout,
+                round_trip=round_trip,
+                sequence_split=sequence_split,
             )
-        return self._assemble(results, micro_batches, loss_fn is not None)
+            for index, micro_batch in enumerate(split.batches)
+        ]
+        with torch.no_grad() if forward_only else torch.enable_grad():
+            results = self._forward_backward_micro_batches(micro_batches, forward_only)
+        return self._assemble(results, split, loss_fn is not None)
 
-    def train_batch(self, batch: TensorDict, loss_fn: LossFn) -> ForwardBackwardOutput:
+    def train_batch(
+        self, batch: TensorDict, loss_fn: LossFn, *, options: ForwardOptions | None = None
+    ) -> ForwardBackwardOutput:
         """Zero grads, forward/backward over ``batch``, one optimizer step; adds ``grad_norm`` and ``lr``."""
         self._check_compute_allowed(loss_fn, forward_only=False)
         self.optimizer_zero_grad()
-        output = self.forward_backward_batch(batch, loss_fn)
+        output = self.forward_backward_batch(batch, loss_fn, options=options)
         output.metrics["grad_norm"] = self.optimizer_step()
         output.metrics["lr"] = self.current_lr
         return output
 
-    def infer_batch(self, batch: TensorDict, loss_fn: LossFn | None = None) -> ForwardBackwardOutput:
+    def infer_batch(
+        self, batch: TensorDict, loss_fn: LossFn | None = None, *, options: ForwardOptions | None = None
+    ) -> ForwardBackwardOutput:
         """Forward only (no gradients), optionally evaluating ``loss_fn``."""
-        return self.forward_backward_batch(batch, loss_fn, forward_only=True)
-
-    def compute_micro_batch_loss(
-        self, loss_fn: LossFn, model_output: TensorDict, micro_batch: TensorDict, context: LossContext
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Call ``loss_fn`` for one micro-batch; backends call this from their forward loop.
-
-        Returns:
-            ``(loss_to_backward, reported_loss, metrics)``: the first is scaled so that the backend's gradient
-            reduction yields the gradient of the global mini-batch loss; the second is the detached, unscaled
-            contribution.
-        """
-        loss, metrics = loss_fn(model_output, micro_batch, context)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise TypeError(
-                f"loss_fn must return (scalar tensor, dict of floats), got loss of type {type(loss).__name__}"
-                f"{' with shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}."
-            )
-        scale = context.data_parallel_size if self.gradients_averaged_over_data_parallel else 1
-        return loss.reshape(()) * scale, loss.detach().reshape(()), {k: float(v) for k, v in metrics.items()}
+        return self.forward_backward_batch(batch, loss_fn, forward_only=True, options=options)
 
     # ------------------------------------------------------------------ optimizer
 
@@ -341,26 +334,7 @@ class Engine(ABC):
             The published step directory.
         """
         self._require_initialized("save_checkpoint()")
-        require_json("extra_state", extra_state)
-        root = Path(path)
-        temporary = temporary_step_dir(root, global_step)
-        is_writer = dist_utils.rank() == 0
-        if is_writer:
-            prepare_temporary_step_dir(temporary)
-        dist_utils.barrier()
-        self._save_checkpoint(temporary, save_optimizer=self.checkpoint_config.save_optimizer)
-        save_extra_state(temporary / "extra", self._extra_state(extra_state or {}))
-        dist_utils.barrier()
-        final = root / f"global_step_{global_step}"
-        if is_writer:
-            final = publish_step(root, temporary, global_step, self._manifest(global_step))
-            keep = (
-                max_ckpt_to_keep if max_ckpt_to_keep is not None else self.checkpoint_config.max_ckpt_to_keep
-            )
-            if keep is not None:
-                prune_old_steps(root, keep, published=final)
-        dist_utils.barrier()
-        return final
+        return save_engine_checkpoint(self, Path(path), global_step, max_ckpt_to_keep, extra_state)
 
     def load_checkpoint(
         self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True
@@ -374,43 +348,7 @@ class Engine(ABC):
             CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
         """
         self._require_initialized("load_checkpoint()")
-        step_dir = resolve_step_dir(path)
-        manifest = read_manifest(step_dir)
-        if manifest.backend != self.backend_name:
-            raise CheckpointError(
-                f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {self.backend_name!r}. "
-                "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
-            )
-        if verify:
-            verify_on_rank_zero(step_dir, manifest)
-        with self._loaded():
-            self._load_checkpoint(
-                step_dir, load_optimizer=load_optimizer and self.optimizer_config is not None
-            )
-        state = load_extra_state(step_dir / "extra")
-        if self._lr_schedule is not None and "lr_schedule" in state:
-            self._lr_schedule.load_state_dict(state["lr_schedule"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        return {"global_step": manifest.global_step, **state["extra_state"]}
-
-    def _manifest(self, global_step: int) -> Manifest:
-        lora = self.model_config.lora
-        return Manifest(
-            backend=self.backend_name,
-            global_step=global_step,
-            world_size=dist_utils.world_size(),
-            model_type=self.model_config.model_type,
-            model_path=str(Path(self.model_config.path).resolve()),
-            lora=None if lora is None else {**lora.__dict__, "target_modules": list(lora.target_modules)},
-            backend_info=self._checkpoint_backend_info(),
-        )
-
-    def _extra_state(self, caller_state: dict[str, Any]) -> dict[str, Any]:
-        """What core saves beside the backend's state: caller state, skipped steps, LR schedule."""
-        state: dict[str, Any] = {"extra_state": caller_state, "skipped_steps": self.skipped_steps}
-        if self._lr_schedule is not None:
-            state["lr_schedule"] = self._lr_schedule.state_dict()
-        return state
+        return load_engine_checkpoint(self, path, load_optimizer=load_optimizer, verify=verify)
 
     @contextmanager
     def _loaded(self) -> Iterator[None]:
@@ -433,12 +371,26 @@ class Engine(ABC):
 
     @property
     @abstractmethod
-    def data_parallel_group(self) -> dist_utils.ProcessGroup | None: ...
+    def data_parallel_group(self) -> distributed.ProcessGroup | None: ...
 
     @property
     @abstractmethod
     def is_output_rank(self) -> bool:
         """Whether this rank holds outputs and metrics of its data-parallel shard."""
+
+    @property
+    @abstractmethod
+    def gradient_divisor(self) -> int:
+        """How many ranks the backend's gradient reduction divides the summed gradients by.
+
+        Averaging over N ranks: N; summing (or one process): 1. Core multiplies every micro-batch loss by it
+        before backward, the one loss-scaling rule (:mod:`drivetrain_engine_core.round_trip`).
+        """
+
+    @property
+    def input_layout(self) -> InputLayout:
+        """The layout of :attr:`MicroBatch.inputs`: a packed row unless ``model.use_remove_padding`` is off."""
+        return "packed" if self.model_config.use_remove_padding else "padded"
 
     @property
     def micro_batch_count_rule(self) -> MicroBatchCountRule:
@@ -453,18 +405,17 @@ class Engine(ABC):
 
     @abstractmethod
     def _forward_backward_micro_batches(
-        self,
-        micro_batches: Sequence[TensorDict],
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
+        self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
-        """Run every micro-batch (forward, ``compute_micro_batch_loss``, backward unless ``forward_only``).
+        """Run every micro-batch: the model on ``micro_batch.inputs``, the per-position fields to
+        ``micro_batch.finish``, and backward of the loss it returns unless ``forward_only``.
 
         Gradients accumulate across micro-batches; gradient synchronisation may be deferred to the last one.
-        ``context.micro_batch_index`` must be set per micro-batch (``dataclasses.replace``).
         """
+
+    def _sequence_split(self) -> SequenceSplit | None:
+        """How packed rows are split over sequence-parallel ranks (``None``: not split)."""
+        return None
 
     @abstractmethod
     def _set_mode(self, mode: Mode) -> None:
@@ -565,5 +516,5 @@ class Engine(ABC):
         loss = None
         if with_loss:
             local = sum(float(r.loss) for r in results if r.loss is not None)
-            loss = dist_utils.all_reduce_sum(local, self.data_parallel_group)
+            loss = distributed.all_reduce_sum(local, self.data_parallel_group)
         return ForwardBackwardOutput(outputs=outputs, loss=loss, metrics=metrics)

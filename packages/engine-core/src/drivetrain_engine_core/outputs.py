@@ -15,19 +15,18 @@ class LossContext:
 
     Losses divide by ``global_token_count`` (loss-mask tokens in the whole mini-batch, summed over all
     data-parallel ranks) or ``global_sequence_count``, never by micro-batch sizes, so loss and gradient are the
-    same whatever the micro-batching, dynamic batching or data-parallel size.
+    same whatever the micro-batching, dynamic batching or data-parallel size. How the engine scales the loss
+    for its gradient reduction is not the loss's concern (:mod:`drivetrain_engine_core.round_trip`).
 
     Attributes:
         global_token_count: loss-mask tokens of the mini-batch over every data-parallel rank.
         global_sequence_count: sequences of the mini-batch over every data-parallel rank.
-        data_parallel_size: number of data-parallel ranks.
         micro_batch_index: index of the micro-batch on this rank.
         num_micro_batches: micro-batches on this rank (equal on every rank).
     """
 
     global_token_count: int
     global_sequence_count: int
-    data_parallel_size: int
     micro_batch_index: int = 0
     num_micro_batches: int = 1
 

@@ -1,4 +1,5 @@
-"""Plugin discovery: load the ``drivetrain`` entry points, isolate failures, fill the registrars.
+"""Plugin discovery: load the ``drivetrain`` entry points (:mod:`.plugin_loading`), call their hooks, fill the
+registrars.
 
 :func:`get_plugin_manager` builds a fresh :class:`DrivetrainPlugins` (never at import); :func:`plugins` caches
 one per process for library code and the CLI, and :func:`reset_plugins` drops it (tests). A plugin that fails
@@ -10,93 +11,28 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import os
 import threading
-import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+from .plugin_loading import (
+    DISABLE_ENV,
+    EntryPointLike,
+    PluginInfo,
+    disabled_from_env,
+    failed,
+    load_entry_point,
+)
 from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry
 
 if TYPE_CHECKING:
     import click
 
-DISABLE_ENV = "DRIVETRAIN_DISABLE_PLUGINS"
-"""Comma-separated entry-point names that operators block from loading."""
-
-PluginStatus = Literal["loaded", "failed", "blocked"]
 REGISTRAR_HOOKS: tuple[str, ...] = ("register_engines", "register_roles", "register_checkpoint_mergers")
-
-
-class EntryPointLike(Protocol):
-    """What discovery needs from an entry point (``importlib.metadata.EntryPoint`` or a test double)."""
-
-    name: str
-    value: str
-
-    @property
-    def dist(self) -> Any: ...
-
-    def load(self) -> Any: ...
-
-
-@dataclass(kw_only=True, frozen=True)
-class PluginInfo:
-    """What ``drivetrain plugins`` reports about one plugin.
-
-    Attributes:
-        name: entry-point name (the name to block with ``DRIVETRAIN_DISABLE_PLUGINS``).
-        distribution, version: the installed distribution that declares it.
-        status: ``loaded``, ``failed`` or ``blocked``.
-        error: the original exception, formatted on one line (``None`` unless failed).
-        traceback: the full formatted traceback of that exception, for debugging.
-        registered: lines such as ``"engine language_model/fsdp/cpu -> pkg.mod:Cls"``.
-    """
-
-    name: str
-    distribution: str
-    version: str
-    status: PluginStatus
-    error: str | None = None
-    traceback: str | None = None
-    registered: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values for JSON output."""
-        return dataclasses.asdict(self)
-
-
-def _source_of(entry_point: EntryPointLike) -> PluginSource:
-    dist = entry_point.dist
-    if dist is None:
-        return PluginSource(name=entry_point.name, distribution="<unknown distribution>", version="")
-    return PluginSource(name=entry_point.name, distribution=dist.name, version=dist.version)
-
-
-def _info(source: PluginSource, status: PluginStatus, error: str | None = None) -> PluginInfo:
-    return PluginInfo(
-        name=source.name, distribution=source.distribution, version=source.version, status=status, error=error
-    )
-
-
-def _format_exception(error: BaseException) -> tuple[str, str]:
-    summary = "".join(traceback.format_exception_only(type(error), error)).strip()
-    return summary, "".join(traceback.format_exception(error))
-
-
-def _call(impl: pluggy.HookImpl, **arguments: Any) -> None:
-    """Call one plugin's hook implementation alone, so its failure can be attributed and isolated."""
-    impl.function(*(arguments[name] for name in impl.argnames))
-
-
-def disabled_from_env() -> set[str]:
-    """Entry-point names listed in ``DRIVETRAIN_DISABLE_PLUGINS`` (empty names ignored)."""
-    return {name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()}
 
 
 class DrivetrainPlugins:
@@ -155,53 +91,52 @@ class DrivetrainPlugins:
             The plugins whose command registration failed (the CLI reports them on stderr).
         """
         failures = []
-        for impl in self.manager.hook.register_commands.get_hookimpls():
+        for plugin_name in self._implementers("register_commands"):
             before = set(cli.commands)
             try:
-                _call(impl, cli=cli)
+                self._call_one("register_commands", plugin_name, cli=cli)
             except Exception as e:
                 for name in set(cli.commands) - before:
                     del cli.commands[name]
-                failures.append(self._fail(impl.plugin_name, e, hook="register_commands"))
+                failures.append(self._fail(plugin_name, e, hook="register_commands"))
                 continue
-            self._commands[impl.plugin_name] = sorted(set(cli.commands) - before)
+            self._commands[plugin_name] = sorted(set(cli.commands) - before)
         return [self._with_registered(info.name, info) for info in failures]
 
     def _registries(self) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry]:
         return self.engines, self.roles, self.mergers
 
     def _load_one(self, entry_point: EntryPointLike, disabled: set[str]) -> None:
-        source = _source_of(entry_point)
-        if entry_point.name in self._infos:
-            first = self._infos[entry_point.name]
-            error = (
-                f"plugin name {entry_point.name!r} is declared by both {first.distribution} {first.version} and "
-                f"{source.describe()}; uninstall one of them."
-            )
-            self._infos[f"{entry_point.name}#{len(self._infos)}"] = _info(source, "failed", error)
-            return
-        if entry_point.name in disabled:
-            self.manager.set_blocked(entry_point.name)
-            self._infos[entry_point.name] = _info(source, "blocked")
-            return
-        self._infos[entry_point.name] = _info(source, "loaded")
-        try:
-            self.manager.register(entry_point.load(), name=entry_point.name)
-            # Checked per plugin so that an unknown hook name is blamed on the plugin that declared it.
-            self.manager.check_pending()
-        except Exception as e:
-            self._fail(entry_point.name, e)
+        error = load_entry_point(self.manager, self._infos, entry_point, disabled)
+        if error is not None:
+            self._fail(entry_point.name, error)
+
+    def _implementers(self, hook_name: str) -> list[str]:
+        """Plugins implementing ``hook_name``, each once (a plugin may add wrappers), in registration order."""
+        names = [impl.plugin_name for impl in getattr(self.manager.hook, hook_name).get_hookimpls()]
+        return list(dict.fromkeys(names))
+
+    def _call_one(self, hook_name: str, plugin_name: str, **arguments: Any) -> None:
+        """Call one plugin's implementations of ``hook_name`` alone, so a failure is attributed and isolated.
+
+        NOTE: through pluggy's own hook execution (``PluginManager._hookexec``, what a hook call runs), so hook
+        tracing, call monitoring and the plugin's own wrappers keep working; only the other plugins'
+        implementations (and wrappers) are left out. ``subset_hook_caller`` would do the same but needs
+        hashable plugin objects.
+        """
+        hook = getattr(self.manager.hook, hook_name)
+        impls = [impl for impl in hook.get_hookimpls() if impl.plugin_name == plugin_name]
+        self.manager._hookexec(hook_name, impls, arguments, False)
 
     def _call_registrar_hook(self, hook_name: str) -> None:
-        hook = getattr(self.manager.hook, hook_name)
         registry = dict(zip(REGISTRAR_HOOKS, self._registries(), strict=True))[hook_name]
-        for impl in hook.get_hookimpls():
-            source = self._source(impl.plugin_name)
+        for plugin_name in self._implementers(hook_name):
+            source = self._source(plugin_name)
             try:
                 with registry.registering_as(source):
-                    _call(impl, registry=registry)
+                    self._call_one(hook_name, plugin_name, registry=registry)
             except Exception as e:
-                self._fail(impl.plugin_name, e, hook=hook_name)
+                self._fail(plugin_name, e, hook=hook_name)
 
     def _source(self, plugin_name: str) -> PluginSource:
         info = self._infos[plugin_name]
@@ -209,13 +144,7 @@ class DrivetrainPlugins:
 
     def _fail(self, plugin_name: str, error: Exception, hook: str | None = None) -> PluginInfo:
         """Record a failure and withdraw the plugin from the registries (not from the CLI's engines)."""
-        summary, full = _format_exception(error)
-        self._infos[plugin_name] = dataclasses.replace(
-            self._infos[plugin_name],
-            status="failed",
-            error=f"{hook}: {summary}" if hook else summary,
-            traceback=full,
-        )
+        self._infos[plugin_name] = failed(self._infos[plugin_name], error, hook)
         if hook != "register_commands":
             for registry in self._registries():
                 registry.remove_source(plugin_name)

@@ -2,37 +2,38 @@
 
 This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``,
 ``meta_build.py``, ``hf_weights.py`` and ``materialize.py`` (build and load), ``wrap.py`` (meshes,
-``fully_shard``), ``inputs.py`` / ``outputs.py`` (packing and per-token outputs), ``ulysses.py`` (sequence
-parallelism), ``optim.py``, ``offload.py``, ``checkpoint.py`` and ``export.py``.
+``fully_shard``), ``inputs.py`` / ``outputs.py`` (forward arguments of core's micro-batch layout,
+per-position log-probs and values), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``,
+``checkpoint.py`` and ``export.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.batch import move_batch
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.values import TokenLimits
-from drivetrain_engine_core.engine import Engine, Mode
-from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
-from tensordict import TensorDict
+from drivetrain_engine_core.backend import (
+    ConfigError,
+    Engine,
+    MicroBatch,
+    MicroBatchResult,
+    Mode,
+    TokenLimits,
+)
 
 from . import checkpoint, offload
 from .attention import register_varlen_attention
 from .config import FSDPEngineConfig
 from .export import export_full_weights
-from .inputs import prepare_model_inputs
+from .inputs import model_kwargs
 from .materialize import materialize
 from .meta_build import MetaModel, build_meta_model
 from .model import build_model, hf_class_name
 from .optim import build_optimizer, clip_grad_norm
-from .outputs import prepare_model_outputs
-from .ulysses import register_ulysses_attention
+from .outputs import token_fields
+from .ulysses import UlyssesSplit, register_ulysses_attention
 from .wrap import ParallelLayout, build_layout, shard_model
 
 
@@ -120,62 +121,39 @@ class FSDPEngine(Engine):
     def is_output_rank(self) -> bool:
         return self._layout.sp_rank == 0
 
+    @property
+    def gradient_divisor(self) -> int:
+        """FSDP averages gradients over its whole mesh: every data-parallel and Ulysses rank."""
+        return self._layout.dp_size * self._layout.sp_size
+
+    def _sequence_split(self) -> UlyssesSplit | None:
+        layout = self._layout
+        if layout.sp_group is None:
+            return None
+        return UlyssesSplit(group=layout.sp_group, rank=layout.sp_rank, size=layout.sp_size)
+
     # ------------------------------------------------------------------ compute
 
     def _forward_backward_micro_batches(
-        self,
-        micro_batches: Sequence[TensorDict],
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
+        self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
         results = []
-        last = len(micro_batches) - 1
         for index, micro_batch in enumerate(micro_batches):
             if not forward_only:
                 # Reduce-scatter gradients once, after the last micro-batch has accumulated into them.
-                self.module.set_requires_gradient_sync(index == last)
-            micro_context = dataclasses.replace(context, micro_batch_index=index)
-            results.append(self._run_micro_batch(micro_batch, loss_fn, forward_only, options, micro_context))
-        return results
-
-    def _run_micro_batch(
-        self,
-        micro_batch: TensorDict,
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
-    ) -> MicroBatchResult:
-        micro_batch = move_batch(micro_batch, self.engine_config.device)
-        layout = self._layout
-        inputs = prepare_model_inputs(
-            micro_batch,
-            use_remove_padding=self.model_config.use_remove_padding,
-            sp_group=layout.sp_group,
-            sp_rank=layout.sp_rank,
-            sp_size=layout.sp_size,
-        )
-        logits = self.module(**inputs.kwargs).logits
-        model_output = prepare_model_outputs(
-            logits,
-            inputs,
-            model_type=self.model_config.model_type,
-            options=options,
-            chunk_size=self.engine_config.entropy_chunk_size,
-        )
-        loss: torch.Tensor | None = None
-        metrics: dict[str, float] = {}
-        if loss_fn is not None:
-            to_backward, loss, metrics = self.compute_micro_batch_loss(
-                loss_fn, model_output, micro_batch, context
+                self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)
+            logits = self.module(**model_kwargs(micro_batch)).logits
+            fields = token_fields(
+                logits,
+                micro_batch,
+                model_type=self.model_config.model_type,
+                chunk_size=self.engine_config.entropy_chunk_size,
             )
+            loss, result = micro_batch.finish(fields)
             if not forward_only:
-                # FSDP averages gradients over all dp * sp ranks while SP ranks share one loss (see ulysses.py).
-                (to_backward * layout.sp_size).backward()
-        outputs = model_output.detach() if self.is_output_rank else None
-        return MicroBatchResult(outputs=outputs, loss=loss, metrics=metrics)
+                loss.backward()
+            results.append(result)
+        return results
 
     def _set_mode(self, mode: Mode) -> None:
         self.module.train(mode == "train")

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from drivetrain_engine_core.config import LoraConfig
+from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-PEFT_PREFIX = "base_model.model."
 ADAPTER = "default"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.config import OptimizerConfig
+from drivetrain_engine_core.backend import OptimizerConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 

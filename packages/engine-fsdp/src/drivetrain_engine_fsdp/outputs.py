@@ -1,61 +1,38 @@
-"""``prepare_model_outputs``: model logits -> token-aligned jagged ``log_probs`` / ``entropy`` / ``values``.
+"""``token_fields``: model logits -> per-position ``log_probs`` / ``entropy`` / ``values`` of a micro-batch.
 
 Log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under autograd each chunk is
 checkpointed, so the float32 softmax-sized intermediates of only one chunk exist at once (in forward and
-again in backward) instead of several full-vocabulary copies for the whole micro-batch. Per-position results
-("position p predicts token p + 1") are gathered over the Ulysses group, trimmed to the real tokens, shifted
-right inside each sequence (docs §7.1: position ``i`` scores token ``i``, position 0 holds 0) and unpacked
-onto the micro-batch's own offsets.
+again in backward) instead of several full-vocabulary copies for the whole micro-batch. The fields stay per
+position ("position p predicts token p + 1"); core's ``MicroBatch.finish`` gathers Ulysses slices, shifts
+and unpacks them.
 """
 
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.packing import shift_right_per_sequence, unpack_to_jagged
-from tensordict import TensorDict
+from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
 from torch.utils.checkpoint import checkpoint
 
-from .inputs import ModelInputs
-from .ulysses import gather_tokens
 
-
-def prepare_model_outputs(
-    logits: torch.Tensor,
-    inputs: ModelInputs,
-    *,
-    model_type: str,
-    options: ForwardOptions,
-    chunk_size: int,
-) -> TensorDict:
-    """Turn the model's ``logits`` into the per-token outputs of the micro-batch.
+def token_fields(
+    logits: torch.Tensor, micro_batch: MicroBatch, *, model_type: str, chunk_size: int
+) -> dict[str, torch.Tensor]:
+    """The per-position fields of one micro-batch from the model's ``logits``.
 
     Args:
         logits: ``(1, t, V)`` for packed rows, ``(n, L, V)`` for padded ones; ``V == 1`` for value models.
-        inputs: what :func:`~drivetrain_engine_fsdp.inputs.prepare_model_inputs` returned.
+        micro_batch: the micro-batch the logits were computed for.
         model_type: ``language_model`` (``log_probs``, optional ``entropy``) or ``value_model`` (``values``).
-        options: temperature and whether to compute entropy.
         chunk_size: positions per chunk of the log-softmax.
 
     Returns:
-        A TensorDict with ``batch_size=[n]`` of jagged per-token float32 tensors.
+        float32 ``(P,)`` tensors in the micro-batch's ``rows`` order.
     """
-    rows = _rows_in_packed_order(logits, inputs)
+    rows = micro_batch.rows(logits)
     if model_type == "value_model":
-        fields = {"values": rows[:, 0].float()}
-    else:
-        log_probs, entropy = next_token_log_probs(rows, inputs.labels, options, chunk_size)
-        fields = {"log_probs": log_probs} if entropy is None else {"log_probs": log_probs, "entropy": entropy}
-    num_sequences = len(inputs.offsets) - 1
-    return TensorDict(
-        {name: _to_tokens(values, inputs) for name, values in fields.items()}, batch_size=[num_sequences]
-    )
-
-
-def _rows_in_packed_order(logits: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
-    """``(positions, V)``: one row per position this rank computed, real tokens in packed order."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    return flat if inputs.padded_index is None else flat.index_select(0, inputs.padded_index)
+        return {"values": rows[:, 0].float()}
+    log_probs, entropy = next_token_log_probs(rows, micro_batch.labels, micro_batch.options, chunk_size)
+    return {"log_probs": log_probs} if entropy is None else {"log_probs": log_probs, "entropy": entropy}
 
 
 def next_token_log_probs(
@@ -93,11 +70,3 @@ def _chunk_stats(
     # H = logsumexp(z) - sum(softmax(z) * z): no log-softmax tensor is materialised.
     entropy = normaliser - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
     return log_probs, entropy
-
-
-def _to_tokens(per_position: torch.Tensor, inputs: ModelInputs) -> torch.Tensor:
-    """Gather SP slices, drop padding positions, shift to token alignment and unpack to jagged."""
-    if inputs.sp_group is not None:
-        per_position = gather_tokens(per_position, inputs.sp_group)
-    per_position = per_position[: inputs.num_tokens]
-    return unpack_to_jagged(shift_right_per_sequence(per_position, inputs.offsets, fill=0.0), inputs.offsets)

@@ -6,19 +6,24 @@ token split for a head split (every rank then sees all tokens of ``heads / sp`` 
 runs on the full row, and a second all-to-all trades back. No model code is patched: the wrapper is an
 attention function registered under :data:`ULYSSES_ATTENTION`.
 
+Core splits a micro-batch's packed row through :class:`UlyssesSplit` (core's ``SequenceSplit`` hook) and
+gathers the per-position outputs back with it before it shifts and unpacks them.
+
 Gradients: every SP rank evaluates the same loss on the gathered per-token outputs, and
 :func:`gather_tokens` sends back only the slice a rank produced, so the sum of the ranks' parameter
-gradients is the gradient of the loss once. FSDP averages over all ranks, hence the engine scales the loss
-by the SP size on top of core's data-parallel scaling.
+gradients is the gradient of the loss once. FSDP averages over all ``dp * sp`` ranks of its mesh, which is
+the engine's ``gradient_divisor`` (core's one loss-scaling rule).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from drivetrain_engine_core.backend import PackedRow, SequenceSplit
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv
 
@@ -142,3 +147,37 @@ def local_slice(row: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     """This SP rank's contiguous slice of a ``(1, T)`` row whose length is a multiple of ``size``."""
     length = row.shape[1] // size
     return row[:, rank * length : (rank + 1) * length]
+
+
+@dataclass(frozen=True)
+class UlyssesSplit(SequenceSplit):
+    """Each rank of a sequence-parallel group takes one contiguous slice of the (padded) packed row.
+
+    Attributes:
+        group: the sequence-parallel process group.
+        rank: this rank's index in it.
+        size: its size.
+    """
+
+    group: dist.ProcessGroup
+    rank: int
+    size: int
+
+    def split(self, row: PackedRow, labels: torch.Tensor) -> tuple[PackedRow, torch.Tensor]:
+        """Pad the row to a multiple of the group size, then keep this rank's slice of ids, positions, labels."""
+        input_ids, position_ids, cu_seqlens = pad_row_for_sp(
+            row.input_ids, row.position_ids, row.cu_seqlens, self.size
+        )
+        pad = input_ids.shape[1] - row.input_ids.shape[1]
+        labels = F.pad(labels, (0, pad)).unsqueeze(0)
+        local = PackedRow(
+            input_ids=local_slice(input_ids, self.rank, self.size),
+            position_ids=local_slice(position_ids, self.rank, self.size),
+            cu_seqlens=cu_seqlens,
+            max_seqlen=max(row.max_seqlen, pad),
+            offsets=row.offsets,
+        )
+        return local, local_slice(labels, self.rank, self.size)[0]
+
+    def gather(self, per_position: torch.Tensor) -> torch.Tensor:
+        return gather_tokens(per_position, self.group)

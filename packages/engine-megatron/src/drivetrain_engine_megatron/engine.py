@@ -1,9 +1,9 @@
 """``MegatronEngine``: the core ``Engine`` on megatron-core's ``GPTModel`` (TP, PP, VPP, DP), built via mbridge.
 
-The engine implements the core's ``_`` hooks only; micro-batching, loss normalisation, the LR schedule and
-the checkpoint layout come from the base class. Gradients are **summed** over data-parallel ranks (megatron
-DDP with ``calculate_per_token_loss``), so ``gradients_averaged_over_data_parallel`` is ``False`` and the
-core does not rescale the loss: each rank backwards its share of the globally normalised loss.
+The engine implements the core's ``_`` hooks only; micro-batching, the micro-batch round trip, the LR schedule
+and the checkpoint layout come from the base class. Gradients are **summed** over data-parallel ranks
+(megatron DDP with ``calculate_per_token_loss``), so ``gradient_divisor`` is 1 and core does not rescale the
+loss: each rank backwards its share of the globally normalised loss.
 """
 
 from __future__ import annotations
@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.micro_batch import MicroBatchCountRule
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.values import TokenLimits
-from drivetrain_engine_core.engine import Engine, Mode
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
-from tensordict import TensorDict
+from drivetrain_engine_core.backend import (
+    ConfigError,
+    Engine,
+    EngineStateError,
+    MicroBatch,
+    MicroBatchCountRule,
+    MicroBatchResult,
+    Mode,
+    TokenLimits,
+)
 
 from . import parallel_state
 from .config import MegatronEngineConfig
@@ -48,7 +50,6 @@ class MegatronEngine(Engine):
 
     backend_name: ClassVar[str] = "megatron"
     config_class: ClassVar[type[MegatronEngineConfig]] = MegatronEngineConfig
-    gradients_averaged_over_data_parallel: ClassVar[bool] = False
 
     engine_config: MegatronEngineConfig
     _model: BuiltModel
@@ -117,7 +118,12 @@ class MegatronEngine(Engine):
             tensor_parallel.model_parallel_cuda_manual_seed(self.engine_config.seed)
 
     def _install_grad_finalizer(self) -> None:
-        """Make the schedule reduce gradients (DP, tied embeddings) without rescaling them by a token count."""
+        """Make the schedule sum gradients (DP, tied embeddings) without rescaling them by a token count.
+
+        NOTE: this is what makes ``gradient_divisor`` 1. With ``calculate_per_token_loss`` megatron divides the
+        reduced gradients by the ``num_tokens`` the loss steps return; drivetrain's losses are already
+        normalised by the global token count, so that division is switched off here.
+        """
         from megatron.core.distributed import finalize_model_grads
 
         config = self._model.transformer_config
@@ -144,6 +150,11 @@ class MegatronEngine(Engine):
         return parallel_state.is_output_rank()
 
     @property
+    def gradient_divisor(self) -> int:
+        """1: megatron's DDP sums gradients over data-parallel ranks (see ``_install_grad_finalizer``)."""
+        return 1
+
+    @property
     def micro_batch_count_rule(self) -> MicroBatchCountRule:
         """The interleaved schedule (VPP) runs whole groups of ``pipeline_model_parallel_size`` micro-batches."""
         if self.engine_config.virtual_pipeline_model_parallel_size is None:
@@ -154,23 +165,14 @@ class MegatronEngine(Engine):
     # ------------------------------------------------------------------ compute
 
     def _forward_backward_micro_batches(
-        self,
-        micro_batches: Sequence[TensorDict],
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
+        self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
         from .schedule import StepSpec, run_schedule
 
         spec = StepSpec(
-            value_model=self.model_config.model_type == "value_model",
-            vocab_size=self._model.vocab_size,
-            remove_padding=self.model_config.use_remove_padding,
-            device=self.engine_config.device,
-            compute_loss=self.compute_micro_batch_loss,
+            value_model=self.model_config.model_type == "value_model", vocab_size=self._model.vocab_size
         )
-        return run_schedule(self._model.chunks, micro_batches, loss_fn, forward_only, options, context, spec)
+        return run_schedule(self._model.chunks, micro_batches, forward_only, spec)
 
     def _set_mode(self, mode: Mode) -> None:
         for chunk in self._model.chunks:

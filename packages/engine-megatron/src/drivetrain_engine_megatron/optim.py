@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
-from drivetrain_engine_core.config import OptimizerConfig
+from drivetrain_engine_core.backend import OptimizerConfig
 from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer import OptimizerConfig as McoreOptimizerConfig
 from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32

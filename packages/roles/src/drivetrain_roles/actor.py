@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from drivetrain_engine_core.data.batch import validate_batch
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine
 from tensordict import TensorDict
 
@@ -59,11 +59,9 @@ class Actor:
             output rank; ``None`` elsewhere.
         """
         role_batch = RoleBatch.wrap(batch)
-        nopad = set_forward_options(
-            role_batch.nopad.copy(), temperature=self.config.temperature, compute_entropy=calculate_entropy
-        )
+        options = ForwardOptions(temperature=self.config.temperature, compute_entropy=calculate_entropy)
         with self.engine.eval_mode():
-            output = self.engine.infer_batch(nopad)
+            output = self.engine.infer_batch(role_batch.nopad, options=options)
         return role_batch.restore(output.outputs)
 
     def update_policy(self, batch: TensorDict) -> dict[str, float]:
@@ -84,12 +82,12 @@ class Actor:
         names = (*POLICY_METRICS, "kl_loss") if self.config.loss.uses_kl else POLICY_METRICS
         loss_fn = policy_loss_fn(self.config.loss)
         metrics = UpdateMetrics(self.engine.data_parallel_group)
+        options = ForwardOptions(temperature=self.config.temperature, compute_entropy=True)
         with self.engine.train_mode():
             for mini_batch in iterate_mini_batches(
                 nopad, self.config.schedule, self.engine.data_parallel_group, self._updates
             ):
-                options = {"temperature": self.config.temperature, "compute_entropy": True}
-                output = self.engine.train_batch(set_forward_options(mini_batch, **options), loss_fn)
+                output = self.engine.train_batch(mini_batch, loss_fn, options=options)
                 metrics.add(output, names)
             self.engine.lr_scheduler_step()
         self._updates += 1

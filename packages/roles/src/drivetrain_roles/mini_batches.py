@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.distributed import ProcessGroup
 from tensordict import TensorDict
 
@@ -46,7 +46,7 @@ def count_mini_batches(local_size: int, mini_batch_size: int, dp_group: ProcessG
     Raises:
         ValueError: this rank holds fewer sequences than that (some mini-batch would be empty).
     """
-    global_size = int(dist_utils.all_reduce_sum(local_size, dp_group))
+    global_size = int(distributed.all_reduce_sum(local_size, dp_group))
     count = math.ceil(global_size / mini_batch_size)
     if local_size < count:
         raise ValueError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine
 from tensordict import TensorDict
 
@@ -37,10 +37,11 @@ class Reference:
     def compute_ref_log_prob(self, batch: TensorDict) -> TensorDict | None:
         """``ref_log_prob`` per token, in the batch's form (jagged or padded), on the output rank."""
         role_batch = RoleBatch.wrap(batch)
-        nopad = set_forward_options(role_batch.nopad.copy(), temperature=self.temperature)
         adapters_off = self.engine.disable_adapter() if self.use_actor_base else nullcontext()
         with self.engine.eval_mode(), adapters_off:
-            output = self.engine.infer_batch(nopad)
+            output = self.engine.infer_batch(
+                role_batch.nopad, options=ForwardOptions(temperature=self.temperature)
+            )
         restored = role_batch.restore(output.outputs)
         if restored is None:
             return None

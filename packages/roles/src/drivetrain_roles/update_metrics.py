@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.distributed import ProcessGroup
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
 
@@ -32,7 +32,7 @@ class UpdateMetrics:
         for name in names:
             contributions = output.metrics.get(name, [])
             local = sum(contributions) if isinstance(contributions, list) else float(contributions)
-            self._values[name].append(dist_utils.all_reduce_sum(local, self._dp_group))
+            self._values[name].append(distributed.all_reduce_sum(local, self._dp_group))
         for name in ENGINE_METRICS:
             if name in output.metrics:
                 self._values[name].append(float(output.metrics[name]))  # type: ignore[arg-type]

@@ -1,5 +1,6 @@
 """The on-disk checkpoint layout shared by every backend and by ckpt-tools (ARCHITECTURE §5)."""
 
+from .dcp_reader import DCPTensorReader
 from .layout import (
     LATEST_FILE,
     StepEntry,
@@ -12,7 +13,8 @@ from .layout import (
     temporary_step_dir,
 )
 from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
-from .merger import AUTO_CLASSES, PEFT_PREFIX, CheckpointMerger, DCPTensorReader, split_peft_name
+from .merger import AUTO_CLASSES, CheckpointMerger
+from .peft import PEFT_PREFIX, split_peft_name
 from .points import PUBLISH_POINTS, set_fault_hook
 from .publish import prune_old_steps, publish_step
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import distributed as dist_utils
+from .. import distributed
 from ..errors import CheckpointError
 from .manifest import Manifest, verify_files
 
@@ -34,14 +34,14 @@ def require_json(name: str, value: Any) -> None:
 def save_extra_state(extra_dir: Path, state: dict[str, Any]) -> None:
     """Write this rank's RNG state, and ``state`` (rank 0 only) as JSON."""
     extra_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(_rng_state(), extra_dir / f"rng_rank{dist_utils.rank()}.pt")
-    if dist_utils.rank() == 0:
+    torch.save(_rng_state(), extra_dir / f"rng_rank{distributed.rank()}.pt")
+    if distributed.rank() == 0:
         (extra_dir / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
 
 
 def load_extra_state(extra_dir: Path) -> dict[str, Any]:
     """Restore this rank's RNG state (when the step has one for it) and return the JSON state."""
-    rng_file = extra_dir / f"rng_rank{dist_utils.rank()}.pt"
+    rng_file = extra_dir / f"rng_rank{distributed.rank()}.pt"
     if rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=True))
     return dict(json.loads((extra_dir / STATE_FILE).read_text()))
@@ -50,12 +50,12 @@ def load_extra_state(extra_dir: Path) -> dict[str, Any]:
 def verify_on_rank_zero(step_dir: Path, manifest: Manifest) -> None:
     """Rank 0 checks the files; every rank raises its verdict, so no rank waits for one that failed."""
     problem = None
-    if dist_utils.rank() == 0:
+    if distributed.rank() == 0:
         try:
             verify_files(step_dir, manifest)
         except CheckpointError as e:
             problem = str(e)
-    verdict = dist_utils.broadcast_object(problem)
+    verdict = distributed.broadcast_object(problem)
     if isinstance(verdict, str):
         raise CheckpointError(verdict)
 

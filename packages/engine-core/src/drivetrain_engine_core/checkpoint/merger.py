@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadPlan
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from ..errors import CheckpointError
 from .manifest import Manifest
+from .peft import PEFT_PREFIX, adapter_config, modules_to_save, split_peft_name
 
 AUTO_CLASSES = {
     "language_model": "AutoModelForCausalLM",
@@ -37,15 +30,7 @@ _HEAD_SUFFIXES = {
     "language_model": "ForCausalLM",
     "value_model": "ForTokenClassification",
 }
-_PEFT_TASK_TYPES = {"language_model": "CAUSAL_LM", "value_model": "TOKEN_CLS"}
 _ARCHITECTURE_HEAD = re.compile(r"For[A-Z]\w*$")
-
-PEFT_PREFIX = "base_model.model."
-"""Prefix PEFT puts in front of every name of the wrapped model."""
-
-_ADAPTER_NAME = "default"
-_SAVED_MARKER = f".modules_to_save.{_ADAPTER_NAME}."
-_ORIGINAL_MARKER = ".original_module."
 
 
 class CheckpointMerger(ABC):
@@ -139,27 +124,7 @@ class CheckpointMerger(ABC):
             CheckpointError: the step holds no LoRA adapters.
         """
         self._require_lora("adapter_config()")
-        lora = self.manifest.lora or {}
-        return {
-            "peft_type": "LORA",
-            "task_type": _PEFT_TASK_TYPES[self.manifest.model_type],
-            "base_model_name_or_path": self.manifest.model_path,
-            "r": lora["rank"],
-            "lora_alpha": lora["alpha"],
-            "lora_dropout": lora.get("dropout", 0.0),
-            "target_modules": sorted(lora["target_modules"]),
-            "bias": "none",
-            "fan_in_fan_out": False,
-            "inference_mode": True,
-            "modules_to_save": self._modules_to_save() or None,
-        }
-
-    def _modules_to_save(self) -> list[str]:
-        """Modules PEFT trains in full next to the adapters (a value model's ``score`` head)."""
-        names = {
-            name.split(_SAVED_MARKER)[0].rsplit(".", 1)[-1] for name in self._names() if _SAVED_MARKER in name
-        }
-        return sorted(names)
+        return adapter_config(self.manifest, modules_to_save(self._names()))
 
     def _require_lora(self, what: str) -> None:
         if not self.is_lora:
@@ -184,114 +149,4 @@ class CheckpointMerger(ABC):
         """
 
 
-class DCPTensorReader:
-    """Reads single tensors, or single slices along their first dimension, from a DCP directory.
-
-    Needs no process group: DCP's metadata gives each key's global shape, and a load plan for just the
-    wanted region makes DCP read only the chunks that overlap it, whatever the number of ranks that wrote them.
-    Both FSDP (``get_model_state_dict`` keys) and Megatron (``torch_dist``, layers stacked on a leading axis)
-    write such directories.
-
-    Args:
-        directory: the DCP checkpoint directory (with its ``.metadata`` file).
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-
-    @cached_property
-    def tensors(self) -> dict[str, TensorStorageMetadata]:
-        """Global shape and dtype of every tensor key (non-tensor entries left out).
-
-        Raises:
-            CheckpointError: the metadata file is missing or unreadable.
-        """
-        try:
-            metadata = FileSystemReader(self.directory).read_metadata()
-        except Exception as e:
-            # The metadata is a pickle: a damaged file fails with unpickling errors of any type, not just I/O.
-            raise CheckpointError(
-                f"cannot read the DCP metadata of {self.directory} (file .metadata): {e}. The step is damaged; "
-                "use another step."
-            ) from e
-        entries = metadata.state_dict_metadata
-        return {name: meta for name, meta in entries.items() if isinstance(meta, TensorStorageMetadata)}
-
-    def read(self, name: str, *, index: int | None = None) -> torch.Tensor:
-        """The full tensor ``name``, or only ``tensor[index]`` (one stacked layer) when ``index`` is given.
-
-        Raises:
-            CheckpointError: the key is unknown, or its data cannot be read (a damaged shard).
-        """
-        if name not in self.tensors:
-            raise CheckpointError(f"{self.directory} has no tensor {name!r}.")
-        meta = self.tensors[name]
-        offsets, sizes = [0] * len(meta.size), list(meta.size)
-        if index is not None:
-            offsets[0], sizes[0] = index, 1
-        buffer = {name: torch.empty(sizes, dtype=meta.properties.dtype)}
-        planner = _RegionLoadPlanner(name, offsets, sizes)
-        try:
-            with warnings.catch_warnings():
-                # Reading without a process group is the intent here, not a mistake worth a warning per tensor.
-                warnings.filterwarnings(
-                    "ignore", message=".*assuming the intent is to load in a single process"
-                )
-                dcp.load(
-                    buffer, storage_reader=FileSystemReader(self.directory), planner=planner, no_dist=True
-                )
-        except Exception as e:
-            # DCP wraps per-file read failures in its own exception types; name the tensor and the directory.
-            raise CheckpointError(f"cannot read tensor {name!r} from {self.directory}: {e}") from e
-        return buffer[name] if index is None else buffer[name][0]
-
-
-class _RegionLoadPlanner(DefaultLoadPlanner):
-    """Plans the reads of one region of one tensor (the buffer holds exactly that region)."""
-
-    def __init__(self, name: str, offsets: list[int], sizes: list[int]) -> None:
-        super().__init__()
-        self._region = (name, ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
-
-    def create_local_plan(self) -> LoadPlan:
-        name, chunk = self._region
-        checkpoint_meta = self.metadata.state_dict_metadata[name]  # type: ignore[union-attr]
-        if not isinstance(checkpoint_meta, TensorStorageMetadata):
-            raise CheckpointError(f"{name!r} is not a tensor in this checkpoint.")
-        return LoadPlan(create_read_items_for_chunk_list(name, checkpoint_meta, [chunk]))
-
-    def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
-        # The buffer is a plain tensor holding just the region; DCP would look for a shard at the region's
-        # offset, which only sharded tensors have.
-        return self.state_dict[index.fqn]
-
-
-def split_peft_name(name: str) -> tuple[str, str]:
-    """Classify a PEFT model's ``state_dict`` name and rename it for where it is written.
-
-    Returns:
-        ``(kind, name)`` where kind is ``"base"`` for a frozen weight of the wrapped model (Hugging Face name,
-        ``base_layer.`` removed), ``"adapter"`` for a LoRA weight (named as PEFT saves adapters, adapter name
-        removed), ``"saved"`` for a module PEFT trains in full (``modules_to_save``; Hugging Face name), or
-        ``"original"`` for the frozen copy such a module replaces (never written).
-
-    Examples:
-        ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
-        ``("base", "model.layers.0.self_attn.q_proj.weight")``;
-        ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight`` ->
-        ``("adapter", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight")``;
-        ``base_model.model.score.modules_to_save.default.weight`` -> ``("saved", "score.weight")``.
-    """
-    for part in ("lora_A", "lora_B"):
-        marker = f".{part}.{_ADAPTER_NAME}."
-        if marker in name:
-            return "adapter", name.replace(marker, f".{part}.")
-    inner = name.removeprefix(PEFT_PREFIX)
-    if _SAVED_MARKER in inner:
-        return "saved", inner.replace(_SAVED_MARKER, ".")
-    if _ORIGINAL_MARKER in inner:
-        return "original", inner.replace(_ORIGINAL_MARKER, ".")
-    return "base", inner.replace(".base_layer.", ".")
-
-
-__all__ = ["AUTO_CLASSES", "PEFT_PREFIX", "CheckpointMerger", "DCPTensorReader", "split_peft_name"]
+__all__ = ["AUTO_CLASSES", "CheckpointMerger"]

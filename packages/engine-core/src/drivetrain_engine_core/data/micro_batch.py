@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor
 
-from .. import distributed as dist_utils
+from .. import distributed
 from ..config import MicroBatchConfig
 from ..distributed import ProcessGroup
 from ..errors import BatchError
@@ -154,7 +154,7 @@ def agree_on_count(
     Raises:
         BatchError: some rank holds fewer sequences than the agreed count.
     """
-    highest, negated_fewest = dist_utils.all_reduce_maxes([local_count, -num_sequences], dp_group)
+    highest, negated_fewest = distributed.all_reduce_maxes([local_count, -num_sequences], dp_group)
     count, fewest = rule.apply(int(highest)), -int(negated_fewest)
     if fewest < count:
         raise BatchError(

@@ -1,7 +1,7 @@
-"""Forward options that travel with a batch as non-tensor metadata (ARCHITECTURE §4).
+"""Forward options: an argument of ``forward_backward_batch`` / ``infer_batch`` / ``train_batch`` (ARCHITECTURE §4).
 
-Options are read once at the top of ``forward_backward_batch`` and removed from the batch before it is split,
-so micro-batches carry tensors only. An option the engine does not know is an error, never silently ignored.
+Batches carry tensors only. Options used to travel as non-tensor batch metadata; a batch that still carries a
+non-tensor entry is refused with the argument to use instead, so an option is never silently ignored.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import dataclasses
 import difflib
 from dataclasses import dataclass
 
-from tensordict import TensorDict
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from ..errors import BatchError
 from .batch import field_names
@@ -36,48 +37,20 @@ class ForwardOptions:
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ForwardOptions))
 
 
-def _non_tensor_keys(batch: TensorDict) -> list[str]:
-    keys = field_names(batch)
-    return [key for key in keys if not _is_tensor(batch, key)]
-
-
-def _is_tensor(batch: TensorDict, key: str) -> bool:
-    import torch
-
-    return isinstance(batch.get(key), torch.Tensor) and not _is_non_tensor(batch, key)
-
-
-def _is_non_tensor(batch: TensorDict, key: str) -> bool:
-    from tensordict import NonTensorData, NonTensorStack
-
-    return isinstance(batch.get(key), (NonTensorData, NonTensorStack)) or not hasattr(batch.get(key), "shape")
-
-
-def read_forward_options(batch: TensorDict) -> ForwardOptions:
-    """The options stored in ``batch`` (defaults for the ones not set).
+def refuse_batch_options(batch: TensorDict) -> None:
+    """Refuse non-tensor entries in ``batch``: options are an argument, never batch metadata.
 
     Raises:
-        BatchError: a non-tensor entry is not a known option.
+        BatchError: naming the entry, the option it resembles and the ``options=`` argument to use.
     """
-    values = {}
-    for key in _non_tensor_keys(batch):
-        if key not in OPTION_NAMES:
-            close = difflib.get_close_matches(key, OPTION_NAMES, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise BatchError(f"unknown batch option {key!r}; known options: {list(OPTION_NAMES)}.{hint}")
-        values[key] = batch.get_non_tensor(key)
-    return ForwardOptions(**values)
-
-
-def set_forward_options(batch: TensorDict, **options: object) -> TensorDict:
-    """Store options on ``batch`` (validated) and return it."""
-    ForwardOptions(**options)  # type: ignore[arg-type]
-    for key, value in options.items():
-        batch.set_non_tensor(key, value)
-    return batch
-
-
-def strip_forward_options(batch: TensorDict) -> TensorDict:
-    """A shallow copy of ``batch`` without its non-tensor options."""
-    keys = _non_tensor_keys(batch)
-    return batch.exclude(*keys) if keys else batch
+    for key in field_names(batch):
+        value = batch.get(key)
+        if isinstance(value, torch.Tensor) and not isinstance(value, (NonTensorData, NonTensorStack)):
+            continue
+        close = difflib.get_close_matches(key, OPTION_NAMES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise BatchError(
+            f"batch entry {key!r} is not a tensor; batches carry tensors only. Forward options "
+            f"{list(OPTION_NAMES)} are an argument: engine.infer_batch(batch, options=ForwardOptions(...)) "
+            f"(also forward_backward_batch and train_batch).{hint}"
+        )

@@ -1,12 +1,14 @@
-"""Packing a micro-batch into one row for varlen attention, and mapping packed outputs back to tokens.
+"""The two model layouts of a micro-batch (packed row, right-padded rows) and the way back to tokens.
 
 A packed row concatenates the sequences of a micro-batch: ``input_ids`` ``(1, T)``, per-sequence restarting
 ``position_ids`` ``(1, T)`` (or ``(1, T, extra)`` for multi-axis rope positions; extra dims stay last) and
-``cu_seqlens`` (int32, ``(n + 1,)``) as flash-attention and Megatron's THD format expect.
+``cu_seqlens`` (int32, ``(n + 1,)``) as flash-attention and Megatron's THD format expect. Padded rows put each
+sequence at the start of its own row of width ``max_seqlen`` with a ``valid`` mask at real tokens.
 
-Backends compute logits on the packed row, take ``log_softmax``, gather :func:`next_token_labels`, then
-:func:`shift_right_per_sequence` so that position ``i`` scores token ``i`` (docs §7.1) and each sequence's
-first token gets 0, and finally :func:`unpack_to_jagged`.
+:class:`~drivetrain_engine_core.round_trip.MicroBatch` strings these together: it lays a micro-batch out,
+gathers :func:`next_token_labels`, and brings per-position outputs back with
+:func:`shift_right_per_sequence` (position ``i`` scores token ``i``, docs §7.1; each first position gets 0)
+and :func:`unpack_to_jagged`. Backends use the ``MicroBatch``, not these steps.
 """
 
 from __future__ import annotations
@@ -42,15 +44,72 @@ class PackedRow:
     offsets: Tensor
 
 
-def pack_micro_batch(batch: TensorDict) -> PackedRow:
-    """Concatenate the sequences of ``batch`` into one :class:`PackedRow` (no copy of token data)."""
+@dataclass(frozen=True)
+class PaddedRows:
+    """One micro-batch as right-padded rows: sequence ``b`` fills ``[b, :len_b]``, zeros after it.
+
+    Right padding keeps every sequence at its own positions, so attention with a key-padding mask (causal
+    inside the row) gives the numbers of the packed row.
+
+    Attributes:
+        input_ids: ``(n, L)`` token ids, 0 at padding; ``L`` is the longest sequence.
+        position_ids: ``(n, L)`` or ``(n, L, extra...)`` positions, 0 at padding.
+        valid: ``(n, L)`` bool, true at real tokens; ``output[valid]`` is in packed token order.
+        max_seqlen: ``L``.
+        offsets: the batch's int64 ``input_ids`` offsets.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    valid: Tensor
+    max_seqlen: int
+    offsets: Tensor
+
+
+def pack_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PackedRow:
+    """Concatenate the sequences of ``batch`` into one :class:`PackedRow` (no copy of token data).
+
+    Args:
+        batch: a no-padding micro-batch.
+        max_seqlen: its longest sequence when already known (read on the host before a move to the device,
+            which spares a device sync); computed from the offsets otherwise.
+    """
     ids = batch[INPUT_IDS]
     offsets = offsets_of(ids)
     return PackedRow(
         input_ids=ids.values().unsqueeze(0),
         position_ids=batch[POSITION_IDS].values().unsqueeze(0),
         cu_seqlens=offsets.to(torch.int32),
-        max_seqlen=int(offsets.diff().max()),
+        max_seqlen=int(offsets.diff().max()) if max_seqlen is None else max_seqlen,
+        offsets=offsets,
+    )
+
+
+def pad_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PaddedRows:
+    """Lay the sequences of ``batch`` out as :class:`PaddedRows`, every tensor on the batch's device.
+
+    Args:
+        batch: a no-padding micro-batch.
+        max_seqlen: as in :func:`pack_micro_batch`.
+    """
+    ids, positions = batch[INPUT_IDS], batch[POSITION_IDS]
+    offsets = offsets_of(ids)
+    width = int(offsets.diff().max()) if max_seqlen is None else max_seqlen
+    # NOTE: made on the batch's device: on the default device, the index arithmetic mixes devices as soon as
+    # the micro-batch lives on an accelerator.
+    columns = torch.arange(width, device=offsets.device)
+    valid = columns.unsqueeze(0) < offsets.diff().unsqueeze(1)
+
+    def spread(flat: Tensor) -> Tensor:
+        dense = flat.new_zeros((len(offsets) - 1, width, *flat.shape[1:]))
+        dense[valid] = flat
+        return dense
+
+    return PaddedRows(
+        input_ids=spread(ids.values()),
+        position_ids=spread(positions.values()),
+        valid=valid,
+        max_seqlen=width,
         offsets=offsets,
     )
 

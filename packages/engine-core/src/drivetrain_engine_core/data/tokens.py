@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tensordict import TensorDict
 
-from .. import distributed as dist_utils
+from .. import distributed
 from ..distributed import ProcessGroup
 from .batch import LOSS_MASK
 
@@ -27,5 +27,5 @@ def global_counts(
     ``count_tokens=False`` reports 0 tokens, for batches without a ``loss_mask`` (inference).
     """
     tokens = local_token_count(batch) if count_tokens else 0
-    total_tokens, total_sequences = dist_utils.all_reduce_sums([tokens, len(batch)], dp_group)
+    total_tokens, total_sequences = distributed.all_reduce_sums([tokens, len(batch)], dp_group)
     return int(total_tokens), int(total_sequences)

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.options import set_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.data.padding import nopad_to_padded, padded_to_nopad
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import BatchError, EngineStateError
@@ -203,9 +203,10 @@ class EngineConformanceTests:
     # ------------------------------------------------------------------ forward
     def test_log_probs_and_entropy_match_reference(self, model_dir: Path) -> None:
         engine = self.make_engine(model_dir, optimizer_config=None)
-        batch = set_forward_options(self.make_batch(model_dir), temperature=0.7, compute_entropy=True)
+        batch = self.make_batch(model_dir)
+        options = ForwardOptions(temperature=0.7, compute_entropy=True)
         with engine.eval_mode():
-            outputs = outputs_of(engine.infer_batch(batch))
+            outputs = outputs_of(engine.infer_batch(batch, options=options))
         assert outputs["log_probs"].offsets().tolist() == batch["input_ids"].offsets().tolist()
         self.assert_close(
             outputs["log_probs"], reference_log_probs(model_dir, batch, temperature=0.7), "log_probs"
@@ -299,7 +300,10 @@ class EngineConformanceTests:
         with engine.train_mode(), pytest.raises(EngineStateError, match="loss_fn"):
             engine.forward_backward_batch(batch, None)
         batch.set_non_tensor("temprature", 0.5)
-        with engine.eval_mode(), pytest.raises(BatchError, match=r"'temprature'.*Did you mean 'temperature'"):
+        with (
+            engine.eval_mode(),
+            pytest.raises(BatchError, match=r"'temprature' is not a tensor.*ForwardOptions.*'temperature'"),
+        ):
             engine.infer_batch(batch)
         self.assert_bad_values_are_refused(engine, model_dir)
 

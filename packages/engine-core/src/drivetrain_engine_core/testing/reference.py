@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from drivetrain_engine_core.config import OptimizerConfig
 from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.data.options import ForwardOptions, read_forward_options, strip_forward_options
+from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.data.tokens import local_token_count
 from drivetrain_engine_core.lr_schedule import lr_at_step
 from drivetrain_engine_core.outputs import LossContext, LossFn
@@ -72,14 +72,14 @@ def _value_outputs(model: torch.nn.Module, batch: TensorDict) -> dict[str, torch
     return {"values": jagged(torch.cat(values), batch["input_ids"].offsets())}
 
 
-def reference_outputs(model: torch.nn.Module, batch: TensorDict, model_type: str) -> TensorDict:
-    """Per-token outputs of ``model`` for ``batch`` (options read from the batch), with autograd kept."""
-    options = read_forward_options(batch)
-    batch = strip_forward_options(batch)
+def reference_outputs(
+    model: torch.nn.Module, batch: TensorDict, model_type: str, options: ForwardOptions | None = None
+) -> TensorDict:
+    """Per-token outputs of ``model`` for ``batch`` under ``options``, with autograd kept."""
     if model_type == "value_model":
         fields = _value_outputs(model, batch)
     else:
-        fields = _language_outputs(model, batch, options)
+        fields = _language_outputs(model, batch, options or ForwardOptions())
     return TensorDict(fields, batch_size=batch.batch_size)
 
 
@@ -98,7 +98,7 @@ def reference_values(model_dir: str | Path, batch: TensorDict) -> torch.Tensor:
     """Jagged values of a value model: ``values[i]`` read at hidden state ``i - 1``; 0 at each start."""
     model = load_reference_model(model_dir, "value_model")
     with torch.no_grad():
-        return _value_outputs(model, strip_forward_options(batch))["values"]
+        return _value_outputs(model, batch)["values"]
 
 
 def _no_grad_field(
@@ -106,19 +106,23 @@ def _no_grad_field(
 ) -> torch.Tensor:
     model = load_reference_model(model_dir, "language_model")
     with torch.no_grad():
-        return _language_outputs(model, strip_forward_options(batch), options)[name]
+        return _language_outputs(model, batch, options)[name]
 
 
 def _loss_context(batch: TensorDict) -> LossContext:
     """The context of a single-process run over the whole batch: global counts are the batch's own."""
-    return LossContext(
-        global_token_count=local_token_count(batch), global_sequence_count=len(batch), data_parallel_size=1
-    )
+    return LossContext(global_token_count=local_token_count(batch), global_sequence_count=len(batch))
 
 
-def _loss_and_backward(model: torch.nn.Module, batch: TensorDict, loss_fn: LossFn, model_type: str) -> float:
-    outputs = reference_outputs(model, batch, model_type)
-    loss, _ = loss_fn(outputs, strip_forward_options(batch), _loss_context(batch))
+def _loss_and_backward(
+    model: torch.nn.Module,
+    batch: TensorDict,
+    loss_fn: LossFn,
+    model_type: str,
+    options: ForwardOptions | None = None,
+) -> float:
+    outputs = reference_outputs(model, batch, model_type, options)
+    loss, _ = loss_fn(outputs, batch, _loss_context(batch))
     loss.backward()
     return float(loss.detach())
 
@@ -130,11 +134,16 @@ def grad_norm(parameters: Sequence[torch.nn.Parameter]) -> float:
 
 
 def reference_loss_and_grad_norm(
-    model_dir: str | Path, batch: TensorDict, loss_fn: LossFn, *, model_type: str = "language_model"
+    model_dir: str | Path,
+    batch: TensorDict,
+    loss_fn: LossFn,
+    *,
+    model_type: str = "language_model",
+    options: ForwardOptions | None = None,
 ) -> tuple[float, float]:
     """Loss of ``loss_fn`` over the whole batch and the gradient norm of every parameter (no clipping)."""
     model = load_reference_model(model_dir, model_type)
-    loss = _loss_and_backward(model, batch, loss_fn, model_type)
+    loss = _loss_and_backward(model, batch, loss_fn, model_type, options)
     return loss, grad_norm(list(model.parameters()))
 
 

@@ -9,7 +9,6 @@ output depends only on the current token, which is all the base-class tests need
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,17 +16,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import ConfigError, EngineConfig
-from drivetrain_engine_core.data.batch import INPUT_IDS
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.packing import next_token_labels, shift_right_per_sequence, unpack_to_jagged
-from drivetrain_engine_core.data.values import TokenLimits
-from drivetrain_engine_core.engine import Engine, Mode
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.outputs import LossContext, LossFn, MicroBatchResult
+from drivetrain_engine_core.backend import (
+    ConfigError,
+    Engine,
+    EngineConfig,
+    EngineStateError,
+    MicroBatch,
+    MicroBatchResult,
+    Mode,
+    TokenLimits,
+)
 
 MODEL_FILE = "model/model.pt"
 OPTIMIZER_FILE = "optimizer/optimizer.pt"
@@ -91,6 +91,11 @@ class TinyTorchEngine(Engine):
     def is_output_rank(self) -> bool:
         return True
 
+    @property
+    def gradient_divisor(self) -> int:
+        """Gradients are averaged over every rank (``_clip_grad_norm``), as DDP does."""
+        return self.data_parallel_size
+
     # ------------------------------------------------------------------ build and compute
     def _initialize(self) -> None:
         config = self.engine_config
@@ -107,43 +112,26 @@ class TinyTorchEngine(Engine):
             )
 
     def _forward_backward_micro_batches(
-        self,
-        micro_batches: Sequence[TensorDict],
-        loss_fn: LossFn | None,
-        forward_only: bool,
-        options: ForwardOptions,
-        context: LossContext,
+        self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
         results = []
-        for index, micro_batch in enumerate(micro_batches):
-            outputs = self._forward(micro_batch, options)
-            result = MicroBatchResult(outputs=outputs.detach())
-            if loss_fn is not None:
-                scaled, result.loss, result.metrics = self.compute_micro_batch_loss(
-                    loss_fn, outputs, micro_batch, dataclasses.replace(context, micro_batch_index=index)
-                )
-                if not forward_only:
-                    scaled.backward()
+        for micro_batch in micro_batches:
+            loss, result = micro_batch.finish(self._per_position(micro_batch))
+            if not forward_only:
+                loss.backward()
             results.append(result)
         return results
 
-    def _forward(self, micro_batch: TensorDict, options: ForwardOptions) -> TensorDict:
-        ids = micro_batch[INPUT_IDS]
-        offsets = ids.offsets()
-        scores = self.model(ids.values())
+    def _per_position(self, micro_batch: MicroBatch) -> dict[str, torch.Tensor]:
+        """The model's fields at each position (it reads one token at a time, so any layout works)."""
+        scores = micro_batch.rows(self.model(micro_batch.inputs.input_ids))
         if self.model_config.model_type == "value_model":
-            values = shift_right_per_sequence(scores[:, 0], offsets)
-            return TensorDict(
-                {"values": unpack_to_jagged(values, offsets)}, batch_size=micro_batch.batch_size
-            )
-        log_softmax = torch.log_softmax(scores / options.temperature, dim=-1)
-        labels = next_token_labels(ids.values(), offsets)
-        log_probs = shift_right_per_sequence(log_softmax.gather(-1, labels[:, None]).squeeze(-1), offsets)
-        fields = {"log_probs": unpack_to_jagged(log_probs, offsets)}
-        if options.compute_entropy:
-            entropy = -(log_softmax.exp() * log_softmax).sum(-1)
-            fields["entropy"] = unpack_to_jagged(shift_right_per_sequence(entropy, offsets), offsets)
-        return TensorDict(fields, batch_size=micro_batch.batch_size)
+            return {"values": scores[:, 0]}
+        log_softmax = torch.log_softmax(scores / micro_batch.options.temperature, dim=-1)
+        fields = {"log_probs": log_softmax.gather(-1, micro_batch.labels[:, None]).squeeze(-1)}
+        if micro_batch.options.compute_entropy:
+            fields["entropy"] = -(log_softmax.exp() * log_softmax).sum(-1)
+        return fields
 
     def _set_mode(self, mode: Mode) -> None:
         self.calls.append(("set_mode", mode))

@@ -1,0 +1,100 @@
+"""Saving and loading an engine's step: the collective sequence around the backend's checkpoint hooks.
+
+``Engine.save_checkpoint`` / ``load_checkpoint`` check the engine and call these. Saving: rank 0 prepares a
+temporary step directory, every rank writes its share (the backend's ``_save_checkpoint``) and core's
+``extra/`` state, rank 0 publishes the step durably with its manifest and prunes old ones, never the step
+just published (:mod:`.publish`); barriers separate the phases. Loading: the manifest names the backend, rank 0's verdict on the files reaches every rank, then the
+backend reads its state with offloaded state held on the device, and core restores the LR schedule and the
+skipped-step count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import distributed
+from ..errors import CheckpointError
+from .extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
+from .layout import prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
+from .manifest import Manifest, read_manifest
+from .publish import prune_old_steps, publish_step
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+
+def save_engine_checkpoint(
+    engine: Engine,
+    root: Path,
+    global_step: int,
+    max_ckpt_to_keep: int | None,
+    extra_state: dict[str, Any] | None,
+) -> Path:
+    """Write ``<root>/global_step_<N>/`` atomically (collective); see ``Engine.save_checkpoint``."""
+    require_json("extra_state", extra_state)
+    temporary = temporary_step_dir(root, global_step)
+    is_writer = distributed.rank() == 0
+    if is_writer:
+        prepare_temporary_step_dir(temporary)
+    distributed.barrier()
+    engine._save_checkpoint(temporary, save_optimizer=engine.checkpoint_config.save_optimizer)
+    save_extra_state(temporary / "extra", _core_state(engine, extra_state or {}))
+    distributed.barrier()
+    final = root / f"global_step_{global_step}"
+    if is_writer:
+        final = publish_step(root, temporary, global_step, _manifest(engine, global_step))
+        keep = max_ckpt_to_keep if max_ckpt_to_keep is not None else engine.checkpoint_config.max_ckpt_to_keep
+        if keep is not None:
+            prune_old_steps(root, keep, published=final)
+    distributed.barrier()
+    return final
+
+
+def load_engine_checkpoint(
+    engine: Engine, path: str | Path, *, load_optimizer: bool, verify: bool
+) -> dict[str, Any]:
+    """Read a step written by the same backend (collective); see ``Engine.load_checkpoint``.
+
+    Raises:
+        CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
+    """
+    step_dir = resolve_step_dir(path)
+    manifest = read_manifest(step_dir)
+    if manifest.backend != engine.backend_name:
+        raise CheckpointError(
+            f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {engine.backend_name!r}. "
+            "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
+        )
+    if verify:
+        verify_on_rank_zero(step_dir, manifest)
+    with engine._loaded():
+        engine._load_checkpoint(
+            step_dir, load_optimizer=load_optimizer and engine.optimizer_config is not None
+        )
+    state = load_extra_state(step_dir / "extra")
+    if engine._lr_schedule is not None and "lr_schedule" in state:
+        engine._lr_schedule.load_state_dict(state["lr_schedule"])
+    engine.skipped_steps = int(state.get("skipped_steps", 0))
+    return {"global_step": manifest.global_step, **state["extra_state"]}
+
+
+def _manifest(engine: Engine, global_step: int) -> Manifest:
+    lora = engine.model_config.lora
+    return Manifest(
+        backend=engine.backend_name,
+        global_step=global_step,
+        world_size=distributed.world_size(),
+        model_type=engine.model_config.model_type,
+        model_path=str(Path(engine.model_config.path).resolve()),
+        lora=None if lora is None else {**lora.__dict__, "target_modules": list(lora.target_modules)},
+        backend_info=engine._checkpoint_backend_info(),
+    )
+
+
+def _core_state(engine: Engine, caller_state: dict[str, Any]) -> dict[str, Any]:
+    """What core saves beside the backend's state: caller state, skipped steps, LR schedule."""
+    state: dict[str, Any] = {"extra_state": caller_state, "skipped_steps": engine.skipped_steps}
+    if engine._lr_schedule is not None:
+        state["lr_schedule"] = engine._lr_schedule.state_dict()
+    return state

@@ -1,0 +1,91 @@
+"""The micro-batch round trip: both layouts give the same tokens, labels and loss; a split is undone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drivetrain_engine_core.backend import (
+    ForwardOptions,
+    LossContext,
+    MicroBatch,
+    PackedRow,
+    PaddedRows,
+    RoundTrip,
+    SequenceSplit,
+)
+from drivetrain_engine_core.testing import random_batch, token_mean_nll
+
+PROMPTS, RESPONSES = [3, 1, 4], [2, 5, 1]
+
+
+def _trip(loss_fn=token_mean_nll, divisor: int = 1) -> RoundTrip:
+    return RoundTrip(
+        loss_fn=loss_fn,
+        options=ForwardOptions(),
+        context=LossContext(global_token_count=8, global_sequence_count=3),
+        gradient_divisor=divisor,
+        keep_outputs=True,
+    )
+
+
+def _per_position(micro_batch: MicroBatch) -> torch.Tensor:
+    """A stand-in model: a value per position that depends on the token and its position."""
+    output = (micro_batch.inputs.input_ids * 10 + micro_batch.inputs.position_ids).float().unsqueeze(-1)
+    return micro_batch.rows(output)[:, 0]
+
+
+def test_packed_and_padded_layouts_give_the_same_tokens_labels_and_loss():
+    batch = random_batch(vocab_size=50, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
+    built = {
+        layout: MicroBatch.build(batch, 0, device="cpu", layout=layout, round_trip=_trip(divisor=3))
+        for layout in ("packed", "padded")
+    }
+    assert isinstance(built["packed"].inputs, PackedRow) and isinstance(built["padded"].inputs, PaddedRows)
+    assert built["padded"].inputs.input_ids.shape == (
+        3,
+        max(p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)),
+    )
+    assert torch.equal(built["packed"].labels, built["padded"].labels)
+    results = {}
+    for layout, micro_batch in built.items():
+        values = -_per_position(micro_batch) / 100
+        loss, result = micro_batch.finish({"log_probs": values})
+        assert result.outputs["log_probs"].offsets() is batch["input_ids"].offsets()
+        assert float(loss) == pytest.approx(3 * float(result.loss))  # the gradient divisor, nothing else
+        results[layout] = result
+    torch.testing.assert_close(
+        results["packed"].outputs["log_probs"].values(), results["padded"].outputs["log_probs"].values()
+    )
+    assert results["packed"].loss == results["padded"].loss
+    first = results["packed"].outputs["log_probs"].values()[batch["input_ids"].offsets()[:-1]]
+    assert torch.equal(first, torch.zeros(3)), "position 0 of each sequence holds 0 (docs §7.1)"
+
+
+class _TwoSlices(SequenceSplit):
+    """Keeps the second half of a row padded to even length, and 'gathers' by putting zeros before it."""
+
+    def split(self, row: PackedRow, labels: torch.Tensor) -> tuple[PackedRow, torch.Tensor]:
+        pad = row.input_ids.shape[1] % 2
+        ids = torch.nn.functional.pad(row.input_ids, (0, pad))
+        half = ids.shape[1] // 2
+        self.half = half
+        positions = torch.nn.functional.pad(row.position_ids, (0, pad))
+        local = PackedRow(ids[:, half:], positions[:, half:], row.cu_seqlens, row.max_seqlen, row.offsets)
+        return local, torch.nn.functional.pad(labels, (0, pad))[half:]
+
+    def gather(self, per_position: torch.Tensor) -> torch.Tensor:
+        return torch.cat([per_position.new_zeros(self.half), per_position])
+
+
+def test_a_sequence_split_is_gathered_and_trimmed_before_unpacking():
+    batch = random_batch(vocab_size=50, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=4)
+    split = _TwoSlices()
+    micro_batch = MicroBatch.build(
+        batch, 0, device="cpu", layout="packed", round_trip=_trip(loss_fn=None), sequence_split=split
+    )
+    total = micro_batch.num_tokens
+    assert micro_batch.inputs.input_ids.shape[1] == micro_batch.labels.shape[0] == (total + total % 2) // 2
+    _, result = micro_batch.finish({"values": torch.ones(micro_batch.labels.shape[0])})
+    assert result.loss is None and result.outputs["values"].values().shape == (total,)
+    with pytest.raises(ValueError, match="packed layout"):
+        MicroBatch.build(batch, 0, device="cpu", layout="padded", round_trip=_trip(), sequence_split=split)
