@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll
+from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll, train_history
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("drivetrain_engine_fsdp")
@@ -23,13 +23,7 @@ def _history(backend: str, path: str, batches: list) -> list[tuple[float, float]
         optimizer_config=OPTIMIZER,
     )
     engine.initialize()
-    history = []
-    with engine.train_mode():
-        for batch in batches:
-            output = engine.train_batch(batch, token_mean_nll)
-            engine.lr_scheduler_step()
-            history.append((output.loss, output.metrics["grad_norm"]))
-    return history
+    return train_history(engine, batches, token_mean_nll)
 
 
 def test_megatron_matches_fsdp_engine(tmp_path):

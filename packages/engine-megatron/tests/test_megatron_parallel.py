@@ -22,6 +22,7 @@ from drivetrain_engine_core.testing import (
     reference_values,
     run_distributed,
     token_mean_nll,
+    train_history,
     value_mse,
 )
 from safetensors.torch import load_file
@@ -80,16 +81,6 @@ def _engine(
     return engine
 
 
-def _train(engine, batches, loss_fn) -> list[tuple[float, float]]:
-    history = []
-    with engine.train_mode():
-        for batch in batches:
-            output = engine.train_batch(batch, loss_fn)
-            engine.lr_scheduler_step()
-            history.append((output.loss, output.metrics["grad_norm"]))
-    return history
-
-
 def _infer(engine, batch, keys: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
     from drivetrain_engine_core.backend import ForwardOptions
 
@@ -109,16 +100,16 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
     result["padded"] = _infer(
         _engine(path, layout, use_remove_padding=False), batches[0], ("log_probs", "entropy")
     )
-    result["history"] = _train(engine, batches[:SAVE_AT], token_mean_nll)
+    result["history"] = train_history(engine, batches[:SAVE_AT], token_mean_nll)
     engine.save_checkpoint(checkpoint_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
     result["exported_at_save"] = dict(engine.export_weights())
-    continued = _train(engine, batches[SAVE_AT:], token_mean_nll)
+    continued = train_history(engine, batches[SAVE_AT:], token_mean_nll)
     result["history"] += continued
     resumed_engine = _engine(path, layout)
     result["extra"] = resumed_engine.load_checkpoint(checkpoint_root)
     result["continued"], result["resumed"] = (
         continued,
-        _train(resumed_engine, batches[SAVE_AT:], token_mean_nll),
+        train_history(resumed_engine, batches[SAVE_AT:], token_mean_nll),
     )
     return result
 
@@ -127,7 +118,7 @@ def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:
     batches = _batches(vocab_size, with_returns=True)[:2]
     engine = _engine(path, layout, model_type="value_model")
     result = {"exported": dict(engine.export_weights()), "values": _infer(engine, batches[0], ("values",))}
-    result["history"] = _train(engine, batches, value_mse)
+    result["history"] = train_history(engine, batches, value_mse)
     return result
 
 
@@ -142,7 +133,7 @@ ODD_COUNT_MICRO_BATCHES = (
 def _odd_count_checks(path: str, layout: dict, vocab_size: int) -> list[tuple[float, float]]:
     batch = _batches(vocab_size)[0]
     return [
-        _train(_engine(path, layout, micro_batch=mb), [batch], token_mean_nll)[0]
+        train_history(_engine(path, layout, micro_batch=mb), [batch], token_mean_nll)[0]
         for mb in ODD_COUNT_MICRO_BATCHES
     ]
 

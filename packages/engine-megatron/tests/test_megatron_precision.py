@@ -18,6 +18,7 @@ from drivetrain_engine_core.testing import (
     random_batch,
     reference_train_losses,
     token_mean_nll,
+    train_history,
 )
 from drivetrain_engine_core.testing.device import device_under_test
 
@@ -62,22 +63,12 @@ def _batches(model_dir: Path, seeds: range) -> list:
     ]
 
 
-def _train(engine, batches) -> list[tuple[float, float]]:
-    history = []
-    with engine.train_mode():
-        for batch in batches:
-            output = engine.train_batch(batch, token_mean_nll)
-            engine.lr_scheduler_step()
-            history.append((output.loss, output.metrics["grad_norm"]))
-    return history
-
-
 @pytest.mark.parametrize("param_dtype", sorted(GRAD_NORM_RTOL))
 def test_low_precision_training_matches_float32_reference(model_dir, param_dtype):
     """fp16 gradients are loss-scaled then unscaled (without the scale: norm ratio 2^-16), and every step updates."""
     batches = _batches(model_dir, range(3))
     engine = _engine(model_dir, param_dtype)
-    history = _train(engine, batches)
+    history = train_history(engine, batches, token_mean_nll)
     reference = reference_train_losses(model_dir, batches, OPTIMIZER, token_mean_nll)
     assert engine.skipped_steps == 0
     for (loss, norm), (ref_loss, ref_norm) in zip(history, reference, strict=True):
@@ -93,12 +84,12 @@ def test_low_precision_resume_is_bit_exact(model_dir, tmp_path, param_dtype, use
     """Save after one step, then two more steps: the resumed engine repeats them bit for bit."""
     first, *rest = _batches(model_dir, range(3))
     engine = _engine(model_dir, param_dtype, use_distributed_optimizer)
-    _train(engine, [first])
+    train_history(engine, [first], token_mean_nll)
     engine.save_checkpoint(tmp_path, global_step=1)
-    expected = _train(engine, rest)
+    expected = train_history(engine, rest, token_mean_nll)
     resumed = _engine(model_dir, param_dtype, use_distributed_optimizer)
     assert resumed.load_checkpoint(tmp_path) == {"global_step": 1}
-    assert _train(resumed, rest) == expected
+    assert train_history(resumed, rest, token_mean_nll) == expected
     resumed_weights = dict(resumed.export_weights())
     for name, tensor in engine.export_weights():
         assert torch.equal(resumed_weights[name], tensor), f"{name} differs after resuming"
@@ -120,9 +111,9 @@ def test_fp16_checkpoint_before_the_first_update_resumes(model_dir, tmp_path, us
             engine.train_batch(batch, _overflowing)
     assert engine.skipped_steps == 3
     engine.save_checkpoint(tmp_path, global_step=3)
-    expected = _train(engine, [clean, clean])
+    expected = train_history(engine, [clean, clean], token_mean_nll)
     resumed = _engine(model_dir, "float16", use_distributed_optimizer)
     resumed.load_checkpoint(tmp_path)
     # The loss scale is internal to megatron's optimizer (powers of two leave the numbers unchanged).
     assert float(resumed._optimizer.get_loss_scale()) == 2.0**14
-    assert _train(resumed, [clean, clean]) == expected
+    assert train_history(resumed, [clean, clean], token_mean_nll) == expected

@@ -27,6 +27,7 @@ _EXPORTS = {
     "EngineConformanceTests": "conformance",
     "TinyTorchEngine": "tiny_engine",
     "TinyEngineConfig": "tiny_engine",
+    "train_history": "training",
 }
 
 __all__ = sorted(_EXPORTS)

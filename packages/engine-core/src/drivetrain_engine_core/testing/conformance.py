@@ -42,6 +42,7 @@ from drivetrain_engine_core.testing.reference import (
     reference_train_losses,
     reference_values,
 )
+from drivetrain_engine_core.testing.training import train_history
 
 PROMPT_LENGTHS = (3, 5, 2, 6)
 RESPONSE_LENGTHS = (5, 2, 7, 3)
@@ -234,12 +235,7 @@ class EngineConformanceTests:
     def test_five_step_training_curve_matches_reference(self, model_dir: Path) -> None:
         engine = self.make_engine(model_dir)
         batches = [self.make_batch(model_dir, seed=10 + step) for step in range(5)]
-        history = []
-        with engine.train_mode():
-            for batch in batches:
-                output = engine.train_batch(batch, token_mean_nll)
-                history.append((output.loss, output.metrics["grad_norm"]))
-                engine.lr_scheduler_step()
+        history = train_history(engine, batches, token_mean_nll)
         expected = reference_train_losses(model_dir, batches, OPTIMIZER, token_mean_nll)
         flat_history = [value for step in history for value in step]
         assert flat_history == pytest.approx(
