@@ -21,7 +21,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry
+from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry, RolloutRegistry
 
 if TYPE_CHECKING:
     import click
@@ -30,7 +30,12 @@ DISABLE_ENV = "DRIVETRAIN_DISABLE_PLUGINS"
 """Comma-separated entry-point names that operators block from loading."""
 
 PluginStatus = Literal["loaded", "failed", "blocked"]
-REGISTRAR_HOOKS: tuple[str, ...] = ("register_engines", "register_roles", "register_checkpoint_mergers")
+REGISTRAR_HOOKS: tuple[str, ...] = (
+    "register_engines",
+    "register_roles",
+    "register_checkpoint_mergers",
+    "register_rollouts",
+)
 
 
 class EntryPointLike(Protocol):
@@ -102,7 +107,7 @@ def disabled_from_env() -> set[str]:
 class DrivetrainPlugins:
     """A loaded set of plugins and the registries they filled.
 
-    Built by :func:`get_plugin_manager`; exposes ``engines``, ``roles``, ``mergers``, ``plugins`` and
+    Built by :func:`get_plugin_manager`; exposes ``engines``, ``roles``, ``mergers``, ``rollouts``, ``plugins`` and
     :meth:`register_commands`.
     """
 
@@ -112,6 +117,7 @@ class DrivetrainPlugins:
         self.engines = EngineRegistry()
         self.roles = RoleRegistry()
         self.mergers = CheckpointMergerRegistry()
+        self.rollouts = RolloutRegistry()
         self._infos: dict[str, PluginInfo] = {}
         self._commands: dict[str, list[str]] = {}
 
@@ -167,8 +173,10 @@ class DrivetrainPlugins:
             self._commands[impl.plugin_name] = sorted(set(cli.commands) - before)
         return [self._with_registered(info.name, info) for info in failures]
 
-    def _registries(self) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry]:
-        return self.engines, self.roles, self.mergers
+    def _registries(
+        self,
+    ) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry, RolloutRegistry]:
+        return self.engines, self.roles, self.mergers, self.rollouts
 
     def _load_one(self, entry_point: EntryPointLike, disabled: set[str]) -> None:
         source = _source_of(entry_point)

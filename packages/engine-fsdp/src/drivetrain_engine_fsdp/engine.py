@@ -25,7 +25,7 @@ from tensordict import TensorDict
 from . import checkpoint, offload
 from .attention import register_varlen_attention
 from .config import FSDPEngineConfig
-from .export import export_full_weights
+from .export import export_adapter_weights, export_full_weights
 from .inputs import prepare_model_inputs
 from .model import build_model, hf_class_name
 from .optim import build_optimizer, clip_grad_norm
@@ -232,6 +232,9 @@ class FSDPEngine(Engine):
 
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return export_full_weights(self.module, self.model_config.lora)
+
+    def _export_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return export_adapter_weights(self.module)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -12,7 +12,14 @@ from .layout import (
     temporary_step_dir,
 )
 from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
-from .merger import AUTO_CLASSES, PEFT_PREFIX, CheckpointMerger, DCPTensorReader, split_peft_name
+from .merger import (
+    AUTO_CLASSES,
+    PEFT_PREFIX,
+    CheckpointMerger,
+    DCPTensorReader,
+    peft_adapter_config,
+    split_peft_name,
+)
 from .points import PUBLISH_POINTS, set_fault_hook
 from .publish import prune_old_steps, publish_step
 
@@ -33,6 +40,7 @@ __all__ = [
     "read_latest",
     "read_manifest",
     "resolve_step_dir",
+    "peft_adapter_config",
     "set_fault_hook",
     "split_peft_name",
     "step_dir_name",

@@ -11,7 +11,7 @@ import json
 import re
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -139,20 +139,12 @@ class CheckpointMerger(ABC):
             CheckpointError: the step holds no LoRA adapters.
         """
         self._require_lora("adapter_config()")
-        lora = self.manifest.lora or {}
-        return {
-            "peft_type": "LORA",
-            "task_type": _PEFT_TASK_TYPES[self.manifest.model_type],
-            "base_model_name_or_path": self.manifest.model_path,
-            "r": lora["rank"],
-            "lora_alpha": lora["alpha"],
-            "lora_dropout": lora.get("dropout", 0.0),
-            "target_modules": sorted(lora["target_modules"]),
-            "bias": "none",
-            "fan_in_fan_out": False,
-            "inference_mode": True,
-            "modules_to_save": self._modules_to_save() or None,
-        }
+        return peft_adapter_config(
+            self.manifest.lora or {},
+            model_type=self.manifest.model_type,
+            model_path=self.manifest.model_path,
+            modules_to_save=self._modules_to_save(),
+        )
 
     def _modules_to_save(self) -> list[str]:
         """Modules PEFT trains in full next to the adapters (a value model's ``score`` head)."""
@@ -266,6 +258,32 @@ class _RegionLoadPlanner(DefaultLoadPlanner):
         return self.state_dict[index.fqn]
 
 
+def peft_adapter_config(
+    lora: Mapping[str, Any], *, model_type: str, model_path: str, modules_to_save: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The PEFT ``adapter_config.json`` content for adapters described by a manifest's ``lora`` entry.
+
+    Args:
+        lora: ``rank``, ``alpha``, ``target_modules`` and optionally ``dropout`` (a :class:`LoraConfig`'s fields).
+        model_type: ``language_model`` or ``value_model`` (PEFT task type ``CAUSAL_LM`` / ``TOKEN_CLS``).
+        model_path: the base model (``base_model_name_or_path``).
+        modules_to_save: modules trained in full next to the adapters (a value model's head).
+    """
+    return {
+        "peft_type": "LORA",
+        "task_type": _PEFT_TASK_TYPES[model_type],
+        "base_model_name_or_path": model_path,
+        "r": lora["rank"],
+        "lora_alpha": lora["alpha"],
+        "lora_dropout": lora.get("dropout", 0.0),
+        "target_modules": sorted(lora["target_modules"]),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "modules_to_save": list(modules_to_save) or None,
+    }
+
+
 def split_peft_name(name: str) -> tuple[str, str]:
     """Classify a PEFT model's ``state_dict`` name and rename it for where it is written.
 
@@ -294,4 +312,11 @@ def split_peft_name(name: str) -> tuple[str, str]:
     return "base", inner.replace(".base_layer.", ".")
 
 
-__all__ = ["AUTO_CLASSES", "PEFT_PREFIX", "CheckpointMerger", "DCPTensorReader", "split_peft_name"]
+__all__ = [
+    "AUTO_CLASSES",
+    "PEFT_PREFIX",
+    "CheckpointMerger",
+    "DCPTensorReader",
+    "peft_adapter_config",
+    "split_peft_name",
+]
