@@ -84,7 +84,12 @@ def test_the_stream_holds_at_most_one_bucket_and_the_tensor_just_gathered():
 
 def _bucket(version: int, index: int, last: bool) -> WeightBucket:
     return WeightBucket(
-        version=version, index=index, last=last, lora="merged", specs=(), buffer=torch.empty(0, dtype=torch.uint8)
+        version=version,
+        index=index,
+        last=last,
+        lora="merged",
+        specs=(),
+        buffer=torch.empty(0, dtype=torch.uint8),
     )
 
 
@@ -116,7 +121,7 @@ def test_engine_weight_buckets_equal_export_weights():
     state = received(engine.weight_buckets(version=7, bucket_bytes=256))
     assert list(state) == list(exported)
     assert all(torch.equal(state[name], tensor) for name, tensor in exported.items())
-    with pytest.raises(EngineStateError, match="needs LoRA adapters.*lora='merged'"):
+    with pytest.raises(EngineStateError, match=r"needs LoRA adapters.*lora='merged'"):
         next(engine.weight_buckets(version=7, lora="adapter"))
     with pytest.raises(ValueError, match="choose one of"):
         next(engine.weight_buckets(version=7, lora="base"))  # type: ignore[arg-type]

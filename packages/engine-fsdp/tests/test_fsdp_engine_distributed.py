@@ -80,14 +80,19 @@ HAND_OFF_BOUND = 2048
 
 def hand_off(engine):
     """The trained weights as ``export_weights`` yields them and as a bucket receiver gets them."""
-    buckets = [(b.nbytes, len(b.specs), b.last) for b in engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND)]
+    buckets = [
+        (b.nbytes, len(b.specs), b.last)
+        for b in engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND)
+    ]
     result = {
         "exported": {name: tensor.clone() for name, tensor in engine.export_weights()},
         "received": received(engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND)),
         "buckets": buckets,
     }
     if engine.model_config.lora is not None:
-        result["adapters"] = received(engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND, lora="adapter"))
+        result["adapters"] = received(
+            engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND, lora="adapter")
+        )
     return result
 
 

@@ -144,7 +144,9 @@ def _assert_hand_off_equals_export(language: dict) -> None:
         assert torch.equal(received[name], tensor), name
     buckets = language["hand_off"]["buckets"]
     assert all(nbytes <= HAND_OFF_BOUND or count == 1 for nbytes, count, *_ in buckets)
-    assert [(index, last) for *_, index, last in buckets] == [(i, i == len(buckets) - 1) for i in range(len(buckets))]
+    assert [(index, last) for *_, index, last in buckets] == [
+        (i, i == len(buckets) - 1) for i in range(len(buckets))
+    ]
 
 
 def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:

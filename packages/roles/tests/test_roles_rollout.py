@@ -41,7 +41,10 @@ def trained_engine(model_dir, lora=None):
     )
     engine.initialize()
     with engine.train_mode():
-        engine.train_batch(random_batch(vocab_size=20, prompt_lengths=[3, 2], response_lengths=[4, 3], seed=0), token_mean_nll)
+        engine.train_batch(
+            random_batch(vocab_size=20, prompt_lengths=[3, 2], response_lengths=[4, 3], seed=0),
+            token_mean_nll,
+        )
     return engine
 
 
@@ -58,7 +61,10 @@ def test_rollout_log_probs_equal_the_actors_after_a_hand_off(model_dir):
     prompts = [PROMPTS[i // 4] for i in range(len(output.responses))]
     batch = make_batch(
         [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)],
-        loss_mask=[torch.tensor([0] * len(p) + [1] * len(r)).bool() for p, r in zip(prompts, output.responses, strict=True)],
+        loss_mask=[
+            torch.tensor([0] * len(p) + [1] * len(r)).bool()
+            for p, r in zip(prompts, output.responses, strict=True)
+        ],
     )
     actor = Actor(engine, ActorConfig(temperature=TEMPERATURE))
     recomputed = actor.compute_log_prob(batch)["log_probs"].unbind()
@@ -85,7 +91,7 @@ def test_stale_cut_off_and_asleep_use_is_refused(model_dir):
         rollout.generate(PROMPTS, SamplingConfig())
     rollout.wake()
     assert rollout.generate(PROMPTS, SamplingConfig(max_new_tokens=2)).version == 3
-    with pytest.raises(PluginError, match="no rollout named 'vllm'.*hf"):
+    with pytest.raises(PluginError, match=r"no rollout named 'vllm'.*hf"):
         create_rollout("vllm", model_path=str(model_dir))
 
 

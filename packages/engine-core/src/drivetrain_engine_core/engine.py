@@ -22,10 +22,10 @@ from . import distributed as dist_utils
 from .agreement import agreed_checks
 from .checkpoint import (
     Manifest,
+    peft_adapter_config,
     prepare_temporary_step_dir,
     prune_old_steps,
     publish_step,
-    peft_adapter_config,
     read_manifest,
     resolve_step_dir,
     temporary_step_dir,

@@ -38,7 +38,9 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
-            raise ConfigError(f"sampling needs n >= 1 and max_new_tokens >= 1, got {self.n}, {self.max_new_tokens}.")
+            raise ConfigError(
+                f"sampling needs n >= 1 and max_new_tokens >= 1, got {self.n}, {self.max_new_tokens}."
+            )
         if self.temperature < 0:
             raise ConfigError(f"sampling temperature must be >= 0 (0 is greedy), got {self.temperature}.")
 
@@ -137,7 +139,9 @@ class Rollout(ABC):
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("generate() needs at least one prompt, each with at least one token.")
         responses, log_probs = self._generate(prompts, sampling)
-        return RolloutOutput(responses=responses, log_probs=log_probs, version=self.weights_version, n=sampling.n)
+        return RolloutOutput(
+            responses=responses, log_probs=log_probs, version=self.weights_version, n=sampling.n
+        )
 
     def sleep(self) -> None:
         """Free device memory (weights, caches) while training uses the device; a no-op when asleep."""

@@ -9,6 +9,7 @@ def register_roles(registry):
     registry.register("critic", "drivetrain_roles.critic:Critic")
     registry.register("reference", "drivetrain_roles.reference:Reference")
     registry.register("sft", "drivetrain_roles.sft.trainer:SFTTrainer")
+    registry.register("grpo", "drivetrain_roles.grpo.trainer:GRPOTrainer")
 
 
 @hookimpl
@@ -18,6 +19,8 @@ def register_rollouts(registry):
 
 @hookimpl
 def register_commands(cli):
+    from drivetrain_roles.grpo.command import grpo
     from drivetrain_roles.sft.command import sft
 
     cli.add_command(sft)
+    cli.add_command(grpo)

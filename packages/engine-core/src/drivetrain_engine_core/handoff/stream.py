@@ -89,4 +89,6 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 
 def _finish(buffer: _Buffer, index: int, *, last: bool, **meta: Any) -> WeightBucket:
-    return WeightBucket(index=index, last=last, specs=tuple(buffer.specs), buffer=buffer.bytes[: buffer.used], **meta)
+    return WeightBucket(
+        index=index, last=last, specs=tuple(buffer.specs), buffer=buffer.bytes[: buffer.used], **meta
+    )

@@ -390,7 +390,9 @@ class EngineConformanceTests:
         for module in adapted:
             hf_name = module.removeprefix(PEFT_PREFIX) + ".weight"
             up, down = adapters[f"{module}.lora_B.weight"], adapters[f"{module}.lora_A.weight"]
-            expected = base[hf_name] + (up.float() @ down.float()).to(base[hf_name].dtype) * (lora.alpha / lora.rank)
+            expected = base[hf_name] + (up.float() @ down.float()).to(base[hf_name].dtype) * (
+                lora.alpha / lora.rank
+            )
             assert torch.equal(merged[hf_name], expected), hf_name
 
     # ------------------------------------------------------------------ weight hand-off
@@ -410,7 +412,9 @@ class EngineConformanceTests:
         assert bucket.last and list(received) == list(exported)
         for name, tensor in exported.items():
             assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
-        cast = {n: t.cpu() for b in engine.weight_buckets(version=2, dtype=torch.bfloat16) for n, t in b.tensors()}
+        cast = {
+            n: t.cpu() for b in engine.weight_buckets(version=2, dtype=torch.bfloat16) for n, t in b.tensors()
+        }
         for name, tensor in exported.items():
             assert torch.equal(cast[name], tensor.to(torch.bfloat16)), name
 

@@ -28,7 +28,8 @@ class HFRollout(Rollout):
         from transformers import AutoModelForCausalLM
 
         super().__init__(model_path=model_path, device=device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = model.to(device).eval()
         config = self.model.config
         self._eos_id = config.eos_token_id
         self._pad_id = config.pad_token_id if config.pad_token_id is not None else self._eos_id
@@ -57,8 +58,6 @@ class HFRollout(Rollout):
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=self._generation_config(sampling),
-                return_dict_in_generate=True,
-                output_logits=True,
             )
         tokens = output.sequences[:, width:].cpu()
         temperature = sampling.temperature or 1.0
@@ -82,6 +81,8 @@ class HFRollout(Rollout):
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self._pad_id,
             eos_token_id=self._eos_id,
+            return_dict_in_generate=True,
+            output_logits=True,
         )
 
     def _length(self, tokens: torch.Tensor) -> int:

@@ -83,7 +83,9 @@ class ServedWeights:
                 module = name.removesuffix(".lora_A.weight")
                 hf_name = module.removeprefix(PEFT_PREFIX) + ".weight"
                 base = self._base[hf_name]
-                delta = (self._adapters[f"{module}.lora_B.weight"].float() @ self._adapters[name].float()).to(base.dtype)
+                delta = (self._adapters[f"{module}.lora_B.weight"].float() @ self._adapters[name].float()).to(
+                    base.dtype
+                )
                 self._target(hf_name, base).copy_(base + delta * scale)
 
     def _target(self, name: str, tensor: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.tracking.jsonl import dumps
 
+from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
 from ..losses.sft import sft_loss_fn
 from .assets import resolve_data_files, resolve_model_path
 from .batches import StepSampler, check_batch_size, make_sft_batch
@@ -35,7 +36,6 @@ from .config import SFTConfig
 from .data import DataError, Example, load_examples
 from .evaluate import greedy_accuracy, held_out_loss
 from .final_model import FINAL_MODEL_DIR, save_final_model
-from .launch import CHECKPOINT_DIR, check_run_dir
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
