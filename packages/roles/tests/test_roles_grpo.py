@@ -144,3 +144,9 @@ def test_run_folder_and_resume(tmp_path):
     assert keys <= set(records[-2]) and all(
         r["rollout/log_prob_diff_max"] < 1e-5 for r in records if "rollout/log_prob_diff_max" in r
     )
+
+
+def test_shipped_example_yaml_holds_the_defaults():
+    from importlib.resources import files
+
+    assert load_config(str(files("drivetrain_roles.grpo").joinpath("example.yaml"))) == load_config()

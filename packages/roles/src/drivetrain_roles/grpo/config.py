@@ -39,7 +39,7 @@ class RolloutConfig:
     """
 
     name: str = "hf"
-    n: int = 8
+    n: int = 16
     temperature: float = 1.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
@@ -106,11 +106,11 @@ class TrainerConfig:
         report_to: metrics trackers (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
     """
 
-    total_steps: int = 60
-    prompts_per_step: int = 32
+    total_steps: int = 200
+    prompts_per_step: int = 16
     warm_start_steps: int = 300
-    eval_every: int = 10
-    save_every: int = 20
+    eval_every: int = 20
+    save_every: int = 50
     eval_samples: int = 200
     seed: int = 0
     progress_bar: bool = True
@@ -140,7 +140,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=2e-3, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=0)
+    return OptimizerConfig(lr=5e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=0)
 
 
 def _default_checkpoint() -> CheckpointConfig:
