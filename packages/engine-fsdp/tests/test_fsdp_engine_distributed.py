@@ -1,7 +1,7 @@
 """Two-rank FSDP engine (gloo) against a plain single-process Hugging Face reference.
 
 One launch runs every scenario (plain data parallel, dynamic micro-batches, hybrid sharding, Ulysses, LoRA,
-checkpoint save) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
+checkpoint save, weight hand-off in buckets) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
 checkpoint on 1 rank.
 """
 
@@ -67,7 +67,37 @@ def run_scenario(engine, batch):
     with engine.train_mode():
         step = engine.train_batch(local, token_mean_nll)
     log_probs = None if outputs is None else [t.clone() for t in outputs["log_probs"].unbind()]
-    return {"log_probs": log_probs, "loss": step.loss, "grad_norm": step.metrics["grad_norm"]}
+    return {
+        "log_probs": log_probs,
+        "loss": step.loss,
+        "grad_norm": step.metrics["grad_norm"],
+        "hand_off": hand_off(engine),
+    }
+
+
+HAND_OFF_BOUND = 2048
+
+
+def hand_off(engine):
+    """The trained weights as ``export_weights`` yields them and as a bucket receiver gets them."""
+    buckets = [
+        (b.nbytes, len(b.specs), b.last)
+        for b in engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND)
+    ]
+    result = {
+        "exported": {name: tensor.clone() for name, tensor in engine.export_weights()},
+        "received": received(engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND)),
+        "buckets": buckets,
+    }
+    if engine.model_config.lora is not None:
+        result["adapters"] = received(
+            engine.weight_buckets(version=1, bucket_bytes=HAND_OFF_BOUND, lora="adapter")
+        )
+    return result
+
+
+def received(buckets):
+    return {name: tensor.clone() for bucket in buckets for name, tensor in bucket.tensors()}
 
 
 def two_rank_worker(rank, world_size, model_dir, checkpoint_root):
@@ -146,6 +176,33 @@ def test_two_rank_scenario_matches_reference(launched, scenario):
     else:
         produced = restore_order(batch, [r[scenario]["log_probs"] for r in results])
     assert float((produced - reference).abs().max()) < 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_two_rank_weight_buckets_equal_export_weights(launched, scenario):
+    """Every rank receives ``export_weights()`` bit for bit in bounded buckets (sharded params gathered one at
+    a time); with LoRA the adapter stream folds into the merged weights exactly."""
+    model_dir, _, results = launched
+    first = results[0][scenario]["hand_off"]
+    for rank_result in results:
+        result = rank_result[scenario]["hand_off"]
+        assert list(result["received"]) == list(result["exported"])
+        for name, tensor in result["exported"].items():
+            assert torch.equal(result["received"][name], tensor), name
+            assert torch.equal(first["received"][name], tensor), f"ranks received different {name}"
+        assert all(nbytes <= HAND_OFF_BOUND or count == 1 for nbytes, count, _ in result["buckets"])
+        assert [last for *_, last in result["buckets"]] == [False] * (len(result["buckets"]) - 1) + [True]
+    if "adapters" in first:
+        base = load_reference_model(model_dir).state_dict()
+        scale = LORA.alpha / LORA.rank
+        adapters = first["adapters"]
+        assert len(adapters) == 2 * 2 * len(LORA.target_modules)  # A and B, 2 layers, each target module
+        for name in (n for n in adapters if n.endswith("lora_A.weight")):
+            module = name.removesuffix(".lora_A.weight")
+            hf_name = module.removeprefix("base_model.model.") + ".weight"
+            delta = (adapters[f"{module}.lora_B.weight"].float() @ adapters[name].float()) * scale
+            assert torch.equal(first["received"][hf_name], base[hf_name] + delta), hf_name
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 One launch per layout (TP2, PP2, PP2 x VPP2, DP2) runs every check and returns numbers; the parent computes the references and asserts:
 log-probs/entropy (packed and padded), first-step loss and grad norm, a 5-step loss curve, a bit-exact
-checkpoint resume, weights exported equal to the Hugging Face state dict, and (TP2) the value model.
+checkpoint resume, weights exported equal to the Hugging Face state dict, the weight hand-off in bounded buckets
+equal to the export bit for bit on every rank, and (TP2) the value model.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
     result["history"] = train_history(engine, batches[:SAVE_AT], token_mean_nll)
     engine.save_checkpoint(checkpoint_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
     result["exported_at_save"] = dict(engine.export_weights())
+    result["hand_off"] = _hand_off(engine)
     continued = train_history(engine, batches[SAVE_AT:], token_mean_nll)
     result["history"] += continued
     resumed_engine = _engine(path, layout)
@@ -112,6 +114,30 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
         train_history(resumed_engine, batches[SAVE_AT:], token_mean_nll),
     )
     return result
+
+
+HAND_OFF_BOUND = 4096
+
+
+def _hand_off(engine) -> dict:
+    """What a bucket receiver gets of the trained weights (gathered over TP and PP one tensor at a time)."""
+    received, buckets = {}, []
+    for bucket in engine.weight_buckets(version=SAVE_AT, bucket_bytes=HAND_OFF_BOUND):
+        buckets.append((bucket.nbytes, len(bucket.specs), bucket.index, bucket.last))
+        received.update((name, tensor.clone()) for name, tensor in bucket.tensors())
+    return {"received": received, "buckets": buckets}
+
+
+def _assert_hand_off_equals_export(language: dict) -> None:
+    received, exported = language["hand_off"]["received"], language["exported_at_save"]
+    assert list(received) == list(exported)
+    for name, tensor in exported.items():
+        assert torch.equal(received[name], tensor), name
+    buckets = language["hand_off"]["buckets"]
+    assert all(nbytes <= HAND_OFF_BOUND or count == 1 for nbytes, count, *_ in buckets)
+    assert [(index, last) for *_, index, last in buckets] == [
+        (i, i == len(buckets) - 1) for i in range(len(buckets))
+    ]
 
 
 def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:
@@ -211,6 +237,7 @@ def test_megatron_layout_matches_hugging_face(layout_name, model_dirs, tmp_path)
         _assert_exported_equal(language["exported"], lm_path)
         _assert_curve(language["history"], reference)
         assert language["resumed"] == language["continued"]
+        _assert_hand_off_equals_export(language)
         assert language["extra"] == {"global_step": SAVE_AT, "position": SAVE_AT}
     for result in results:
         for loss, norm in result.get("odd_counts", []):

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, PluginError
+from drivetrain_roles.jobs.launch import spawn_ranks
 from drivetrain_roles.sft.assets import ModelPathError
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import DataError
-from drivetrain_roles.sft.launch import spawn_ranks
 from drivetrain_roles.sft.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.trainer import SFTTrainer
 
@@ -178,7 +178,7 @@ def test_ctrl_c_ends_ranks_and_launcher_quietly(monkeypatch, capsys) -> None:
         return run
 
     monkeypatch.setattr(api, "elastic_launch", launch)
-    assert spawn_ranks(2, ["--output-dir", "x"]) == 130
+    assert spawn_ranks(2, ["--output-dir", "x"], "sft") == 130
     assert capsys.readouterr().err == "drivetrain sft: interrupted; every rank was stopped.\n"
 
 

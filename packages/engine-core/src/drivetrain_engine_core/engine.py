@@ -22,6 +22,7 @@ from tensordict import TensorDict
 from . import distributed
 from .agreement import agreed_checks
 from .checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
+from .checkpoint.peft import peft_adapter_config
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import require_tensordict, validate_batch
 from .data.micro_batch import MicroBatchCountRule, split_micro_batches
@@ -29,6 +30,7 @@ from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
 from .data.values import TokenLimits, check_batch_values
 from .errors import DivergenceError, EngineStateError
+from .handoff import DEFAULT_BUCKET_BYTES, LORA_MODES, LoraMode, WeightBucket, bucket_tensors
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
@@ -309,6 +311,65 @@ class Engine(ABC):
         self._require_initialized("export_weights()")
         yield from self._export_weights()
 
+    def weight_buckets(
+        self,
+        *,
+        version: int,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        dtype: torch.dtype | None = None,
+        lora: LoraMode = "merged",
+    ) -> Iterator[WeightBucket]:
+        """Stream the weights to a rollout engine in buckets of at most ``bucket_bytes`` (a collective).
+
+        Every rank iterates (backends gather across their shards) and every rank receives the same buckets.
+        Memory stays bounded: one bucket plus the one full tensor the backend just gathered
+        (:mod:`.handoff.stream`); drop each bucket before asking for the next.
+
+        Args:
+            version: the training step of the weights; a receiver refuses a version not newer than its own.
+            bucket_bytes: the most bytes one bucket holds; a larger tensor is a bucket of its own.
+            dtype: cast floating-point tensors to this dtype (``None`` keeps the training dtype).
+            lora: ``merged`` (full Hugging Face weights, adapters folded in: what ``export_weights`` yields) or
+                ``adapter`` (only the PEFT adapter tensors, named as in ``adapter_model.safetensors``, with the
+                PEFT config in every bucket).
+
+        Raises:
+            EngineStateError: not initialised, or ``lora="adapter"`` on an engine without LoRA adapters.
+            ValueError: ``lora`` is not one of ``merged``/``adapter``, or ``bucket_bytes`` is not positive.
+        """
+        self._require_initialized("weight_buckets()")
+        if lora not in LORA_MODES:
+            raise ValueError(f"weight_buckets(lora={lora!r}): choose one of {list(LORA_MODES)}.")
+        adapter_config = None
+        if lora == "adapter":
+            adapter_config = self._adapter_config()
+            tensors = self._export_adapter_weights()
+        else:
+            tensors = self._export_weights()
+        yield from bucket_tensors(
+            tensors,
+            version=version,
+            bucket_bytes=bucket_bytes,
+            dtype=dtype,
+            lora=lora,
+            adapter_config=adapter_config,
+        )
+
+    def _adapter_config(self) -> dict[str, Any]:
+        lora = self.model_config.lora
+        if lora is None:
+            raise EngineStateError(
+                "weight_buckets(lora='adapter') needs LoRA adapters, and this engine trains the full model "
+                "(model.lora is unset); hand off with lora='merged'."
+            )
+        value_model = self.model_config.model_type == "value_model"
+        return peft_adapter_config(
+            {**lora.__dict__, "target_modules": list(lora.target_modules)},
+            model_type=self.model_config.model_type,
+            model_path=str(Path(self.model_config.path).resolve()),
+            modules_to_save=["score"] if value_model else [],
+        )
+
     # ------------------------------------------------------------------ checkpoints
 
     def save_checkpoint(
@@ -451,7 +512,19 @@ class Engine(ABC):
         """A context manager under which the model runs without its LoRA adapters."""
 
     @abstractmethod
-    def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+    def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, full tensor)`` lazily, adapters merged; gather one tensor (or layer) at a time."""
+
+    def _export_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(peft_name, full tensor)`` for every LoRA adapter tensor (and ``modules_to_save`` weight).
+
+        Names are those of a PEFT ``adapter_model.safetensors`` (:func:`.checkpoint.split_peft_name`). Only
+        backends that train LoRA adapters override this; the default says the backend has none.
+        """
+        raise EngineStateError(
+            f"the {self.backend_name or type(self).__name__} backend cannot hand off LoRA adapters alone; use "
+            "weight_buckets(lora='merged')."
+        )
 
     @abstractmethod
     def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:

@@ -23,7 +23,7 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
-    from .registry import CheckpointMergerRegistry, EngineRegistry, RoleRegistry
+    from .registry import CheckpointMergerRegistry, EngineRegistry, RoleRegistry, RolloutRegistry
 
 PROJECT_NAME = "drivetrain"
 """The pluggy project name and the entry-point group that plugins are discovered under."""
@@ -63,6 +63,17 @@ def register_checkpoint_mergers(registry: CheckpointMergerRegistry) -> None:
 
 
 @hookspec
+def register_rollouts(registry: RolloutRegistry) -> None:
+    """Register rollout (generation) backends, once per plugin manager after loading.
+
+    Args:
+        registry: call ``registry.register(name, rollout)``; ``rollout`` is a subclass of
+            :class:`drivetrain_engine_core.rollout.Rollout` or a ``"module:attr"`` string naming one, imported
+            only when a rollout of that name is created.
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add sub-commands to the ``drivetrain`` command line; called only when the CLI runs.
 
@@ -80,4 +91,5 @@ __all__ = [
     "register_commands",
     "register_engines",
     "register_roles",
+    "register_rollouts",
 ]

@@ -27,18 +27,23 @@ from .plugin_loading import (
     failed,
     load_entry_point,
 )
-from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry
+from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry, RolloutRegistry
 
 if TYPE_CHECKING:
     import click
 
-REGISTRAR_HOOKS: tuple[str, ...] = ("register_engines", "register_roles", "register_checkpoint_mergers")
+REGISTRAR_HOOKS: tuple[str, ...] = (
+    "register_engines",
+    "register_roles",
+    "register_checkpoint_mergers",
+    "register_rollouts",
+)
 
 
 class DrivetrainPlugins:
     """A loaded set of plugins and the registries they filled.
 
-    Built by :func:`get_plugin_manager`; exposes ``engines``, ``roles``, ``mergers``, ``plugins`` and
+    Built by :func:`get_plugin_manager`; exposes ``engines``, ``roles``, ``mergers``, ``rollouts``, ``plugins`` and
     :meth:`register_commands`.
     """
 
@@ -48,6 +53,7 @@ class DrivetrainPlugins:
         self.engines = EngineRegistry()
         self.roles = RoleRegistry()
         self.mergers = CheckpointMergerRegistry()
+        self.rollouts = RolloutRegistry()
         self._infos: dict[str, PluginInfo] = {}
         self._commands: dict[str, list[str]] = {}
 
@@ -103,8 +109,10 @@ class DrivetrainPlugins:
             self._commands[plugin_name] = sorted(set(cli.commands) - before)
         return [self._with_registered(info.name, info) for info in failures]
 
-    def _registries(self) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry]:
-        return self.engines, self.roles, self.mergers
+    def _registries(
+        self,
+    ) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry, RolloutRegistry]:
+        return self.engines, self.roles, self.mergers, self.rollouts
 
     def _load_one(self, entry_point: EntryPointLike, disabled: set[str]) -> None:
         error = load_entry_point(self.manager, self._infos, entry_point, disabled)

@@ -26,7 +26,7 @@ from drivetrain_engine_core.backend import (
 from . import checkpoint, offload
 from .attention import register_varlen_attention
 from .config import FSDPEngineConfig
-from .export import export_full_weights
+from .export import export_adapter_weights, export_full_weights
 from .inputs import model_kwargs
 from .materialize import materialize
 from .meta_build import MetaModel, build_meta_model
@@ -224,6 +224,9 @@ class FSDPEngine(Engine):
 
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return export_full_weights(self.module, self.model_config.lora)
+
+    def _export_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return export_adapter_weights(self.module)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -3,7 +3,8 @@
 Sharded parameters are all-gathered one by one (``DTensor.full_tensor``), so peak memory is one full tensor,
 not the whole model. For a PEFT model, ``x.base_layer.weight`` is yielded as ``x.weight`` plus
 ``lora_B @ lora_A * alpha / rank``; PEFT's ``base_model.model.`` prefix and ``modules_to_save`` copies map
-back onto the plain names.
+back onto the plain names. ``export_adapter_weights`` streams the adapters alone, for a rollout that applies
+LoRA itself.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig
+from drivetrain_engine_core.checkpoint import split_peft_name
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -62,3 +64,17 @@ def hf_name(peft_name: str) -> str | None:
     for wrapper in (".base_layer.", f".modules_to_save.{ADAPTER}.", ".original_module."):
         name = name.replace(wrapper, ".")
     return name
+
+
+def export_adapter_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(peft_name, full tensor)`` for every LoRA adapter and ``modules_to_save`` weight (collective).
+
+    Names are those of a PEFT ``adapter_model.safetensors`` (``...q_proj.lora_A.weight``), as
+    :func:`~drivetrain_engine_core.checkpoint.split_peft_name` writes them; base weights are not gathered.
+    """
+    for name, tensor in module.state_dict().items():
+        kind, renamed = split_peft_name(name)
+        if kind == "adapter":
+            yield renamed, _full(tensor).detach()
+        elif kind == "saved":
+            yield PEFT_PREFIX + renamed, _full(tensor).detach()

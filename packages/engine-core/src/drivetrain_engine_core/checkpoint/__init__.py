@@ -14,7 +14,7 @@ from .layout import (
 )
 from .manifest import MANIFEST_FILE, Manifest, read_manifest, verify_files, write_manifest
 from .merger import AUTO_CLASSES, CheckpointMerger
-from .peft import PEFT_PREFIX, split_peft_name
+from .peft import PEFT_PREFIX, peft_adapter_config, split_peft_name
 from .points import PUBLISH_POINTS, set_fault_hook
 from .publish import prune_old_steps, publish_step
 
@@ -29,6 +29,7 @@ __all__ = [
     "Manifest",
     "StepEntry",
     "complete_steps",
+    "peft_adapter_config",
     "prepare_temporary_step_dir",
     "prune_old_steps",
     "publish_step",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import distributed as dist_utils
+from .. import distributed
 from ..errors import CheckpointError
 from .manifest import MANIFEST_FILE, read_manifest, verify_files
 
@@ -167,7 +167,7 @@ def _size_problem(step: Path) -> str | None:
 
 
 def _say_fallback(root: Path, problem: str, step: Path, global_step: int) -> None:
-    if dist_utils.rank() == 0:
+    if distributed.rank() == 0:
         logger.warning(
             "checkpoint root %s: %s; using the newest complete step instead: %s (step %d).",
             root,

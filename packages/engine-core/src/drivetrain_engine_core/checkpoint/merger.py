@@ -18,7 +18,7 @@ import torch
 
 from ..errors import CheckpointError
 from .manifest import Manifest
-from .peft import PEFT_PREFIX, adapter_config, modules_to_save, split_peft_name
+from .peft import PEFT_PREFIX, modules_to_save, peft_adapter_config, split_peft_name
 
 AUTO_CLASSES = {
     "language_model": "AutoModelForCausalLM",
@@ -124,7 +124,12 @@ class CheckpointMerger(ABC):
             CheckpointError: the step holds no LoRA adapters.
         """
         self._require_lora("adapter_config()")
-        return adapter_config(self.manifest, modules_to_save(self._names()))
+        return peft_adapter_config(
+            self.manifest.lora or {},
+            model_type=self.manifest.model_type,
+            model_path=self.manifest.model_path,
+            modules_to_save=modules_to_save(self._names()),
+        )
 
     def _require_lora(self, what: str) -> None:
         if not self.is_lora:

@@ -8,10 +8,8 @@ under Hugging Face names and the adapters as PEFT saves them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-from .manifest import Manifest
 
 PEFT_PREFIX = "base_model.model."
 """Prefix PEFT puts in front of every name of the wrapped model."""
@@ -58,13 +56,23 @@ def modules_to_save(names: Iterable[str]) -> list[str]:
     )
 
 
-def adapter_config(manifest: Manifest, saved_modules: list[str]) -> dict[str, Any]:
-    """The PEFT ``adapter_config.json`` content for the adapters of a step with ``manifest`` (``lora`` set)."""
-    lora = manifest.lora or {}
+def peft_adapter_config(
+    lora: Mapping[str, Any], *, model_type: str, model_path: str, modules_to_save: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The PEFT ``adapter_config.json`` content for adapters described by a :class:`LoraConfig`'s fields.
+
+    Used for a checkpoint's adapters (the manifest's ``lora`` entry) and for adapters handed to a rollout.
+
+    Args:
+        lora: ``rank``, ``alpha``, ``target_modules`` and optionally ``dropout``.
+        model_type: ``language_model`` or ``value_model`` (PEFT task type ``CAUSAL_LM`` / ``TOKEN_CLS``).
+        model_path: the base model (``base_model_name_or_path``).
+        modules_to_save: modules trained in full next to the adapters (a value model's head).
+    """
     return {
         "peft_type": "LORA",
-        "task_type": _PEFT_TASK_TYPES[manifest.model_type],
-        "base_model_name_or_path": manifest.model_path,
+        "task_type": _PEFT_TASK_TYPES[model_type],
+        "base_model_name_or_path": model_path,
         "r": lora["rank"],
         "lora_alpha": lora["alpha"],
         "lora_dropout": lora.get("dropout", 0.0),
@@ -72,5 +80,5 @@ def adapter_config(manifest: Manifest, saved_modules: list[str]) -> dict[str, An
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
-        "modules_to_save": saved_modules or None,
+        "modules_to_save": list(modules_to_save) or None,
     }

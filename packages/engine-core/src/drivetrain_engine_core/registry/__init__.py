@@ -1,9 +1,10 @@
-"""Typed registrars that plugin hooks fill: engines, roles and checkpoint mergers."""
+"""Typed registrars that plugin hooks fill: engines, roles, checkpoint mergers and rollouts."""
 
 from .base import KeyedRegistry, Registration
 from .engines import ANY_DEVICE, EngineEntry, EngineRegistry
 from .mergers import CheckpointMergerRegistry
 from .roles import NamedEntry, RoleRegistry
+from .rollouts import RolloutRegistry
 from .source import DIRECT_SOURCE, PluginSource
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "PluginSource",
     "Registration",
     "RoleRegistry",
+    "RolloutRegistry",
 ]

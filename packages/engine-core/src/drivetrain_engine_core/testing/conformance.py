@@ -23,6 +23,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from drivetrain_engine_core.checkpoint import PEFT_PREFIX
 from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.data.padding import nopad_to_padded, padded_to_nopad
@@ -36,6 +37,7 @@ from drivetrain_engine_core.testing.device import device_under_test
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
 from drivetrain_engine_core.testing.models import make_tiny_model_dir
 from drivetrain_engine_core.testing.reference import (
+    load_reference_model,
     reference_entropy,
     reference_log_probs,
     reference_loss_and_grad_norm,
@@ -369,6 +371,52 @@ class EngineConformanceTests:
                 disabled = outputs_of(engine.infer_batch(batch))["log_probs"]
         assert (_flat(trained) - _flat(base)).abs().max() > 100 * self.atol, "the LoRA step changed nothing"
         self.assert_close(disabled, base, "log_probs with adapters disabled")
+        self.assert_adapter_hand_off(engine, model_dir, lora)
+
+    def assert_adapter_hand_off(self, engine: Engine, model_dir: Path, lora: LoraConfig) -> None:
+        """``weight_buckets(lora="adapter")`` streams exactly the PEFT adapter tensors that, folded into the
+        base weights, give the merged hand-off (bit for bit), with the PEFT config in every bucket."""
+        buckets = list(engine.weight_buckets(version=1, bucket_bytes=1024, lora="adapter"))
+        adapters = {name: tensor.cpu().clone() for bucket in buckets for name, tensor in bucket.tensors()}
+        config = buckets[0].adapter_config
+        assert config is not None and (config["r"], config["lora_alpha"]) == (lora.rank, lora.alpha)
+        assert all(b.lora == "adapter" and b.adapter_config == config for b in buckets)
+        merged = {name: t.cpu().clone() for b in engine.weight_buckets(version=1) for name, t in b.tensors()}
+        base = load_reference_model(model_dir).state_dict()
+        adapted = {name.split(".lora_")[0] for name in adapters}
+        assert len(adapters) == 2 * len(adapted) and all(
+            name.split(".")[-1] in lora.target_modules for name in adapted
+        ), sorted(adapters)
+        for module in adapted:
+            hf_name = module.removeprefix(PEFT_PREFIX) + ".weight"
+            up, down = adapters[f"{module}.lora_B.weight"], adapters[f"{module}.lora_A.weight"]
+            expected = base[hf_name] + (up.float() @ down.float()).to(base[hf_name].dtype) * (
+                lora.alpha / lora.rank
+            )
+            assert torch.equal(merged[hf_name], expected), hf_name
+
+    # ------------------------------------------------------------------ weight hand-off
+    def test_weight_buckets_equal_export_weights(self, model_dir: Path) -> None:
+        """Buckets (of a trained engine) carry ``export_weights()`` bit for bit, each within the byte bound
+        unless it is one oversized tensor, numbered and versioned; ``dtype`` casts like ``Tensor.to``."""
+        engine = self.make_engine(model_dir)
+        with engine.train_mode():
+            engine.train_batch(self.make_batch(model_dir), token_mean_nll)
+        exported = {name: tensor.detach().cpu().clone() for name, tensor in engine.export_weights()}
+        bound = 4096
+        received: dict[str, torch.Tensor] = {}
+        for index, bucket in enumerate(engine.weight_buckets(version=1, bucket_bytes=bound)):
+            assert (bucket.index, bucket.version) == (index, 1)
+            assert bucket.nbytes <= bound or len(bucket.specs) == 1, bucket.names
+            received.update((name, tensor.cpu().clone()) for name, tensor in bucket.tensors())
+        assert bucket.last and list(received) == list(exported)
+        for name, tensor in exported.items():
+            assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+        cast = {
+            n: t.cpu() for b in engine.weight_buckets(version=2, dtype=torch.bfloat16) for n, t in b.tensors()
+        }
+        for name, tensor in exported.items():
+            assert torch.equal(cast[name], tensor.to(torch.bfloat16)), name
 
     # ------------------------------------------------------------------ low precision
     @pytest.fixture(params=["bfloat16", "float16"])

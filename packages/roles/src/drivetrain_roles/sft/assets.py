@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
 from .config import DataConfig
@@ -24,9 +24,9 @@ def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
         check_model_path(path)
         return path
     target = output_dir / INITIAL_MODEL_DIR
-    if dist_utils.rank() == 0 and not (target / "config.json").is_file():
+    if distributed.rank() == 0 and not (target / "config.json").is_file():
         write_model_dir(target, seed=seed)
-    dist_utils.barrier()
+    distributed.barrier()
     return str(target)
 
 
@@ -54,9 +54,9 @@ def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple
         return list(config.train_files), list(config.val_files)
     directory = output_dir / "data"
     train, val = directory / "train.jsonl", directory / "val.jsonl"
-    if dist_utils.rank() == 0 and not (train.is_file() and val.is_file()):
+    if distributed.rank() == 0 and not (train.is_file() and val.is_file()):
         write_arithmetic_data(
             directory, train_size=config.generated_train_size, val_size=config.generated_val_size, seed=seed
         )
-    dist_utils.barrier()
+    distributed.barrier()
     return [str(train)], [str(val)] if config.generated_val_size else []

@@ -9,7 +9,6 @@ import click
 from drivetrain_engine_core.command_config import config_options
 
 if TYPE_CHECKING:
-    from .config import SFTConfig
     from .trainer import SFTResult
 
 
@@ -42,23 +41,23 @@ def sft(
     OVERRIDES are dotted config values such as engine.micro_batch.max_tokens=512 or trainer.total_steps=100;
     --help-config lists every field, --print-config shows the resolved config.
     """
+    from ..jobs.launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
     from .assets import check_model_path
     from .config import load_config
-    from .launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
 
     if resume and overwrite:
         raise click.UsageError("--resume continues a run and --overwrite deletes its checkpoints: pass one.")
     # A bad config or model path fails here once, before any rank starts or any folder is made.
     check_model_path(load_config(config_file, overrides).model.path)
     try:
-        run_dir = resolve_output_dir(output_dir, resume)
+        run_dir = resolve_output_dir(output_dir, resume, "sft")
     except FileNotFoundError as e:
         raise click.UsageError(str(e)) from e
     if nproc > 1 and not under_launcher():
         check_run_dir(run_dir, resume=resume, overwrite=overwrite)  # once, not once per spawned rank
         arguments = [*(["--config", config_file] if config_file else []), "--output-dir", str(run_dir)]
         flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
-        sys.exit(spawn_ranks(nproc, [*arguments, *flags, *overrides]))
+        sys.exit(spawn_ranks(nproc, [*arguments, *flags, *overrides], "sft"))
     run_here(config_file, str(run_dir), resume, overwrite, overrides)
 
 
@@ -66,26 +65,19 @@ def run_here(
     config_file: str | None, output_dir: str, resume: bool, overwrite: bool, overrides: tuple[str, ...]
 ) -> None:
     """Run this process's rank of the job and print where the results are."""
-    from drivetrain_engine_core import distributed as dist_utils
+    from drivetrain_engine_core import distributed
     from transformers.utils import logging as hf_logging
 
+    from ..jobs.launch import agreed_output_dir
     from .config import load_config
     from .trainer import SFTTrainer
 
     hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
     config = load_config(config_file, overrides)
-    run_dir = _agreed_output_dir(output_dir, config)
+    run_dir = agreed_output_dir(output_dir, config.engine)
     result = SFTTrainer(config, run_dir, resume=resume, overwrite=overwrite).run()
-    if dist_utils.rank() == 0:
+    if distributed.rank() == 0:
         click.echo(_summary(result))
-
-
-def _agreed_output_dir(output_dir: str, config: SFTConfig) -> str:
-    """Under an outer torchrun without ``--output-dir`` each rank made its own timestamp: use rank 0's."""
-    from drivetrain_engine_core import distributed as dist_utils
-
-    dist_utils.init_distributed(config.engine.device, config.engine.dist_timeout_s)
-    return str(dist_utils.broadcast_object(output_dir))
 
 
 def _summary(result: SFTResult) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import LossFn
 
@@ -41,7 +41,7 @@ def greedy_accuracy(
         answers = generate_answers(model, examples, tokenizer, max_new_tokens=max_new_tokens)
         correct = sum(a.strip() == e.response_text.strip() for a, e in zip(answers, examples, strict=True))
         accuracy = correct / len(examples)
-    return float(dist_utils.broadcast_object(accuracy))  # type: ignore[arg-type]
+    return float(distributed.broadcast_object(accuracy))  # type: ignore[arg-type]
 
 
 @torch.no_grad()

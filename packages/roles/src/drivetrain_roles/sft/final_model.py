@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
 FINAL_MODEL_DIR = "final_model"
@@ -22,9 +22,9 @@ def gather_hf_model(engine: Engine, model_path: str) -> Any | None:
     """The engine's current weights in a Hugging Face model on rank 0 (``None`` elsewhere); collective."""
     weights = {}
     for name, tensor in engine.export_weights():
-        if dist_utils.rank() == 0:
+        if distributed.rank() == 0:
             weights[name] = tensor.detach().to("cpu", copy=True)
-    return _hf_model(model_path, weights) if dist_utils.rank() == 0 else None
+    return _hf_model(model_path, weights) if distributed.rank() == 0 else None
 
 
 def save_final_model(
@@ -48,7 +48,7 @@ def save_final_model(
         )
         model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
-    dist_utils.barrier()
+    distributed.barrier()
 
 
 def _hf_model(model_path: str, weights: dict[str, torch.Tensor]) -> Any:

@@ -68,18 +68,37 @@ def format_record(values: dict[str, float]) -> str:
 
 def plot_loss_curve(records: list[dict[str, Any]], path: Path) -> Path:
     """Save the training loss per step, with held-out loss and accuracy points, as a PNG (matplotlib, Agg)."""
+    return plot_curves(
+        records,
+        path,
+        left=[("train/loss", "train loss", "-"), ("val/loss", "held-out loss", "o-")],
+        left_label="loss (NLL per response token)",
+        log_scale=True,
+    )
+
+
+def plot_curves(
+    records: list[dict[str, Any]],
+    path: Path,
+    *,
+    left: Sequence[tuple[str, str, str]],
+    left_label: str,
+    log_scale: bool = False,
+) -> Path:
+    """Save ``left`` series ``(metric, label, style)`` per step, and held-out accuracy on a right axis, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, loss_axis = plt.subplots(figsize=(7, 4))
-    _plot_series(loss_axis, records, "train/loss", "train loss", "-")
-    _plot_series(loss_axis, records, "val/loss", "held-out loss", "o-")
-    loss_axis.set_xlabel("step")
-    loss_axis.set_ylabel("loss (NLL per response token)")
-    loss_axis.set_yscale("log")
-    accuracy_axis = loss_axis.twinx()
+    figure, left_axis = plt.subplots(figsize=(7, 4))
+    for key, label, style in left:
+        _plot_series(left_axis, records, key, label, style)
+    left_axis.set_xlabel("step")
+    left_axis.set_ylabel(left_label)
+    if log_scale:
+        left_axis.set_yscale("log")
+    accuracy_axis = left_axis.twinx()
     _plot_series(accuracy_axis, records, "val/accuracy", "held-out accuracy", "s--", color="tab:green")
     accuracy_axis.set_ylabel("accuracy")
     accuracy_axis.set_ylim(0, 1)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed as dist_utils
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.command_config import to_plain, to_yaml
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
@@ -29,6 +29,7 @@ from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
+from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
 from ..losses.sft import sft_loss_fn
 from .assets import resolve_data_files, resolve_model_path
 from .batches import StepSampler, check_batch_size, make_sft_batch
@@ -36,7 +37,6 @@ from .config import SFTConfig
 from .data import DataError, Example, load_examples
 from .evaluate import greedy_accuracy, held_out_loss
 from .final_model import FINAL_MODEL_DIR, save_final_model
-from .launch import CHECKPOINT_DIR, check_run_dir
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
@@ -97,17 +97,17 @@ class SFTTrainer:
 
     def run(self) -> SFTResult:
         """Train for ``trainer.total_steps`` steps; returns this process's losses and evaluations."""
-        dist_utils.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
+        distributed.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
         if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
             torch.set_num_threads(self.config.trainer.cpu_threads)
         check_run_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
-        dist_utils.barrier()  # every rank checked before rank 0 deletes anything
-        if dist_utils.rank() == 0:
+        distributed.barrier()  # every rank checked before rank 0 deletes anything
+        if distributed.rank() == 0:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             if self.overwrite and not self.resume:
                 shutil.rmtree(self.checkpoint_root, ignore_errors=True)
             (self.output_dir / CONFIG_FILE).write_text(to_yaml(self.config))
-        dist_utils.barrier()
+        distributed.barrier()
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
         engine = self._build_engine(model_path)
@@ -116,14 +116,14 @@ class SFTTrainer:
         start_step = self._maybe_resume(engine)
         writer = MetricsWriter(
             self.output_dir,
-            enabled=dist_utils.rank() == 0,
+            enabled=distributed.rank() == 0,
             report_to=self.config.trainer.report_to,
             config=to_plain(self.config),
             resume_step=start_step if self.resume else None,
         )
         result = SFTResult(output_dir=self.output_dir, start_step=start_step)
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
-        heartbeat = Heartbeat(self.output_dir / HEARTBEAT_DIR, dist_utils.rank(), dist_utils.world_size())
+        heartbeat = Heartbeat(self.output_dir / HEARTBEAT_DIR, distributed.rank(), distributed.world_size())
         try:
             with heartbeat.naming_laggards():
                 self._train(engine, sampler, train, evaluate, writer, result, heartbeat)
@@ -136,7 +136,7 @@ class SFTTrainer:
             self.output_dir / FINAL_MODEL_DIR,
             max_new_tokens=self.config.trainer.max_new_tokens,
         )
-        if dist_utils.rank() == 0:
+        if distributed.rank() == 0:
             plot_loss_curve(writer.records, self.output_dir / CURVE_FILE)
             _write_summary(self.output_dir, result, to_plain(self.config))
         return result
@@ -264,7 +264,7 @@ class SFTTrainer:
             return
         writer.write(step, values)
         result.evaluations.append({"step": step, **values})
-        if dist_utils.rank() == 0:
+        if distributed.rank() == 0:
             bar.write(f"[step {step}] {format_record(values)}")
 
 
@@ -318,7 +318,7 @@ def _progress_bar(trainer: Any, start_step: int) -> Any:
         initial=start_step,
         desc="sft",
         unit="step",
-        disable=not (trainer.progress_bar and dist_utils.rank() == 0),
+        disable=not (trainer.progress_bar and distributed.rank() == 0),
     )
 
 

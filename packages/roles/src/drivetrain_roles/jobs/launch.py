@@ -1,7 +1,7 @@
-"""Starting the ranks of an SFT run: in this process, or ``N`` processes through ``torch.distributed.run``.
+"""Starting the ranks of a job (``sft``, ``grpo``): in this process, or ``N`` processes through ``torch.distributed.run``.
 
-``drivetrain sft --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.sft.rank_main ...`` with the
-same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run
+``drivetrain <command> --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.<command>.rank_main ...``
+with the same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run
 needs no separate launcher; under an outer ``torchrun`` (``WORLD_SIZE`` set) the command runs as one rank.
 
 A user error inside the ranks is written by each rank to a file of a per-launch directory
@@ -23,12 +23,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import click
+from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.processes import owning_descendants
 
 OUTPUTS_ROOT = Path("outputs")
-RUN_PREFIX = "sft-"
 CHECKPOINT_DIR = "checkpoints"
-ERROR_DIR_ENV = "DRIVETRAIN_SFT_ERROR_DIR"
+ERROR_DIR_ENV = "DRIVETRAIN_ERROR_DIR"
 """Set by :func:`spawn_ranks`: where each rank writes its one-line user error instead of printing it."""
 INTERRUPTED = 130
 
@@ -38,17 +38,17 @@ def under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def new_output_dir(root: Path = OUTPUTS_ROOT) -> Path:
-    """``outputs/sft-<UTC timestamp>``: a fresh run directory."""
+def new_output_dir(command: str, root: Path = OUTPUTS_ROOT) -> Path:
+    """``outputs/<command>-<UTC timestamp>``: a fresh run directory."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    return root / f"{RUN_PREFIX}{stamp}"
+    return root / f"{command}-{stamp}"
 
 
-def latest_output_dir(root: Path = OUTPUTS_ROOT) -> Path | None:
-    """The newest ``outputs/sft-*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
+def latest_output_dir(command: str, root: Path = OUTPUTS_ROOT) -> Path | None:
+    """The newest ``outputs/<command>-*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
     from drivetrain_engine_core.checkpoint import complete_steps
 
-    runs = sorted(p for p in root.glob(f"{RUN_PREFIX}*") if complete_steps(p / CHECKPOINT_DIR))
+    runs = sorted(p for p in root.glob(f"{command}-*") if complete_steps(p / CHECKPOINT_DIR))
     return runs[-1] if runs else None
 
 
@@ -79,7 +79,7 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         )
 
 
-def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:
+def resolve_output_dir(output_dir: str | None, resume: bool, command: str) -> Path:
     """The run directory: as given; else for ``--resume`` the newest resumable run; else a new one.
 
     Raises:
@@ -88,18 +88,18 @@ def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:
     if output_dir is not None:
         return Path(output_dir)
     if resume:
-        latest = latest_output_dir()
+        latest = latest_output_dir(command)
         if latest is None:
             raise FileNotFoundError(
-                f"--resume found no run with a checkpoint under {OUTPUTS_ROOT.resolve()}/{RUN_PREFIX}*; pass "
+                f"--resume found no run with a checkpoint under {OUTPUTS_ROOT.resolve()}/{command}-*; pass "
                 "--output-dir DIR of the run to continue."
             )
         return latest
-    return new_output_dir()
+    return new_output_dir(command)
 
 
-def spawn_ranks(nproc: int, arguments: Sequence[str]) -> int:
-    """Run ``nproc`` ranks of ``drivetrain sft <arguments>``; returns the exit code for the command.
+def spawn_ranks(nproc: int, arguments: Sequence[str], command: str) -> int:
+    """Run ``nproc`` ranks of ``drivetrain <command> <arguments>``; returns the exit code for the command.
 
     Returns:
         0 on success; 1 after printing the first rank's user error (or the launcher's failure summary for a
@@ -121,17 +121,17 @@ def spawn_ranks(nproc: int, arguments: Sequence[str]) -> int:
         max_restarts=0,
     )
     with (
-        tempfile.TemporaryDirectory(prefix="drivetrain-sft-errors-") as errors,
+        tempfile.TemporaryDirectory(prefix=f"drivetrain-{command}-errors-") as errors,
         _rank_environment(errors),
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
-            elastic_launch(config, sys.executable)("-m", "drivetrain_roles.sft.rank_main", *arguments)
+            elastic_launch(config, sys.executable)("-m", f"drivetrain_roles.{command}.rank_main", *arguments)
         except ChildFailedError as e:
             click.echo(_first_user_error(Path(errors)) or str(e), err=True)
             return 1
         except (KeyboardInterrupt, SignalException):
-            click.echo("drivetrain sft: interrupted; every rank was stopped.", err=True)
+            click.echo(f"drivetrain {command}: interrupted; every rank was stopped.", err=True)
             return INTERRUPTED
     return 0
 
@@ -166,3 +166,26 @@ def report_rank_error(message: str) -> None:
 def _first_user_error(directory: Path) -> str | None:
     reports = sorted(directory.glob("rank*.txt"))
     return reports[0].read_text() if reports else None
+
+
+def rank_main(command: click.Command, name: str) -> None:
+    """Run one spawned rank of ``drivetrain <name>``: a user error is one line handed to the launcher, not a
+    traceback; Ctrl-C ends the rank quietly."""
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.errors import DrivetrainError
+
+    try:
+        command.main(prog_name=f"drivetrain {name}", standalone_mode=False)
+    except (DrivetrainError, ConfigError, click.ClickException) as e:
+        report_rank_error(f"drivetrain {name}: error: {' '.join(str(e).split())}")
+        sys.exit(1)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        sys.exit(INTERRUPTED)
+
+
+def agreed_output_dir(output_dir: str, engine: EngineConfig) -> str:
+    """Under an outer torchrun without ``--output-dir`` each rank made its own timestamp: use rank 0's."""
+    from drivetrain_engine_core import distributed
+
+    distributed.init_distributed(engine.device, engine.dist_timeout_s)
+    return str(distributed.broadcast_object(output_dir))

@@ -1,0 +1,67 @@
+"""The receiving side of the hand-off: a stream is accepted only whole, in order and newer than what is served."""
+
+from __future__ import annotations
+
+from ..errors import DrivetrainError
+from .bucket import WeightBucket
+
+
+class HandoffError(DrivetrainError, RuntimeError):
+    """A weight stream is stale, out of order, interrupted or incomplete; the message says which."""
+
+
+class BucketReceiver:
+    """Tracks one rollout's weight versions and checks every bucket against the stream so far.
+
+    A version is *complete* once its ``last`` bucket arrived after buckets ``0..last`` in order. Until then
+    the receiver (and the rollout using it) reports no complete version, so a partial update is never served.
+
+    Attributes:
+        version: the newest complete version, or ``None`` before the first complete stream.
+    """
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self._pending: int | None = None
+        self._next_index = 0
+
+    @property
+    def receiving(self) -> bool:
+        """Whether a stream has started and not ended (its weights are partly applied)."""
+        return self._pending is not None
+
+    def accept(self, bucket: WeightBucket) -> None:
+        """Check ``bucket`` against the stream; call before applying it.
+
+        Raises:
+            HandoffError: the bucket is from a version older than (or equal to) the one served, from another
+                version than the stream in progress, or not the next index.
+        """
+        if self._pending is None:
+            self._start(bucket)
+        elif bucket.version != self._pending:
+            raise HandoffError(
+                f"weight bucket of version {bucket.version} arrived while version {self._pending} was still "
+                f"streaming (bucket {self._next_index} expected next); the sender must finish one hand-off "
+                "before starting the next."
+            )
+        if bucket.index != self._next_index:
+            raise HandoffError(
+                f"weight bucket {bucket.index} of version {bucket.version} arrived, but bucket {self._next_index} "
+                "was expected: buckets were lost or reordered; send the version again from bucket 0."
+            )
+        self._next_index += 1
+        if bucket.last:
+            self.version, self._pending, self._next_index = bucket.version, None, 0
+
+    def abort(self) -> None:
+        """Forget a stream that failed midway (its weights are partial until a full stream arrives)."""
+        self._pending, self._next_index = None, 0
+
+    def _start(self, bucket: WeightBucket) -> None:
+        if self.version is not None and bucket.version <= self.version:
+            raise HandoffError(
+                f"stale weights: version {bucket.version} arrived after version {self.version} was loaded; "
+                "hand off with a larger version (the training step) each time."
+            )
+        self._pending = bucket.version

@@ -1,0 +1,21 @@
+"""``drivetrain grpo``: GRPO over any engine backend and rollout, with an embedded arithmetic job.
+
+Names are imported lazily so that registering the ``grpo`` command stays cheap.
+"""
+
+from __future__ import annotations
+
+from drivetrain_engine_core.lazy import lazy_getattr
+
+_EXPORTS = {
+    "GRPOConfig": "config",
+    "GRPOResult": "trainer",
+    "GRPOTrainer": "trainer",
+    "group_advantages": "rewards",
+    "load_config": "config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -1,0 +1,186 @@
+"""Typed configuration of ``drivetrain grpo``: its sections, their defaults (the embedded job) and derived values.
+
+Loading is core's command config layer (:mod:`drivetrain_engine_core.command_config`). The defaults are the
+embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 20% held-out
+accuracy, then trained by GRPO with an exact-answer reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drivetrain_engine_core.config import (
+    CheckpointConfig,
+    ConfigError,
+    EngineConfig,
+    MicroBatchConfig,
+    ModelConfig,
+    OptimizerConfig,
+)
+
+from ..losses.aggregation import AGGREGATION_MODES
+from ..losses.kl import canonical_estimator
+from ..sft.config import DataConfig
+from ..sft.default_assets import BUILTIN_MODEL
+
+
+@dataclass(kw_only=True, frozen=True)
+class RolloutConfig:
+    """How responses are sampled.
+
+    Attributes:
+        name: the registered rollout backend (``hf``: Hugging Face ``generate``; see ``drivetrain plugins``).
+        n: responses per prompt (the group whose rewards are normalised together).
+        temperature: sampling temperature (> 0); the actor's and reference's log-probs use the same one.
+        max_new_tokens: most tokens of one response.
+        bucket_mb: the weight hand-off's bucket size in MiB.
+    """
+
+    name: str = "hf"
+    n: int = 16
+    temperature: float = 1.0
+    max_new_tokens: int = 6
+    bucket_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        if self.n < 2:
+            raise ConfigError(
+                f"rollout.n must be >= 2 (GRPO compares responses to one prompt), got {self.n}."
+            )
+        if not self.temperature > 0:
+            raise ConfigError(f"rollout.temperature must be > 0 (GRPO samples), got {self.temperature}.")
+        if self.max_new_tokens < 1 or not self.bucket_mb > 0:
+            raise ConfigError("rollout.max_new_tokens must be >= 1 and rollout.bucket_mb > 0.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class AlgorithmConfig:
+    """The GRPO objective.
+
+    Attributes:
+        clip_ratio: PPO clip range (ratio clipped to ``[1 - clip_ratio, 1 + clip_ratio]``).
+        kl_loss_coef: weight of the KL penalty to the reference policy (0 disables it and the reference).
+        kl_estimator: ``k1``, ``k2`` or ``k3`` (``low_var_kl``).
+        loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
+        epsilon: added to the group's reward standard deviation before dividing.
+    """
+
+    clip_ratio: float = 0.2
+    kl_loss_coef: float = 0.001
+    kl_estimator: str = "k3"
+    loss_agg_mode: str = "token-mean"
+    epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not 0 < self.clip_ratio < 1:
+            raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
+        if self.kl_loss_coef < 0:
+            raise ConfigError(f"algorithm.kl_loss_coef must be >= 0, got {self.kl_loss_coef}.")
+        try:
+            canonical_estimator(self.kl_estimator)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.kl_estimator: {e}") from e
+        if self.loss_agg_mode not in AGGREGATION_MODES:
+            raise ConfigError(
+                f"algorithm.loss_agg_mode={self.loss_agg_mode!r} is not supported; choose one of {list(AGGREGATION_MODES)}."
+            )
+
+
+@dataclass(kw_only=True, frozen=True)
+class TrainerConfig:
+    """The GRPO loop.
+
+    Attributes:
+        total_steps: policy updates (each: one rollout, one optimizer step, one weight hand-off).
+        prompts_per_step: prompts per step over all data-parallel ranks (divisible by their number).
+        warm_start_steps: with ``model.path=builtin:arithmetic``, SFT steps run first (in ``<run>/warm_start``)
+            to get a policy that is sometimes right; GRPO starts from its ``final_model``.
+        eval_every: held-out greedy accuracy every N steps (and before the first and after the last).
+        save_every: checkpoint every N steps (and at the end); 0 saves only at the end.
+        eval_samples: held-out prompts answered greedily for the accuracy.
+        seed: seed of the prompt order and of the sampling.
+        progress_bar: show a tqdm bar on rank 0.
+        cpu_threads: intra-op threads per rank on CPU (``None``: torch's default).
+        report_to: metrics trackers (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
+    """
+
+    total_steps: int = 200
+    prompts_per_step: int = 16
+    warm_start_steps: int = 300
+    eval_every: int = 20
+    save_every: int = 50
+    eval_samples: int = 200
+    seed: int = 0
+    progress_bar: bool = True
+    cpu_threads: int | None = 1
+    report_to: tuple[str, ...] = ("jsonl",)
+
+    def __post_init__(self) -> None:
+        from drivetrain_engine_core.tracking import check_report_to
+
+        check_report_to(self.report_to)
+        for name in ("total_steps", "prompts_per_step"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("warm_start_steps", "eval_every", "save_every", "eval_samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(self, name)}.")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")
+
+
+def _default_model() -> ModelConfig:
+    return ModelConfig(path=BUILTIN_MODEL)
+
+
+def _default_engine() -> EngineConfig:
+    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=4096))
+
+
+def _default_optimizer() -> OptimizerConfig:
+    return OptimizerConfig(lr=5e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=0)
+
+
+def _default_checkpoint() -> CheckpointConfig:
+    return CheckpointConfig(max_ckpt_to_keep=2)
+
+
+@dataclass(kw_only=True, frozen=True)
+class GRPOConfig:
+    """Everything one GRPO run needs; the defaults are the embedded arithmetic job.
+
+    Attributes:
+        model: the policy to train: ``builtin:arithmetic`` (warm-started by SFT), or a model directory such as
+            the ``final_model`` of a ``drivetrain sft`` run.
+        engine: the actor's (and reference's) engine config.
+        optimizer: the actor's AdamW and LR schedule.
+        checkpoint: checkpoint contents and retention.
+        data: prompts (``data.prompt_key``) and their reference answers (``data.response_key``); the reward
+            is 1 when a response, stripped, equals the answer.
+        rollout: sampling and the weight hand-off.
+        algorithm: the GRPO objective.
+        trainer: the loop.
+    """
+
+    model: ModelConfig = field(default_factory=_default_model)
+    engine: EngineConfig = field(default_factory=_default_engine)
+    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> GRPOConfig:
+    """Defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), as a checked config.
+
+    Raises:
+        ConfigError: unreadable YAML, a malformed override, an unknown key or an invalid value.
+        PluginError: ``engine.backend`` names a backend that is not installed.
+    """
+    from drivetrain_engine_core.command_config import load_config as load_command_config
+
+    return load_command_config(GRPOConfig, config_file, overrides)

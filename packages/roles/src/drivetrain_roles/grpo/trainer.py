@@ -1,0 +1,337 @@
+"""The GRPO training loop over any installed engine backend and rollout.
+
+One process per rank (``torchrun`` or ``drivetrain grpo --nproc N``). Setup: the start policy (a model
+directory, or the embedded job's SFT warm start), the actor engine, the reference (its own inference-only
+engine, or the actor's base model with LoRA; none when ``algorithm.kl_loss_coef`` is 0) and the rollout
+(``rollout.name``). Each step (:mod:`.step`): sample and reward this rank's prompts, one PPO-clip update,
+weight hand-off. Held-out greedy accuracy (through the rollout, i.e. the synced weights) before the first
+step, every ``trainer.eval_every`` steps and after the last; checkpoints in ``<run>/checkpoints``; ``resume``
+continues from the latest one (the rollout is synced from it first); the run ends with ``final_model``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core import distributed
+from drivetrain_engine_core.command_config import to_plain, to_yaml
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
+from drivetrain_engine_core.tracking.jsonl import dumps
+
+from ..actor import Actor, ActorConfig
+from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
+from ..losses.policy import PolicyLossConfig
+from ..mini_batches import UpdateSchedule
+from ..reference import Reference
+from ..sft.assets import resolve_data_files
+from ..sft.batches import StepSampler, check_batch_size
+from ..sft.data import Example, load_examples
+from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
+from ..sft.metrics import MetricsWriter, format_record, plot_curves
+from .config import GRPOConfig
+from .rewards import exact_match
+from .step import SEED_STRIDE, hand_off, sample, update
+from .warm_start import start_model
+
+CONFIG_FILE = "config.yaml"
+CURVE_FILE = "reward_curve.png"
+
+
+@dataclass
+class GRPOResult:
+    """What a run did, on every rank.
+
+    Attributes:
+        output_dir: the run directory.
+        start_step: 0, or the resumed checkpoint's step.
+        rewards: mean training reward of each step this process ran.
+        evaluations: ``{"step", "val/accuracy"}`` of each evaluation.
+        seconds: wall time of the GRPO loop (warm start and setup excluded).
+    """
+
+    output_dir: Path
+    start_step: int
+    rewards: list[float] = field(default_factory=list)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class GRPOTrainer:
+    """Group-relative policy optimisation with an exact-answer reward.
+
+    Args:
+        config: the run's configuration (see :func:`~drivetrain_roles.grpo.config.load_config`).
+        output_dir: the run directory.
+        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints``.
+        overwrite: delete the checkpoints a previous run left in ``output_dir`` and start over.
+    """
+
+    def __init__(
+        self, config: GRPOConfig, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+    ) -> None:
+        self.config = config
+        self.output_dir = Path(output_dir)
+        self.resume = resume
+        self.overwrite = overwrite
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.output_dir / CHECKPOINT_DIR
+
+    def run(self) -> GRPOResult:
+        """Train for ``trainer.total_steps`` steps; returns this process's rewards and evaluations."""
+        config = self.config
+        distributed.init_distributed(config.engine.device, config.engine.dist_timeout_s)
+        if config.engine.device == "cpu" and config.trainer.cpu_threads is not None:
+            torch.set_num_threads(config.trainer.cpu_threads)
+        check_run_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
+        distributed.barrier()
+        if distributed.rank() == 0:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if self.overwrite and not self.resume:
+                shutil.rmtree(self.checkpoint_root, ignore_errors=True)
+            (self.output_dir / CONFIG_FILE).write_text(to_yaml(config))
+        distributed.barrier()
+        model_path = start_model(config, self.output_dir)
+        tokenizer, train, val = self._load_data(model_path)
+        actor = self.make_actor(model_path)
+        reference = self.make_reference(actor, model_path)
+        rollout = create_rollout(config.rollout.name, model_path=model_path, device=config.engine.device)
+        check_batch_size(config.trainer.prompts_per_step, actor.engine.data_parallel_size)
+        start_step = self._maybe_resume(actor, rollout)
+        writer = MetricsWriter(
+            self.output_dir,
+            enabled=distributed.rank() == 0,
+            report_to=config.trainer.report_to,
+            config=to_plain(config),
+            resume_step=start_step if self.resume else None,
+        )
+        result = GRPOResult(output_dir=self.output_dir, start_step=start_step)
+        loop = _Loop(self, actor, reference, rollout, tokenizer, train, val, writer, result)
+        started = time.perf_counter()
+        try:
+            loop.run()
+        finally:
+            writer.close()
+        result.seconds = time.perf_counter() - started
+        save_final_model(
+            actor.engine,
+            model_path,
+            tokenizer,
+            self.output_dir / FINAL_MODEL_DIR,
+            max_new_tokens=config.rollout.max_new_tokens,
+        )
+        if distributed.rank() == 0:
+            plot_curves(
+                writer.records,
+                self.output_dir / CURVE_FILE,
+                left=[("train/reward", "train reward (exact answers)", "-")],
+                left_label="mean reward",
+            )
+            _write_summary(self.output_dir, result, to_plain(config))
+        return result
+
+    # ------------------------------------------------------------------ setup
+
+    def _load_data(self, model_path: str) -> tuple[Any, list[Example], list[Example]]:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        train_files, val_files = resolve_data_files(
+            self.config.data, self.output_dir, self.config.trainer.seed
+        )
+        train = load_examples(train_files, tokenizer, self.config.data)
+        val = load_examples(val_files, tokenizer, self.config.data) if val_files else []
+        return tokenizer, train, val
+
+    def _engine(self, model_path: str, *, train: bool) -> Engine:
+        from drivetrain_engine_core.factory import create_engine
+
+        engine = create_engine(
+            model_config=dataclasses.replace(self.config.model, path=model_path),
+            engine_config=self.config.engine,
+            optimizer_config=self.config.optimizer if train else None,
+            checkpoint_config=self.config.checkpoint,
+        )
+        engine.initialize()
+        return engine
+
+    def make_actor(self, model_path: str) -> Actor:
+        """The actor: a training engine of ``model_path`` with the GRPO loss, one optimizer step per rollout."""
+        config, algorithm = self.config, self.config.algorithm
+        loss = PolicyLossConfig(
+            clip_ratio_low=algorithm.clip_ratio,
+            clip_ratio_high=algorithm.clip_ratio,
+            loss_agg_mode=algorithm.loss_agg_mode,
+            kl_loss_coef=algorithm.kl_loss_coef,
+            kl_estimator=algorithm.kl_estimator,
+        )
+        # One optimizer step per rollout: the whole step's samples are one mini-batch (on-policy GRPO).
+        schedule = UpdateSchedule(
+            mini_batch_size=config.trainer.prompts_per_step * config.rollout.n, shuffle=False
+        )
+        actor_config = ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
+        return Actor(self._engine(model_path, train=True), actor_config)
+
+    def make_reference(self, actor: Actor, model_path: str) -> Reference | None:
+        """The KL reference: the actor's base model with LoRA, else its own inference-only engine; ``None``
+        without a KL penalty."""
+        if self.config.algorithm.kl_loss_coef == 0:
+            return None
+        temperature = self.config.rollout.temperature
+        if self.config.model.lora is not None:
+            return Reference(actor.engine, use_actor_base=True, temperature=temperature)
+        return Reference(self._engine(model_path, train=False), temperature=temperature)
+
+    def _maybe_resume(self, actor: Actor, rollout: Rollout) -> int:
+        if not self.resume:
+            return 0
+        state = actor.engine.load_checkpoint(self.checkpoint_root)
+        for key, value in self._data_position(0).items():
+            if key != "next_step" and state.get(key) != value:
+                raise CheckpointError(
+                    f"the checkpoint in {self.checkpoint_root} was trained with {key}={state.get(key)}, this run "
+                    f"has {value}; resume with the same value or start a new --output-dir."
+                )
+        step = int(state["global_step"])
+        hand_off(
+            actor, rollout, step, self.config.rollout.bucket_mb
+        )  # the rollout serves the resumed weights
+        return step
+
+    def _data_position(self, step: int) -> dict[str, int]:
+        trainer = self.config.trainer
+        return {
+            "next_step": step,
+            "seed": trainer.seed,
+            "prompts_per_step": trainer.prompts_per_step,
+            "n": self.config.rollout.n,
+        }
+
+
+@dataclass
+class _Loop:
+    """The steps of one run, with evaluation, metrics and checkpoints."""
+
+    trainer: GRPOTrainer
+    actor: Actor
+    reference: Reference | None
+    rollout: Rollout
+    tokenizer: Any
+    train: list[Example]
+    val: list[Example]
+    writer: MetricsWriter
+    result: GRPOResult
+
+    def run(self) -> None:
+        config = self.trainer.config.trainer
+        sampler = StepSampler(len(self.train), config.prompts_per_step, config.seed)
+        bar = _progress_bar(config, self.result.start_step)
+        if self.result.start_step == 0:
+            self._evaluate(0, bar)
+        for step in range(self.result.start_step, config.total_steps):
+            values = self._step(step, sampler)
+            self.result.rewards.append(values["train/reward"])
+            self.writer.write(step + 1, values)
+            bar.set_postfix(
+                reward=f"{values['train/reward']:.3f}",
+                kl=f"{values.get('train/kl', 0.0):.4f}",
+                tok_s=f"{values['perf/tokens_per_s']:.0f}",
+                refresh=False,
+            )
+            bar.update(1)
+            last = step + 1 == config.total_steps
+            if last or (config.eval_every and (step + 1) % config.eval_every == 0):
+                self._evaluate(step + 1, bar)
+            if last or (config.save_every and (step + 1) % config.save_every == 0):
+                self.actor.engine.save_checkpoint(
+                    self.trainer.checkpoint_root, step + 1, extra_state=self.trainer._data_position(step + 1)
+                )
+        bar.close()
+
+    def _step(self, step: int, sampler: StepSampler) -> dict[str, float]:
+        engine, config = self.actor.engine, self.trainer.config
+        local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+        started = time.perf_counter()
+        seed = config.trainer.seed + SEED_STRIDE * step + distributed.rank()
+        samples = sample(self.rollout, [self.train[i] for i in local], self.tokenizer, config, seed=seed)
+        metrics = update(self.actor, self.reference, samples)
+        hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb)
+        seconds = time.perf_counter() - started
+        group = engine.data_parallel_group
+        reward_sum, count, response_tokens, tokens = distributed.all_reduce_sums(
+            [
+                float(samples.rewards.sum()),
+                len(samples.rewards),
+                sum(samples.response_lengths),
+                int(samples.batch["input_ids"].values().numel()),
+            ],
+            group,
+        )
+        values = {
+            "train/reward": reward_sum / count,
+            "train/pg_loss": metrics["pg_loss"],
+            "train/clip_fraction": metrics["pg_clipfrac"],
+            "train/entropy": metrics["entropy"],
+            "train/grad_norm": metrics["grad_norm"],
+            "train/lr": metrics["lr"],
+            "train/response_length": response_tokens / count,
+            "rollout/log_prob_diff_max": metrics["rollout/log_prob_diff_max"],
+            "perf/step_time_s": seconds,
+            "perf/tokens_per_s": tokens / seconds,
+        }
+        if "kl_loss" in metrics:
+            values["train/kl"] = metrics["kl_loss"]
+        return values
+
+    def _evaluate(self, step: int, bar: Any) -> None:
+        samples = self.val[: self.trainer.config.trainer.eval_samples]
+        if not samples:
+            return
+        rank, size = distributed.rank(), distributed.world_size()
+        local = samples[rank::size]
+        correct = 0
+        if local:
+            sampling = SamplingConfig(
+                temperature=0.0, max_new_tokens=self.trainer.config.rollout.max_new_tokens
+            )
+            output = self.rollout.generate([e.prompt_ids for e in local], sampling)
+            answers = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
+            correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
+        values = {"val/accuracy": distributed.all_reduce_sum(correct) / len(samples)}
+        self.writer.write(step, values)
+        self.result.evaluations.append({"step": step, **values})
+        if rank == 0:
+            bar.write(f"[step {step}] {format_record(values)}")
+
+
+def _progress_bar(trainer: Any, start_step: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=trainer.total_steps,
+        initial=start_step,
+        desc="grpo",
+        unit="step",
+        disable=not (trainer.progress_bar and distributed.rank() == 0),
+    )
+
+
+def _write_summary(output_dir: Path, result: GRPOResult, config: dict[str, Any]) -> None:
+    summary = {
+        "start_step": result.start_step,
+        "final_train_reward": result.rewards[-1] if result.rewards else None,
+        "evaluations": result.evaluations,
+        "seconds": result.seconds,
+        "final_model": str(output_dir / FINAL_MODEL_DIR),
+        "config": config,
+    }
+    (output_dir / "summary.json").write_text(dumps(summary, indent=2))

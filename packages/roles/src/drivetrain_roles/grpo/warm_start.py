@@ -1,0 +1,60 @@
+"""The policy GRPO starts from: a model directory, or for the embedded job a short SFT run's ``final_model``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..sft.assets import check_model_path
+from ..sft.config import SFTConfig, TrainerConfig, schedule_length
+from ..sft.default_assets import BUILTIN_MODEL
+from ..sft.final_model import FINAL_MODEL_DIR
+from .config import GRPOConfig
+
+WARM_START_DIR = "warm_start"
+"""Where the embedded job's SFT warm start runs (a complete ``drivetrain sft`` run folder)."""
+
+
+def start_model(config: GRPOConfig, output_dir: Path) -> str:
+    """``model.path`` itself, or for ``builtin:arithmetic`` the ``final_model`` of an SFT warm start.
+
+    The warm start is ``drivetrain sft`` for ``trainer.warm_start_steps`` steps in ``<run>/warm_start`` (same
+    engine, data and seed), run once: a resumed GRPO run finds its ``final_model`` and reuses it.
+
+    Raises:
+        ModelPathError: ``model.path`` is not a local Hugging Face model directory.
+    """
+    if config.model.path != BUILTIN_MODEL:
+        check_model_path(config.model.path)
+        return config.model.path
+    directory = output_dir / WARM_START_DIR
+    final = directory / FINAL_MODEL_DIR
+    if not (final / "config.json").is_file():
+        from ..sft.trainer import SFTTrainer
+
+        SFTTrainer(_warm_start_config(config), directory, overwrite=True).run()
+    return str(final)
+
+
+def _warm_start_config(config: GRPOConfig) -> SFTConfig:
+    steps = max(config.trainer.warm_start_steps, 1)
+    schedule = schedule_length(steps)
+    trainer = TrainerConfig(
+        total_steps=steps,
+        eval_every=0,
+        save_every=0,
+        eval_samples=config.trainer.eval_samples,
+        max_new_tokens=config.rollout.max_new_tokens,
+        seed=config.trainer.seed,
+        progress_bar=config.trainer.progress_bar,
+        cpu_threads=config.trainer.cpu_threads,
+    )
+    return SFTConfig(
+        model=config.model,
+        engine=config.engine,
+        optimizer=dataclasses.replace(
+            SFTConfig().optimizer, total_steps=schedule["total_steps"], warmup_steps=schedule["warmup_steps"]
+        ),
+        data=config.data,
+        trainer=trainer,
+    )

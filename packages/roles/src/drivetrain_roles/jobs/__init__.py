@@ -1,0 +1,1 @@
+"""Machinery the ``drivetrain`` job commands (``sft``, ``grpo``) share: run folders and launching ranks."""

@@ -1,0 +1,16 @@
+"""Rollouts shipped with drivetrain-roles: Hugging Face ``generate`` (``hf``), exact on CPU.
+
+The contract (:class:`drivetrain_engine_core.rollout.Rollout`) lives in core so that inference backends can be
+separate plugins; this package registers ``hf`` through ``register_rollouts``.
+"""
+
+from __future__ import annotations
+
+from drivetrain_engine_core.lazy import lazy_getattr
+
+_EXPORTS = {"HFRollout": "hf"}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

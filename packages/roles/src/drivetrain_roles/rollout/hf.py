@@ -1,0 +1,102 @@
+"""The Hugging Face ``generate`` rollout: exact per-token log-probs of what it samples, CPU-testable.
+
+Prompts are left-padded into one batch, each repeated ``n`` times; ``generate`` samples with temperature
+only (``top_k=0``, ``top_p=1``: no other warper changes the distribution), returns the raw logits of every
+step, and the log-prob of each sampled token is ``log_softmax(logits / temperature)`` at it: the same value
+the actor computes for that token (docs/architecture.md §8). A response ends after its first
+end-of-sequence token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from drivetrain_engine_core.handoff import WeightBucket
+from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+
+from .weights import ServedWeights
+
+
+class HFRollout(Rollout):
+    """``transformers`` ``generate`` over the model at ``model_path``, updated in place by weight buckets."""
+
+    name = "hf"
+
+    def __init__(self, *, model_path: str, device: str = "cpu") -> None:
+        from transformers import AutoModelForCausalLM
+
+        super().__init__(model_path=model_path, device=device)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = model.to(device).eval()
+        config = self.model.config
+        self._eos_id = config.eos_token_id
+        self._pad_id = config.pad_token_id if config.pad_token_id is not None else self._eos_id
+        self._weights = ServedWeights(self.model)
+
+    def _load_bucket(self, bucket: WeightBucket) -> None:
+        self._weights.load(bucket)
+
+    def _finish_update(self) -> None:
+        self._weights.finish()
+
+    @torch.no_grad()
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        rows = [list(prompt) for prompt in prompts for _ in range(sampling.n)]
+        width = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for index, row in enumerate(rows):
+            input_ids[index, width - len(row) :] = torch.tensor(row)
+            attention_mask[index, width - len(row) :] = 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sampling.seed)
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                generation_config=self._generation_config(sampling),
+            )
+        tokens = output.sequences[:, width:].cpu()
+        temperature = sampling.temperature or 1.0
+        logits = torch.stack(output.logits, dim=1).float().cpu() / temperature
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        lengths = [self._length(row) for row in tokens]
+        return (
+            [row[:length].clone() for row, length in zip(tokens, lengths, strict=True)],
+            [row[:length].clone() for row, length in zip(log_probs, lengths, strict=True)],
+        )
+
+    def _generation_config(self, sampling: SamplingConfig) -> Any:
+        from transformers import GenerationConfig
+
+        sample = sampling.temperature > 0
+        return GenerationConfig(
+            do_sample=sample,
+            temperature=sampling.temperature if sample else None,
+            top_k=0 if sample else None,
+            top_p=1.0 if sample else None,
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self._pad_id,
+            eos_token_id=self._eos_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+
+    def _length(self, tokens: torch.Tensor) -> int:
+        """Tokens up to and including the first end-of-sequence token (all of them when there is none)."""
+        ends = (tokens == self._eos_id).nonzero()
+        return int(ends[0, 0]) + 1 if len(ends) else len(tokens)
+
+    def _sleep(self) -> None:
+        # NOTE: on CPU nothing is worth freeing (generate keeps no cache between calls); on an accelerator the
+        # weights go to host memory so training can use the device.
+        if self.device != "cpu":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def _wake(self) -> None:
+        if self.device != "cpu":
+            self.model.to(self.device)

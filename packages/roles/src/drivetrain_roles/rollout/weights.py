@@ -1,0 +1,103 @@
+"""Served weights of the Hugging Face rollout: full tensors copied in place, or LoRA adapters folded in.
+
+Adapters are folded exactly as the engines merge them for ``export_weights`` (``W + (B @ A in fp32) * alpha / r``
+cast back), so an adapter hand-off serves the same bits as a merged one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from drivetrain_engine_core.checkpoint import PEFT_PREFIX
+from drivetrain_engine_core.handoff import HandoffError, WeightBucket
+
+
+class ServedWeights:
+    """The rollout model's tensors by Hugging Face name, and what the current stream has covered.
+
+    Args:
+        model: the served ``transformers`` model.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._stream: dict[str, torch.Tensor] | None = None
+        tied = getattr(model.config, "tie_word_embeddings", False)
+        self._optional = {"lm_head.weight"} if tied else set()
+        self._base: dict[str, torch.Tensor] | None = None
+        self._merged_seen = False
+        self._seen: set[str] = set()
+        self._adapters: dict[str, torch.Tensor] = {}
+        self._adapter_config: Mapping[str, Any] | None = None
+
+    @property
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        # NOTE: read once per stream, never cached across streams: moving the model (sleep/wake) replaces the
+        # parameters' storage, and copies into an old state dict would silently never reach the model.
+        if self._stream is None:
+            self._stream = dict(self._model.state_dict())
+        return self._stream
+
+    def load(self, bucket: WeightBucket) -> None:
+        """Copy a merged bucket's tensors in place, or keep an adapter bucket's tensors for :meth:`finish`."""
+        if bucket.lora == "adapter":
+            if self._merged_seen:
+                raise HandoffError(
+                    "this rollout already served merged weights, so its model no longer holds the base weights "
+                    "adapters fold into; hand off with one lora mode for the rollout's whole life."
+                )
+            self._adapter_config = bucket.adapter_config
+            self._adapters.update((name, tensor.clone()) for name, tensor in bucket.tensors())
+            return
+        self._merged_seen = True
+        with torch.no_grad():
+            for name, tensor in bucket.tensors():
+                self._target(name, tensor).copy_(tensor)
+                self._seen.add(name)
+
+    def finish(self) -> None:
+        """Fold held adapters in, or check that a merged stream covered every weight of the model."""
+        try:
+            if self._adapter_config is not None:
+                self._fold_adapters()
+                return
+            missing = sorted(set(self._tensors) - self._seen - self._optional)
+            if missing:
+                raise HandoffError(
+                    f"the weight stream missed {len(missing)} of the model's tensors ({missing[:3]}); the sender's "
+                    "export must yield every Hugging Face weight."
+                )
+        finally:
+            self._seen, self._adapters, self._adapter_config, self._stream = set(), {}, None, None
+
+    def _fold_adapters(self) -> None:
+        config = self._adapter_config or {}
+        scale = float(config["lora_alpha"]) / float(config["r"])
+        if self._base is None:  # the first adapter hand-off: the model still holds the base weights
+            self._base = {name: tensor.clone() for name, tensor in self._tensors.items()}
+        with torch.no_grad():
+            for name in (n for n in self._adapters if n.endswith(".lora_A.weight")):
+                module = name.removesuffix(".lora_A.weight")
+                hf_name = module.removeprefix(PEFT_PREFIX) + ".weight"
+                base = self._base[hf_name]
+                delta = (self._adapters[f"{module}.lora_B.weight"].float() @ self._adapters[name].float()).to(
+                    base.dtype
+                )
+                self._target(hf_name, base).copy_(base + delta * scale)
+
+    def _target(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        target = self._tensors.get(name)
+        if target is None:
+            close = difflib.get_close_matches(name, list(self._tensors), n=1)
+            raise HandoffError(
+                f"the weight stream holds {name!r}, which the served model does not have"
+                f"{f' (closest: {close[0]!r})' if close else ''}; hand off weights of the same architecture."
+            )
+        if target.shape != tensor.shape:
+            raise HandoffError(
+                f"{name}: the stream sends shape {tuple(tensor.shape)}, the served model has {tuple(target.shape)}."
+            )
+        return target

@@ -1,0 +1,108 @@
+"""The ``hf`` rollout behind ``register_rollouts``: hand-off from an FSDP engine, exact log-probs, refusals.
+
+One process, tiny models: the rollout's per-token log-probs of what it sampled equal the actor's recomputed
+log-probs (same synced weights, same temperature) within 1e-5 fp32; a LoRA adapter hand-off serves the same
+bits as a merged one; stale, cut-off and asleep use is refused with an error that names the fix.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core.errors import EngineStateError, PluginError
+from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.handoff import HandoffError
+from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll
+from drivetrain_roles.actor import Actor, ActorConfig
+from drivetrain_roles.rollout.hf import HFRollout
+
+TEMPERATURE = 0.7
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("lm"), arch="qwen2")
+
+
+def trained_engine(model_dir, lora=None):
+    engine = create_engine(
+        model_config=ModelConfig(path=str(model_dir), lora=lora),
+        engine_config=engine_config_from_dict(
+            {"backend": "fsdp", "device": "cpu", "micro_batch": MicroBatchConfig(micro_batch_size=2)}
+        ),
+        optimizer_config=OptimizerConfig(lr=1e-2),
+    )
+    engine.initialize()
+    with engine.train_mode():
+        engine.train_batch(
+            random_batch(vocab_size=20, prompt_lengths=[3, 2], response_lengths=[4, 3], seed=0),
+            token_mean_nll,
+        )
+    return engine
+
+
+def test_rollout_log_probs_equal_the_actors_after_a_hand_off(model_dir):
+    engine = trained_engine(model_dir)
+    rollout = create_rollout("hf", model_path=str(model_dir))
+    assert isinstance(rollout, HFRollout) and rollout.weights_version is None
+    assert rollout.update_weights(engine.weight_buckets(version=1, bucket_bytes=4096)) == 1
+    sampling = SamplingConfig(n=4, temperature=TEMPERATURE, max_new_tokens=6, seed=3)
+    output = rollout.generate(PROMPTS, sampling)
+    assert output.version == 1 and len(output.responses) == len(PROMPTS) * 4
+    again = rollout.generate(PROMPTS, sampling)
+    assert all(torch.equal(a, b) for a, b in zip(output.responses, again.responses, strict=True))
+    prompts = [PROMPTS[i // 4] for i in range(len(output.responses))]
+    batch = make_batch(
+        [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)],
+        loss_mask=[
+            torch.tensor([0] * len(p) + [1] * len(r)).bool()
+            for p, r in zip(prompts, output.responses, strict=True)
+        ],
+    )
+    actor = Actor(engine, ActorConfig(temperature=TEMPERATURE))
+    recomputed = actor.compute_log_prob(batch)["log_probs"].unbind()
+    for prompt, rolled, actor_values in zip(prompts, output.log_probs, recomputed, strict=True):
+        torch.testing.assert_close(rolled, actor_values[len(prompt) :], atol=1e-5, rtol=0)
+    greedy = rollout.generate(PROMPTS, SamplingConfig(temperature=0.0, max_new_tokens=6))
+    assert len(greedy.responses) == len(PROMPTS)
+
+
+def test_stale_cut_off_and_asleep_use_is_refused(model_dir):
+    engine = trained_engine(model_dir)
+    rollout = HFRollout(model_path=str(model_dir))
+    rollout.update_weights(engine.weight_buckets(version=2, bucket_bytes=4096))
+    with pytest.raises(HandoffError, match="stale weights: version 2 arrived after version 2"):
+        rollout.update_weights(engine.weight_buckets(version=2, bucket_bytes=4096))
+    cut = itertools.islice(engine.weight_buckets(version=3, bucket_bytes=4096), 2)
+    with pytest.raises(HandoffError, match="ended before its last bucket"):
+        rollout.update_weights(cut)
+    with pytest.raises(EngineStateError, match="partial"):
+        rollout.generate(PROMPTS, SamplingConfig())
+    rollout.update_weights(engine.weight_buckets(version=3, bucket_bytes=4096))
+    rollout.sleep()
+    with pytest.raises(EngineStateError, match=r"asleep; call rollout.wake\(\)"):
+        rollout.generate(PROMPTS, SamplingConfig())
+    rollout.wake()
+    assert rollout.generate(PROMPTS, SamplingConfig(max_new_tokens=2)).version == 3
+    with pytest.raises(PluginError, match=r"no rollout named 'vllm'.*hf"):
+        create_rollout("vllm", model_path=str(model_dir))
+
+
+def test_adapter_hand_off_serves_the_merged_weights_bit_for_bit(model_dir):
+    engine = trained_engine(model_dir, lora=LORA)
+    merged, adapter = HFRollout(model_path=str(model_dir)), HFRollout(model_path=str(model_dir))
+    merged.update_weights(engine.weight_buckets(version=1))
+    adapter.update_weights(engine.weight_buckets(version=1, lora="adapter"))
+    adapter.update_weights(engine.weight_buckets(version=2, lora="adapter"))  # folds into the base, not twice
+    served = adapter.model.state_dict()
+    for name, tensor in merged.model.state_dict().items():
+        assert torch.equal(served[name], tensor), name
+    with pytest.raises(HandoffError, match="one lora mode"):
+        merged.update_weights(engine.weight_buckets(version=2, lora="adapter"))
