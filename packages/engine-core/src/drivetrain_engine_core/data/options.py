@@ -1,7 +1,9 @@
 """Forward options that travel with a batch as non-tensor metadata (ARCHITECTURE §4).
 
-Options are read once at the top of ``forward_backward_batch`` and removed from the batch before it is split,
-so micro-batches carry tensors only. An option the engine does not know is an error, never silently ignored.
+Options are read once at the top of ``forward_backward_batch`` and removed from the batch before it is split.
+An option is a ``NonTensorData`` entry (one value for the batch); ``NonTensorStack`` entries are per-sequence
+fields (``uid``, ``data_source``: :mod:`.groups`) that travel with their sequences, not options. An option
+the engine does not know is an error, never silently ignored.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from tensordict import TensorDict
 
 from ..errors import BatchError
 from .batch import field_names
+from .groups import is_sequence_field
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -37,8 +40,9 @@ OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Forward
 
 
 def _non_tensor_keys(batch: TensorDict) -> list[str]:
+    """Keys of the batch's options: non-tensor entries other than per-sequence fields."""
     keys = field_names(batch)
-    return [key for key in keys if not _is_tensor(batch, key)]
+    return [key for key in keys if not _is_tensor(batch, key) and not is_sequence_field(batch.get(key))]
 
 
 def _is_tensor(batch: TensorDict, key: str) -> bool:
