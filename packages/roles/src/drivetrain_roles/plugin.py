@@ -1,4 +1,4 @@
-"""drivetrain plugin of drivetrain-roles: the actor/critic/reference roles and the ``drivetrain sft`` command."""
+"""drivetrain plugin of drivetrain-roles: the actor/critic/reference roles and the ``sft``, ``dpo``, ``rm`` commands."""
 
 from drivetrain_engine_core.hookspecs import hookimpl
 
@@ -9,10 +9,14 @@ def register_roles(registry):
     registry.register("critic", "drivetrain_roles.critic:Critic")
     registry.register("reference", "drivetrain_roles.reference:Reference")
     registry.register("sft", "drivetrain_roles.sft.trainer:SFTTrainer")
+    registry.register("dpo", "drivetrain_roles.dpo.trainer:DPOTrainer")
+    registry.register("rm", "drivetrain_roles.rm.trainer:RMTrainer")
 
 
 @hookimpl
 def register_commands(cli):
+    from drivetrain_roles.preference.command import dpo, rm
     from drivetrain_roles.sft.command import sft
 
-    cli.add_command(sft)
+    for command in (sft, dpo, rm):
+        cli.add_command(command)

@@ -1,4 +1,6 @@
-"""Starting the ranks of an SFT run: in this process, or ``N`` processes through ``torch.distributed.run``.
+"""Starting the ranks of a run (``drivetrain sft``, ``dpo``, ``rm``): in this process, or ``N`` processes through
+``torch.distributed.run``. The functions take the command's run-folder prefix and rank module; the defaults
+are SFT's.
 
 ``drivetrain sft --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.sft.rank_main ...`` with the
 same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run
@@ -38,17 +40,17 @@ def under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def new_output_dir(root: Path = OUTPUTS_ROOT) -> Path:
-    """``outputs/sft-<UTC timestamp>``: a fresh run directory."""
+def new_output_dir(root: Path = OUTPUTS_ROOT, prefix: str = RUN_PREFIX) -> Path:
+    """``outputs/<prefix><UTC timestamp>`` (``outputs/sft-20250101-120000``): a fresh run directory."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    return root / f"{RUN_PREFIX}{stamp}"
+    return root / f"{prefix}{stamp}"
 
 
-def latest_output_dir(root: Path = OUTPUTS_ROOT) -> Path | None:
-    """The newest ``outputs/sft-*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
+def latest_output_dir(root: Path = OUTPUTS_ROOT, prefix: str = RUN_PREFIX) -> Path | None:
+    """The newest ``outputs/<prefix>*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
     from drivetrain_engine_core.checkpoint import complete_steps
 
-    runs = sorted(p for p in root.glob(f"{RUN_PREFIX}*") if complete_steps(p / CHECKPOINT_DIR))
+    runs = sorted(p for p in root.glob(f"{prefix}*") if complete_steps(p / CHECKPOINT_DIR))
     return runs[-1] if runs else None
 
 
@@ -79,7 +81,7 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         )
 
 
-def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:
+def resolve_output_dir(output_dir: str | None, resume: bool, prefix: str = RUN_PREFIX) -> Path:
     """The run directory: as given; else for ``--resume`` the newest resumable run; else a new one.
 
     Raises:
@@ -88,18 +90,24 @@ def resolve_output_dir(output_dir: str | None, resume: bool) -> Path:
     if output_dir is not None:
         return Path(output_dir)
     if resume:
-        latest = latest_output_dir()
+        latest = latest_output_dir(prefix=prefix)
         if latest is None:
             raise FileNotFoundError(
-                f"--resume found no run with a checkpoint under {OUTPUTS_ROOT.resolve()}/{RUN_PREFIX}*; pass "
+                f"--resume found no run with a checkpoint under {OUTPUTS_ROOT.resolve()}/{prefix}*; pass "
                 "--output-dir DIR of the run to continue."
             )
         return latest
-    return new_output_dir()
+    return new_output_dir(prefix=prefix)
 
 
-def spawn_ranks(nproc: int, arguments: Sequence[str]) -> int:
-    """Run ``nproc`` ranks of ``drivetrain sft <arguments>``; returns the exit code for the command.
+def spawn_ranks(
+    nproc: int,
+    arguments: Sequence[str],
+    *,
+    module: str = "drivetrain_roles.sft.rank_main",
+    command: str = "sft",
+) -> int:
+    """Run ``nproc`` ranks of ``python -m <module> <arguments>`` (``drivetrain <command>``); returns the exit code.
 
     Returns:
         0 on success; 1 after printing the first rank's user error (or the launcher's failure summary for a
@@ -126,12 +134,12 @@ def spawn_ranks(nproc: int, arguments: Sequence[str]) -> int:
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
-            elastic_launch(config, sys.executable)("-m", "drivetrain_roles.sft.rank_main", *arguments)
+            elastic_launch(config, sys.executable)("-m", module, *arguments)
         except ChildFailedError as e:
             click.echo(_first_user_error(Path(errors)) or str(e), err=True)
             return 1
         except (KeyboardInterrupt, SignalException):
-            click.echo("drivetrain sft: interrupted; every rank was stopped.", err=True)
+            click.echo(f"drivetrain {command}: interrupted; every rank was stopped.", err=True)
             return INTERRUPTED
     return 0
 
