@@ -5,7 +5,8 @@ of a sequence is the head read at the last response token. ``*ForSequenceClassif
 head at the last non-padding token and has the same weight names (``model.*``, ``score.weight``), so the
 export is a rename of the architecture, not of the weights. Its head has no bias, so the reward model is
 trained without one: the start folder's config sets ``token_classification_bias: false`` (a Bradley-Terry
-loss cannot learn a bias anyway: it only sees score differences).
+loss cannot learn a bias anyway: it only sees score differences) and ``classifier_dropout: 0.0`` (the
+sequence-classification head has no dropout either, so training scores what the export scores).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ VALUE_START_DIR = "initial_model"
 
 
 def write_value_model_start(source: str, target: Path) -> str:
-    """``target``: links to ``source``'s files and a config with one label and no score bias (rank 0 writes)."""
+    """``target``: links to ``source``'s files and a config with one label, no score bias and no head dropout
+    (rank 0 writes); returns ``target``."""
     if dist_utils.rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
         for entry in Path(source).iterdir():
@@ -36,7 +38,7 @@ def write_value_model_start(source: str, target: Path) -> str:
                 continue
             os.symlink(entry.resolve(), link)
         config = json.loads((Path(source) / "config.json").read_text())
-        config.update(num_labels=1, token_classification_bias=False)
+        config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
         (target / "config.json").write_text(json.dumps(config, indent=2))
     dist_utils.barrier()
     return str(target)
