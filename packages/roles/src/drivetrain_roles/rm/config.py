@@ -36,7 +36,7 @@ def _default_engine() -> EngineConfig:
 
 def _default_optimizer() -> OptimizerConfig:
     return OptimizerConfig(
-        lr=2e-3,
+        lr=1e-3,
         weight_decay=0.0,
         lr_schedule="cosine",
         min_lr_ratio=0.1,
@@ -46,7 +46,7 @@ def _default_optimizer() -> OptimizerConfig:
 
 
 def _default_trainer() -> PairTrainerConfig:
-    return PairTrainerConfig(total_steps=300, eval_every=100)
+    return PairTrainerConfig(total_steps=600, eval_every=200)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -69,7 +69,8 @@ class RMConfig:
     optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))
     data: PairDataConfig = field(default_factory=PairDataConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    # A fully trained SFT start (the SFT job's 800 steps) gives the reward model features of a correct sum.
+    warm_start: WarmStartConfig = field(default_factory=lambda: WarmStartConfig(sft_steps=800))
     trainer: PairTrainerConfig = field(default_factory=_default_trainer)
 
     @staticmethod
