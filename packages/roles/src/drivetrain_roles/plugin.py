@@ -1,4 +1,4 @@
-"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout and the ``sft``/``grpo`` commands."""
+"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout and the ``sft``/``dpo``/``rm``/``grpo`` commands."""
 
 from drivetrain_engine_core.hookspecs import hookimpl
 
@@ -9,6 +9,8 @@ def register_roles(registry):
     registry.register("critic", "drivetrain_roles.critic:Critic")
     registry.register("reference", "drivetrain_roles.reference:Reference")
     registry.register("sft", "drivetrain_roles.sft.trainer:SFTTrainer")
+    registry.register("dpo", "drivetrain_roles.dpo.trainer:DPOTrainer")
+    registry.register("rm", "drivetrain_roles.rm.trainer:RMTrainer")
     registry.register("grpo", "drivetrain_roles.grpo.trainer:GRPOTrainer")
 
 
@@ -20,7 +22,8 @@ def register_rollouts(registry):
 @hookimpl
 def register_commands(cli):
     from drivetrain_roles.grpo.command import grpo
+    from drivetrain_roles.preference.command import dpo, rm
     from drivetrain_roles.sft.command import sft
 
-    cli.add_command(sft)
-    cli.add_command(grpo)
+    for command in (sft, dpo, rm, grpo):
+        cli.add_command(command)

@@ -3,6 +3,7 @@ micro-batching and data-parallel sharding (ARCHITECTURE §4)."""
 
 from .batch import LOSS_MASK_DTYPE, TOKEN_FIELDS, make_batch, move_batch, sequence_lengths, validate_batch
 from .dp import shard_data, shard_indices, unshard_data
+from .groups import UID, sequence_fields, sequence_groups
 from .micro_batch import (
     MicroBatchCountRule,
     MicroBatches,
@@ -30,6 +31,7 @@ from .tokens import global_counts, global_token_count, local_token_count
 __all__ = [
     "LOSS_MASK_DTYPE",
     "TOKEN_FIELDS",
+    "UID",
     "ForwardOptions",
     "MicroBatchCountRule",
     "MicroBatches",
@@ -54,6 +56,8 @@ __all__ = [
     "response_to_padded",
     "response_view",
     "select_rows",
+    "sequence_fields",
+    "sequence_groups",
     "sequence_lengths",
     "shard_data",
     "shard_indices",

@@ -8,24 +8,31 @@ data-parallel group (every rank must run the same number of forward/backward pas
 the model would pair up wrongly), and partitions at that count. Both modes all-reduce the count, so ranks
 holding different numbers of sequences still agree; a rank that then holds fewer sequences than
 micro-batches gets a clear error, because an empty micro-batch has nothing to run.
+
+Sequences that share a ``uid`` (:mod:`.groups`) stay in one micro-batch: both modes then place whole groups
+(a group's tokens, or its number of sequences, against the limit), and a group larger than the limit is one
+error on every rank that names the group and the fix.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 from torch import Tensor
 
 from .. import distributed
+from ..agreement import agreed_checks
 from ..config import MicroBatchConfig
 from ..distributed import ProcessGroup
 from ..errors import BatchError
-from .batch import INPUT_IDS, sequence_lengths
+from .batch import INPUT_IDS, field_names, sequence_lengths
 from .cap_repair import repair_to_cap
+from .groups import describe_group, expand_groups, group_totals, sequence_fields, sequence_groups
 from .jagged import offsets_of
 from .merge import is_identity, merge_outputs
 from .partition import estimate_workload, karmarkar_karp
@@ -74,11 +81,14 @@ class MicroBatches:
         indices: for each micro-batch, the original positions (int64) of its sequences, in its order.
         offsets: ``input_ids`` offsets of the original batch; restored per-token outputs are rebuilt on this
             very tensor so they combine with the original batch's fields (``log_probs * loss_mask``).
+        carried: the original batch's per-sequence non-tensor fields (``uid``, ``data_source``), returned
+            with the restored outputs so callers can match results to their sequences.
     """
 
     batches: list[TensorDict]
     indices: list[Tensor]
     offsets: Tensor | None = None
+    carried: dict[str, Any] = field(default_factory=dict)
 
     def restore(self, outputs: Sequence[TensorDict]) -> TensorDict:
         """Concatenate per-micro-batch outputs and reorder them into the original sequence order.
@@ -101,7 +111,11 @@ class MicroBatches:
                     f"{len(idx)} sequences; return one row per sequence."
                 )
         order = self.indices[0] if len(self.indices) == 1 else torch.cat(self.indices)
-        return merge_outputs(outputs, order, self.offsets)
+        merged = merge_outputs(outputs, order, self.offsets)
+        for key, value in self.carried.items():
+            if key not in field_names(merged):
+                merged.set(key, value)
+        return merged
 
 
 def split_micro_batches(
@@ -112,6 +126,8 @@ def split_micro_batches(
 ) -> MicroBatches:
     """Cut ``batch`` into micro-batches (a collective over ``dp_group``: the count is all-reduced).
 
+    Sequences sharing a ``uid`` are kept in one micro-batch.
+
     Args:
         batch: a validated batch (options already stripped).
         config: fixed ``micro_batch_size`` or dynamic ``max_tokens``.
@@ -119,32 +135,108 @@ def split_micro_batches(
         rule: the counts the backend's schedule accepts.
 
     Returns:
-        The micro-batches and their original indices.
+        The micro-batches, their original indices and the batch's per-sequence non-tensor fields.
 
     Raises:
-        BatchError: a sequence is longer than ``max_tokens`` (this rank), or some rank has fewer sequences
-            than the agreed count (every rank).
+        BatchError: on every rank, when some rank holds a sequence (or a group) over the limit or fewer
+            sequences (groups) than the agreed count.
     """
-    n = batch.batch_size[0]
-    lengths = sequence_lengths(batch)
+    groups = sequence_groups(batch)
     if config.max_tokens is not None:
-        local_count, groups = plan_micro_batches(lengths, config.max_tokens)
-        count = agree_on_count(local_count, n, rule, dp_group)
-        if count != local_count:
-            groups = partition_micro_batches(lengths, config.max_tokens, count)
-        indices = [torch.tensor(g, dtype=torch.int64) for g in groups]
+        indices = _dynamic_indices(batch, groups, config.max_tokens, rule, dp_group)
     else:
-        size = config.micro_batch_size
-        assert size is not None  # MicroBatchConfig sets exactly one of the two limits
-        count = agree_on_count(math.ceil(n / size), n, rule, dp_group)
-        indices = fixed_indices(n, size, count)
+        assert config.micro_batch_size is not None  # MicroBatchConfig sets exactly one of the two limits
+        indices = _fixed_indices(batch, groups, config.micro_batch_size, rule, dp_group)
     return MicroBatches(
-        batches=cut_batch(batch, indices), indices=indices, offsets=offsets_of(batch[INPUT_IDS])
+        batches=cut_batch(batch, indices),
+        indices=indices,
+        offsets=offsets_of(batch[INPUT_IDS]),
+        carried=sequence_fields(batch),
     )
 
 
+def _dynamic_indices(
+    batch: TensorDict,
+    groups: list[list[int]] | None,
+    max_tokens: int,
+    rule: MicroBatchCountRule,
+    dp_group: ProcessGroup | None,
+) -> list[Tensor]:
+    """Micro-batches under the token cap, placing groups (their summed tokens and workloads) as units."""
+    lengths = sequence_lengths(batch)
+    workloads = estimate_workload(lengths)
+    if groups is not None:
+        lengths, workloads = group_totals(lengths, groups), group_totals(workloads, groups)
+    with agreed_checks(dp_group):
+        _require_within_budget(lengths, max_tokens, _namer(batch, groups))
+    local_count, parts = plan_micro_batches(lengths, max_tokens, workloads)
+    count = agree_on_count(local_count, len(lengths), rule, dp_group, unit=_unit(groups))
+    if count != local_count:
+        parts = partition_micro_batches(lengths, max_tokens, count, workloads)
+    return expand_groups(parts, groups)
+
+
+def _fixed_indices(
+    batch: TensorDict,
+    groups: list[list[int]] | None,
+    micro_batch_size: int,
+    rule: MicroBatchCountRule,
+    dp_group: ProcessGroup | None,
+) -> list[Tensor]:
+    """Consecutive micro-batches of ``micro_batch_size`` sequences; with groups, of whole groups up to it."""
+    n = batch.batch_size[0]
+    if groups is None:
+        count = agree_on_count(math.ceil(n / micro_batch_size), n, rule, dp_group)
+        return fixed_indices(n, micro_batch_size, count)
+    sizes = torch.tensor([len(g) for g in groups])
+    with agreed_checks(dp_group):
+        _require_within_budget(sizes, micro_batch_size, _namer(batch, groups), option="micro_batch_size")
+    parts = _consecutive_parts(sizes.tolist(), micro_batch_size)
+    count = agree_on_count(len(parts), len(groups), rule, dp_group, unit="groups")
+    return expand_groups(_split_to_count(parts, count), groups)
+
+
+def _consecutive_parts(sizes: list[int], cap: int) -> list[list[int]]:
+    """Consecutive units, a new part whenever the next unit would take the part over ``cap``."""
+    parts: list[list[int]] = [[]]
+    room = cap
+    for unit, size in enumerate(sizes):
+        if size > room:
+            parts.append([])
+            room = cap
+        parts[-1].append(unit)
+        room -= size
+    return parts
+
+
+def _split_to_count(parts: list[list[int]], count: int) -> list[list[int]]:
+    """``parts`` split (the part with most units in halves, in place) until there are ``count``."""
+    parts = [list(p) for p in parts]
+    while len(parts) < count:
+        widest = max(range(len(parts)), key=lambda i: len(parts[i]))
+        part = parts[widest]
+        parts[widest : widest + 1] = [part[: len(part) // 2], part[len(part) // 2 :]]
+    return parts
+
+
+def _unit(groups: list[list[int]] | None) -> str:
+    return "sequences" if groups is None else "groups (sequences sharing a uid)"
+
+
+def _namer(batch: TensorDict, groups: list[list[int]] | None) -> Callable[[int], str]:
+    """How an error names unit ``i``: a sequence, or a group by its ``uid``."""
+    if groups is None:
+        return lambda i: f"sequence {i}"
+    return lambda i: f"the group of {describe_group(batch, groups[i])}"
+
+
 def agree_on_count(
-    local_count: int, num_sequences: int, rule: MicroBatchCountRule, dp_group: ProcessGroup | None
+    local_count: int,
+    num_sequences: int,
+    rule: MicroBatchCountRule,
+    dp_group: ProcessGroup | None,
+    *,
+    unit: str = "sequences",
 ) -> int:
     """The count every rank of ``dp_group`` runs: the maximum of the ranks' own counts, under ``rule``.
 
@@ -158,9 +250,9 @@ def agree_on_count(
     count, fewest = rule.apply(int(highest)), -int(negated_fewest)
     if fewest < count:
         raise BatchError(
-            f"micro-batching: a data-parallel rank holds {fewest} sequences (this rank {num_sequences}) but the "
+            f"micro-batching: a data-parallel rank holds {fewest} {unit} (this rank {num_sequences}) but the "
             f"group runs {count} micro-batches{rule.describe()} and a micro-batch cannot be empty; give every "
-            f"rank at least {count} sequences (e.g. balance with shard_data) or use fewer micro-batches."
+            f"rank at least {count} {unit} (e.g. balance with shard_data) or use fewer micro-batches."
         )
     return count
 
@@ -190,12 +282,15 @@ def micro_batch_count(lengths: Tensor, max_tokens: int) -> int:
     return plan_micro_batches(lengths, max_tokens)[0]
 
 
-def plan_micro_batches(lengths: Tensor, max_tokens: int) -> tuple[int, list[list[int]]]:
+def plan_micro_batches(
+    lengths: Tensor, max_tokens: int, workloads: Tensor | None = None
+) -> tuple[int, list[list[int]]]:
     """This rank's count (see :func:`micro_batch_count`) and its groups at that count.
 
     The count is the smallest from the token lower bound ``ceil(total / max_tokens)`` up (at most
     ``EXTRA_COUNTS_TRIED`` above it) at which a balanced partition fits the cap, else first-fit decreasing's
-    count. The groups are reused when the count agreed over ranks equals this rank's own.
+    count. The groups are reused when the count agreed over ranks equals this rank's own. ``workloads``
+    (default :func:`estimate_workload` of ``lengths``) is what the partition balances.
 
     Raises:
         BatchError: a sequence is longer than ``max_tokens``.
@@ -203,14 +298,16 @@ def plan_micro_batches(lengths: Tensor, max_tokens: int) -> tuple[int, list[list
     _require_within_budget(lengths, max_tokens)
     lower = max(1, math.ceil(int(lengths.sum()) / max_tokens))
     for count in range(lower, min(len(lengths), lower + EXTRA_COUNTS_TRIED) + 1):
-        groups = _balanced(lengths, max_tokens, count)
+        groups = _balanced(lengths, max_tokens, count, workloads)
         if groups is not None:
             return count, groups
     count = _first_fit_decreasing_count(lengths.tolist(), max_tokens)
     return count, _packed(lengths, max_tokens, count)
 
 
-def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]]:
+def partition_micro_batches(
+    lengths: Tensor, max_tokens: int, count: int, workloads: Tensor | None = None
+) -> list[list[int]]:
     """Exactly ``count`` non-empty groups of sequence indices, each within ``max_tokens`` tokens.
 
     Workload-balanced by Karmarkar-Karp when that fits the cap, else by capped greedy bin packing.
@@ -223,13 +320,15 @@ def partition_micro_batches(lengths: Tensor, max_tokens: int, count: int) -> lis
         raise BatchError(
             f"micro-batching: {len(lengths)} sequences cannot fill {count} micro-batches (none may be empty)."
         )
-    groups = _balanced(lengths, max_tokens, count)
+    groups = _balanced(lengths, max_tokens, count, workloads)
     return groups if groups is not None else _packed(lengths, max_tokens, count)
 
 
-def _balanced(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]] | None:
+def _balanced(
+    lengths: Tensor, max_tokens: int, count: int, workloads: Tensor | None = None
+) -> list[list[int]] | None:
     """Karmarkar-Karp groups on workload, moved under the token cap if needed; ``None`` if that fails."""
-    workloads = estimate_workload(lengths)
+    workloads = estimate_workload(lengths) if workloads is None else workloads
     groups = karmarkar_karp(workloads.tolist(), count)
     sizes = lengths.tolist()
     if all(sum(sizes[i] for i in g) <= max_tokens for g in groups):
@@ -268,12 +367,24 @@ def _packed(lengths: Tensor, max_tokens: int, count: int) -> list[list[int]]:
     return [sorted(b) for b in bins]
 
 
-def _require_within_budget(lengths: Tensor, max_tokens: int) -> None:
-    over = (lengths > max_tokens).nonzero()
-    if len(over):
-        i = int(over[0])
-        raise BatchError(
-            f"micro-batching: sequence {i} has {int(lengths[i])} tokens, more than the micro-batch token budget "
-            f"max_tokens={max_tokens}; raise micro_batch.max_tokens to at least {int(lengths.max())} or "
-            "truncate the sequence."
-        )
+def _require_within_budget(
+    sizes: Tensor,
+    limit: int,
+    name: Callable[[int], str] = lambda i: f"sequence {i}",
+    *,
+    option: str = "max_tokens",
+) -> None:
+    """Raise naming the first unit (sequence or group) whose size exceeds the micro-batch ``limit``.
+
+    ``option`` is ``max_tokens`` (sizes are tokens) or ``micro_batch_size`` (sizes are sequences of a group).
+    """
+    over = (sizes > limit).nonzero()
+    if not len(over):
+        return
+    i = int(over[0])
+    what, fix = ("tokens", " or truncate the sequences") if option == "max_tokens" else ("sequences", "")
+    together = " (sequences sharing a uid stay in one micro-batch)" if name(i).startswith("the group") else ""
+    raise BatchError(
+        f"micro-batching: {name(i)} has {int(sizes[i])} {what}, more than the micro-batch limit "
+        f"{option}={limit}{together}; raise micro_batch.{option} to at least {int(sizes.max())}{fix}."
+    )

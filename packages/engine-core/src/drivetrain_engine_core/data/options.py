@@ -1,7 +1,9 @@
 """Forward options: an argument of ``forward_backward_batch`` / ``infer_batch`` / ``train_batch`` (ARCHITECTURE §4).
 
-Batches carry tensors only. Options used to travel as non-tensor batch metadata; a batch that still carries a
-non-tensor entry is refused with the argument to use instead, so an option is never silently ignored.
+Batches carry tensors, plus per-sequence non-tensor fields (``NonTensorStack``: ``uid``, ``data_source``, see
+:mod:`.groups`) that travel with their sequences. Options used to travel as batch-level non-tensor metadata; a
+batch that still carries such an entry is refused with the argument to use instead, so an option is never
+silently ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from ..errors import BatchError
 from .batch import field_names
+from .groups import is_sequence_field
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -38,13 +41,17 @@ OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Forward
 
 
 def refuse_batch_options(batch: TensorDict) -> None:
-    """Refuse non-tensor entries in ``batch``: options are an argument, never batch metadata.
+    """Refuse batch-level non-tensor entries in ``batch``: options are an argument, never batch metadata.
+
+    Per-sequence non-tensor fields (one value per sequence) are data, not options, and pass.
 
     Raises:
         BatchError: naming the entry, the option it resembles and the ``options=`` argument to use.
     """
     for key in field_names(batch):
         value = batch.get(key)
+        if is_sequence_field(value):
+            continue
         if isinstance(value, torch.Tensor) and not isinstance(value, (NonTensorData, NonTensorStack)):
             continue
         close = difflib.get_close_matches(key, OPTION_NAMES, n=1)

@@ -119,15 +119,24 @@ def load_examples(files: Sequence[str | Path], tokenizer: Any, config: DataConfi
 def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, where: str) -> Example:
     """Tokenise one row: chat ``messages`` (loss on the last assistant turn) or a prompt/response pair."""
     if config.messages_key is not None:
-        return _tokenize_messages(
-            _column(row, config.messages_key, where, "data.messages_key"), tokenizer, where
+        return tokenize_messages(
+            column(row, config.messages_key, where, "data.messages_key"), tokenizer, where
         )
-    prompt = _text(row, config.prompt_key, where, "data.prompt_key")
-    response = _text(row, config.response_key, where, "data.response_key")
-    prompt_ids = _encode(tokenizer, prompt, f"{where} column {config.prompt_key!r}")
+    prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
+    response = text_value(row, config.response_key, where, "data.response_key")
+    return tokenize_prompt_response(
+        prompt, response, tokenizer, where=where, columns=(config.prompt_key, config.response_key)
+    )
+
+
+def tokenize_prompt_response(
+    prompt: str, response: str, tokenizer: Any, *, where: str, columns: tuple[str, str]
+) -> Example:
+    """bos + prompt (no loss), then response + eos (loss); ``columns`` name the two texts in errors."""
+    prompt_ids = _encode(tokenizer, prompt, f"{where} column {columns[0]!r}")
     if tokenizer.bos_token_id is not None:
         prompt_ids = [tokenizer.bos_token_id, *prompt_ids]
-    response_ids = _encode(tokenizer, response, f"{where} column {config.response_key!r}")
+    response_ids = _encode(tokenizer, response, f"{where} column {columns[1]!r}")
     if tokenizer.eos_token_id is not None:
         response_ids = [*response_ids, tokenizer.eos_token_id]
     return Example(
@@ -135,7 +144,8 @@ def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, whe
     )
 
 
-def _column(row: dict[str, Any], key: str, where: str, option: str) -> Any:
+def column(row: dict[str, Any], key: str, where: str, option: str) -> Any:
+    """``row[key]``, or an error naming the row's columns and the config ``option`` that picks the column."""
     if key not in row:
         raise DataError(
             f"{where} has no column {key!r}; its columns are {sorted(row)}. Set {option}=<column> to the column "
@@ -144,9 +154,9 @@ def _column(row: dict[str, Any], key: str, where: str, option: str) -> Any:
     return row[key]
 
 
-def _text(row: dict[str, Any], key: str, where: str, option: str) -> str:
-    """A prompt or response value, which must be a string: ``None`` or a list would train on its repr."""
-    value = _column(row, key, where, option)
+def text_value(row: dict[str, Any], key: str, where: str, option: str) -> str:
+    """A text value (prompt, response), which must be a string: ``None`` or a list would train on its repr."""
+    value = column(row, key, where, option)
     if not isinstance(value, str):
         raise DataError(
             f"{where} column {key!r} holds {type(value).__name__} {str(value)[:40]!r}, not text; fix or drop the "
@@ -172,7 +182,7 @@ def _encode(tokenizer: Any, text: str, where: str) -> list[int]:
     )
 
 
-def _tokenize_messages(messages: Any, tokenizer: Any, where: str) -> Example:
+def tokenize_messages(messages: Any, tokenizer: Any, where: str) -> Example:
     """Prompt = the chat template of every turn before the last (with the generation prompt); response = the rest."""
     if not isinstance(messages, list) or not messages or messages[-1].get("role") != "assistant":
         raise DataError(

@@ -18,13 +18,19 @@ from drivetrain_engine_core.engine import Engine
 FINAL_MODEL_DIR = "final_model"
 
 
-def gather_hf_model(engine: Engine, model_path: str) -> Any | None:
-    """The engine's current weights in a Hugging Face model on rank 0 (``None`` elsewhere); collective."""
+def gather_weights(engine: Engine) -> dict[str, torch.Tensor] | None:
+    """The engine's full weights by Hugging Face name, on CPU on rank 0 (``None`` elsewhere); collective."""
     weights = {}
     for name, tensor in engine.export_weights():
         if distributed.rank() == 0:
             weights[name] = tensor.detach().to("cpu", copy=True)
-    return _hf_model(model_path, weights) if distributed.rank() == 0 else None
+    return weights if distributed.rank() == 0 else None
+
+
+def gather_hf_model(engine: Engine, model_path: str) -> Any | None:
+    """The engine's current weights in a Hugging Face model on rank 0 (``None`` elsewhere); collective."""
+    weights = gather_weights(engine)
+    return None if weights is None else _hf_model(model_path, weights)
 
 
 def save_final_model(

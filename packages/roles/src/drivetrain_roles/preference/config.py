@@ -1,0 +1,120 @@
+"""Config sections shared by the pairwise commands ``drivetrain dpo`` and ``drivetrain rm``.
+
+Each command declares its own top-level dataclass (``DPOConfig``, ``RMConfig``) from these sections and
+core's; loading, checking and messages are core's command config layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drivetrain_engine_core.config import ConfigError
+
+
+@dataclass(kw_only=True, frozen=True)
+class PairDataConfig:
+    """Where the preference pairs come from and how they are tokenised.
+
+    Attributes:
+        train_files: parquet/jsonl files of pairs; empty selects the generated arithmetic pairs (the correct
+            sum chosen, a wrong one rejected).
+        val_files: held-out pairs; empty with generated data uses the generated held-out split, empty with
+            user files disables held-out evaluation.
+        prompt_key: column of the prompt text (not read with ``chat``).
+        chosen_key, rejected_key: columns of the preferred and the dispreferred response.
+        chat: the chosen/rejected columns hold chat conversations (lists of role/content messages ending with
+            the assistant turn, rendered with the tokenizer's chat template) instead of response texts.
+        max_length: token budget of one sequence (prompt + response); longer pairs are an error.
+        generated_train_size, generated_val_size: pairs in the generated arithmetic splits.
+    """
+
+    train_files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    prompt_key: str = "prompt"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    chat: bool = False
+    max_length: int = 32
+    generated_train_size: int = 2000
+    generated_val_size: int = 200
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}.")
+        if self.generated_train_size < 1 or self.generated_val_size < 0:
+            raise ConfigError("data.generated_train_size must be >= 1 and data.generated_val_size >= 0.")
+
+    @property
+    def generated(self) -> bool:
+        """Whether the run uses the generated arithmetic pairs."""
+        return not self.train_files
+
+
+@dataclass(kw_only=True, frozen=True)
+class WarmStartConfig:
+    """A short ``drivetrain sft`` run on the prompts and chosen responses before the pairwise training.
+
+    Preference training starts from a model that already answers in the task's format (DPO and reward models
+    are usually trained from an SFT checkpoint). The warm start is a full SFT run folder under
+    ``<run>/warm_start``; its ``final_model`` is where the pairwise training starts.
+
+    Attributes:
+        sft_steps: SFT steps; 0 starts from ``model.path`` as it is.
+        batch_size: SFT sequences per step.
+        lr: SFT learning rate (cosine schedule over ``sft_steps``).
+    """
+
+    sft_steps: int = 250
+    batch_size: int = 64
+    lr: float = 5e-3
+
+    def __post_init__(self) -> None:
+        if self.sft_steps < 0 or self.batch_size < 1 or not self.lr > 0:
+            raise ConfigError(
+                f"warm_start needs sft_steps >= 0, batch_size >= 1 and lr > 0, got {self.sft_steps}, "
+                f"{self.batch_size}, {self.lr}."
+            )
+
+
+@dataclass(kw_only=True, frozen=True)
+class PairTrainerConfig:
+    """The pairwise training loop.
+
+    Attributes:
+        total_steps: optimizer steps (the pairs are re-shuffled and repeated as needed).
+        batch_size: pairs per optimizer step over all data-parallel ranks (divisible by their number); the
+            chosen and rejected sequence of a pair always share a micro-batch and a rank.
+        eval_every: held-out evaluation every N steps (also before the first and after the last); 0 = only
+            then.
+        save_every: checkpoint every N steps (and at the end); 0 saves only at the end.
+        eval_samples: held-out prompts answered greedily for the exact-match accuracy (``dpo``).
+        max_new_tokens: generation budget of one answer.
+        seed: seed of the pair order.
+        progress_bar: show a tqdm bar on the output rank.
+        cpu_threads: intra-op threads per rank on CPU; ``None`` keeps torch's default.
+        report_to: metrics trackers (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
+    """
+
+    total_steps: int = 150
+    batch_size: int = 32
+    eval_every: int = 50
+    save_every: int = 0
+    eval_samples: int = 200
+    max_new_tokens: int = 8
+    seed: int = 0
+    progress_bar: bool = True
+    cpu_threads: int | None = 1
+    report_to: tuple[str, ...] = ("jsonl",)
+
+    def __post_init__(self) -> None:
+        from drivetrain_engine_core.tracking import check_report_to
+
+        check_report_to(self.report_to)
+        for name in ("total_steps", "batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("eval_every", "save_every", "eval_samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(self, name)}.")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")

@@ -1,0 +1,99 @@
+"""Preference pairs: files of prompt/chosen/rejected (or chat conversations), tokenised like SFT examples.
+
+Each side of a pair is an SFT :class:`~drivetrain_roles.sft.data.Example` (bos + prompt, then response + eos,
+or a chat conversation split before its last assistant turn), so a pair trains on exactly the tokens
+``drivetrain sft`` would, and the warm start can train on the chosen side as it is. Problems are found before
+training and reported once with the file, row and fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..sft.data import (
+    DataError,
+    Example,
+    check_length,
+    column,
+    read_rows,
+    text_value,
+    tokenize_messages,
+    tokenize_prompt_response,
+)
+from .config import PairDataConfig
+
+
+@dataclass(frozen=True)
+class PairExample:
+    """One tokenised pair: the same prompt with the preferred and the dispreferred response."""
+
+    chosen: Example
+    rejected: Example
+
+
+def load_pairs(files: Sequence[str | Path], tokenizer: Any, config: PairDataConfig) -> list[PairExample]:
+    """Read, tokenise and check every pair of ``files``.
+
+    Raises:
+        DataError: no file or no rows, a missing column, sides with different prompts, or a sequence longer
+            than ``config.max_length``.
+    """
+    if not files:
+        raise DataError(
+            "no data files given; set data.train_files (parquet or jsonl with prompt/chosen/rejected)."
+        )
+    pairs = []
+    for path in files:
+        for index, row in enumerate(read_rows(path)):
+            where = f"{path} row {index}"
+            pair = tokenize_pair(row, tokenizer, config, where=where)
+            for side in (pair.chosen, pair.rejected):
+                check_length(side, config.max_length, where=where)
+            pairs.append(pair)
+    if not pairs:
+        raise DataError(
+            f"the data set {[str(f) for f in files]} is empty; give files with at least one pair."
+        )
+    return pairs
+
+
+def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *, where: str) -> PairExample:
+    """Tokenise one row: prompt + chosen/rejected texts, or two chat conversations sharing their prompt turns."""
+    if config.chat:
+        chosen = tokenize_messages(column(row, config.chosen_key, where, "data.chosen_key"), tokenizer, where)
+        rejected = tokenize_messages(
+            column(row, config.rejected_key, where, "data.rejected_key"), tokenizer, where
+        )
+        if chosen.prompt_ids != rejected.prompt_ids:
+            raise DataError(
+                f"{where}: the chosen and rejected conversations differ before their last assistant turn; a pair "
+                "must share its prompt."
+            )
+        return PairExample(chosen=chosen, rejected=rejected)
+    prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
+    sides = []
+    for key, option in ((config.chosen_key, "data.chosen_key"), (config.rejected_key, "data.rejected_key")):
+        response = text_value(row, key, where, option)
+        sides.append(
+            tokenize_prompt_response(
+                prompt, response, tokenizer, where=where, columns=(config.prompt_key, key)
+            )
+        )
+    return PairExample(chosen=sides[0], rejected=sides[1])
+
+
+def write_sft_rows(pairs_file: str | Path, target: Path, config: PairDataConfig) -> Path:
+    """The chosen side of every pair of ``pairs_file`` as SFT rows (``prompt``/``response`` or ``messages``)."""
+    rows = []
+    for row in read_rows(pairs_file):
+        if config.chat:
+            rows.append({"messages": row[config.chosen_key]})
+        else:
+            rows.append({"prompt": row[config.prompt_key], "response": row[config.chosen_key]})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return target

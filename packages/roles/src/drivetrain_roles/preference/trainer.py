@@ -1,0 +1,335 @@
+"""The loop shared by ``drivetrain dpo`` and ``drivetrain rm``: run folder, warm start, pairs, steps, evaluation.
+
+One process per rank. The run folder holds ``config.yaml``, ``data/`` (generated pairs), ``warm_start/`` (the
+SFT run the pairwise training starts from), ``checkpoints/``, ``metrics.jsonl``, ``loss_curve.png``,
+``summary.json`` and ``final_model/``. Per step: this rank's share of the step's pairs (both sides of a pair
+on one rank and in one micro-batch) -> ``engine.train_batch`` with the pairwise loss -> one LR-schedule step.
+Subclasses (template method) give the model type, the loss, the batches, extra evaluation and the export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from drivetrain_engine_core import distributed
+from drivetrain_engine_core.command_config import to_plain, to_yaml
+from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
+from drivetrain_engine_core.tracking.jsonl import dumps
+from tensordict import TensorDict
+
+from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
+from ..sft.assets import resolve_model_path
+from ..sft.batches import StepSampler, check_batch_size
+from ..sft.final_model import FINAL_MODEL_DIR
+from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
+from .data import PairExample, load_pairs, write_sft_rows
+from .default_pairs import write_arithmetic_pairs
+from .warm_start import run_warm_start, warm_start_config
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class PairResult:
+    """What a run did, on every rank.
+
+    Attributes:
+        output_dir: the run directory.
+        start_model: the model the pairwise training started from (the warm start's final model, or
+            ``model.path``).
+        warm_start: the warm start's last evaluation (``val/loss``, ``val/accuracy``), if it ran.
+        train_losses: the loss of each step.
+        evaluations: ``{"step", "val/...": value}`` of each held-out evaluation.
+        seconds: wall time of the whole run (warm start included).
+    """
+
+    output_dir: Path
+    start_model: str = ""
+    warm_start: dict[str, float] = field(default_factory=dict)
+    train_losses: list[float] = field(default_factory=list)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class PairTrainer(ABC):
+    """Training on preference pairs over any installed engine backend.
+
+    Args:
+        config: the command's config; it has the sections ``model``, ``engine``, ``optimizer``, ``checkpoint``,
+            ``data`` (:class:`PairDataConfig`), ``warm_start`` and ``trainer`` (:class:`PairTrainerConfig`).
+        output_dir: the run directory.
+        overwrite: delete the checkpoints a previous run left in ``output_dir`` (else such a directory is
+            refused).
+    """
+
+    command: ClassVar[str]
+    """The command's name, for progress bars and summaries."""
+
+    model_type: ClassVar[str]
+    """The engine's model type: ``language_model`` (DPO) or ``value_model`` (reward model)."""
+
+    def __init__(self, config: Any, output_dir: str | Path, *, overwrite: bool = False) -> None:
+        self.config = config
+        self.output_dir = Path(output_dir)
+        self.overwrite = overwrite
+        self.uids: dict[int, PairExample] = {}
+
+    # ------------------------------------------------------------------ sections, typed
+    @property
+    def data(self) -> PairDataConfig:
+        return self.config.data
+
+    @property
+    def trainer(self) -> PairTrainerConfig:
+        return self.config.trainer
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self.config.engine
+
+    def run(self) -> PairResult:
+        """Warm start, then ``trainer.total_steps`` pairwise steps; returns this process's results."""
+        started = time.perf_counter()
+        distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
+        if self.engine_config.device == "cpu" and self.trainer.cpu_threads is not None:
+            torch.set_num_threads(self.trainer.cpu_threads)
+        self._prepare_run_dir()
+        train_files, val_files = self._pair_files()
+        result = PairResult(output_dir=self.output_dir)
+        result.start_model = self._warm_start(train_files, val_files, result)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(result.start_model)
+        train = load_pairs(train_files, tokenizer, self.data)
+        val = load_pairs(val_files, tokenizer, self.data) if val_files else []
+        self.uids = dict(enumerate(train + val))
+        model_path = self._start_model(result.start_model)
+        engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)
+        check_batch_size(self.trainer.batch_size, engine.data_parallel_size)
+        self._prepare(engine, model_path, tokenizer)
+        writer = MetricsWriter(
+            self.output_dir,
+            enabled=distributed.rank() == 0,
+            report_to=self.trainer.report_to,
+            config=to_plain(self.config),
+        )
+        try:
+            self._train(
+                engine,
+                tokenizer,
+                model_path,
+                len(train),
+                list(range(len(train), len(train) + len(val))),
+                writer,
+                result,
+            )
+        finally:
+            writer.close()
+        self._save_final(engine, model_path, tokenizer, self.output_dir / FINAL_MODEL_DIR)
+        result.seconds = time.perf_counter() - started
+        if distributed.rank() == 0:
+            plot_loss_curve(writer.records, self.output_dir / CURVE_FILE)
+            self._write_summary(result)
+        return result
+
+    # ------------------------------------------------------------------ setup
+
+    def _prepare_run_dir(self) -> None:
+        import shutil
+
+        check_run_dir(self.output_dir, resume=False, overwrite=self.overwrite)
+        distributed.barrier()  # every rank checked before rank 0 deletes anything
+        if distributed.rank() == 0:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            if self.overwrite:
+                shutil.rmtree(self.output_dir / CHECKPOINT_DIR, ignore_errors=True)
+            (self.output_dir / CONFIG_FILE).write_text(to_yaml(self.config))
+        distributed.barrier()
+
+    def _pair_files(self) -> tuple[list[str], list[str]]:
+        """The configured pair files, or the generated arithmetic pairs under ``<run>/data``."""
+        if not self.data.generated:
+            return list(self.data.train_files), list(self.data.val_files)
+        directory = self.output_dir / "data"
+        train, val = directory / "train.jsonl", directory / "val.jsonl"
+        if distributed.rank() == 0:
+            write_arithmetic_pairs(
+                directory,
+                train_size=self.data.generated_train_size,
+                val_size=self.data.generated_val_size,
+                seed=self.trainer.seed,
+            )
+        distributed.barrier()
+        return [str(train)], [str(val)] if self.data.generated_val_size else []
+
+    def _warm_start(self, train_files: list[str], val_files: list[str], result: PairResult) -> str:
+        """The model the pairwise training starts from: the SFT warm start's final model, or ``model.path``."""
+        warm: WarmStartConfig = self.config.warm_start
+        model: ModelConfig = self.config.model
+        if warm.sft_steps == 0:
+            return resolve_model_path(model.path, self.output_dir, self.engine_config.seed)
+        directory = self.output_dir / "data"
+        sft_train = [str(directory / f"sft_train_{i}.jsonl") for i in range(len(train_files))]
+        sft_val = [str(directory / f"sft_val_{i}.jsonl") for i in range(len(val_files))]
+        if distributed.rank() == 0:
+            for source, target in zip(train_files + val_files, sft_train + sft_val, strict=True):
+                write_sft_rows(source, Path(target), self.data)
+        distributed.barrier()
+        sft_config = warm_start_config(
+            model=model,
+            engine=self.engine_config,
+            warm_start=warm,
+            data=self.data,
+            trainer=self.trainer,
+            sft_files=(sft_train, sft_val),
+        )
+        final_model, sft_result = run_warm_start(sft_config, self.output_dir)
+        if sft_result.evaluations:
+            result.warm_start = {k: v for k, v in sft_result.evaluations[-1].items() if k != "step"}
+        return final_model
+
+    def _build_engine(
+        self, model_path: str, optimizer: OptimizerConfig | None, checkpoint: CheckpointConfig | None = None
+    ) -> Engine:
+        from drivetrain_engine_core.factory import create_engine
+
+        engine = create_engine(
+            model_config=dataclasses.replace(self.config.model, path=model_path, model_type=self.model_type),
+            engine_config=self.engine_config,
+            optimizer_config=optimizer,
+            checkpoint_config=checkpoint,
+        )
+        engine.initialize()
+        return engine
+
+    # ------------------------------------------------------------------ loop
+
+    def _train(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        model_path: str,
+        num_train: int,
+        val_uids: list[int],
+        writer: MetricsWriter,
+        result: PairResult,
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        sampler = StepSampler(num_train, self.trainer.batch_size, self.trainer.seed)
+        bar = tqdm(
+            total=self.trainer.total_steps,
+            desc=self.command,
+            unit="step",
+            disable=not (self.trainer.progress_bar and distributed.rank() == 0),
+        )
+        self._record_eval(engine, tokenizer, model_path, val_uids, 0, writer, result, bar)
+        for step in range(self.trainer.total_steps):
+            local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+            started = time.perf_counter()
+            batch = self._batch(engine, local)
+            with engine.train_mode():
+                output = engine.train_batch(batch, self._loss_fn())
+            engine.lr_scheduler_step()
+            values = {
+                "train/loss": float(output.loss),  # type: ignore[arg-type]
+                **{f"train/{k}": v for k, v in global_metrics(engine, output).items()},
+                "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
+                "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
+                "perf/step_time_s": time.perf_counter() - started,
+            }
+            result.train_losses.append(values["train/loss"])
+            writer.write(step + 1, values)
+            bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
+            bar.update(1)
+            last = step + 1 == self.trainer.total_steps
+            if last or (self.trainer.eval_every and (step + 1) % self.trainer.eval_every == 0):
+                self._record_eval(engine, tokenizer, model_path, val_uids, step + 1, writer, result, bar)
+            if last or (self.trainer.save_every and (step + 1) % self.trainer.save_every == 0):
+                engine.save_checkpoint(
+                    self.output_dir / CHECKPOINT_DIR, step + 1, extra_state={"next_step": step + 1}
+                )
+        bar.close()
+
+    def _record_eval(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        model_path: str,
+        val_uids: list[int],
+        step: int,
+        writer: MetricsWriter,
+        result: PairResult,
+        bar: Any,
+    ) -> None:
+        if not val_uids:
+            return
+        rank, size = engine.data_parallel_rank, engine.data_parallel_size
+        batch = self._batch(engine, val_uids[rank::size])
+        with engine.eval_mode():
+            output = engine.infer_batch(batch, self._loss_fn())
+        values = {"val/loss": float(output.loss)}  # type: ignore[arg-type]
+        values.update({f"val/{k}": v for k, v in global_metrics(engine, output).items()})
+        # Building a Hugging Face model draws random weights: keep the training RNG untouched.
+        with torch.random.fork_rng(devices=[]):
+            values.update(self._extra_eval(engine, tokenizer, model_path, [self.uids[u] for u in val_uids]))
+        writer.write(step, values)
+        result.evaluations.append({"step": step, **values})
+        if distributed.rank() == 0:
+            bar.write(f"[{self.command} step {step}] {format_record(values)}")
+
+    def _write_summary(self, result: PairResult) -> None:
+        summary = {
+            "start_model": result.start_model,
+            "warm_start": result.warm_start,
+            "final_train_loss": result.train_losses[-1] if result.train_losses else None,
+            "evaluations": result.evaluations,
+            "seconds": result.seconds,
+            "final_model": str(self.output_dir / FINAL_MODEL_DIR),
+            "config": to_plain(self.config),
+        }
+        (self.output_dir / "summary.json").write_text(dumps(summary, indent=2))
+
+    # ------------------------------------------------------------------ hooks
+
+    def _start_model(self, start_model: str) -> str:
+        """The directory the engine loads (default: the start model itself)."""
+        return start_model
+
+    def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:  # noqa: B027
+        """Work before the first step (DPO: the reference); nothing by default."""
+
+    @abstractmethod
+    def _loss_fn(self) -> LossFn:
+        """The pairwise loss."""
+
+    @abstractmethod
+    def _batch(self, engine: Engine, uids: list[int]) -> TensorDict:
+        """This rank's batch of the pairs ``uids`` (collective when it needs the engine)."""
+
+    @abstractmethod
+    def _extra_eval(
+        self, engine: Engine, tokenizer: Any, model_path: str, pairs: list[PairExample]
+    ) -> dict[str, float]:
+        """More held-out measures (collective); the held-out loss and loss metrics are measured already."""
+
+    @abstractmethod
+    def _save_final(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
+        """Write the trained model as a plain Hugging Face folder (collective)."""
+
+
+def global_metrics(engine: Engine, output: ForwardBackwardOutput) -> dict[str, float]:
+    """The loss function's metrics over the whole mini-batch: contributions summed over micro-batches and ranks."""
+    names = sorted(k for k, v in output.metrics.items() if isinstance(v, list))
+    local = [sum(output.metrics[name]) for name in names]  # type: ignore[arg-type]
+    totals = distributed.all_reduce_sums(local, engine.data_parallel_group) if names else []
+    return {name: float(total) for name, total in zip(names, totals, strict=True)}

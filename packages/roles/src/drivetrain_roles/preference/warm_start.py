@@ -1,0 +1,67 @@
+"""The SFT warm start of a pairwise run: ``drivetrain sft`` on the chosen responses, in ``<run>/warm_start``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
+
+from ..sft.config import DataConfig, SFTConfig, TrainerConfig, schedule_length
+from ..sft.final_model import FINAL_MODEL_DIR
+from ..sft.trainer import SFTResult, SFTTrainer
+from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
+
+WARM_START_DIR = "warm_start"
+
+
+def warm_start_config(
+    *,
+    model: ModelConfig,
+    engine: EngineConfig,
+    warm_start: WarmStartConfig,
+    data: PairDataConfig,
+    trainer: PairTrainerConfig,
+    sft_files: tuple[list[str], list[str]],
+) -> SFTConfig:
+    """The SFT run of the warm start: the pairwise run's model and engine, its own steps and learning rate."""
+    schedule = schedule_length(warm_start.sft_steps)
+    return SFTConfig(
+        model=dataclasses.replace(model, model_type="language_model"),
+        engine=engine,
+        optimizer=OptimizerConfig(
+            lr=warm_start.lr,
+            weight_decay=0.0,
+            lr_schedule="cosine",
+            min_lr_ratio=0.1,
+            clip_grad=1.0,
+            total_steps=schedule["total_steps"],
+            warmup_steps=schedule["warmup_steps"],
+        ),
+        checkpoint=CheckpointConfig(max_ckpt_to_keep=1),
+        data=DataConfig(
+            train_files=tuple(sft_files[0]),
+            val_files=tuple(sft_files[1]),
+            messages_key="messages" if data.chat else None,
+            max_length=data.max_length,
+        ),
+        trainer=TrainerConfig(
+            total_steps=warm_start.sft_steps,
+            batch_size=warm_start.batch_size,
+            eval_every=0,
+            save_every=0,
+            eval_samples=trainer.eval_samples,
+            max_new_tokens=trainer.max_new_tokens,
+            seed=trainer.seed,
+            progress_bar=trainer.progress_bar,
+            cpu_threads=trainer.cpu_threads,
+            report_to=trainer.report_to,
+        ),
+    )
+
+
+def run_warm_start(config: SFTConfig, output_dir: Path) -> tuple[str, SFTResult]:
+    """Run the warm start into ``<output_dir>/warm_start`` (replacing an earlier one); returns its final model."""
+    target = output_dir / WARM_START_DIR
+    result = SFTTrainer(config, target, overwrite=True).run()
+    return str(target / FINAL_MODEL_DIR), result

@@ -1,0 +1,90 @@
+"""Typed configuration of ``drivetrain rm``: its sections and defaults (the embedded arithmetic job).
+
+The defaults run offline: an SFT warm start of the embedded tiny model on the generated arithmetic questions,
+then a Bradley-Terry reward model (a value head on that model) on pairs of the correct sum and a near miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from drivetrain_engine_core.config import (
+    CheckpointConfig,
+    EngineConfig,
+    MicroBatchConfig,
+    ModelConfig,
+    OptimizerConfig,
+)
+
+from ..preference.config import PairDataConfig, PairTrainerConfig, WarmStartConfig
+from ..sft.default_assets import BUILTIN_MODEL
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+
+def _default_model() -> ModelConfig:
+    return ModelConfig(path=BUILTIN_MODEL)
+
+
+def _default_engine() -> EngineConfig:
+    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=2048))
+
+
+def _default_optimizer() -> OptimizerConfig:
+    return OptimizerConfig(
+        lr=1e-3,
+        weight_decay=0.0,
+        lr_schedule="cosine",
+        min_lr_ratio=0.1,
+        clip_grad=1.0,
+        total_steps=_default_trainer().total_steps,
+    )
+
+
+def _default_trainer() -> PairTrainerConfig:
+    return PairTrainerConfig(total_steps=600, eval_every=200)
+
+
+@dataclass(kw_only=True, frozen=True)
+class RMConfig:
+    """Everything one reward-model run needs; the defaults are the embedded arithmetic job.
+
+    Attributes:
+        model: the starting model (``builtin:arithmetic`` is the embedded tiny model); a value head is added
+            on top of it (``model.model_type`` is set to ``value_model`` for the reward model).
+        engine: the backend's engine config.
+        optimizer: AdamW and its LR schedule for the reward-model steps.
+        checkpoint: checkpoint contents and retention.
+        data: preference pairs.
+        warm_start: the SFT run before reward modelling (``warm_start.sft_steps=0`` starts from ``model.path``).
+        trainer: the reward-model loop.
+    """
+
+    model: ModelConfig = field(default_factory=_default_model)
+    engine: EngineConfig = field(default_factory=_default_engine)
+    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))
+    data: PairDataConfig = field(default_factory=PairDataConfig)
+    # A fully trained SFT start (the SFT job's 800 steps) gives the reward model features of a correct sum.
+    warm_start: WarmStartConfig = field(default_factory=lambda: WarmStartConfig(sft_steps=800))
+    trainer: PairTrainerConfig = field(default_factory=_default_trainer)
+
+    @staticmethod
+    def derived_values(config: DictConfig) -> dict[str, Any]:
+        """The LR schedule spans the reward-model steps unless set."""
+        return {"optimizer": {"total_steps": config.trainer.total_steps}}
+
+
+def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> RMConfig:
+    """Defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), as a checked config.
+
+    Raises:
+        ConfigError: an unknown key or an invalid value (the message names the field and the fix).
+    """
+    from drivetrain_engine_core.command_config import load_config as load_command_config
+
+    return load_command_config(RMConfig, config_file, overrides)

@@ -1,0 +1,14 @@
+"""Entry module of one rank spawned by ``drivetrain rm --nproc N`` (``python -m drivetrain_roles.rm.rank_main``)."""
+
+from __future__ import annotations
+
+from ..jobs.launch import rank_main
+from ..preference.command import rm
+
+
+def main() -> None:
+    rank_main(rm, "rm")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""``drivetrain rm``: a Bradley-Terry reward model, a value head scoring the last response token of each side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.outputs import LossFn
+from tensordict import TensorDict
+
+from ..losses.preference import bradley_terry_loss_fn
+from ..preference.batches import make_pair_batch
+from ..preference.data import PairExample
+from ..preference.trainer import PairTrainer
+from .export import VALUE_START_DIR, export_reward_model, write_value_model_start
+
+
+class RMTrainer(PairTrainer):
+    """Reward modelling on preference pairs; held-out pairwise accuracy; exported for sequence classification."""
+
+    command = "rm"
+    model_type = "value_model"
+
+    def _start_model(self, start_model: str) -> str:
+        return write_value_model_start(start_model, self.output_dir / VALUE_START_DIR)
+
+    def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:
+        self.eos_token_id = tokenizer.eos_token_id
+        # Any in-vocabulary id: causal attention keeps it from changing the score it reads out.
+        self.readout_token = next(
+            (t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None), 0
+        )
+
+    def _loss_fn(self) -> LossFn:
+        return bradley_terry_loss_fn()
+
+    def _batch(self, engine: Engine, uids: list[int]) -> TensorDict:
+        return make_pair_batch(
+            [self.uids[u] for u in uids],
+            uids,
+            readout_token=self.readout_token,
+            eos_token_id=self.eos_token_id,
+        )
+
+    def _extra_eval(
+        self, engine: Engine, tokenizer: Any, model_path: str, pairs: list[PairExample]
+    ) -> dict[str, float]:
+        return {}
+
+    def _save_final(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
+        export_reward_model(engine, model_path, tokenizer, target)

@@ -1,0 +1,168 @@
+"""``drivetrain dpo`` and ``drivetrain rm``: tiny end-to-end runs (run folder, TRL-named metrics, exported models
+that give the run's scores), reference modes that agree, pair data errors, configs, generated reference pages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core.tracking import read_records
+from drivetrain_roles.dpo.config import load_config as load_dpo_config
+from drivetrain_roles.dpo.trainer import DPOTrainer
+from drivetrain_roles.preference.config import PairDataConfig
+from drivetrain_roles.preference.data import load_pairs
+from drivetrain_roles.rm.config import load_config as load_rm_config
+from drivetrain_roles.rm.trainer import RMTrainer
+from drivetrain_roles.sft.data import DataError
+from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
+from drivetrain_roles.sft.reference import reference_page
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = [
+    "data.generated_train_size=64",
+    "data.generated_val_size=16",
+    "trainer.batch_size=8",
+    "trainer.eval_every=0",
+    "trainer.eval_samples=8",
+    "trainer.progress_bar=false",
+]
+
+
+@pytest.mark.parametrize("command", ["dpo", "rm"])
+def test_reference_pages_are_generated_from_the_dataclasses(command) -> None:
+    assert (REPO / "docs" / f"{command}-config.md").read_text() == reference_page(command), (
+        f'docs/{command}-config.md is stale; regenerate it with python -c "from drivetrain_roles.sft.reference '
+        f"import reference_page; open('docs/{command}-config.md', 'w').write(reference_page('{command}'))\""
+    )
+
+
+def test_example_files_hold_the_defaults() -> None:
+    package = REPO / "packages" / "roles" / "src" / "drivetrain_roles"
+    assert load_dpo_config(package / "dpo" / "example.yaml") == load_dpo_config()
+    assert load_rm_config(package / "rm" / "example.yaml") == load_rm_config()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "dpo.loss_type=hinge",
+            r"dpo.loss_type='hinge' is not supported; choose one of \['sigmoid', 'ipo'\]",
+        ),
+        ("dpo.reference=other", r"dpo.reference='other' is not supported"),
+        ("dpo.beta=0", r"dpo.beta must be > 0"),
+    ],
+)
+def test_bad_dpo_settings_name_the_field(override, message) -> None:
+    from drivetrain_engine_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_dpo_config(overrides=[override])
+
+
+def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
+    tokenizer = build_arithmetic_tokenizer()
+    text = tmp_path / "pairs.jsonl"
+    text.write_text(json.dumps({"prompt": "1+2=", "chosen": "3", "rejected": "4"}) + "\n")
+    (pair,) = load_pairs([text], tokenizer, PairDataConfig())
+    assert pair.chosen.prompt_ids == pair.rejected.prompt_ids and pair.chosen.response_text == "3"
+    with pytest.raises(DataError, match=r"row 0 has no column 'worse'.*Set data.rejected_key=<column>"):
+        load_pairs([text], tokenizer, PairDataConfig(rejected_key="worse"))
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps({"prompt": "1+2=", "chosen": "3"}) + "\n")
+    with pytest.raises(DataError, match=r"row 0 has no column 'rejected'.*Set data.rejected_key=<column>"):
+        load_pairs([missing], tokenizer, PairDataConfig())
+    chat = tmp_path / "chat.jsonl"
+    user = {"role": "user", "content": "1+2="}
+    chat.write_text(
+        json.dumps(
+            {
+                "chosen": [user, {"role": "assistant", "content": "3"}],
+                "rejected": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "4"}],
+            }
+        )
+        + "\n"
+    )
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(
+        DataError, match=r"differ before their last assistant turn; a pair must share its prompt"
+    ):
+        load_pairs([chat], tokenizer, PairDataConfig(chat=True))
+
+
+def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp_path) -> None:
+    config = load_rm_config(overrides=[*TINY, "warm_start.sft_steps=10", "trainer.total_steps=4"])
+    result = RMTrainer(config, tmp_path / "rm").run()
+    run = tmp_path / "rm"
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "loss_curve.png", "warm_start/final_model"):
+        assert (run / name).exists(), name
+    last = result.evaluations[-1]
+    assert {"val/loss", "val/accuracy", "val/margin", "val/scores/chosen"} <= set(last)
+    records = read_records(run / "metrics.jsonl")
+    assert {"train/rm_loss", "train/accuracy", "train/grad_norm"} <= set(records[1])
+
+    model = AutoModelForSequenceClassification.from_pretrained(run / "final_model")
+    tokenizer = AutoTokenizer.from_pretrained(run / "final_model")
+    rows = [json.loads(line) for line in (run / "data" / "val.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        score = lambda text: float(model(**tokenizer(text, return_tensors="pt")).logits[0, 0])  # noqa: E731
+        chosen = torch.tensor([score(r["prompt"] + r["chosen"]) for r in rows])
+        rejected = torch.tensor([score(r["prompt"] + r["rejected"]) for r in rows])
+    # The run's held-out scores (engine, value head at the last response token) are the exported model's.
+    assert float(chosen.mean()) == pytest.approx(last["val/scores/chosen"], abs=1e-5)
+    assert float(rejected.mean()) == pytest.approx(last["val/scores/rejected"], abs=1e-5)
+    assert float((chosen > rejected).float().mean()) == last["val/accuracy"]
+
+
+def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path) -> None:
+    common = [*TINY, "warm_start.sft_steps=0", "trainer.total_steps=2"]
+    precomputed = DPOTrainer(load_dpo_config(overrides=common), tmp_path / "pre").run()
+    engine = DPOTrainer(load_dpo_config(overrides=[*common, "dpo.reference=engine"]), tmp_path / "eng").run()
+    assert engine.train_losses == pytest.approx(precomputed.train_losses, rel=1e-5)
+    assert engine.evaluations[-1]["val/loss"] == pytest.approx(
+        precomputed.evaluations[-1]["val/loss"], rel=1e-5
+    )
+    first = precomputed.evaluations[0]
+    # Before any step the policy is the reference: log-ratios, rewards and margins are 0, the loss is log 2.
+    assert first["val/loss"] == pytest.approx(0.693147, abs=1e-5)
+    assert first["val/rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    records = read_records(tmp_path / "pre" / "metrics.jsonl")
+    names = {
+        "train/rewards/chosen",
+        "train/rewards/rejected",
+        "train/rewards/margins",
+        "train/rewards/accuracies",
+    }
+    assert names <= set(records[1])
+    assert "val/accuracy" in first  # greedy exact match of the chosen answers
+    AutoModelForCausalLM.from_pretrained(tmp_path / "pre" / "final_model")
+
+
+def test_commands_are_registered_and_spawn_two_ranks(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(
+        drivetrain_cli,
+        [
+            "rm",
+            "--nproc",
+            "2",
+            "--output-dir",
+            str(tmp_path / "rm2"),
+            *TINY,
+            "warm_start.sft_steps=0",
+            "trainer.total_steps=2",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "rm2" / "summary.json").read_text())
+    assert summary["evaluations"][-1]["step"] == 2
+    bad = CliRunner().invoke(
+        drivetrain_cli,
+        ["dpo", "--nproc", "2", "--output-dir", str(tmp_path / "d"), "model.path=/nonexistent"],
+    )
+    assert bad.exit_code == 1 and "model.path=/nonexistent does not exist" in bad.output
