@@ -60,7 +60,10 @@ def test_packed_forward_makes_no_host_sync(tmp_path):
         num_attention_heads=4, num_key_value_heads=2,
     )  # fmt: skip
     model = AutoModelForCausalLM.from_config(config, attn_implementation=register_varlen_attention()).cuda()
-    row = pack_micro_batch(random_batch(vocab_size=64, prompt_lengths=(1, 2, 1), response_lengths=(2, 3, 1), seed=0).to("cuda"), LENGTHS)
+    row = pack_micro_batch(
+        random_batch(vocab_size=64, prompt_lengths=(1, 2, 1), response_lengths=(2, 3, 1), seed=0).to("cuda"),
+        LENGTHS,
+    )
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -216,7 +216,14 @@ class MicroBatch:
                 f"loss_fn must return (scalar tensor, dict of floats), got loss of type {type(loss).__name__}"
                 f"{' with shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}."
             )
+        # NOTE: tensors stay on the device; the engine reads every micro-batch's numbers back in one go after
+        # the last one (a float() here would stall the host between micro-batches).
         result = MicroBatchResult(
-            outputs=kept, loss=loss.detach().reshape(()), metrics={k: float(v) for k, v in metrics.items()}
+            outputs=kept,
+            loss=loss.detach().reshape(()),
+            metrics={
+                k: v.detach().reshape(()) if isinstance(v, torch.Tensor) else float(v)
+                for k, v in metrics.items()
+            },
         )
         return loss.reshape(()) * trip.gradient_divisor, result

@@ -54,6 +54,7 @@ class FSDPEngine(Engine):
         self._layout: ParallelLayout = build_layout(config)
         model, meta_model = self._build_model()
         self._hf_class = hf_class_name(model)
+        self._hf_model_config = model.config
         self._limits = TokenLimits.from_hf_config(model.config, self.model_config.path)
         self._head = projection_head(model, self.model_config.model_type)
         # An FSDPModule over a transformers (or PEFT) model: typed loosely, its methods are added dynamically.
@@ -83,6 +84,9 @@ class FSDPEngine(Engine):
 
     def _token_limits(self) -> TokenLimits:
         return self._limits
+
+    def _hf_config(self) -> Any:
+        return self._hf_model_config
 
     def _build_model(self) -> tuple[Any, MetaModel | None]:
         """The model to shard, with what fills it after sharding when it was built on ``meta``."""

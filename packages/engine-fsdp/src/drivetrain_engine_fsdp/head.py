@@ -43,7 +43,7 @@ def hidden_states_out(head: nn.Linear | None) -> Iterator[None]:
     if head is None:
         yield
         return
-    head.forward = _passthrough  # type: ignore[method-assign]
+    head.forward = _passthrough  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

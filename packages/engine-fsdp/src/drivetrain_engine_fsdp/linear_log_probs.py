@@ -107,7 +107,9 @@ def linear_log_probs(
     Returns:
         ``(log_probs (P,), entropy (P,) or None)`` in float32.
     """
-    log_probs, entropy = LinearLogProbs.apply(hidden, weight, labels, temperature, compute_entropy, chunk_size)
+    log_probs, entropy = LinearLogProbs.apply(
+        hidden, weight, labels, temperature, compute_entropy, chunk_size
+    )
     return log_probs, entropy if compute_entropy else None
 
 
