@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from drivetrain_engine_core.backend import (
@@ -70,7 +72,7 @@ class _TwoSlices(SequenceSplit):
         half = ids.shape[1] // 2
         self.half = half
         positions = torch.nn.functional.pad(row.position_ids, (0, pad))
-        local = PackedRow(ids[:, half:], positions[:, half:], row.cu_seqlens, row.max_seqlen, row.offsets)
+        local = dataclasses.replace(row, input_ids=ids[:, half:], position_ids=positions[:, half:])
         return local, torch.nn.functional.pad(labels, (0, pad))[half:]
 
     def gather(self, per_position: torch.Tensor) -> torch.Tensor:

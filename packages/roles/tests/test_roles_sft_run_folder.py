@@ -110,3 +110,5 @@ def test_metrics_report_step_time_and_tokens(run) -> None:
     first = next(r for r in read_records(output_dir / "metrics.jsonl") if "train/loss" in r)
     assert first["perf/tokens"] == sum(train[i].length for i in first_step.tolist())
     assert first["perf/tokens_per_s"] == pytest.approx(first["perf/tokens"] / first["perf/step_time_s"])
+    assert first["perf/tflops_per_device"] > 0
+    assert "perf/mfu" not in first, "no MFU on CPU without a configured peak"

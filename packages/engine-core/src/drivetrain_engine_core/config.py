@@ -134,6 +134,8 @@ class EngineConfig:
         optimizer_offload: keep optimizer state on CPU outside ``train_mode``.
         seed: seed for model initialisation and dropout.
         dist_timeout_s: timeout of collective operations, so that a failed rank never hangs the others forever.
+        peak_tflops: peak dense TFLOP/s of one device for ``perf/mfu``; ``None`` takes
+            ``DRIVETRAIN_PEAK_TFLOPS`` or the table of known GPUs (:mod:`drivetrain_engine_core.throughput`).
     """
 
     backend: str = "fsdp"
@@ -144,12 +146,17 @@ class EngineConfig:
     optimizer_offload: bool = False
     seed: int = 0
     dist_timeout_s: float = 600.0
+    peak_tflops: float | None = None
 
     def __post_init__(self) -> None:
         _require(bool(self.backend), "engine.backend must name an installed backend, e.g. 'fsdp'.")
         _require(bool(self.device), "engine.device must name a device type, e.g. 'cpu' or 'cuda'.")
         _require_choice(self.param_dtype, DTYPES, "engine.param_dtype")
         _require(self.dist_timeout_s > 0, f"engine.dist_timeout_s must be > 0, got {self.dist_timeout_s}.")
+        _require(
+            self.peak_tflops is None or self.peak_tflops > 0,
+            f"engine.peak_tflops must be > 0 (TFLOP/s of one device) or None (look it up), got {self.peak_tflops}.",
+        )
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -24,7 +24,8 @@ from .agreement import agreed_checks
 from .checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
 from .checkpoint.peft import peft_adapter_config
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
-from .data.batch import require_tensordict, validate_batch
+from .data.batch import INPUT_IDS, require_tensordict, validate_batch
+from .data.jagged import offsets_of
 from .data.micro_batch import MicroBatchCountRule, split_micro_batches
 from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
@@ -32,8 +33,9 @@ from .data.values import TokenLimits, check_batch_values
 from .errors import DivergenceError, EngineStateError
 from .handoff import DEFAULT_BUCKET_BYTES, LORA_MODES, LoraMode, WeightBucket, bucket_tensors
 from .lr_schedule import LRSchedule
-from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
+from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
+from .throughput import StepClock, TransformerShape, peak_tflops, speed_metrics
 from .usage import ResourceUsage, measure_usage
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ class Engine(ABC):
         self._consecutive_skips = 0
         # Wall time and this rank's peak memory of initialize() (None before it).
         self.init_usage: ResourceUsage | None = None
+        self._shape: TransformerShape | None = None
+        self._step_work = (0.0, 0.0)  # global (tokens, FLOPs) of the last forward_backward_batch
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -93,6 +97,7 @@ class Engine(ABC):
         distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         with measure_usage(self.engine_config.device) as meter:
             self._initialize()
+            self._shape = TransformerShape.from_hf_config(self._hf_config())
             if self.optimizer_config is not None:
                 self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
             self._initialized = True
@@ -169,6 +174,7 @@ class Engine(ABC):
                 sequences longer than the model's positions, non-finite float fields) or carries non-tensor
                 entries. Raised on every rank when any rank's batch is.
         """
+        clock = StepClock(self.engine_config.device)
         with agreed_checks():  # a bad batch on one rank fails every rank, none waits for it
             self._check_compute_allowed(loss_fn, forward_only)
             require_tensordict(batch)
@@ -204,17 +210,24 @@ class Engine(ABC):
         ]
         with torch.no_grad() if forward_only else torch.enable_grad():
             results = self._forward_backward_micro_batches(micro_batches, forward_only)
-        return self._assemble(results, split, loss_fn is not None)
+        output = self._assemble(results, split, loss_fn is not None, self._local_work(batch, forward_only))
+        output.metrics.update(self._speed_metrics(clock))
+        return output
 
     def train_batch(
         self, batch: TensorDict, loss_fn: LossFn, *, options: ForwardOptions | None = None
     ) -> ForwardBackwardOutput:
-        """Zero grads, forward/backward over ``batch``, one optimizer step; adds ``grad_norm`` and ``lr``."""
+        """Zero grads, forward/backward over ``batch``, one optimizer step; adds ``grad_norm`` and ``lr``.
+
+        Its ``perf/*`` metrics time the whole step, optimizer included.
+        """
         self._check_compute_allowed(loss_fn, forward_only=False)
+        clock = StepClock(self.engine_config.device)
         self.optimizer_zero_grad()
         output = self.forward_backward_batch(batch, loss_fn, options=options)
         output.metrics["grad_norm"] = self.optimizer_step()
         output.metrics["lr"] = self.current_lr
+        output.metrics.update(self._speed_metrics(clock))
         return output
 
     def infer_batch(
@@ -538,6 +551,10 @@ class Engine(ABC):
         """Backend layout details recorded in the manifest (parallel sizes, formats)."""
         return {}
 
+    def _hf_config(self) -> Any | None:
+        """The model's transformers config, from which core counts FLOPs (``None``: no FLOP metrics)."""
+        return None
+
     def _token_limits(self) -> TokenLimits:
         """The vocabulary and positions batches are checked against; backends that know them override this."""
         return TokenLimits()
@@ -576,18 +593,40 @@ class Engine(ABC):
                 )
             self._require_optimizer("training")
 
+    def _local_work(self, batch: TensorDict, forward_only: bool) -> tuple[float, float]:
+        """This rank's ``(tokens, FLOPs)`` of ``batch``, from its lengths on the host (NaN FLOPs: unknown)."""
+        lengths = offsets_of(batch[INPUT_IDS]).diff().tolist()
+        if self._shape is None:
+            return float(sum(lengths)), math.nan
+        return float(sum(lengths)), self._shape.step_flops(lengths, backward=not forward_only)
+
+    def _speed_metrics(self, clock: StepClock) -> dict[str, float]:
+        """The ``perf/*`` metrics of the work since ``clock`` started (see :mod:`.throughput`)."""
+        seconds, device_peak = clock.stop()
+        tokens, flops = self._step_work
+        return speed_metrics(
+            seconds=seconds,
+            tokens=tokens,
+            flops=None if math.isnan(flops) else flops,
+            devices=distributed.world_size(),
+            peak=peak_tflops(self.engine_config.device, self.engine_config.peak_tflops),
+            device_peak_bytes=device_peak,
+        )
+
     def _assemble(
-        self, results: list[MicroBatchResult], micro_batches: Any, with_loss: bool
+        self, results: list[MicroBatchResult], micro_batches: Any, with_loss: bool, work: tuple[float, float]
     ) -> ForwardBackwardOutput:
+        """Outputs in sample order and the metrics, with one collective for the loss, tokens and FLOPs."""
         outputs = None
         if self.is_output_rank:
             outputs = micro_batches.restore([r.outputs for r in results])
+        losses = [r.loss for r in results if r.loss is not None]
+        numbers = iter(host_floats([*losses, *(v for r in results for v in r.metrics.values())]))
+        local_loss = sum(next(numbers) for _ in losses)
         metrics: dict[str, list[float] | float] = {}
         for result in results:
-            for name, value in result.metrics.items():
-                metrics.setdefault(name, []).append(value)  # type: ignore[union-attr]
-        loss = None
-        if with_loss:
-            local = sum(float(r.loss) for r in results if r.loss is not None)
-            loss = distributed.all_reduce_sum(local, self.data_parallel_group)
-        return ForwardBackwardOutput(outputs=outputs, loss=loss, metrics=metrics)
+            for name in result.metrics:
+                metrics.setdefault(name, []).append(next(numbers))  # type: ignore[union-attr]
+        total_loss, *step_work = distributed.all_reduce_sums([local_loss, *work], self.data_parallel_group)
+        self._step_work = (step_work[0], step_work[1])
+        return ForwardBackwardOutput(outputs=outputs, loss=total_loss if with_loss else None, metrics=metrics)

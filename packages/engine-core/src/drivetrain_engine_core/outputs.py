@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -48,12 +48,13 @@ class MicroBatchResult:
     Attributes:
         outputs: per-token outputs as jagged tensors, ``None`` on ranks that hold no outputs.
         loss: the detached, unscaled loss contribution, ``None`` without a loss function or output.
-        metrics: metrics returned by the loss function.
+        metrics: metrics returned by the loss function (scalar tensors stay on the device until the engine reads
+            all micro-batches' numbers at once).
     """
 
     outputs: TensorDict | None
     loss: torch.Tensor | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,3 +70,21 @@ class ForwardBackwardOutput:
     outputs: TensorDict | None
     loss: float | None
     metrics: dict[str, list[float] | float] = field(default_factory=dict)
+
+
+def host_floats(values: Sequence[float | torch.Tensor]) -> list[float]:
+    """Python floats of scalar ``values``, reading device tensors back with one transfer per device.
+
+    The micro-batches' losses and metrics of a step are read here once, after the last micro-batch, so the
+    host never waits for the device in the middle of a step.
+    """
+    floats: list[float] = [v if not isinstance(v, torch.Tensor) else 0.0 for v in values]
+    by_device: dict[torch.device, list[int]] = {}
+    for index, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            by_device.setdefault(value.device, []).append(index)
+    for indices in by_device.values():
+        stacked = torch.stack([values[i].reshape(()).double() for i in indices])  # type: ignore[union-attr]
+        for index, number in zip(indices, stacked.tolist(), strict=True):
+            floats[index] = float(number)
+    return floats

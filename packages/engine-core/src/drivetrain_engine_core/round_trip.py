@@ -130,10 +130,11 @@ class MicroBatch:
     ) -> MicroBatch:
         """Move ``batch`` to ``device`` and lay it out as ``layout`` (split over ``sequence_split``'s ranks).
 
-        Lengths are read before the move, so no device sync is needed for ``max_seqlen``.
+        Lengths are read once, before the move: ``max_seqlen`` and the packed row's host ``lengths`` need no
+        device sync, in this call or in the model's layers.
         """
-        offsets = offsets_of(batch[INPUT_IDS])
-        max_seqlen, num_tokens = int(offsets.diff().max()), int(offsets[-1])
+        lengths = offsets_of(batch[INPUT_IDS]).diff().tolist()
+        max_seqlen, num_tokens = max(lengths), sum(lengths)
         on_device = move_batch(batch, device)
         inputs: PackedRow | PaddedRows
         if layout == "padded":
@@ -141,7 +142,7 @@ class MicroBatch:
                 raise ValueError("a sequence-parallel split needs the packed layout, got 'padded'.")
             inputs = pad_micro_batch(on_device, max_seqlen)
         else:
-            inputs = pack_micro_batch(on_device, max_seqlen)
+            inputs = pack_micro_batch(on_device, lengths)
         labels = next_token_labels(on_device[INPUT_IDS].values(), inputs.offsets)
         if sequence_split is not None:
             assert isinstance(inputs, PackedRow)  # the padded layout was refused above
@@ -215,7 +216,14 @@ class MicroBatch:
                 f"loss_fn must return (scalar tensor, dict of floats), got loss of type {type(loss).__name__}"
                 f"{' with shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}."
             )
+        # NOTE: tensors stay on the device; the engine reads every micro-batch's numbers back in one go after
+        # the last one (a float() here would stall the host between micro-batches).
         result = MicroBatchResult(
-            outputs=kept, loss=loss.detach().reshape(()), metrics={k: float(v) for k, v in metrics.items()}
+            outputs=kept,
+            loss=loss.detach().reshape(()),
+            metrics={
+                k: v.detach().reshape(()) if isinstance(v, torch.Tensor) else float(v)
+                for k, v in metrics.items()
+            },
         )
         return loss.reshape(()) * trip.gradient_divisor, result

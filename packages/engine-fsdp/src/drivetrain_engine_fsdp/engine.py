@@ -3,7 +3,8 @@
 This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``,
 ``meta_build.py``, ``hf_weights.py`` and ``materialize.py`` (build and load), ``wrap.py`` (meshes,
 ``fully_shard``), ``inputs.py`` / ``outputs.py`` (forward arguments of core's micro-batch layout,
-per-position log-probs and values), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``,
+per-position log-probs and values), ``head.py`` / ``linear_log_probs.py`` (log-probs from hidden states
+without full logits), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``,
 ``checkpoint.py`` and ``export.py``.
 """
 
@@ -27,6 +28,7 @@ from . import checkpoint, offload
 from .attention import register_varlen_attention
 from .config import FSDPEngineConfig
 from .export import export_adapter_weights, export_full_weights
+from .head import hidden_states_out, projection_head
 from .inputs import model_kwargs
 from .materialize import materialize
 from .meta_build import MetaModel, build_meta_model
@@ -52,7 +54,9 @@ class FSDPEngine(Engine):
         self._layout: ParallelLayout = build_layout(config)
         model, meta_model = self._build_model()
         self._hf_class = hf_class_name(model)
+        self._hf_model_config = model.config
         self._limits = TokenLimits.from_hf_config(model.config, self.model_config.path)
+        self._head = projection_head(model, self.model_config.model_type)
         # An FSDPModule over a transformers (or PEFT) model: typed loosely, its methods are added dynamically.
         self.module: Any = shard_model(model, self._layout, config)
         if meta_model is not None:
@@ -80,6 +84,9 @@ class FSDPEngine(Engine):
 
     def _token_limits(self) -> TokenLimits:
         return self._limits
+
+    def _hf_config(self) -> Any:
+        return self._hf_model_config
 
     def _build_model(self) -> tuple[Any, MetaModel | None]:
         """The model to shard, with what fills it after sharding when it was built on ``meta``."""
@@ -142,12 +149,15 @@ class FSDPEngine(Engine):
             if not forward_only:
                 # Reduce-scatter gradients once, after the last micro-batch has accumulated into them.
                 self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)
-            logits = self.module(**model_kwargs(micro_batch)).logits
+            with hidden_states_out(self._head):
+                model_output = self.module(**model_kwargs(micro_batch)).logits
             fields = token_fields(
-                logits,
+                model_output,
                 micro_batch,
                 model_type=self.model_config.model_type,
                 chunk_size=self.engine_config.entropy_chunk_size,
+                # NOTE: read after the forward: FSDP's root has gathered it (and keeps it for backward).
+                head_weight=self._head.weight if self._head is not None else None,
             )
             loss, result = micro_batch.finish(fields)
             if not forward_only:

@@ -2,7 +2,8 @@
 
 Core lays the micro-batch out (:class:`~drivetrain_engine_core.backend.MicroBatch`): one packed row, possibly
 this rank's Ulysses slice of it, or right-padded rows. Packed rows go with ``cu_seq_lens_q`` to the
-per-sequence attention function (``cu_seq_lens_q`` describes the whole row under Ulysses); padded rows go with
+per-sequence attention function (``cu_seq_lens_q`` describes the whole row under Ulysses), with the row's
+host ``max_length_q`` and ``sequence_lengths`` so that no layer reads lengths back from the device; padded rows go with
 an ``attention_mask``, which transformers' SDPA turns into a key-padding mask. ``use_cache=False`` in both:
 with a cache transformers does not detect packed sequences.
 """
@@ -28,5 +29,7 @@ def model_kwargs(micro_batch: MicroBatch) -> dict[str, Any]:
         "input_ids": inputs.input_ids,
         "position_ids": inputs.position_ids,
         "cu_seq_lens_q": inputs.cu_seqlens,
+        "max_length_q": inputs.max_seqlen,
+        "sequence_lengths": inputs.lengths,
         "use_cache": False,
     }

@@ -1,6 +1,9 @@
-"""``token_fields``: model logits -> per-position ``log_probs`` / ``entropy`` / ``values`` of a micro-batch.
+"""``token_fields``: model output -> per-position ``log_probs`` / ``entropy`` / ``values`` of a micro-batch.
 
-Log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under autograd each chunk is
+The model output is the last hidden state when the engine ran the output projection itself (:mod:`.head`):
+log-probs and entropy then come from :func:`~.linear_log_probs.linear_log_probs`, which never holds more than
+one chunk of logits. Otherwise it is the logits (value models, heads the hidden-state path cannot take), and
+log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under autograd each chunk is
 checkpointed, so the float32 softmax-sized intermediates of only one chunk exist at once (in forward and
 again in backward) instead of several full-vocabulary copies for the whole micro-batch. The fields stay per
 position ("position p predicts token p + 1"); core's ``MicroBatch.finish`` gathers Ulysses slices, shifts
@@ -13,25 +16,45 @@ import torch
 from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
 from torch.utils.checkpoint import checkpoint
 
+from .linear_log_probs import linear_log_probs
+
 
 def token_fields(
-    logits: torch.Tensor, micro_batch: MicroBatch, *, model_type: str, chunk_size: int
+    model_output: torch.Tensor,
+    micro_batch: MicroBatch,
+    *,
+    model_type: str,
+    chunk_size: int,
+    head_weight: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The per-position fields of one micro-batch from the model's ``logits``.
+    """The per-position fields of one micro-batch from the model's output.
 
     Args:
-        logits: ``(1, t, V)`` for packed rows, ``(n, L, V)`` for padded ones; ``V == 1`` for value models.
-        micro_batch: the micro-batch the logits were computed for.
+        model_output: ``(1, t, D)`` for packed rows, ``(n, L, D)`` for padded ones: hidden states when
+            ``head_weight`` is given, else logits (``D == 1`` for value models).
+        micro_batch: the micro-batch the output was computed for.
         model_type: ``language_model`` (``log_probs``, optional ``entropy``) or ``value_model`` (``values``).
-        chunk_size: positions per chunk of the log-softmax.
+        chunk_size: positions per chunk of logits.
+        head_weight: ``(V, D)`` output projection the hidden states still have to go through, or ``None``.
 
     Returns:
         float32 ``(P,)`` tensors in the micro-batch's ``rows`` order.
     """
-    rows = micro_batch.rows(logits)
+    rows = micro_batch.rows(model_output)
     if model_type == "value_model":
         return {"values": rows[:, 0].float()}
-    log_probs, entropy = next_token_log_probs(rows, micro_batch.labels, micro_batch.options, chunk_size)
+    options = micro_batch.options
+    if head_weight is not None:
+        log_probs, entropy = linear_log_probs(
+            rows,
+            head_weight,
+            micro_batch.labels,
+            temperature=options.temperature,
+            compute_entropy=options.compute_entropy,
+            chunk_size=chunk_size,
+        )
+    else:
+        log_probs, entropy = next_token_log_probs(rows, micro_batch.labels, options, chunk_size)
     return {"log_probs": log_probs} if entropy is None else {"log_probs": log_probs, "entropy": entropy}
 
 

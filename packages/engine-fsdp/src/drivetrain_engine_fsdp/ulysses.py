@@ -176,6 +176,7 @@ class UlyssesSplit(SequenceSplit):
             cu_seqlens=cu_seqlens,
             max_seqlen=max(row.max_seqlen, pad),
             offsets=row.offsets,
+            lengths=row.lengths + ((pad,) if pad else ()),
         )
         return local, local_slice(labels, self.rank, self.size)[0]
 

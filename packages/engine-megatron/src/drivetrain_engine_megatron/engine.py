@@ -79,6 +79,9 @@ class MegatronEngine(Engine):
             # divides the gradients by it before the norm. Without it fp16 gradients come out divided by 2^32.
             self._model.transformer_config.grad_scale_func = self._optimizer.scale_loss
 
+    def _hf_config(self) -> Any:
+        return self._model.bridge.hf_config
+
     def _token_limits(self) -> TokenLimits:
         # The tokenizer's vocabulary, not the padded one: ids in the padding rows would train with loss inf.
         limits = TokenLimits.from_hf_config(self._model.bridge.hf_config, self.model_config.path)

@@ -13,6 +13,7 @@ and :func:`unpack_to_jagged`. Backends use the ``MicroBatch``, not these steps.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,8 @@ class PackedRow:
         max_seqlen: length of the longest sequence.
         offsets: the batch's int64 ``input_ids`` offsets; pass as ``cu_seqlens`` to :func:`unpack_to_jagged`
             to get outputs that combine with the batch's own jagged fields.
+        lengths: the sequence lengths ``cu_seqlens`` describes, as host integers, so that per-layer code
+            (attention) never reads them back from the device.
     """
 
     input_ids: Tensor
@@ -42,6 +45,7 @@ class PackedRow:
     cu_seqlens: Tensor
     max_seqlen: int
     offsets: Tensor
+    lengths: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -66,22 +70,24 @@ class PaddedRows:
     offsets: Tensor
 
 
-def pack_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PackedRow:
+def pack_micro_batch(batch: TensorDict, lengths: Sequence[int] | None = None) -> PackedRow:
     """Concatenate the sequences of ``batch`` into one :class:`PackedRow` (no copy of token data).
 
     Args:
         batch: a no-padding micro-batch.
-        max_seqlen: its longest sequence when already known (read on the host before a move to the device,
-            which spares a device sync); computed from the offsets otherwise.
+        lengths: its sequence lengths when already known (read on the host before a move to the device,
+            which spares a device sync); read from the offsets otherwise.
     """
     ids = batch[INPUT_IDS]
     offsets = offsets_of(ids)
+    host_lengths = tuple(int(n) for n in (offsets.diff().tolist() if lengths is None else lengths))
     return PackedRow(
         input_ids=ids.values().unsqueeze(0),
         position_ids=batch[POSITION_IDS].values().unsqueeze(0),
         cu_seqlens=offsets.to(torch.int32),
-        max_seqlen=int(offsets.diff().max()) if max_seqlen is None else max_seqlen,
+        max_seqlen=max(host_lengths),
         offsets=offsets,
+        lengths=host_lengths,
     )
 
 

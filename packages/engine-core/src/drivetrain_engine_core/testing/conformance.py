@@ -224,6 +224,17 @@ class EngineConformanceTests:
             output = engine.train_batch(batch, token_mean_nll)
         self.assert_loss_and_grad_norm(output, reference_loss_and_grad_norm(model_dir, batch, token_mean_nll))
         assert output.metrics["lr"] == pytest.approx(lr_at_step(OPTIMIZER, 0))
+        self.assert_speed_metrics(output, batch)
+
+    @staticmethod
+    def assert_speed_metrics(output: Any, batch: TensorDict) -> None:
+        """Every step reports its time, tokens, tokens/s and achieved TFLOP/s (core's ``perf/*`` metrics)."""
+        metrics = output.metrics
+        assert metrics["perf/tokens"] >= int(batch["input_ids"].offsets()[-1]), "perf/tokens misses tokens"
+        assert metrics["perf/step_time_s"] > 0 and metrics["perf/tokens_per_s"] > 0
+        assert metrics["perf/tflops_per_device"] > 0, (
+            "no FLOP count: the backend's _hf_config() returned None"
+        )
 
     @pytest.mark.parametrize("micro_batching", list(MICRO_BATCHINGS))
     def test_micro_batching_does_not_change_results(self, model_dir: Path, micro_batching: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,30 +208,21 @@ class SFTTrainer:
         for step in range(result.start_step, trainer.total_steps):
             heartbeat.beat(step + 1, "train")
             local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
-            started = time.perf_counter()
             with engine.train_mode():
                 output = engine.train_batch(make_sft_batch([train[i] for i in local]), self.loss_fn)
             engine.lr_scheduler_step()
-            seconds = time.perf_counter() - started
-            tokens = sum(train[i].length for i in sampler.global_indices(step).tolist())
             values = {
                 "train/loss": float(output.loss),  # type: ignore[arg-type]
                 "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
                 "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
                 "train/skipped_steps": float(engine.skipped_steps),
-                "perf/step_time_s": seconds,
-                "perf/tokens": float(tokens),
-                "perf/tokens_per_s": tokens / seconds,
+                # The engine's step time, global tokens, tokens/s, TFLOP/s, MFU (with a known peak), peak memory.
+                **{k: float(v) for k, v in output.metrics.items() if k.startswith("perf/")},  # type: ignore[arg-type]
             }
             result.train_losses.append(values["train/loss"])
             result.skipped_steps = engine.skipped_steps
             writer.write(step + 1, values)
-            bar.set_postfix(
-                loss=f"{values['train/loss']:.4f}",
-                s_step=f"{seconds:.3f}",
-                tok_s=f"{tokens / seconds:.0f}",
-                refresh=False,
-            )
+            bar.set_postfix(refresh=False, **_speed_postfix(values))
             bar.update(1)
             self._after_step(engine, step + 1, evaluate, writer, result, bar, heartbeat)
         bar.close()
@@ -332,3 +322,15 @@ def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) 
         "config": config,
     }
     (output_dir / "summary.json").write_text(dumps(summary, indent=2))
+
+
+def _speed_postfix(values: dict[str, float]) -> dict[str, str]:
+    """The progress bar's loss and speed: s/step, tokens/s, TFLOP/s per device and MFU (``n/a``: no peak)."""
+    mfu = values.get("perf/mfu")
+    return {
+        "loss": f"{values['train/loss']:.4f}",
+        "s_step": f"{values['perf/step_time_s']:.3f}",
+        "tok_s": f"{values['perf/tokens_per_s']:.0f}",
+        "tflops": f"{values.get('perf/tflops_per_device', float('nan')):.3g}",
+        "mfu": "n/a" if mfu is None else f"{mfu:.1%}",
+    }

@@ -1,0 +1,74 @@
+"""The FLOP counter against a hand count, the peak lookup, the perf metrics and the one-read host floats."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from drivetrain_engine_core.outputs import host_floats
+from drivetrain_engine_core.throughput import (
+    PEAK_TFLOPS_VARIABLE,
+    TransformerShape,
+    peak_tflops,
+    speed_metrics,
+)
+
+TINY = SimpleNamespace(
+    hidden_size=8,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    vocab_size=10,
+)
+
+
+def test_flops_of_a_tiny_config_match_a_hand_count():
+    shape = TransformerShape.from_hf_config(TINY)
+    assert shape is not None
+    # Per layer: q 8x8, k and v 8x4 each, o 8x8, gated MLP 3 x 8x16 = 64 + 64 + 64 + 384 = 576; head 8x10.
+    assert shape.matmul_weights == 2 * 576 + 80
+    # Matmuls 2 * 1232 * 8 tokens; causal attention 2 * layers * heads * head_dim * (3^2 + 5^2).
+    assert shape.forward_flops([3, 5]) == 2 * 1232 * 8 + 2 * 2 * 2 * 4 * 34
+    assert shape.step_flops([3, 5], backward=True) == 3 * 20800
+    assert shape.step_flops([3, 5], backward=False) == 20800
+
+
+def test_mixture_of_experts_and_incomplete_configs_have_no_shape():
+    assert TransformerShape.from_hf_config(SimpleNamespace(**vars(TINY), num_experts=8)) is None
+    assert TransformerShape.from_hf_config(SimpleNamespace(hidden_size=8)) is None
+
+
+def test_peak_comes_from_config_then_environment_then_nothing_on_cpu(monkeypatch):
+    monkeypatch.delenv(PEAK_TFLOPS_VARIABLE, raising=False)
+    assert peak_tflops("cpu", None) is None
+    assert peak_tflops("cpu", 2.5) == 2.5
+    monkeypatch.setenv(PEAK_TFLOPS_VARIABLE, "0.5")
+    assert peak_tflops("cpu", None) == 0.5
+    assert peak_tflops("cpu", 2.5) == 2.5
+    monkeypatch.setenv(PEAK_TFLOPS_VARIABLE, "fast")
+    with pytest.raises(ValueError, match=PEAK_TFLOPS_VARIABLE):
+        peak_tflops("cpu", None)
+
+
+def test_speed_metrics():
+    metrics = speed_metrics(
+        seconds=2.0, tokens=1000.0, flops=8e12, devices=2, peak=4.0, device_peak_bytes=1 << 30
+    )
+    assert metrics == {
+        "perf/step_time_s": 2.0,
+        "perf/tokens": 1000.0,
+        "perf/tokens_per_s": 500.0,
+        "perf/tflops_per_device": 2.0,
+        "perf/mfu": 0.5,
+        "perf/device_peak_gib": 1.0,
+    }
+    assert "perf/mfu" not in speed_metrics(
+        seconds=1.0, tokens=1.0, flops=1.0, devices=1, peak=None, device_peak_bytes=None
+    )
+
+
+def test_host_floats_keep_order_across_tensors_and_numbers():
+    assert host_floats([1.5, torch.tensor(2.0), 3, torch.tensor([4.0])]) == [1.5, 2.0, 3.0, 4.0]
