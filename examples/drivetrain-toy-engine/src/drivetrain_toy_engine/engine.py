@@ -50,6 +50,10 @@ class ToyEngine(Engine):
     def _token_limits(self) -> TokenLimits:
         return self._limits
 
+    def _hf_config(self) -> Any:
+        """The transformers config core counts FLOPs from (the ``perf/*`` step metrics)."""
+        return self.model.config
+
     def _initialize(self) -> None:
         if distributed.world_size() > 1 or self.model_config.lora is not None:
             raise ConfigError("the toy backend runs one process without LoRA; use the fsdp backend for more.")
