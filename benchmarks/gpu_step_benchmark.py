@@ -12,7 +12,8 @@ response tokens; AdamW; bf16 compute with float32 master weights. Variants:
   function, full logits and ``log_softmax``, under ``torch.autocast``.
 - ``megatron``: ``MegatronEngine.train_batch``; reported as skipped when megatron-core or mbridge do not import.
 - ``fsdp_offload``: the FSDP engine with ``param_offload`` and ``optimizer_offload``: every step loads parameters
-  and optimizer state, trains, and offloads them again (``train_mode`` around each step).
+  and optimizer state, trains, and offloads them again (``train_mode`` around each step); ``transfers`` gives the
+  last load and offload in seconds and bytes (the engine's ``transfer_metrics``).
 - ``bare_padded``: the bare loop on right-padded rows, 8 sequences per micro-batch; an out-of-memory error is
   reported (``"oom"``), not raised.
 - ``fsdp_infer`` / ``bare_infer``: forward-only per-token log-probs of the same batch.
@@ -165,6 +166,7 @@ def engine_train(engine: Any, batch) -> Callable[[], float]:
             output = engine.train_batch(batch, token_mean_nll)
         return float(output.loss)
 
+    step.engine = engine  # type: ignore[attr-defined]  # read for its transfer metrics
     return step
 
 
@@ -308,6 +310,9 @@ def run_variant(args, name: str, build: Callable[[], Callable[[], float]], flops
             result = measure(args, step, flops, tokens)
             if args.device == "cpu":
                 result["cpu_s_per_step"] = cpu_time(args, step)
+            transfers = getattr(getattr(step, "engine", None), "transfer_metrics", None)
+            if transfers and transfers["perf/offload_bytes"]:
+                result["transfers"] = transfers  # the last step's load and offload: seconds and bytes
         except torch.OutOfMemoryError as e:
             result = {"status": "oom", "error": str(e).splitlines()[0]}
         finally:
