@@ -8,6 +8,8 @@ at most 16,384 tokens (core's own split, so every variant sees the same micro-ba
 response tokens; AdamW; bf16 compute with float32 master weights. Variants:
 
 - ``fsdp``: ``FSDPEngine.train_batch`` (one rank, FSDP2, per-sequence attention, chunked hidden-state log-probs).
+- ``fsdp_compile``: the same with ``compile_layers`` (each decoder layer ``torch.compile``d; the warm-up steps
+  pay the compilation).
 - ``bare``: a plain transformers model + AdamW over the same micro-batches and the same per-sequence attention
   function, full logits and ``log_softmax``, under ``torch.autocast``.
 - ``megatron``: ``MegatronEngine.train_batch``; reported as skipped when megatron-core or mbridge do not import.
@@ -328,6 +330,7 @@ def megatron_available() -> bool:
 def variants(args, model_dir: Path, batch) -> Iterator[tuple[str, Callable[[], Callable[[], float]], bool]]:
     """``(name, build, backward)`` of each selected variant."""
     yield "fsdp", lambda: engine_train(fsdp_engine(args, model_dir), batch), True
+    yield "fsdp_compile", lambda: engine_train(fsdp_engine(args, model_dir, compile_layers=True), batch), True
     yield "bare", lambda: BareLoop(args, model_dir, batch, padded=False).train, True
     yield "megatron", lambda: engine_train(megatron_engine(args, model_dir), batch), True
     offload = {"param_offload": True, "optimizer_offload": True}
@@ -340,6 +343,7 @@ def variants(args, model_dir: Path, batch) -> Iterator[tuple[str, Callable[[], C
 def ratios(results: dict[str, dict]) -> dict[str, float]:
     """Engine over bare (time, memory), and offloaded over resident, where both ran."""
     pairs = {"fsdp_over_bare": ("fsdp", "bare"), "infer_fsdp_over_bare": ("fsdp_infer", "bare_infer")}
+    pairs |= {"compile_over_fsdp": ("fsdp_compile", "fsdp")}
     pairs |= {"megatron_over_fsdp": ("megatron", "fsdp"), "offload_over_fsdp": ("fsdp_offload", "fsdp")}
     out = {}
     for name, (top, bottom) in pairs.items():
