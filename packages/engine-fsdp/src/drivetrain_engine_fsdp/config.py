@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 
 from drivetrain_engine_core.config import DTYPES, ConfigError, EngineConfig
@@ -40,6 +42,7 @@ class FSDPEngineConfig(EngineConfig):
     entropy_chunk_size: int = 2048
     attention_backend: str = "varlen"
     meta_init: bool = True
+    compile_layers: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +62,11 @@ class FSDPEngineConfig(EngineConfig):
         if self.attention_backend not in ("varlen", "sdpa"):
             raise ConfigError(
                 f"engine.attention_backend={self.attention_backend!r} is not supported; choose 'varlen' or 'sdpa'."
+            )
+        if self.compile_layers and self.device == "cpu" and not _cpp_compiler():
+            raise ConfigError(
+                "engine.compile_layers=True on device 'cpu' needs a C++ compiler for torch.compile's inductor "
+                "backend, and none was found (set CXX or install g++); or set engine.compile_layers=False."
             )
         if self.cpu_offload_policy and self.param_offload:
             raise ConfigError(
@@ -87,6 +95,12 @@ class FSDPEngineConfig(EngineConfig):
     def resolved_fsdp_size(self, world_size: int) -> int:
         """Ranks per shard group (``fsdp_size`` with ``-1`` resolved to the world size)."""
         return world_size if self.fsdp_size == -1 else self.fsdp_size
+
+
+def _cpp_compiler() -> str | None:
+    """The C++ compiler inductor would use on CPU (``CXX``, else ``g++``/``c++``/``clang++`` on the path)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return next((found for name in names if (found := shutil.which(name))), None)
 
 
 def _divisors(number: int) -> list[int]:

@@ -10,7 +10,7 @@ without full logits), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``off
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,10 @@ class FSDPEngine(Engine):
         )
         self._params_on_cpu = False
         self._optimizer_on_cpu = False
+        # Gradients of a backward whose optimizer step has not run: kept (moved) by an offload, else freed.
+        self._grads_pending = False
+        self._host_buffers = offload.HostBuffers()
+        self._transfers = {"load": offload.Transfer(), "offload": offload.Transfer()}
 
     def _refuse_fp16_training(self) -> None:
         """Refuse to train in float16: this backend has no loss scaling, so small gradients flush to zero.
@@ -145,6 +149,7 @@ class FSDPEngine(Engine):
         self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
         results = []
+        self._grads_pending = self._grads_pending or not forward_only
         for index, micro_batch in enumerate(micro_batches):
             if not forward_only:
                 # Reduce-scatter gradients once, after the last micro-batch has accumulated into them.
@@ -176,6 +181,7 @@ class FSDPEngine(Engine):
     def _optimizer_zero_grad(self) -> None:
         assert self.optimizer is not None  # core calls optimizer hooks only when an optimizer is configured
         self.optimizer.zero_grad(set_to_none=True)
+        self._grads_pending = False
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
         if self.engine_config.cpu_offload_policy and self.engine_config.device == "cuda":
@@ -192,6 +198,7 @@ class FSDPEngine(Engine):
     def _optimizer_step(self) -> None:
         assert self.optimizer is not None  # as in _optimizer_zero_grad
         self.optimizer.step()
+        self._grads_pending = False
 
     # ------------------------------------------------------------------ placement
 
@@ -201,20 +208,52 @@ class FSDPEngine(Engine):
         return "cpu" if self.engine_config.cpu_offload_policy else self.engine_config.device
 
     def _load(self, *, params: bool, optimizer: bool) -> None:
-        if params and self._params_on_cpu:
-            offload.move_parameters(self.module, self._home_device)
-            self._params_on_cpu = False
-        if optimizer and self._optimizer_on_cpu and self.optimizer is not None:
-            offload.move_optimizer_state(self.optimizer, self._home_device)
-            self._optimizer_on_cpu = False
+        def move() -> int:
+            moved = 0
+            if params and self._params_on_cpu:
+                moved += offload.move_parameters(self.module, self._home_device)
+                self._params_on_cpu = False
+            if optimizer and self._optimizer_on_cpu and self.optimizer is not None:
+                moved += offload.move_optimizer_state(self.optimizer, self._home_device)
+                self._optimizer_on_cpu = False
+            return moved
+
+        self._record("load", move)
 
     def _offload(self, params: bool, optimizer: bool) -> None:
-        if params and not self._params_on_cpu:
-            offload.move_parameters(self.module, "cpu")
-            self._params_on_cpu = True
-        if optimizer and not self._optimizer_on_cpu and self.optimizer is not None:
-            offload.move_optimizer_state(self.optimizer, "cpu")
-            self._optimizer_on_cpu = True
+        def move() -> int:
+            moved = 0
+            if (params or optimizer) and not self._grads_pending:
+                # NOTE: after the optimizer step the gradients are dead until the next zero_grad; moving them
+                # would double the parameters' traffic for nothing.
+                offload.free_gradients(self.module)
+            if params and not self._params_on_cpu:
+                moved += offload.move_parameters(self.module, "cpu")
+                self._params_on_cpu = True
+            if optimizer and not self._optimizer_on_cpu and self.optimizer is not None:
+                moved += offload.move_optimizer_state(self.optimizer, "cpu", self._host_buffers)
+                self._optimizer_on_cpu = True
+            return moved
+
+        self._record("offload", move)
+
+    def _record(self, kind: str, move: Callable[[], int]) -> None:
+        seconds, moved = offload.timed(self.engine_config.device, move)
+        if moved:
+            self._transfers[kind] = offload.Transfer(seconds=seconds, bytes=moved)
+
+    @property
+    def transfer_metrics(self) -> dict[str, float]:
+        """Seconds and bytes of the last load (entering a mode) and the last offload (leaving it).
+
+        ``perf/load_s``, ``perf/load_bytes``, ``perf/offload_s``, ``perf/offload_bytes``; zeros before the first
+        move. Each time includes one device sync at its end.
+        """
+        metrics = {}
+        for kind, transfer in self._transfers.items():
+            metrics[f"perf/{kind}_s"] = transfer.seconds
+            metrics[f"perf/{kind}_bytes"] = float(transfer.bytes)
+        return metrics
 
     def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
         on_cpu = device == "cpu" and self._home_device != "cpu"

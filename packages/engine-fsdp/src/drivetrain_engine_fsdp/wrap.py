@@ -83,7 +83,8 @@ def shard_model(model: nn.Module, layout: ParallelLayout, config: FSDPEngineConf
 
     ``reshard_after_forward`` applies to the decoder layers; the root keeps its parameters gathered.
 
-    Parameters move to the mesh's device as they are sharded, or stay on CPU under ``cpu_offload_policy``.
+    Parameters move to the mesh's device as they are sharded, or stay on CPU under ``cpu_offload_policy``. With
+    ``compile_layers`` each decoder layer is compiled first.
     """
     mixed_precision = MixedPrecisionPolicy(
         param_dtype=getattr(torch, config.param_dtype),
@@ -94,6 +95,11 @@ def shard_model(model: nn.Module, layout: ParallelLayout, config: FSDPEngineConf
         # Pinned host memory only helps (and only works) with an accelerator to copy to.
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=config.device != "cpu")
     for layer in decoder_layers(model):
+        if config.compile_layers:
+            # NOTE: compiled in place (``Module.compile``) so parameter names and checkpoints do not change, and
+            # before fully_shard as torchtitan does: FSDP2's hooks stay outside the graph, which then holds only
+            # the layer's own compute and is reused by every layer of the same structure.
+            layer.compile()
         fully_shard(layer, reshard_after_forward=config.reshard_after_forward, **kwargs)
     # The root's parameters (embeddings, final norm, head) are the first that backward needs, so freeing them
     # after forward would only buy an immediate second all-gather.

@@ -1,0 +1,100 @@
+"""Offload of the FSDP engine: gradients freed (not moved), host buffers reused, training unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch
+from drivetrain_engine_core.testing.device import device_under_test, requires_cuda
+from drivetrain_engine_core.testing.losses import token_mean_nll
+from drivetrain_engine_fsdp.config import FSDPEngineConfig
+from drivetrain_engine_fsdp.engine import FSDPEngine
+from drivetrain_engine_fsdp.offload import HostBuffers
+
+OFFLOAD = {"param_offload": True, "optimizer_offload": True}
+OPTIMIZER = OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("models") / "qwen2", arch="qwen2")
+
+
+def make_engine(path, **engine):
+    instance = FSDPEngine(
+        model_config=ModelConfig(path=str(path)),
+        engine_config=FSDPEngineConfig(
+            device=device_under_test(), micro_batch=MicroBatchConfig(micro_batch_size=2), **engine
+        ),
+        optimizer_config=OPTIMIZER,
+    )
+    instance.initialize()
+    return instance
+
+
+def batch(seed):
+    return random_batch(vocab_size=64, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6], seed=seed)
+
+
+def grads(engine):
+    return [p.grad for p in engine.module.parameters()]
+
+
+def test_offloaded_steps_equal_resident_steps(model_dir):
+    resident, offloaded = make_engine(model_dir), make_engine(model_dir, **OFFLOAD)
+    for seed in (1, 2, 3):
+        losses = []
+        for engine in (resident, offloaded):
+            with engine.train_mode():
+                output = engine.train_batch(batch(seed), token_mean_nll)
+            losses.append((output.loss, output.metrics["grad_norm"]))
+        assert losses[1] == pytest.approx(losses[0], rel=1e-6, abs=0)
+
+
+def test_gradients_are_freed_after_the_step_and_kept_before_it(model_dir):
+    engine = make_engine(model_dir, **OFFLOAD)
+    with engine.train_mode():
+        engine.train_batch(batch(1), token_mean_nll)
+    assert all(g is None for g in grads(engine))  # the step consumed them: freed, not moved
+    with engine.train_mode():
+        engine.optimizer_zero_grad()
+        engine.forward_backward_batch(batch(2), token_mean_nll)
+    kept = grads(engine)
+    assert any(g is not None for g in kept)  # no step yet: a caller may still step on them
+    with engine.train_mode():
+        engine.optimizer_step()
+    with engine.train_mode():
+        pass
+    assert all(g is None for g in grads(engine))
+
+
+def test_resident_engine_keeps_its_gradients(model_dir):
+    engine = make_engine(model_dir)
+    with engine.train_mode():
+        engine.train_batch(batch(1), token_mean_nll)
+    assert any(g is not None for g in grads(engine))
+
+
+def test_host_buffers_are_allocated_once_and_reused():
+    buffers = HostBuffers()
+    first = buffers.stash((0, "exp_avg"), torch.arange(6.0))
+    second = buffers.stash((0, "exp_avg"), torch.arange(6.0) * 2)
+    assert second.data_ptr() == first.data_ptr()
+    assert torch.equal(second, torch.arange(6.0) * 2)
+
+
+@requires_cuda
+def test_optimizer_state_reuses_pinned_buffers_across_steps(model_dir):
+    engine = make_engine(model_dir, **OFFLOAD)
+    pointers = []
+    for seed in (1, 2):
+        with engine.train_mode():
+            engine.train_batch(batch(seed), token_mean_nll)
+        state = next(iter(engine.optimizer.state.values()))["exp_avg"].to_local()
+        assert state.device.type == "cpu" and state.is_pinned()
+        pointers.append(state.data_ptr())
+    assert pointers[0] == pointers[1]
+    metrics = engine.transfer_metrics
+    assert metrics["perf/offload_bytes"] > 0 and metrics["perf/load_bytes"] > 0
+    assert metrics["perf/offload_s"] > 0 and metrics["perf/load_s"] > 0
