@@ -65,6 +65,10 @@ class AlgorithmConfig:
         kl_estimator: ``k1``, ``k2`` or ``k3`` (``low_var_kl``).
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
         epsilon: added to the group's reward standard deviation before dividing.
+        ppo_mini_batches: optimizer steps per epoch over one rollout (its sequences split evenly; whole
+            groups are not kept together, each sequence carries its own advantage). 1 is on-policy GRPO: the
+            ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
+        ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
     """
 
     clip_ratio: float = 0.2
@@ -72,8 +76,13 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     loss_agg_mode: str = "token-mean"
     epsilon: float = 1e-6
+    ppo_mini_batches: int = 1
+    ppo_epochs: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("ppo_mini_batches", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}.")
         if not 0 < self.clip_ratio < 1:
             raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
         if self.kl_loss_coef < 0:
