@@ -150,3 +150,15 @@ def test_shipped_example_yaml_holds_the_defaults():
     from importlib.resources import files
 
     assert load_config(str(files("drivetrain_roles.grpo").joinpath("example.yaml"))) == load_config()
+
+
+def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path):
+    from drivetrain_engine_core.config import ConfigError
+
+    model_dir = write_model_dir(tmp_path / "model", seed=3)
+    config = _config(model_dir, "algorithm.ppo_mini_batches=2", "algorithm.ppo_epochs=3")
+    schedule = GRPOTrainer(config, tmp_path / "run").make_actor(str(model_dir)).config.schedule
+    sequences = config.trainer.prompts_per_step * N
+    assert (schedule.mini_batch_size, schedule.epochs, schedule.shuffle) == (sequences // 2, 3, True)
+    with pytest.raises(ConfigError, match=r"algorithm\.ppo_epochs must be >= 1"):
+        _config(model_dir, "algorithm.ppo_epochs=0")

@@ -1,7 +1,7 @@
 """Typed configuration of ``drivetrain grpo``: its sections, their defaults (the embedded job) and derived values.
 
 Loading is core's command config layer (:mod:`drivetrain_engine_core.command_config`). The defaults are the
-embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 20% held-out
+embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 55% held-out
 accuracy, then trained by GRPO with an exact-answer reward.
 """
 
@@ -39,7 +39,7 @@ class RolloutConfig:
     """
 
     name: str = "hf"
-    n: int = 16
+    n: int = 8
     temperature: float = 1.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
@@ -65,6 +65,10 @@ class AlgorithmConfig:
         kl_estimator: ``k1``, ``k2`` or ``k3`` (``low_var_kl``).
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
         epsilon: added to the group's reward standard deviation before dividing.
+        ppo_mini_batches: optimizer steps per epoch over one rollout (its sequences split evenly; whole
+            groups are not kept together, each sequence carries its own advantage). 1 is on-policy GRPO: the
+            ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
+        ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
     """
 
     clip_ratio: float = 0.2
@@ -72,8 +76,13 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     loss_agg_mode: str = "token-mean"
     epsilon: float = 1e-6
+    ppo_mini_batches: int = 2
+    ppo_epochs: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("ppo_mini_batches", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}.")
         if not 0 < self.clip_ratio < 1:
             raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
         if self.kl_loss_coef < 0:
@@ -106,9 +115,9 @@ class TrainerConfig:
         report_to: metrics trackers (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
     """
 
-    total_steps: int = 200
-    prompts_per_step: int = 16
-    warm_start_steps: int = 300
+    total_steps: int = 120
+    prompts_per_step: int = 32
+    warm_start_steps: int = 400
     eval_every: int = 20
     save_every: int = 50
     eval_samples: int = 200
@@ -140,7 +149,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=5e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=0)
+    return OptimizerConfig(lr=2e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
 
 
 def _default_checkpoint() -> CheckpointConfig:

@@ -174,9 +174,13 @@ class GRPOTrainer:
             kl_loss_coef=algorithm.kl_loss_coef,
             kl_estimator=algorithm.kl_estimator,
         )
-        # One optimizer step per rollout: the whole step's samples are one mini-batch (on-policy GRPO).
+        # algorithm.ppo_mini_batches optimizer steps per pass over a rollout; 1 is on-policy GRPO.
+        sequences = config.trainer.prompts_per_step * config.rollout.n
         schedule = UpdateSchedule(
-            mini_batch_size=config.trainer.prompts_per_step * config.rollout.n, shuffle=False
+            mini_batch_size=-(-sequences // algorithm.ppo_mini_batches),
+            epochs=algorithm.ppo_epochs,
+            shuffle=algorithm.ppo_mini_batches > 1 or algorithm.ppo_epochs > 1,
+            seed=config.trainer.seed,
         )
         actor_config = ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
         return Actor(self._engine(model_path, train=True), actor_config)
