@@ -45,6 +45,23 @@ CONFIG_FILE = "config.yaml"
 CURVE_FILE = "reward_curve.png"
 
 
+def actor_config(config: GRPOConfig) -> ActorConfig:
+    """The GRPO actor: PPO-clip loss with the KL penalty, one optimizer step per rollout."""
+    algorithm = config.algorithm
+    loss = PolicyLossConfig(
+        clip_ratio_low=algorithm.clip_ratio,
+        clip_ratio_high=algorithm.clip_ratio,
+        loss_agg_mode=algorithm.loss_agg_mode,
+        kl_loss_coef=algorithm.kl_loss_coef,
+        kl_estimator=algorithm.kl_estimator,
+    )
+    # One optimizer step per rollout: the whole step's samples are one mini-batch (on-policy GRPO).
+    schedule = UpdateSchedule(
+        mini_batch_size=config.trainer.prompts_per_step * config.rollout.n, shuffle=False
+    )
+    return ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
+
+
 @dataclass
 class GRPOResult:
     """What a run did, on every rank.
@@ -166,20 +183,7 @@ class GRPOTrainer:
 
     def make_actor(self, model_path: str) -> Actor:
         """The actor: a training engine of ``model_path`` with the GRPO loss, one optimizer step per rollout."""
-        config, algorithm = self.config, self.config.algorithm
-        loss = PolicyLossConfig(
-            clip_ratio_low=algorithm.clip_ratio,
-            clip_ratio_high=algorithm.clip_ratio,
-            loss_agg_mode=algorithm.loss_agg_mode,
-            kl_loss_coef=algorithm.kl_loss_coef,
-            kl_estimator=algorithm.kl_estimator,
-        )
-        # One optimizer step per rollout: the whole step's samples are one mini-batch (on-policy GRPO).
-        schedule = UpdateSchedule(
-            mini_batch_size=config.trainer.prompts_per_step * config.rollout.n, shuffle=False
-        )
-        actor_config = ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
-        return Actor(self._engine(model_path, train=True), actor_config)
+        return Actor(self._engine(model_path, train=True), actor_config(self.config))
 
     def make_reference(self, actor: Actor, model_path: str) -> Reference | None:
         """The KL reference: the actor's base model with LoRA, else its own inference-only engine; ``None``
