@@ -9,7 +9,7 @@ the rollout, which serves only complete, newer versions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,15 +46,27 @@ class RolloutBatch:
     response_lengths: list[int]
 
 
+def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
+    """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature."""
+    rollout = config.rollout
+    return SamplingConfig(
+        n=rollout.n, temperature=rollout.temperature, max_new_tokens=rollout.max_new_tokens, seed=seed
+    )
+
+
 def sample(
     rollout: Rollout, examples: Sequence[Example], tokenizer: Any, config: GRPOConfig, *, seed: int
 ) -> RolloutBatch:
     """Sample ``rollout.n`` responses per example, reward them and build the actor's batch."""
-    n = config.rollout.n
-    sampling = SamplingConfig(
-        n=n, temperature=config.rollout.temperature, max_new_tokens=config.rollout.max_new_tokens, seed=seed
-    )
-    output = rollout.generate([e.prompt_ids for e in examples], sampling)
+    output = rollout.generate([e.prompt_ids for e in examples], sampling_config(config, seed=seed))
+    return score(examples, output, tokenizer, config)
+
+
+def score(
+    examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, config: GRPOConfig
+) -> RolloutBatch:
+    """Reward ``output`` (``output.n`` responses per example, prompt-major) and build the actor's batch."""
+    n = output.n
     answers = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
     rewards = exact_answer_rewards(answers, [examples[i // n].response_text for i in range(len(answers))])
     advantages = group_advantages(rewards, n, config.algorithm.epsilon)
@@ -83,24 +95,57 @@ def update(actor: Actor, reference: Reference | None, samples: RolloutBatch) -> 
     The metric ``rollout/log_prob_diff_max`` is the largest gap between the rollout's log-probs and the
     actor's recomputation of them: a weight hand-off that served stale or partial weights shows up here.
     """
+    metrics = update_with(
+        PolicyCalls(
+            compute_log_prob=actor.compute_log_prob,
+            compute_ref_log_prob=None if reference is None else reference.compute_ref_log_prob,
+            update_policy=actor.update_policy,
+        ),
+        samples,
+    )
+    group = actor.engine.data_parallel_group
+    metrics["rollout/log_prob_diff_max"] = distributed.all_reduce_max(
+        metrics["rollout/log_prob_diff_max"], group
+    )
+    return metrics
+
+
+@dataclass(frozen=True)
+class PolicyCalls:
+    """Where the update's three calls go: this process's roles, or a worker group's parts.
+
+    Attributes:
+        compute_log_prob: the actor's per-token ``log_probs`` of a batch.
+        compute_ref_log_prob: the reference's ``ref_log_prob`` (``None``: no KL penalty).
+        update_policy: one actor update; returns its metrics.
+    """
+
+    compute_log_prob: Callable[[TensorDict], TensorDict | None]
+    compute_ref_log_prob: Callable[[TensorDict], TensorDict | None] | None
+    update_policy: Callable[[TensorDict], dict[str, float]]
+
+
+def update_with(calls: PolicyCalls, samples: RolloutBatch) -> dict[str, float]:
+    """The update of :func:`update` through ``calls``; ``rollout/log_prob_diff_max`` covers only the rows the
+    caller holds (the single-process trainer reduces it over data-parallel ranks, a driver holds them all)."""
     batch = samples.batch
-    old = actor.compute_log_prob(batch)
+    old = calls.compute_log_prob(batch)
     if old is None:
         raise RuntimeError(
             "drivetrain grpo needs log-probs on every data-parallel rank (an output rank each)."
         )
     batch["old_log_probs"] = old["log_probs"]
-    if reference is not None:
-        batch["ref_log_prob"] = reference.compute_ref_log_prob(batch)["ref_log_prob"]  # type: ignore[index]
-    metrics = actor.update_policy(batch)
-    gap = _log_prob_gap(batch, old["log_probs"], samples.rollout_log_probs)
-    metrics["rollout/log_prob_diff_max"] = distributed.all_reduce_max(gap, actor.engine.data_parallel_group)
+    if calls.compute_ref_log_prob is not None:
+        batch["ref_log_prob"] = calls.compute_ref_log_prob(batch)["ref_log_prob"]  # type: ignore[index]
+    metrics = dict(calls.update_policy(batch))
+    metrics["rollout/log_prob_diff_max"] = log_prob_gap(batch, old["log_probs"], samples.rollout_log_probs)
     return metrics
 
 
-def _log_prob_gap(
+def log_prob_gap(
     batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
 ) -> float:
+    """The largest gap between the actor's and the rollout's log-probs of the batch's response tokens."""
     gap = 0.0
     for values, mask, rolled in zip(
         actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True

@@ -45,6 +45,27 @@ CONFIG_FILE = "config.yaml"
 CURVE_FILE = "reward_curve.png"
 
 
+def actor_config(config: GRPOConfig) -> ActorConfig:
+    """The GRPO actor: PPO-clip loss with the KL penalty, ``algorithm.ppo_mini_batches`` optimizer steps per
+    pass over a rollout, ``algorithm.ppo_epochs`` passes (1 and 1: on-policy GRPO)."""
+    algorithm = config.algorithm
+    loss = PolicyLossConfig(
+        clip_ratio_low=algorithm.clip_ratio,
+        clip_ratio_high=algorithm.clip_ratio,
+        loss_agg_mode=algorithm.loss_agg_mode,
+        kl_loss_coef=algorithm.kl_loss_coef,
+        kl_estimator=algorithm.kl_estimator,
+    )
+    sequences = config.trainer.prompts_per_step * config.rollout.n
+    schedule = UpdateSchedule(
+        mini_batch_size=-(-sequences // algorithm.ppo_mini_batches),
+        epochs=algorithm.ppo_epochs,
+        shuffle=algorithm.ppo_mini_batches > 1 or algorithm.ppo_epochs > 1,
+        seed=config.trainer.seed,
+    )
+    return ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
+
+
 @dataclass
 class GRPOResult:
     """What a run did, on every rank.
@@ -166,24 +187,7 @@ class GRPOTrainer:
 
     def make_actor(self, model_path: str) -> Actor:
         """The actor: a training engine of ``model_path`` with the GRPO loss, one optimizer step per rollout."""
-        config, algorithm = self.config, self.config.algorithm
-        loss = PolicyLossConfig(
-            clip_ratio_low=algorithm.clip_ratio,
-            clip_ratio_high=algorithm.clip_ratio,
-            loss_agg_mode=algorithm.loss_agg_mode,
-            kl_loss_coef=algorithm.kl_loss_coef,
-            kl_estimator=algorithm.kl_estimator,
-        )
-        # algorithm.ppo_mini_batches optimizer steps per pass over a rollout; 1 is on-policy GRPO.
-        sequences = config.trainer.prompts_per_step * config.rollout.n
-        schedule = UpdateSchedule(
-            mini_batch_size=-(-sequences // algorithm.ppo_mini_batches),
-            epochs=algorithm.ppo_epochs,
-            shuffle=algorithm.ppo_mini_batches > 1 or algorithm.ppo_epochs > 1,
-            seed=config.trainer.seed,
-        )
-        actor_config = ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
-        return Actor(self._engine(model_path, train=True), actor_config)
+        return Actor(self._engine(model_path, train=True), actor_config(self.config))
 
     def make_reference(self, actor: Actor, model_path: str) -> Reference | None:
         """The KL reference: the actor's base model with LoRA, else its own inference-only engine; ``None``

@@ -1,4 +1,5 @@
-"""Ray worker group of drivetrain-roles: run a role on N Ray actors and dispatch global batches over them.
+"""Ray worker groups of drivetrain-roles: run a role (or several colocated parts and a rollout) on N Ray actors
+and dispatch global batches over them.
 
 Importing this package does not import Ray; creating a :class:`RayWorkerGroup` does (``pip install
 'drivetrain-roles[ray]'``). :class:`DispatchPlan` (shard/gather) works without Ray.
@@ -6,15 +7,21 @@ Importing this package does not import Ray; creating a :class:`RayWorkerGroup` d
 
 from __future__ import annotations
 
+from .colocated import ColocatedSpec, ColocatedWorker, RolloutSpec
+from .colocated_group import ColocatedWorkerGroup
 from .dispatch import DispatchPlan, WorkerTopology, check_topology
 from .group import RayWorkerGroup, WorkerGroupError, require_ray
 from .spec import WorkerSpec
 from .worker import RoleWorker
 
 __all__ = [
+    "ColocatedSpec",
+    "ColocatedWorker",
+    "ColocatedWorkerGroup",
     "DispatchPlan",
     "RayWorkerGroup",
     "RoleWorker",
+    "RolloutSpec",
     "WorkerGroupError",
     "WorkerSpec",
     "WorkerTopology",

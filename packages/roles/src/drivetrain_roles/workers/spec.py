@@ -19,8 +19,9 @@ class WorkerSpec:
             CPU, nccl on CUDA).
         optimizer_config: ``None`` builds an inference-only engine (e.g. for the reference).
         checkpoint_config: checkpoint contents and retention.
-        role_config: the role's own config (e.g. ``ActorConfig``), passed as its second argument; ``None``
-            uses the role's default.
+        role_config: the role's own config (e.g. ``ActorConfig``), passed as its second argument, or a mapping
+            of keyword arguments (e.g. ``{"temperature": 0.8}`` for ``Reference``); ``None`` uses the role's
+            defaults.
         cpu_threads: torch intra-op threads per worker on CPU (1 avoids oversubscribing shared cores);
             ``None`` keeps torch's default.
         timeout_s: the process-group timeout, so a dead peer fails collectives instead of hanging them.
@@ -42,3 +43,8 @@ class WorkerSpec:
             raise ValueError(f"WorkerSpec.cpu_threads must be >= 1 or None, got {self.cpu_threads}.")
         if not self.timeout_s > 0:
             raise ValueError(f"WorkerSpec.timeout_s must be > 0, got {self.timeout_s}.")
+
+    @property
+    def label(self) -> str:
+        """What the group builds from this spec, for messages."""
+        return f"role {self.role!r}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .dispatch import WorkerTopology
@@ -19,6 +20,64 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
+
+
+def join_world(spec: WorkerSpec, *, rank: int, world_size: int, master: tuple[str, int]) -> None:
+    """Join the group's torch.distributed world as ``rank`` (the device and timeouts come from ``spec``)."""
+    import torch
+    from drivetrain_engine_core.distributed import init_distributed
+
+    device = spec.engine_config.device
+    os.environ.update(
+        MASTER_ADDR=master[0],
+        MASTER_PORT=str(master[1]),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        # Ray gives each GPU actor exactly one visible device, which is cuda:0 inside the actor.
+        LOCAL_RANK="0" if device == "cuda" else str(rank),
+    )
+    if device == "cpu" and spec.cpu_threads is not None:
+        torch.set_num_threads(spec.cpu_threads)
+    init_distributed(device, timeout_s=spec.timeout_s)
+
+
+def build_role(spec: WorkerSpec, rank: int) -> tuple[Any, WorkerTopology]:
+    """Build ``spec``'s engine and role in the world this process joined; return the role and its layout."""
+    from drivetrain_engine_core.factory import create_engine
+    from drivetrain_engine_core.plugins import plugins
+
+    role_cls = plugins().roles.get(spec.role)
+    engine = create_engine(
+        model_config=spec.model_config,
+        engine_config=spec.engine_config,
+        optimizer_config=spec.optimizer_config,
+        checkpoint_config=spec.checkpoint_config,
+    )
+    engine.initialize()
+    if spec.role_config is None:
+        role = role_cls(engine)
+    elif isinstance(spec.role_config, Mapping):
+        role = role_cls(engine, **spec.role_config)
+    else:
+        role = role_cls(engine, spec.role_config)
+    topology = WorkerTopology(
+        rank=rank,
+        dp_rank=engine.data_parallel_rank,
+        dp_size=engine.data_parallel_size,
+        is_output_rank=engine.is_output_rank,
+    )
+    return role, topology
+
+
+def role_method(role: Any, method: str, rank: int) -> Callable[..., Any]:
+    """``role.<method>``, or an AttributeError that names the rank, the role class and its public methods."""
+    target = getattr(role, method, None)
+    if not callable(target):
+        public = sorted(n for n in dir(role) if not n.startswith("_") and callable(getattr(role, n)))
+        raise AttributeError(
+            f"rank {rank}: role {type(role).__qualname__} has no method {method!r}; it has {public}."
+        )
+    return target
 
 
 class RoleWorker:
@@ -47,39 +106,10 @@ class RoleWorker:
         Returns:
             This worker's place in the data-parallel layout, as its engine reports it.
         """
-        import torch
-        from drivetrain_engine_core.distributed import init_distributed
-        from drivetrain_engine_core.factory import create_engine
-        from drivetrain_engine_core.plugins import plugins
-
-        device = spec.engine_config.device
-        os.environ.update(
-            MASTER_ADDR=master[0],
-            MASTER_PORT=str(master[1]),
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            # Ray gives each GPU actor exactly one visible device, which is cuda:0 inside the actor.
-            LOCAL_RANK="0" if device == "cuda" else str(rank),
-        )
-        if device == "cpu" and spec.cpu_threads is not None:
-            torch.set_num_threads(spec.cpu_threads)
-        init_distributed(device, timeout_s=spec.timeout_s)
+        join_world(spec, rank=rank, world_size=world_size, master=master)
         self.rank = rank
-        role_cls = plugins().roles.get(spec.role)
-        engine = create_engine(
-            model_config=spec.model_config,
-            engine_config=spec.engine_config,
-            optimizer_config=spec.optimizer_config,
-            checkpoint_config=spec.checkpoint_config,
-        )
-        engine.initialize()
-        self.role = role_cls(engine) if spec.role_config is None else role_cls(engine, spec.role_config)
-        return WorkerTopology(
-            rank=rank,
-            dp_rank=engine.data_parallel_rank,
-            dp_size=engine.data_parallel_size,
-            is_output_rank=engine.is_output_rank,
-        )
+        self.role, topology = build_role(spec, rank)
+        return topology
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``role.<method>(*args, **kwargs)`` and return its result.
@@ -87,15 +117,7 @@ class RoleWorker:
         Raises:
             AttributeError: the role has no such method (names the role class and its public methods).
         """
-        target = getattr(self.role, method, None)
-        if not callable(target):
-            public = sorted(
-                n for n in dir(self.role) if not n.startswith("_") and callable(getattr(self.role, n))
-            )
-            raise AttributeError(
-                f"rank {self.rank}: role {type(self.role).__qualname__} has no method {method!r}; it has {public}."
-            )
-        return target(*args, **kwargs)
+        return role_method(self.role, method, self.rank)(*args, **kwargs)
 
     def close(self) -> None:
         """Leave the process group so the actor can exit cleanly."""

@@ -1,0 +1,134 @@
+"""GRPO through one colocated Ray worker group: a single controller drives actor, reference and rollout.
+
+The driver holds the prompts and the step logic of :mod:`.step`; the workers hold the engines and the
+rollouts. One step: every worker's rollout samples its data-parallel slice of the prompts (whole groups per
+rank), the driver scores them (:func:`.step.score`), the actor and reference parts recompute log-probs and the
+actor updates through the group's dispatch (:func:`.step.update_with`, the function the single-process
+trainer calls too), then every worker hands its actor's weights to its own rollout. Only token ids, log-probs
+and metrics cross to the driver; weights never do.
+
+Example::
+
+    config = load_config(None, ["model.path=/path/to/sft/final_model"])
+    with ColocatedGRPO.start(config, world_size=2, num_cpus_per_worker=0.5) as grpo:
+        for step, examples in enumerate(batches):
+            metrics = grpo.step(step, examples)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import partial
+from typing import Any, Self
+
+from drivetrain_engine_core.config import ConfigError
+
+from ..sft.data import Example
+from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
+from .config import GRPOConfig
+from .step import SEED_STRIDE, PolicyCalls, RolloutBatch, sampling_config, score, update_with
+from .trainer import actor_config
+
+
+def colocated_spec(config: GRPOConfig) -> ColocatedSpec:
+    """The parts every worker builds: ``actor`` (training engine, GRPO loss), ``reference`` (its own
+    inference-only engine; none without a KL penalty), and the ``rollout``, all from ``config.model.path``.
+
+    Raises:
+        ConfigError: ``model.path`` is the embedded ``builtin:`` model (run its warm start first and pass the
+            ``final_model``), or LoRA is on (the colocated reference does not share the actor's engine yet).
+    """
+    path = config.model.path
+    if path.startswith("builtin:"):
+        raise ConfigError(
+            f"the colocated GRPO controller needs a model directory, got model.path={path!r}; pass e.g. the "
+            "final_model of a drivetrain sft run (or of drivetrain grpo's warm_start)."
+        )
+    if config.model.lora is not None:
+        raise ConfigError(
+            "the colocated GRPO controller does not support model.lora yet (its reference would be the "
+            "actor's LoRA-disabled engine); unset model.lora or use the single-process drivetrain grpo."
+        )
+    reference = WorkerSpec(
+        role="reference",
+        model_config=config.model,
+        engine_config=config.engine,
+        checkpoint_config=config.checkpoint,
+        role_config={"temperature": config.rollout.temperature},
+        cpu_threads=config.trainer.cpu_threads,
+        timeout_s=config.engine.dist_timeout_s,
+    )
+    actor = dataclasses.replace(
+        reference, role="actor", optimizer_config=config.optimizer, role_config=actor_config(config)
+    )
+    parts = (
+        {"actor": actor} if config.algorithm.kl_loss_coef == 0 else {"actor": actor, "reference": reference}
+    )
+    rollout = RolloutSpec(name=config.rollout.name, model_path=path, bucket_mb=config.rollout.bucket_mb)
+    return ColocatedSpec(parts=parts, rollout=rollout)
+
+
+class ColocatedGRPO:
+    """The GRPO step of :mod:`.step`, driven over a :class:`~..workers.ColocatedWorkerGroup`.
+
+    Args:
+        group: a colocated group with parts ``actor`` (and ``reference`` when the KL penalty is on) and a
+            rollout fed by the actor, e.g. from :func:`colocated_spec`.
+        config: the run's configuration.
+        tokenizer: decodes responses for the reward.
+    """
+
+    def __init__(self, group: ColocatedWorkerGroup, config: GRPOConfig, tokenizer: Any) -> None:
+        self.group = group
+        self.config = config
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def start(cls, config: GRPOConfig, *, world_size: int, **group_options: Any) -> Self:
+        """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
+        from transformers import AutoTokenizer
+
+        spec = colocated_spec(config)
+        tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+        return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
+
+    def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
+        """Sample and score ``examples`` on the workers' rollouts; seeds follow the trainer's (seed, step, rank)."""
+        seed = self.config.trainer.seed + SEED_STRIDE * step
+        output = self.group.generate(
+            [e.prompt_ids for e in examples], sampling_config(self.config, seed=seed)
+        )
+        return score(examples, output, self.tokenizer, self.config)
+
+    def update(self, samples: RolloutBatch) -> dict[str, float]:
+        """Old and reference log-probs, one PPO-clip update (the actor's metrics, ``rollout/log_prob_diff_max``)."""
+        group = self.group
+        has_reference = "reference" in group.topologies
+        calls = PolicyCalls(
+            compute_log_prob=partial(group.call, "actor", "compute_log_prob"),
+            compute_ref_log_prob=partial(group.call, "reference", "compute_ref_log_prob")
+            if has_reference
+            else None,
+            update_policy=partial(group.call, "actor", "update_policy"),
+        )
+        return update_with(calls, samples)
+
+    def step(self, step: int, examples: Sequence[Example]) -> dict[str, float]:
+        """One GRPO step over ``examples``, then the hand-off of version ``step + 1`` inside every worker."""
+        samples = self.sample(step, examples)
+        metrics = self.update(samples)
+        self.group.sync_rollout(step + 1)
+        return {**metrics, "train/reward": float(samples.rewards.mean())}
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+__all__ = ["ColocatedGRPO", "colocated_spec"]

@@ -1,0 +1,153 @@
+"""The Ray actors behind a worker group: start them, wait on them with a deadline, shut them down.
+
+Every wait on a worker has a deadline and the first failing rank is reported by number, so a broken worker
+never leaves the driver hanging. :class:`~.group.RayWorkerGroup` (one role) and
+:class:`~.colocated_group.ColocatedWorkerGroup` (several parts and a rollout) build on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+from drivetrain_engine_core.errors import DrivetrainError
+from tensordict import TensorDict
+
+from .dispatch import DispatchPlan, WorkerTopology
+
+RAY_INSTALL_HINT = "pip install 'drivetrain-roles[ray]'"
+
+
+class WorkerGroupError(DrivetrainError, RuntimeError):
+    """A worker of a group failed or did not answer in time."""
+
+
+def require_ray() -> Any:
+    """Import Ray, or fail with the command that installs it."""
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(
+            f"the Ray worker group needs Ray, which is not installed; run {RAY_INSTALL_HINT}."
+        ) from e
+    return ray
+
+
+class RayActors:
+    """One Ray actor per rank, each running ``setup(spec, rank=, world_size=, master=)`` of a worker class."""
+
+    timeout_s: float
+    balance: bool
+
+    def _launch(
+        self,
+        worker_cls: type,
+        spec: Any,
+        *,
+        device: str,
+        world_size: int,
+        resources: tuple[float, float | None],
+        timeout_s: float,
+        balance: bool,
+    ) -> list[Any]:
+        """Start ``world_size`` actors of ``worker_cls`` and run their ``setup(spec, ...)``; its results."""
+        if world_size < 1:
+            raise ValueError(f"{type(self).__name__} world_size must be >= 1, got {world_size}.")
+        if not timeout_s > 0:
+            raise ValueError(f"{type(self).__name__} timeout_s must be > 0, got {timeout_s}.")
+        self._actors: list[Any] = []
+        self._ray = require_ray()
+        self.timeout_s = timeout_s
+        self.balance = balance
+        num_cpus, num_gpus = resources
+        if num_gpus is None:
+            num_gpus = 1.0 if device == "cuda" else 0.0
+        actor_cls = self._ray.remote(worker_cls).options(num_cpus=num_cpus, num_gpus=num_gpus)
+        self._actors = [actor_cls.remote() for _ in range(world_size)]
+        try:
+            return self._setup(spec, world_size)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers."""
+        return len(self._actors)
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, in rank order (empty after :meth:`shutdown`)."""
+        return list(self._actors)
+
+    def _setup(self, spec: Any, world_size: int) -> list[Any]:
+        local = len(self._ray.nodes()) == 1
+        master = self._wait(
+            [self._actors[0].rendezvous_address.remote(local)], "rendezvous_address", ranks=[0]
+        )[0]
+        refs = [
+            actor.setup.remote(spec, rank=rank, world_size=world_size, master=master)
+            for rank, actor in enumerate(self._actors)
+        ]
+        return self._wait(refs, f"setup of {spec.label}")
+
+    def _wait(self, refs: Sequence[Any], what: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """Results of ``refs`` (one per rank), failing on the first error or at the deadline.
+
+        Raises:
+            WorkerGroupError: a rank raised (its exception is chained) or some ranks did not answer in time.
+        """
+        ranks = list(range(len(refs))) if ranks is None else list(ranks)
+        rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready, pending = self._ray.wait(pending, num_returns=1, timeout=max(remaining, 0.0))
+            if not ready:
+                late = sorted(rank_of[ref] for ref in pending)
+                raise WorkerGroupError(
+                    f"{what}: ranks {late} did not answer within timeout_s={self.timeout_s}; a peer may have "
+                    "died or be stuck in a collective. Raise timeout_s for slow work, or shutdown() the group."
+                )
+            for ref in ready:
+                try:
+                    results[rank_of[ref]] = self._ray.get(ref)
+                except Exception as e:
+                    # A task error wraps the worker's own exception; name that, not Ray's remote traceback.
+                    cause = getattr(e, "cause", None)
+                    detail = (
+                        f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(e)
+                    )
+                    raise WorkerGroupError(f"{what} failed on rank {rank_of[ref]}: {detail}") from e
+        return [results[rank] for rank in ranks]
+
+    def _dispatch(
+        self,
+        what: str,
+        topology: Sequence[WorkerTopology],
+        batch: TensorDict,
+        submit: Callable[[Any, TensorDict], Any],
+    ) -> Any:
+        """Shard ``batch`` over ``topology``, ``submit(actor, shard)`` on every worker, gather the answers."""
+        plan = DispatchPlan.for_batch(batch, topology, balance=self.balance)
+        refs = [submit(actor, shard) for actor, shard in zip(self._actors, plan.shards(batch), strict=True)]
+        return plan.gather(self._wait(refs, what))
+
+    def shutdown(self) -> None:
+        """Leave the process groups (best effort, bounded wait) and kill every actor; safe to call twice."""
+        actors, self._actors = self._actors, []
+        if not actors:
+            return
+        closing = [actor.close.remote() for actor in actors]
+        self._ray.wait(closing, num_returns=len(closing), timeout=min(self.timeout_s, 5.0))
+        for actor in actors:
+            self._ray.kill(actor)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,142 @@
+"""The driver side of a colocated group: one set of Ray actors serving every part and a rollout.
+
+Unlike one :class:`~.group.RayWorkerGroup` per role, a :class:`ColocatedWorkerGroup` starts one actor per rank
+and every actor builds all parts of a :class:`~.colocated.ColocatedSpec` in one torch.distributed world. Batch
+calls name the part and use the same dispatch (shard by the part's data-parallel rank, gather from its output
+ranks); generation shards prompts by data-parallel rank; the weight hand-off runs inside every worker. Every
+wait has the group's deadline, and a failure names the rank and the part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
+from tensordict import TensorDict
+
+from .actors import RayActors, WorkerGroupError
+from .colocated import ColocatedSpec, ColocatedWorker
+from .dispatch import WorkerTopology, check_topology
+
+
+class ColocatedWorkerGroup(RayActors):
+    """``world_size`` Ray actors that each build every part of ``spec`` (and its rollout) in one world.
+
+    Args:
+        spec: the parts and the rollout every worker builds.
+        world_size, num_cpus_per_worker, num_gpus_per_worker, timeout_s, balance: as for
+            :class:`~.group.RayWorkerGroup`.
+
+    Raises:
+        ImportError: Ray is not installed.
+        WorkerGroupError: a worker failed to start or to build a part (names the rank and the cause).
+    """
+
+    def __init__(
+        self,
+        spec: ColocatedSpec,
+        *,
+        world_size: int,
+        num_cpus_per_worker: float = 1.0,
+        num_gpus_per_worker: float | None = None,
+        timeout_s: float = 300.0,
+        balance: bool = True,
+    ) -> None:
+        self.colocated = spec
+        results = self._launch(
+            ColocatedWorker,
+            spec,
+            device=spec.device,
+            world_size=world_size,
+            resources=(num_cpus_per_worker, num_gpus_per_worker),
+            timeout_s=timeout_s,
+            balance=balance,
+        )
+        self.topologies: dict[str, list[WorkerTopology]] = {
+            name: [result[name] for result in results] for name in spec.parts
+        }
+        for topology in self.topologies.values():
+            check_topology(topology)
+        first = next(iter(spec.parts))
+        self.topology = self.topologies[spec.rollout.weights_from if spec.rollout else first]
+
+    def call(self, part: str, method: str, batch: TensorDict, **kwargs: Any) -> Any:
+        """Shard ``batch`` by ``part``'s data-parallel ranks, run ``<part>.<method>(shard, **kwargs)``, gather.
+
+        Raises:
+            KeyError: no such part.
+            WorkerGroupError: a rank failed or did not answer (``"<part>.<method> failed on rank R: ..."``).
+        """
+        return self._dispatch(
+            f"{part}.{method}",
+            self._topology(part),
+            batch,
+            lambda actor, shard: actor.call.remote(part, method, shard, **kwargs),
+        )
+
+    def call_all(self, part: str, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``<part>.<method>(*args, **kwargs)`` on every worker with the same arguments; one result each."""
+        refs = [actor.call.remote(part, method, *args, **kwargs) for actor in self._actors]
+        return self._wait(refs, f"{part}.{method}")
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> RolloutOutput:
+        """Sample ``sampling.n`` responses per prompt with every worker's rollout.
+
+        Contiguous equal slices of ``prompts`` go to the data-parallel ranks (whole groups stay on one rank);
+        rank ``d`` samples with seed ``sampling.seed + d``. The answer is prompt-major, in ``prompts``' order.
+
+        Raises:
+            BatchError: the prompts do not split evenly over the data-parallel ranks.
+            WorkerGroupError: a rank failed, or the ranks served different weight versions.
+        """
+        topology = self.topology
+        dp_size = topology[0].dp_size
+        if not prompts or len(prompts) % dp_size:
+            raise BatchError(
+                f"generate: {len(prompts)} prompts cannot be split evenly over dp_size={dp_size}; pass a "
+                "non-zero multiple of it."
+            )
+        per_rank = len(prompts) // dp_size
+        refs = [
+            actor.generate.remote(
+                [list(p) for p in prompts[w.dp_rank * per_rank : (w.dp_rank + 1) * per_rank]],
+                dataclasses.replace(sampling, seed=sampling.seed + w.dp_rank),
+            )
+            for actor, w in zip(self._actors, topology, strict=True)
+        ]
+        outputs = self._wait(refs, "rollout.generate")
+        by_dp_rank = {w.dp_rank: o for w, o in zip(topology, outputs, strict=True) if w.is_output_rank}
+        versions = {output.version for output in outputs}
+        if len(versions) != 1:
+            raise WorkerGroupError(
+                f"rollout.generate: the workers served different weight versions {sorted(map(str, versions))}; "
+                "hand the weights off with sync_rollout() before generating."
+            )
+        ordered = [by_dp_rank[d] for d in range(dp_size)]
+        return RolloutOutput(
+            responses=[r for output in ordered for r in output.responses],
+            log_probs=[lp for output in ordered for lp in output.log_probs],
+            version=versions.pop(),
+            n=sampling.n,
+        )
+
+    def sync_rollout(self, version: int) -> int:
+        """Every worker streams its ``weights_from`` part's weights to its own rollout as ``version``.
+
+        Returns:
+            The version now served on every worker.
+        """
+        versions = self._wait([actor.sync_rollout.remote(version) for actor in self._actors], "rollout.sync")
+        return int(versions[0])
+
+    def states(self) -> list[dict[str, Any]]:
+        """Each worker's rollout state (``rollout_asleep``, ``rollout_version``), in rank order."""
+        return self._wait([actor.state.remote() for actor in self._actors], "state")
+
+    def _topology(self, part: str) -> list[WorkerTopology]:
+        if part not in self.topologies:
+            raise KeyError(f"no part {part!r}; this group has parts {list(self.topologies)}.")
+        return self.topologies[part]
