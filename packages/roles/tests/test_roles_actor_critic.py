@@ -156,3 +156,21 @@ def test_reference_from_own_engine_and_from_actor_base(model_dir) -> None:
 def test_reference_on_actor_base_needs_adapters(model_dir) -> None:
     with pytest.raises(ValueError, match="LoRA"):
         Reference(engine_for(model_dir, optimizer=False), use_actor_base=True)
+
+
+def test_a_resumed_actor_shuffles_its_mini_batches_as_the_uninterrupted_one(model_dir, tmp_path) -> None:
+    # Two shuffled mini-batches per update: the order of update k is seeded by k, so an actor restored from a
+    # checkpoint after one update must continue from updates_done=1, or its second update differs.
+    config = ActorConfig(schedule=UpdateSchedule(mini_batch_size=4, epochs=1, shuffle=True, seed=7))
+    batch = rollout(seed=3)
+    batch["old_log_probs"] = jagged(
+        torch.zeros(batch["input_ids"].values().shape), batch["input_ids"].offsets()
+    )
+    actor = Actor(engine_for(model_dir), config)
+    actor.update_policy(batch)
+    actor.engine.save_checkpoint(tmp_path, global_step=1)
+    expected = actor.update_policy(batch)
+    resumed = Actor(engine_for(model_dir), config)
+    resumed.engine.load_checkpoint(tmp_path)
+    resumed.updates_done = 1
+    assert resumed.update_policy(batch) == expected

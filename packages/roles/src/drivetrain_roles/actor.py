@@ -49,7 +49,10 @@ class Actor:
     def __init__(self, engine: Engine, config: ActorConfig | None = None) -> None:
         self.engine = engine
         self.config = config or ActorConfig()
-        self._updates = 0
+        self.updates_done = 0
+        """Policy updates so far; seeds each update's mini-batch shuffle. A trainer that resumes from a
+        checkpoint sets it to the number of updates the checkpoint holds, so a resumed run shuffles exactly
+        as the uninterrupted one did."""
 
     def compute_log_prob(self, batch: TensorDict, *, calculate_entropy: bool = False) -> TensorDict | None:
         """Per-token ``log_probs`` (and ``entropy``) of the batch's tokens under the current policy.
@@ -85,10 +88,10 @@ class Actor:
         options = ForwardOptions(temperature=self.config.temperature, compute_entropy=True)
         with self.engine.train_mode():
             for mini_batch in iterate_mini_batches(
-                nopad, self.config.schedule, self.engine.data_parallel_group, self._updates
+                nopad, self.config.schedule, self.engine.data_parallel_group, self.updates_done
             ):
                 output = self.engine.train_batch(mini_batch, loss_fn, options=options)
                 metrics.add(output, names)
             self.engine.lr_scheduler_step()
-        self._updates += 1
+        self.updates_done += 1
         return metrics.summary()

@@ -40,7 +40,8 @@ class Critic:
     def __init__(self, engine: Engine, config: CriticConfig | None = None) -> None:
         self.engine = engine
         self.config = config or CriticConfig()
-        self._updates = 0
+        self.updates_done = 0
+        """Value updates so far; seeds each update's mini-batch shuffle (a resumed trainer restores it)."""
 
     def compute_values(self, batch: TensorDict) -> TensorDict | None:
         """Per-token ``values`` (ARCHITECTURE §7.1 alignment) in the batch's form, on the output rank."""
@@ -61,9 +62,9 @@ class Critic:
         metrics = UpdateMetrics(self.engine.data_parallel_group)
         with self.engine.train_mode():
             for mini_batch in iterate_mini_batches(
-                nopad, self.config.schedule, self.engine.data_parallel_group, self._updates
+                nopad, self.config.schedule, self.engine.data_parallel_group, self.updates_done
             ):
                 metrics.add(self.engine.train_batch(mini_batch, loss_fn), VALUE_METRICS)
             self.engine.lr_scheduler_step()
-        self._updates += 1
+        self.updates_done += 1
         return metrics.summary()

@@ -210,6 +210,7 @@ class GRPOTrainer:
                     f"has {value}; resume with the same value or start a new --output-dir."
                 )
         step = int(state["global_step"])
+        actor.updates_done = step  # one policy update per step: the mini-batch shuffle continues its sequence
         hand_off(
             actor, rollout, step, self.config.rollout.bucket_mb
         )  # the rollout serves the resumed weights
