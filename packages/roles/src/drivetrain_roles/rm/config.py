@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+WARMUP_STEPS = 200
+"""Linear LR warm-up of the reward-model steps (measured with lr 2e-3; the head starts random)."""
+
+
 def _default_model() -> ModelConfig:
     return ModelConfig(path=BUILTIN_MODEL)
 
@@ -39,7 +43,7 @@ def _default_optimizer() -> OptimizerConfig:
         lr=2e-3,
         weight_decay=0.0,
         lr_schedule="cosine",
-        warmup_steps=200,
+        warmup_steps=WARMUP_STEPS,
         min_lr_ratio=0.1,
         clip_grad=1.0,
         total_steps=_default_trainer().total_steps,
@@ -82,8 +86,9 @@ class RMConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """The LR schedule spans the reward-model steps unless set."""
-        return {"optimizer": {"total_steps": config.trainer.total_steps}}
+        """The LR schedule spans the reward-model steps and warms up for 200 of them (at most a fifth) unless set."""
+        steps = config.trainer.total_steps
+        return {"optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)}}
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> RMConfig:
