@@ -94,6 +94,37 @@ def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
         load_pairs([chat], tokenizer, PairDataConfig(chat=True))
 
 
+def test_generated_pairs_give_training_questions_several_near_misses_and_hold_out_other_questions(
+    tmp_path,
+) -> None:
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_roles.preference.data import write_sft_rows
+    from drivetrain_roles.preference.default_pairs import write_arithmetic_pairs
+
+    train_path, val_path = write_arithmetic_pairs(
+        tmp_path, train_size=50, val_size=30, seed=3, rejected_per_prompt=4
+    )
+    train = [json.loads(line) for line in train_path.read_text().splitlines()]
+    val = [json.loads(line) for line in val_path.read_text().splitlines()]
+    by_prompt: dict[str, list[dict[str, str]]] = {}
+    for pair in train:
+        by_prompt.setdefault(pair["prompt"], []).append(pair)
+    assert len(by_prompt) == 50 and len(val) == len({p["prompt"] for p in val}) == 30
+    assert not set(by_prompt) & {p["prompt"] for p in val}
+    for prompt, pairs in by_prompt.items():
+        a, b = map(int, prompt.rstrip("=").split("+"))
+        wrong = {int(p["rejected"]) for p in pairs}
+        assert {p["chosen"] for p in pairs} == {str(a + b)} and len(wrong) == 4
+        assert all(0 < abs(w - a - b) <= 10 and w >= 0 for w in wrong)
+    # One near miss per question is the data a one-pair run sees, so held-out pairs do not change.
+    _, single_val = write_arithmetic_pairs(tmp_path / "single", train_size=50, val_size=30, seed=3)
+    assert single_val.read_text() == val_path.read_text()
+    sft_rows = write_sft_rows(train_path, tmp_path / "sft.jsonl", PairDataConfig()).read_text().splitlines()
+    assert len(sft_rows) == 50
+    with pytest.raises(ConfigError, match=r"data\.generated_rejected_per_prompt must be between 1 and 10"):
+        PairDataConfig(generated_rejected_per_prompt=11)
+
+
 def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp_path) -> None:
     config = load_rm_config(overrides=[*TINY, "warm_start.sft_steps=10", "trainer.total_steps=4"])
     result = RMTrainer(config, tmp_path / "rm").run()

@@ -25,7 +25,10 @@ class PairDataConfig:
         chat: the chosen/rejected columns hold chat conversations (lists of role/content messages ending with
             the assistant turn, rendered with the tokenizer's chat template) instead of response texts.
         max_length: token budget of one sequence (prompt + response); longer pairs are an error.
-        generated_train_size, generated_val_size: pairs in the generated arithmetic splits.
+        generated_train_size, generated_val_size: questions in the generated arithmetic splits (one pair per
+            held-out question).
+        generated_rejected_per_prompt: generated training pairs per question, each with a different wrong
+            answer (1 to 10).
     """
 
     train_files: tuple[str, ...] = ()
@@ -37,12 +40,18 @@ class PairDataConfig:
     max_length: int = 32
     generated_train_size: int = 2000
     generated_val_size: int = 200
+    generated_rejected_per_prompt: int = 1
 
     def __post_init__(self) -> None:
         if self.max_length < 2:
             raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}.")
         if self.generated_train_size < 1 or self.generated_val_size < 0:
             raise ConfigError("data.generated_train_size must be >= 1 and data.generated_val_size >= 0.")
+        if not 1 <= self.generated_rejected_per_prompt <= 10:
+            raise ConfigError(
+                "data.generated_rejected_per_prompt must be between 1 and 10 (a sum has at least 10 wrong answers "
+                f"within 10 of it), got {self.generated_rejected_per_prompt}."
+            )
 
     @property
     def generated(self) -> bool:

@@ -87,13 +87,15 @@ def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *
 
 
 def write_sft_rows(pairs_file: str | Path, target: Path, config: PairDataConfig) -> Path:
-    """The chosen side of every pair of ``pairs_file`` as SFT rows (``prompt``/``response`` or ``messages``)."""
+    """The chosen side of every pair of ``pairs_file`` as SFT rows (``prompt``/``response`` or ``messages``), each
+    distinct row once (a prompt paired with several rejected answers is one SFT example)."""
     rows = []
     for row in read_rows(pairs_file):
         if config.chat:
             rows.append({"messages": row[config.chosen_key]})
         else:
             rows.append({"prompt": row[config.prompt_key], "response": row[config.chosen_key]})
+    lines = dict.fromkeys(json.dumps(r) + "\n" for r in rows)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    target.write_text("".join(lines))
     return target

@@ -167,6 +167,7 @@ class PairTrainer(ABC):
                 train_size=self.data.generated_train_size,
                 val_size=self.data.generated_val_size,
                 seed=self.trainer.seed,
+                rejected_per_prompt=self.data.generated_rejected_per_prompt,
             )
         distributed.barrier()
         return [str(train)], [str(val)] if self.data.generated_val_size else []
