@@ -32,6 +32,9 @@ class FSDPEngineConfig(EngineConfig):
             shards of the safetensors weights (peak host memory per rank near ``1 / world_size`` of the
             model). ``False`` loads the whole model on every rank with ``from_pretrained`` first, for
             checkpoints whose tensor names transformers converts while loading, or that are not safetensors.
+        compile_layers: ``torch.compile`` each decoder layer before sharding (torchtitan's per-layer compile:
+            fuses norms, rotary and the MLP's elementwise work); off by default, refused on CPU without a C++
+            compiler.
     """
 
     fsdp_size: int = -1
