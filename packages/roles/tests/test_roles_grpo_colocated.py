@@ -48,6 +48,9 @@ def _config(model_dir):
         "rollout.temperature=0.8",
         "rollout.max_new_tokens=4",
         f"algorithm.kl_loss_coef={KL_COEF}",
+        # One optimizer step per rollout: with several shuffled mini-batches, two data-parallel workers cut
+        # their shares differently from one process, so the updates are not comparable step for step.
+        "algorithm.ppo_mini_batches=1",
         "trainer.prompts_per_step=4",
     ]
     return load_config(None, overrides)
