@@ -28,6 +28,7 @@ from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..actor import Actor, ActorConfig
 from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
+from ..jobs.progress import progress_bar
 from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..reference import Reference
@@ -243,7 +244,7 @@ class _Loop:
     def run(self) -> None:
         config = self.trainer.config.trainer
         sampler = StepSampler(len(self.train), config.prompts_per_step, config.seed)
-        bar = _progress_bar(config, self.result.start_step)
+        bar = progress_bar("grpo", config.total_steps, self.result.start_step, enabled=config.progress_bar)
         if self.result.start_step == 0:
             self._evaluate(0, bar)
         for step in range(self.result.start_step, config.total_steps):
@@ -320,18 +321,6 @@ class _Loop:
         self.result.evaluations.append({"step": step, **values})
         if rank == 0:
             bar.write(f"[step {step}] {format_record(values)}")
-
-
-def _progress_bar(trainer: Any, start_step: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=trainer.total_steps,
-        initial=start_step,
-        desc="grpo",
-        unit="step",
-        disable=not (trainer.progress_bar and distributed.rank() == 0),
-    )
 
 
 def _write_summary(output_dir: Path, result: GRPOResult, config: dict[str, Any]) -> None:

@@ -1,1 +1,2 @@
-"""Machinery the ``drivetrain`` job commands (``sft``, ``grpo``) share: run folders and launching ranks."""
+"""Machinery the ``drivetrain`` job commands (``sft``, ``dpo``, ``rm``, ``grpo``) share: run folders, launching
+ranks, the progress bar."""

@@ -26,6 +26,7 @@ from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
 
 from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
+from ..jobs.progress import progress_bar
 from ..sft.assets import resolve_model_path
 from ..sft.batches import StepSampler, check_batch_size
 from ..sft.final_model import FINAL_MODEL_DIR
@@ -224,15 +225,8 @@ class PairTrainer(ABC):
         writer: MetricsWriter,
         result: PairResult,
     ) -> None:
-        from tqdm.auto import tqdm
-
         sampler = StepSampler(num_train, self.trainer.batch_size, self.trainer.seed)
-        bar = tqdm(
-            total=self.trainer.total_steps,
-            desc=self.command,
-            unit="step",
-            disable=not (self.trainer.progress_bar and distributed.rank() == 0),
-        )
+        bar = progress_bar(self.command, self.trainer.total_steps, 0, enabled=self.trainer.progress_bar)
         self._record_eval(engine, tokenizer, model_path, val_uids, 0, writer, result, bar)
         for step in range(self.trainer.total_steps):
             local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)

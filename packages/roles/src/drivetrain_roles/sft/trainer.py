@@ -29,6 +29,7 @@ from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
+from ..jobs.progress import progress_bar
 from ..losses.sft import sft_loss_fn
 from .assets import resolve_data_files, resolve_model_path
 from .batches import StepSampler, check_batch_size, make_sft_batch
@@ -201,7 +202,7 @@ class SFTTrainer:
         heartbeat: Heartbeat,
     ) -> None:
         trainer = self.config.trainer
-        bar = _progress_bar(trainer, result.start_step)
+        bar = progress_bar("sft", trainer.total_steps, result.start_step, enabled=trainer.progress_bar)
         if result.start_step == 0:
             heartbeat.beat(0, "eval")
             self._record_eval(evaluate, 0, writer, result, bar)
@@ -298,18 +299,6 @@ def _check_token_budget(examples: list[Example], max_tokens: int | None) -> None
             f"an example has {longest.length} tokens but engine.micro_batch.max_tokens={max_tokens}; raise "
             "engine.micro_batch.max_tokens to at least data.max_length."
         )
-
-
-def _progress_bar(trainer: Any, start_step: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=trainer.total_steps,
-        initial=start_step,
-        desc="sft",
-        unit="step",
-        disable=not (trainer.progress_bar and distributed.rank() == 0),
-    )
 
 
 def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) -> None:
