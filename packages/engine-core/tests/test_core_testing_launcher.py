@@ -107,3 +107,31 @@ def test_a_launch_whose_grandchild_holds_the_output_pipe_returns() -> None:
     done = subprocess.run([sys.executable, "-c", launcher], capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_ranks_die_with_a_launcher_that_is_killed_outright(tmp_path: Path) -> None:
+    # The launcher is SIGKILLed while its ranks wait: nothing can clean up, so the ranks must not outlive it.
+    pids = tmp_path / "pids"
+    launcher = (
+        "import os, sys, time\n"
+        "from drivetrain_engine_core.testing.launcher import run_distributed\n"
+        "def rank(r, w, path):\n"
+        "    open(f'{path}.{r}', 'w').write(str(os.getpid()))\n"
+        "    time.sleep(300)\n"
+        "if __name__ == '__main__':\n"
+        f"    run_distributed(rank, {str(pids)!r}, world_size=2, timeout_s=600)\n"
+    )
+    script = tmp_path / "launch.py"
+    script.write_text(launcher)
+    parent = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{pids}.{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = [int(Path(f"{pids}.{r}").read_text()) for r in range(2)]
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in ranks), "a rank outlived its killed launcher"

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import psutil
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 REAP_TIMEOUT_S = 5.0
 """How long killed descendants get to disappear before the launcher returns anyway."""
@@ -57,6 +58,16 @@ def kill_descendants() -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     psutil.wait_procs(descendants, timeout=REAP_TIMEOUT_S)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``; else no-op).
+
+    A launched rank whose launcher is killed outright (SIGKILL, an OOM kill) gets no chance to be cleaned up
+    and would otherwise wait forever on a queue nobody reads.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _become_subreaper() -> None:

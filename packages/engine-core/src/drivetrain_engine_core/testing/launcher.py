@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drivetrain_engine_core.processes import kill_process_group
+from drivetrain_engine_core.processes import die_with_parent, kill_process_group
 
 _JOIN_GRACE_S = 10.0
 _EXIT_GRACE_S = 5.0  # ranks that reported get this long to exit normally before they are killed
@@ -84,14 +84,15 @@ def _child(
 ) -> None:
     """Entry point of one rank: set the torchrun environment, init the group, run, report, clean up.
 
-    The rank leads its own process group, so the parent can kill whatever it starts (see
-    :mod:`drivetrain_engine_core.processes`). The default process group is created exactly as engines create
+    The rank leads its own process group, so the parent can kill whatever it starts, and dies with the parent
+    if the parent is killed outright (see :mod:`drivetrain_engine_core.processes`). The default process group is created exactly as engines create
     it in a real launch (:func:`~drivetrain_engine_core.distributed.init_distributed`). The report goes on the
     queue before the process group is torn down: tearing it down makes the other ranks' collectives fail, and
     the parent should hear about the cause before the consequences.
     """
     if hasattr(os, "setsid"):
         os.setsid()
+    die_with_parent()
     os.environ.update(env)
     import torch
     import torch.distributed as dist
