@@ -32,9 +32,9 @@ from ..jobs.progress import progress_bar
 from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..reference import Reference
-from ..sft.assets import resolve_data_files
+from ..sft.assets import load_splits
 from ..sft.batches import StepSampler, check_batch_size
-from ..sft.data import Example, load_examples
+from ..sft.data import Example
 from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
 from ..sft.metrics import MetricsWriter, format_record, plot_curves
 from .config import GRPOConfig
@@ -123,7 +123,9 @@ class GRPOTrainer:
             (self.output_dir / CONFIG_FILE).write_text(to_yaml(config))
         distributed.barrier()
         model_path = start_model(config, self.output_dir)
-        tokenizer, train, val = self._load_data(model_path)
+        tokenizer, train, val = load_splits(
+            model_path, self.config.data, self.output_dir, self.config.trainer.seed
+        )
         actor = self.make_actor(model_path)
         reference = self.make_reference(actor, model_path)
         rollout = create_rollout(config.rollout.name, model_path=model_path, device=config.engine.device)
@@ -162,17 +164,6 @@ class GRPOTrainer:
         return result
 
     # ------------------------------------------------------------------ setup
-
-    def _load_data(self, model_path: str) -> tuple[Any, list[Example], list[Example]]:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        train_files, val_files = resolve_data_files(
-            self.config.data, self.output_dir, self.config.trainer.seed
-        )
-        train = load_examples(train_files, tokenizer, self.config.data)
-        val = load_examples(val_files, tokenizer, self.config.data) if val_files else []
-        return tokenizer, train, val
 
     def _engine(self, model_path: str, *, train: bool) -> Engine:
         from drivetrain_engine_core.factory import create_engine

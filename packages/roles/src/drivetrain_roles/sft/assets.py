@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
 from .config import DataConfig
+from .data import Example, load_examples
 from .default_assets import BUILTIN_MODEL, write_arithmetic_data, write_model_dir
 
 INITIAL_MODEL_DIR = "initial_model"
@@ -60,3 +62,17 @@ def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple
         )
     distributed.barrier()
     return [str(train)], [str(val)] if config.generated_val_size else []
+
+
+def load_splits(
+    model_path: str, config: DataConfig, output_dir: Path, seed: int
+) -> tuple[Any, list[Example], list[Example]]:
+    """The model's tokenizer and the tokenised train and held-out examples of ``config`` (the generated
+    arithmetic splits for the embedded task); shared by ``sft`` and ``grpo``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    train_files, val_files = resolve_data_files(config, output_dir, seed)
+    train = load_examples(train_files, tokenizer, config)
+    val = load_examples(val_files, tokenizer, config) if val_files else []
+    return tokenizer, train, val

@@ -31,10 +31,10 @@ from drivetrain_engine_core.tracking.jsonl import dumps
 from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
 from ..jobs.progress import progress_bar
 from ..losses.sft import sft_loss_fn
-from .assets import resolve_data_files, resolve_model_path
+from .assets import load_splits, resolve_model_path
 from .batches import StepSampler, check_batch_size, make_sft_batch
 from .config import SFTConfig
-from .data import DataError, Example, load_examples
+from .data import DataError, Example
 from .evaluate import greedy_accuracy, held_out_loss
 from .final_model import FINAL_MODEL_DIR, save_final_model
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
@@ -144,14 +144,9 @@ class SFTTrainer:
     # ------------------------------------------------------------------ setup
 
     def _load_data(self, model_path: str) -> tuple[Any, list[Example], list[Example]]:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        train_files, val_files = resolve_data_files(
-            self.config.data, self.output_dir, self.config.trainer.seed
+        tokenizer, train, val = load_splits(
+            model_path, self.config.data, self.output_dir, self.config.trainer.seed
         )
-        train = load_examples(train_files, tokenizer, self.config.data)
-        val = load_examples(val_files, tokenizer, self.config.data) if val_files else []
         _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
         return tokenizer, train, val
 
