@@ -5,12 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.distributed import init_distributed
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch
 from drivetrain_engine_core.testing.device import device_under_test, requires_cuda
 from drivetrain_engine_core.testing.losses import token_mean_nll
+from drivetrain_engine_fsdp import offload
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
 from drivetrain_engine_fsdp.offload import HostBuffers
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 OFFLOAD = {"param_offload": True, "optimizer_offload": True}
 OPTIMIZER = OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.0)
@@ -82,6 +86,21 @@ def test_host_buffers_are_allocated_once_and_reused():
     second = buffers.stash((0, "exp_avg"), torch.arange(6.0) * 2)
     assert second.data_ptr() == first.data_ptr()
     assert torch.equal(second, torch.arange(6.0) * 2)
+
+
+def test_offloaded_state_of_a_cuda_mesh_stays_in_its_host_buffer():
+    """An offloaded DTensor moment of a CUDA mesh wraps its host buffer in place (regression: ``from_local``
+    moved the buffer straight back to the mesh's device, so the optimizer offload freed nothing on a GPU).
+    Runs on CPU: the mesh only names cuda (no backend) and the moment is rewrapped as
+    ``move_optimizer_state`` does after stashing it."""
+    init_distributed("cpu", 60.0)  # the mesh needs a default group (a one-rank group here)
+    mesh = DeviceMesh("cuda", [0], _init_backend=False)
+    moment = DTensor.from_local(torch.zeros(4, device="meta"), mesh, [Shard(0)], run_check=False)
+    buffer = HostBuffers().stash((0, "exp_avg"), torch.arange(4.0))
+    offloaded = offload._rewrap(moment, buffer)
+    assert isinstance(offloaded, DTensor) and offloaded.device_mesh.device_type == "cuda"
+    assert offloaded.placements == (Shard(0),) and offloaded.shape == (4,)
+    assert offloaded.to_local().device.type == "cpu" and offloaded.to_local().data_ptr() == buffer.data_ptr()
 
 
 @requires_cuda

@@ -123,9 +123,10 @@ def _rewrap(like: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     """``local`` as a tensor of ``like``'s kind: a DTensor on the same mesh and placements, or plain."""
     if not isinstance(like, DTensor):
         return local
-    return DTensor.from_local(
-        local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
-    )
+    # NOTE: not ``DTensor.from_local``: it moves ``local`` to the mesh's device type, so a host buffer on a
+    # CUDA mesh went straight back to the GPU (the offload freed nothing and cost two copies). Wrapped in
+    # place, as FSDP2 wraps its own CPU-offloaded parameters; shape, stride, mesh and placements are ``like``'s.
+    return DTensor(local, like._spec, requires_grad=False)
 
 
 def _device_type(tensor: torch.Tensor) -> str:
