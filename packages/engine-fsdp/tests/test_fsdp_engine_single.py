@@ -60,7 +60,13 @@ def make_batch(seed=0):
 
 
 def max_diff(jagged_a, jagged_b):
-    return float((jagged_a.values() - jagged_b.values()).abs().max())
+    """Largest absolute difference, on the CPU: the engine's outputs live on its device, references on the CPU."""
+    return float((jagged_a.values().cpu() - jagged_b.values().cpu()).abs().max())
+
+
+def exported_on_cpu(engine):
+    """``export_weights()`` as a dict of CPU tensors, to compare with a Hugging Face model built on the CPU."""
+    return {name: tensor.cpu() for name, tensor in engine.export_weights()}
 
 
 # Layouts the conformance kit does not cover (it checks packed, padded and dynamic micro-batches).
@@ -110,7 +116,7 @@ def test_save_load_continue_is_bit_exact(model_dirs, tmp_path):
 def test_export_weights_are_the_hf_state_dict(model_dirs):
     engine = make_engine(model_dirs["llama"], optimizer=None)
     reference = AutoModelForCausalLM.from_pretrained(model_dirs["llama"], dtype=torch.float32).state_dict()
-    exported = dict(engine.export_weights())
+    exported = exported_on_cpu(engine)
     assert sorted(exported) == sorted(reference)
     assert all(torch.equal(exported[name], reference[name]) for name in reference)
 
@@ -131,7 +137,7 @@ def test_lora_disable_adapter_and_merged_export(model_dirs):
     assert max_diff(base, reference_log_probs(model_dirs["qwen2"], batch)) < 1e-5
     assert max_diff(adapted, base) > 1e-3  # the adapters were trained
     merged = AutoModelForCausalLM.from_pretrained(model_dirs["qwen2"], dtype=torch.float32)
-    exported = dict(engine.export_weights())
+    exported = exported_on_cpu(engine)
     assert sorted(exported) == sorted(merged.state_dict())
     merged.load_state_dict(exported)
     merged_dir = model_dirs["qwen2"].parent / "merged"

@@ -210,12 +210,29 @@ TWO_RANK_CASES = {
 }
 
 
-def two_rank_worker(rank, world_size, paths):
+def two_rank_device():
+    """``cuda`` when the GPU lane has a GPU per rank, else ``cpu`` (gloo), whatever ``DRIVETRAIN_TEST_DEVICE`` says.
+
+    Two ranks cannot share one GPU (each selects ``cuda:LOCAL_RANK`` and gathers over nccl), and what this
+    launch checks (sharded loading equals ``from_pretrained`` bit for bit) holds on any device, so with fewer
+    GPUs than ranks it runs on the CPU, as the other 2-rank tests do, rather than being skipped.
+    """
+    if device_under_test() == "cuda" and torch.cuda.device_count() >= 2:
+        return "cuda"
+    return "cpu"
+
+
+def two_rank_worker(rank, world_size, paths, device):
     results = {}
     for name, (arch, tied, model_type, lora, engine) in TWO_RANK_CASES.items():
-        meta = make_engine(paths[f"{arch}_{tied}"], model_type=model_type, lora=lora, **engine)
+        meta = make_engine(paths[f"{arch}_{tied}"], model_type=model_type, lora=lora, device=device, **engine)
         full = make_engine(
-            paths[f"{arch}_{tied}"], model_type=model_type, lora=lora, meta_init=False, **engine
+            paths[f"{arch}_{tied}"],
+            model_type=model_type,
+            lora=lora,
+            meta_init=False,
+            device=device,
+            **engine,
         )
         local = sum(p.to_local().numel() for p in meta.module.parameters())
         results[name] = {
@@ -231,7 +248,8 @@ def two_ranks(model_dirs):
     paths = {
         f"{arch}_{tied}": str(model_dirs[arch, tied]) for arch in ("qwen2", "llama") for tied in (False, True)
     }
-    return run_distributed(two_rank_worker, paths, world_size=2, timeout_s=600)
+    device = two_rank_device()
+    return run_distributed(two_rank_worker, paths, device, world_size=2, timeout_s=600, device=device)
 
 
 @pytest.mark.slow
