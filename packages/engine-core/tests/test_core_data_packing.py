@@ -70,3 +70,21 @@ def test_shift_keeps_extra_dims_and_fills_starts():
 def test_unpack_rejects_wrong_length():
     with pytest.raises(BatchError, match=r"expected first dim 5 \(cu_seqlens\[-1\]\)"):
         unpack_to_jagged(torch.zeros(1, 5), torch.tensor([0, 2, 5], dtype=torch.int32))
+
+
+def test_per_micro_batch_helpers_read_nothing_from_the_device():
+    """Shift, labels and unpack run on ``meta`` tensors, where any read of a value (``.item()``, ``int()``, a
+    boolean-mask index) fails: on a GPU each such read stalls the host once per micro-batch."""
+    offsets = torch.tensor([0, 3, 3, 7, 12], device="meta")  # an empty sequence too
+    flat = torch.empty(12, 2, device="meta")
+    shifted = shift_right_per_sequence(flat, offsets, fill=0.0)
+    labels = next_token_labels(torch.empty(12, dtype=torch.int64, device="meta"), offsets)
+    assert shifted.shape == (12, 2) and labels.shape == (12,)
+    assert unpack_to_jagged(flat, offsets, num_tokens=12).shape[0] == 4
+
+
+def test_empty_sequences_shift_and_label_like_their_neighbours():
+    offsets = torch.tensor([0, 0, 3, 3, 5, 5])  # empty first, middle and last sequences
+    flat = torch.arange(1.0, 6.0)
+    assert shift_right_per_sequence(flat, offsets, fill=-1.0).tolist() == [-1.0, 1.0, 2.0, -1.0, 4.0]
+    assert next_token_labels(torch.arange(10, 15), offsets).tolist() == [11, 12, 0, 14, 0]

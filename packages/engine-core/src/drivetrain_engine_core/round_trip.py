@@ -130,12 +130,15 @@ class MicroBatch:
     ) -> MicroBatch:
         """Move ``batch`` to ``device`` and lay it out as ``layout`` (split over ``sequence_split``'s ranks).
 
-        Lengths are read once, before the move: ``max_seqlen`` and the packed row's host ``lengths`` need no
-        device sync, in this call or in the model's layers.
+        Lengths are read once, before the move (from a batch on the host, as engines receive it):
+        ``max_seqlen`` and the packed row's host ``lengths`` need no device sync, in this call or in the
+        model's layers.
         """
         lengths = offsets_of(batch[INPUT_IDS]).diff().tolist()
         max_seqlen, num_tokens = max(lengths), sum(lengths)
-        on_device = move_batch(batch, device)
+        # NOTE: non-blocking: a blocking copy from pageable host memory waits for everything queued on the
+        # device first, so the host could not queue this micro-batch's kernels while the last one computes.
+        on_device = move_batch(batch, device, non_blocking=True)
         inputs: PackedRow | PaddedRows
         if layout == "padded":
             if sequence_split is not None:
@@ -185,7 +188,8 @@ class MicroBatch:
         if self.sequence_split is not None:
             per_position = self.sequence_split.gather(per_position)[: self.num_tokens]
         offsets = self.inputs.offsets
-        return unpack_to_jagged(shift_right_per_sequence(per_position, offsets, fill=0.0), offsets)
+        shifted = shift_right_per_sequence(per_position, offsets, fill=0.0)
+        return unpack_to_jagged(shifted, offsets, num_tokens=self.num_tokens)
 
     def finish(self, per_position: Mapping[str, Tensor]) -> tuple[Tensor, MicroBatchResult]:
         """Per-token outputs, the caller's loss and metrics of this micro-batch.

@@ -120,7 +120,7 @@ def pad_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PaddedR
     )
 
 
-def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor) -> Tensor:
+def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor, num_tokens: int | None = None) -> Tensor:
     """Per-token packed values ``(T, ...)`` as a jagged ``(n, j, ...)`` tensor with ragged dim 1.
 
     Args:
@@ -128,11 +128,13 @@ def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor) -> Tensor:
         cu_seqlens: cumulative lengths; pass :attr:`PackedRow.offsets` (the batch's own offsets tensor) so the
             result multiplies with the batch's jagged fields; other tensors (int32, or on another device than
             ``flat``) are converted to int64 on ``flat``'s device, which gives a jagged tensor of its own.
+        num_tokens: ``cu_seqlens[-1]`` when the caller knows it on the host; reading it from device offsets
+            would wait for the device (once per micro-batch in the engines' hot path).
 
     Raises:
         BatchError: ``flat`` has not ``cu_seqlens[-1]`` rows.
     """
-    total = int(cu_seqlens[-1])
+    total = int(cu_seqlens[-1]) if num_tokens is None else num_tokens
     if flat.dim() < 1 or flat.shape[0] != total:
         raise BatchError(
             f"unpack_to_jagged: flat values have shape {tuple(flat.shape)}, expected first dim {total} "
@@ -153,9 +155,8 @@ def shift_right_per_sequence(flat: Tensor, cu_seqlens: Tensor, fill: float = 0) 
         cu_seqlens: cumulative lengths ``(n + 1,)``.
     """
     shifted = torch.roll(flat, shifts=1, dims=0)
-    starts = cu_seqlens[:-1].to(device=flat.device, dtype=torch.int64)
-    shifted[starts[starts < flat.shape[0]]] = fill
-    return shifted
+    is_start = _marks(cu_seqlens[:-1], flat.shape[0], flat.device)
+    return torch.where(_broadcastable(is_start, shifted), torch.as_tensor(fill, dtype=flat.dtype), shifted)
 
 
 def next_token_labels(flat_input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
@@ -165,6 +166,21 @@ def next_token_labels(flat_input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
     :func:`shift_right_per_sequence` then drops.
     """
     labels = torch.roll(flat_input_ids, shifts=-1, dims=0)
-    ends = cu_seqlens[1:].to(device=flat_input_ids.device, dtype=torch.int64) - 1
-    labels[ends[ends >= 0]] = 0
-    return labels
+    # Position p ends its sequence when p + 1 is an end offset.
+    is_end = _marks(cu_seqlens[1:] - 1, flat_input_ids.shape[0], flat_input_ids.device)
+    return torch.where(is_end, torch.zeros((), dtype=labels.dtype), labels)
+
+
+def _marks(positions: Tensor, total: int, device: torch.device) -> Tensor:
+    """``(total,)`` bool, True at ``positions``; positions outside ``[0, total)`` (empty sequences) are ignored.
+
+    NOTE: written into a buffer with a slot on each side, so no position is dropped by a data-dependent filter:
+    a boolean-mask index would wait for the device to learn the result's size, once per micro-batch.
+    """
+    marks = torch.zeros(total + 2, dtype=torch.bool, device=device)
+    marks[positions.to(device=device, dtype=torch.int64).clamp(-1, total) + 1] = True
+    return marks[1 : total + 1]
+
+
+def _broadcastable(mask: Tensor, like: Tensor) -> Tensor:
+    return mask.reshape(mask.shape + (1,) * (like.dim() - 1))
