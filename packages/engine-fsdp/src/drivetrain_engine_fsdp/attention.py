@@ -3,8 +3,9 @@
 A packed row ``(1, T)`` holds several sequences back to back. transformers' SDPA path turns restarting
 ``position_ids`` into a ``T x T`` block mask, which costs what the *row* costs. This function instead cuts
 query/key/value at ``cu_seqlens`` and attends each sequence causally on its own, so attention costs what the
-sequences cost. On CUDA with flash-attention installed (and half-precision compute) it calls the
-variable-length kernel in one launch.
+sequences cost. On CUDA with half-precision compute it calls torch's variable-length flash kernel
+(``torch.nn.attention.varlen.varlen_attn``) once per layer for all sequences, which also keeps the layer one
+graph under ``torch.compile``; elsewhere (CPU, float32) it loops over the sequences with SDPA.
 
 The model is told to use it with ``attn_implementation=VARLEN_ATTENTION`` and receives the boundaries through
 the ``cu_seq_lens_q`` (device), ``max_length_q`` and ``sequence_lengths`` (host) forward keywords, which
@@ -14,15 +15,18 @@ would stall the host until the GPU has caught up, 24 times per forward of a 24-l
 
 from __future__ import annotations
 
-import importlib.util
+import inspect
+import math
+from functools import cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import varlen
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv
 
 VARLEN_ATTENTION = "drivetrain_varlen"
-_FLASH_AVAILABLE = importlib.util.find_spec("flash_attn") is not None
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the kernel has no float32 variant
 
 
@@ -72,8 +76,8 @@ def varlen_attention_forward(
             f"{'set' if sequence_lengths is not None else 'None'}. Pass inputs from drivetrain_engine_fsdp.inputs."
         )
     groups = getattr(module, "num_key_value_groups", 1)
-    if _FLASH_AVAILABLE and query.is_cuda and query.dtype in _FLASH_DTYPES:
-        return _flash_varlen(query, key, value, cu_seq_lens_q, max_length_q, dropout, scaling), None
+    if query.is_cuda and query.dtype in _FLASH_DTYPES and dropout == 0.0 and _varlen_takes(scaling, query):
+        return _torch_varlen(query, key, value, cu_seq_lens_q, max_length_q, scaling, groups), None
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     lengths = list(sequence_lengths)
     outputs = [
@@ -85,24 +89,46 @@ def varlen_attention_forward(
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
-def _flash_varlen(
+def _torch_varlen(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_len: int,
-    dropout: float,
     scaling: float | None,
+    groups: int,
 ) -> torch.Tensor:
-    """flash-attention's variable-length kernel on ``(T, heads, head_dim)`` views (GQA handled natively)."""
-    from flash_attn import flash_attn_varlen_func
+    """torch's variable-length flash kernel on ``(T, heads, head_dim)`` views, causal, in one launch.
 
+    NOTE: torch releases spell the same call differently: causal is ``is_causal=True`` in older ones and
+    ``window_size=(-1, 0)`` in newer ones; ``scale`` and ``enable_gqa`` came later (2.11 has ``scale`` but not
+    ``enable_gqa``: key/value are then repeated to the query's heads). :func:`_varlen_keywords` reads the
+    signature.
+    """
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    keywords = _varlen_keywords()
+    if groups > 1 and "enable_gqa" not in keywords:
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    options: dict[str, Any] = {}
+    if "enable_gqa" in keywords:
+        options["enable_gqa"] = groups > 1
+    options.update({"window_size": (-1, 0)} if "window_size" in keywords else {"is_causal": True})
+    if "scale" in keywords:
+        options["scale"] = scaling
     cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    out = flash_attn_varlen_func(
-        q, k, v, cu, cu, max_len, max_len, dropout_p=dropout, softmax_scale=scaling, causal=True
-    )
+    out = varlen.varlen_attn(q, k, v, cu, cu, max_len, max_len, **options)
+    assert isinstance(out, torch.Tensor)  # a tuple only when ``return_aux`` asks for the log-sum-exp
     return out.unsqueeze(0)
+
+
+@cache
+def _varlen_keywords() -> frozenset[str]:
+    return frozenset(inspect.signature(varlen.varlen_attn).parameters)
+
+
+def _varlen_takes(scaling: float | None, query: torch.Tensor) -> bool:
+    """Whether the kernel can apply ``scaling``: always where it takes ``scale``, else only the default."""
+    return "scale" in _varlen_keywords() or scaling is None or math.isclose(scaling, query.shape[-1] ** -0.5)
 
 
 def register_varlen_attention() -> str:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from drivetrain_engine_core.config import DTYPES, ConfigError, EngineConfig
 
+from .liger import check_liger_available
+
 
 @dataclass(kw_only=True, frozen=True)
 class FSDPEngineConfig(EngineConfig):
@@ -26,8 +28,9 @@ class FSDPEngineConfig(EngineConfig):
         reduce_dtype: dtype of gradient reduction; keep ``float32`` for stable sums under bf16 compute.
         entropy_chunk_size: tokens per chunk when turning logits into log-probs and entropy, so that the
             softmax-sized intermediates of only one chunk exist at a time.
-        attention_backend: ``varlen`` attends per packed sequence (flash-attention varlen on GPU when installed,
-            SDPA per sequence otherwise); ``sdpa`` is used for padded rows regardless.
+        attention_backend: ``varlen`` attends per packed sequence (torch's variable-length flash kernel, one
+            launch per layer, on CUDA in bf16/fp16; SDPA per sequence otherwise); ``sdpa`` is used for padded
+            rows regardless.
         meta_init: build the model on the meta device, shard it there, and read into each rank only its
             shards of the safetensors weights (peak host memory per rank near ``1 / world_size`` of the
             model). ``False`` loads the whole model on every rank with ``from_pretrained`` first, for
@@ -35,6 +38,11 @@ class FSDPEngineConfig(EngineConfig):
         compile_layers: ``torch.compile`` each decoder layer before sharding (torchtitan's per-layer compile:
             fuses norms, rotary and the MLP's elementwise work); off by default, refused on CPU without a C++
             compiler.
+        log_prob_kernel: how the log-probs of a language model come from its last hidden states: ``torch``
+            (chunked, exact, any device) or ``liger`` (Liger-Kernel's fused linear cross-entropy, CUDA only,
+            ``pip install "drivetrain-engine-fsdp[liger]"``; calls that ask for entropy, or for a temperature
+            other than 1 in half precision, still take the torch path). Chunks hold about
+            ``entropy_chunk_size`` positions either way.
     """
 
     fsdp_size: int = -1
@@ -42,10 +50,11 @@ class FSDPEngineConfig(EngineConfig):
     reshard_after_forward: bool = True
     cpu_offload_policy: bool = False
     reduce_dtype: str = "float32"
-    entropy_chunk_size: int = 2048
+    entropy_chunk_size: int = 1024
     attention_backend: str = "varlen"
     meta_init: bool = True
     compile_layers: bool = False
+    log_prob_kernel: str = "torch"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,6 +80,12 @@ class FSDPEngineConfig(EngineConfig):
                 "engine.compile_layers=True on device 'cpu' needs a C++ compiler for torch.compile's inductor "
                 "backend, and none was found (set CXX or install g++); or set engine.compile_layers=False."
             )
+        if self.log_prob_kernel not in ("torch", "liger"):
+            raise ConfigError(
+                f"engine.log_prob_kernel={self.log_prob_kernel!r} is not supported; choose 'torch' or 'liger'."
+            )
+        if self.log_prob_kernel == "liger":
+            check_liger_available(self.device)
         if self.cpu_offload_policy and self.param_offload:
             raise ConfigError(
                 "engine.cpu_offload_policy and engine.param_offload both move parameters to CPU; set only one "

@@ -163,6 +163,7 @@ class FSDPEngine(Engine):
                 chunk_size=self.engine_config.entropy_chunk_size,
                 # NOTE: read after the forward: FSDP's root has gathered it (and keeps it for backward).
                 head_weight=self._head.weight if self._head is not None else None,
+                kernel=self.engine_config.log_prob_kernel,
             )
             loss, result = micro_batch.finish(fields)
             if not forward_only:

@@ -42,13 +42,18 @@ class LinearLogProbs(torch.autograd.Function):
         normaliser = torch.empty_like(log_probs)
         entropy = torch.empty_like(log_probs) if compute_entropy else log_probs.new_zeros(0)
         for start, stop in _chunks(hidden.shape[0], chunk_size):
+            index = labels[start:stop].unsqueeze(-1)
             scaled = _scaled_logits(hidden[start:stop], weight, temperature)
-            normaliser[start:stop] = torch.logsumexp(scaled, dim=-1)
-            picked = scaled.gather(-1, labels[start:stop].unsqueeze(-1)).squeeze(-1)
-            log_probs[start:stop] = picked - normaliser[start:stop]
+            picked = scaled.gather(-1, index).squeeze(-1)
+            # NOTE: one fused log-softmax pass instead of logsumexp's max/subtract/exp/sum passes over the chunk;
+            # the log-normaliser backward needs is then z[y] - log p[y].
+            log_softmax = torch.log_softmax(scaled, dim=-1)
+            del scaled
+            log_probs[start:stop] = log_softmax.gather(-1, index).squeeze(-1)
+            normaliser[start:stop] = picked - log_probs[start:stop]
             if compute_entropy:
-                # H = logsumexp(z) - sum(softmax(z) * z): no log-softmax tensor is materialised.
-                entropy[start:stop] = normaliser[start:stop] - (torch.softmax(scaled, -1) * scaled).sum(-1)
+                # H = -sum(p * log p)
+                entropy[start:stop] = -(log_softmax.exp() * log_softmax).sum(-1)
         ctx.save_for_backward(hidden, weight, labels, normaliser, entropy)
         ctx.temperature, ctx.compute_entropy, ctx.chunk_size = temperature, compute_entropy, chunk_size
         if not compute_entropy:
@@ -66,17 +71,18 @@ class LinearLogProbs(torch.autograd.Function):
         for start, stop in _chunks(hidden.shape[0], ctx.chunk_size):
             chunk = hidden[start:stop]
             scaled = _scaled_logits(chunk, weight, temperature)
-            probs = torch.exp(scaled - normaliser[start:stop].unsqueeze(-1))
-            grad_scaled = torch.zeros_like(scaled)
-            if grad_log_probs is not None:
-                grad = grad_log_probs[start:stop].unsqueeze(-1)
-                grad_scaled -= probs * grad
-                grad_scaled.scatter_add_(-1, labels[start:stop].unsqueeze(-1), grad)
-            if ctx.compute_entropy and grad_entropy is not None:
-                mean = (normaliser[start:stop] - entropy[start:stop]).unsqueeze(-1)
-                grad_scaled -= probs * (scaled - mean) * grad_entropy[start:stop].unsqueeze(-1)
-            # d(logits / T) / d logits, then back into the matmul's dtype as autograd of ``.float()`` does.
-            grad_logits = (grad_scaled / temperature).to(weight.dtype)
+            grad_scaled = _grad_of_scaled_logits(
+                scaled,
+                normaliser[start:stop],
+                labels[start:stop],
+                grad_log_probs[start:stop] if grad_log_probs is not None else None,
+                entropy[start:stop] if ctx.compute_entropy and grad_entropy is not None else None,
+                grad_entropy[start:stop] if ctx.compute_entropy and grad_entropy is not None else None,
+            )
+            if temperature != 1.0:
+                grad_scaled.div_(temperature)  # d(logits / T) / d logits
+            # Back into the matmul's dtype, as autograd of ``.float()`` does.
+            grad_logits = grad_scaled.to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[start:stop] = grad_logits @ weight
             if grad_weight is not None:
@@ -114,7 +120,37 @@ def linear_log_probs(
 
 
 def _scaled_logits(hidden: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    return torch.nn.functional.linear(hidden, weight).float() / temperature
+    logits = torch.nn.functional.linear(hidden, weight).float()
+    return logits if temperature == 1.0 else logits.div_(temperature)
+
+
+def _grad_of_scaled_logits(
+    scaled: Tensor,
+    normaliser: Tensor,
+    labels: Tensor,
+    grad_log_probs: Tensor | None,
+    entropy: Tensor | None,
+    grad_entropy: Tensor | None,
+) -> Tensor:
+    """The gradient with respect to one chunk's ``z = logits / T``, reusing the chunk's buffers in place.
+
+    NOTE: every step is in place on ``probs`` (or on ``scaled`` once it is no longer needed): a chunk is
+    ``chunk_size x vocab`` floats, and each extra pass over it costs what a matmul of the head costs.
+    """
+    probs = scaled.sub(normaliser.unsqueeze(-1)).exp_()
+    if entropy is not None and grad_entropy is not None:
+        # dH/dz = -p * (z - (logsumexp(z) - H))
+        grad = scaled.sub_((normaliser - entropy).unsqueeze(-1)).mul_(probs).mul_(-grad_entropy.unsqueeze(-1))
+        if grad_log_probs is not None:
+            grad.addcmul_(probs, grad_log_probs.unsqueeze(-1), value=-1.0)
+    elif grad_log_probs is not None:
+        grad = probs.mul_(-grad_log_probs.unsqueeze(-1))
+    else:
+        return probs.zero_()
+    if grad_log_probs is not None:
+        # d log p[y] / dz = onehot(y) - p
+        grad.scatter_add_(-1, labels.unsqueeze(-1), grad_log_probs.unsqueeze(-1))
+    return grad
 
 
 def _chunks(total: int, size: int) -> list[tuple[int, int]]:

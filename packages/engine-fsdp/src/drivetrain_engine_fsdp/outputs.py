@@ -2,7 +2,8 @@
 
 The model output is the last hidden state when the engine ran the output projection itself (:mod:`.head`):
 log-probs and entropy then come from :func:`~.linear_log_probs.linear_log_probs`, which never holds more than
-one chunk of logits. Otherwise it is the logits (value models, heads the hidden-state path cannot take), and
+one chunk of logits (or, with ``log_prob_kernel="liger"`` and no entropy asked for, from Liger's fused kernel,
+:mod:`.liger`). Otherwise it is the logits (value models, heads the hidden-state path cannot take), and
 log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under autograd each chunk is
 checkpointed, so the float32 softmax-sized intermediates of only one chunk exist at once (in forward and
 again in backward) instead of several full-vocabulary copies for the whole micro-batch. The fields stay per
@@ -16,6 +17,7 @@ import torch
 from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
 from torch.utils.checkpoint import checkpoint
 
+from .liger import liger_applies, liger_log_probs
 from .linear_log_probs import linear_log_probs
 
 
@@ -26,6 +28,7 @@ def token_fields(
     model_type: str,
     chunk_size: int,
     head_weight: torch.Tensor | None = None,
+    kernel: str = "torch",
 ) -> dict[str, torch.Tensor]:
     """The per-position fields of one micro-batch from the model's output.
 
@@ -36,6 +39,7 @@ def token_fields(
         model_type: ``language_model`` (``log_probs``, optional ``entropy``) or ``value_model`` (``values``).
         chunk_size: positions per chunk of logits.
         head_weight: ``(V, D)`` output projection the hidden states still have to go through, or ``None``.
+        kernel: ``torch`` or ``liger`` (``FSDPEngineConfig.log_prob_kernel``) for the hidden-state path.
 
     Returns:
         float32 ``(P,)`` tensors in the micro-batch's ``rows`` order.
@@ -44,6 +48,11 @@ def token_fields(
     if model_type == "value_model":
         return {"values": rows[:, 0].float()}
     options = micro_batch.options
+    if head_weight is not None and kernel == "liger" and liger_applies(options, rows.dtype):
+        log_probs = liger_log_probs(
+            rows, head_weight, micro_batch.labels, temperature=options.temperature, chunk_size=chunk_size
+        )
+        return {"log_probs": log_probs}
     if head_weight is not None:
         log_probs, entropy = linear_log_probs(
             rows,
@@ -86,10 +95,10 @@ def _chunk_stats(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float, compute_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     scaled = logits.float() / temperature
-    normaliser = torch.logsumexp(scaled, dim=-1)
-    log_probs = scaled.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - normaliser
+    log_softmax = torch.log_softmax(scaled, dim=-1)
+    log_probs = log_softmax.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     if not compute_entropy:
         return log_probs, log_probs.new_zeros(())
-    # H = logsumexp(z) - sum(softmax(z) * z): no log-softmax tensor is materialised.
-    entropy = normaliser - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
+    # H = -sum(p * log p), from the one log-softmax tensor of the chunk.
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
     return log_probs, entropy
