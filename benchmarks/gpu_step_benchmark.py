@@ -10,6 +10,11 @@ response tokens; AdamW; bf16 compute with float32 master weights. Variants:
 - ``fsdp``: ``FSDPEngine.train_batch`` (one rank, FSDP2, per-sequence attention, chunked hidden-state log-probs).
 - ``fsdp_compile``: the same with ``compile_layers`` (each decoder layer ``torch.compile``d; the warm-up steps
   pay the compilation).
+- ``fsdp_liger``: ``fsdp`` with ``log_prob_kernel="liger"`` (Liger-Kernel's fused linear cross-entropy);
+  ``fsdp_fused``: both, compiled layers and Liger (the engine's fastest settings). Skipped without
+  ``liger_kernel`` or on CPU.
+- ``fsdp_padded``: the FSDP engine on right-padded rows (``use_remove_padding=False``), 8 sequences per
+  micro-batch, against ``bare_padded``.
 - ``bare``: a plain transformers model + AdamW over the same micro-batches and the same per-sequence attention
   function, full logits and ``log_softmax``, under ``torch.autocast``.
 - ``megatron``: ``MegatronEngine.train_batch``; reported as skipped when megatron-core or mbridge do not import.
@@ -18,7 +23,7 @@ response tokens; AdamW; bf16 compute with float32 master weights. Variants:
   last load and offload in seconds and bytes (the engine's ``transfer_metrics``).
 - ``bare_padded``: the bare loop on right-padded rows, 8 sequences per micro-batch; an out-of-memory error is
   reported (``"oom"``), not raised.
-- ``fsdp_infer`` / ``bare_infer``: forward-only per-token log-probs of the same batch.
+- ``fsdp_infer`` / ``fsdp_infer_fused`` / ``bare_infer``: forward-only per-token log-probs of the same batch.
 
 Per variant: seconds per step (median of ``--steps`` after ``--warmup``), tokens/s, achieved TFLOP/s and MFU from
 core's FLOP counter (:mod:`drivetrain_engine_core.throughput`, model FLOPs, attention included) and peak table,
@@ -28,6 +33,9 @@ first step's loss (engine and bare losses should agree to bf16 noise: same seed,
 On a GPU (about 3-4 minutes on one H100)::
 
     uv run --all-packages --locked python benchmarks/gpu_step_benchmark.py
+
+Measured on one H100 80GB (torch 2.11, transformers 5.17, Liger-Kernel 0.8.5): ``results/gpu_step_h100.json``
+(and ``results/gpu_step_h100_padded.json``, the run with the padded variants, one commit earlier).
 
 ``--device cpu --tiny`` runs every variant on a tiny model and 8 short sequences, to check the code paths
 without a GPU (its timings say nothing about a GPU).
@@ -133,13 +141,16 @@ def write_config(work: Workload, directory: Path) -> Path:
 # ---------------------------------------------------------------------------------------------- the variants
 
 
-def fsdp_engine(args, model_dir: Path, **options: Any) -> FSDPEngine:
+def fsdp_engine(args, model_dir: Path, padded: bool = False, **options: Any) -> FSDPEngine:
+    micro_batch = MicroBatchConfig(micro_batch_size=None, max_tokens=args.work.max_tokens)
+    if padded:
+        micro_batch = MicroBatchConfig(micro_batch_size=args.work.padded_sequences, max_tokens=None)
     return FSDPEngine(
-        model_config=ModelConfig(path=str(model_dir), from_config_only=True),
+        model_config=ModelConfig(path=str(model_dir), from_config_only=True, use_remove_padding=not padded),
         engine_config=FSDPEngineConfig(
             device=args.device,
             param_dtype=args.dtype,
-            micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=args.work.max_tokens),
+            micro_batch=micro_batch,
             **options,
         ),
         optimizer_config=OPTIMIZER,
@@ -323,27 +334,45 @@ def run_variant(args, name: str, build: Callable[[], Callable[[], float]], flops
     return result
 
 
-def megatron_available() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("megatron.core", "mbridge"))
+def skip_reason(args, name: str) -> str | None:
+    """Why variant ``name`` cannot run here, or ``None``."""
+    if name == "megatron" and not all(importlib.util.find_spec(m) for m in ("megatron.core", "mbridge")):
+        return "megatron-core or mbridge is not installed"
+    if name in ("fsdp_liger", "fsdp_fused", "fsdp_infer_fused") and (
+        args.device != "cuda" or not importlib.util.find_spec("liger_kernel")
+    ):
+        return "Liger-Kernel runs on CUDA only and must be installed (drivetrain-engine-fsdp[liger])"
+    return None
 
 
 def variants(args, model_dir: Path, batch) -> Iterator[tuple[str, Callable[[], Callable[[], float]], bool]]:
     """``(name, build, backward)`` of each selected variant."""
     yield "fsdp", lambda: engine_train(fsdp_engine(args, model_dir), batch), True
     yield "fsdp_compile", lambda: engine_train(fsdp_engine(args, model_dir, compile_layers=True), batch), True
+    liger = {"log_prob_kernel": "liger"}
+    yield "fsdp_liger", lambda: engine_train(fsdp_engine(args, model_dir, **liger), batch), True
+    fused = {"compile_layers": True, **liger}
+    yield "fsdp_fused", lambda: engine_train(fsdp_engine(args, model_dir, **fused), batch), True
     yield "bare", lambda: BareLoop(args, model_dir, batch, padded=False).train, True
     yield "megatron", lambda: engine_train(megatron_engine(args, model_dir), batch), True
     offload = {"param_offload": True, "optimizer_offload": True}
     yield "fsdp_offload", lambda: engine_train(fsdp_engine(args, model_dir, **offload), batch), True
+    yield "fsdp_padded", lambda: engine_train(fsdp_engine(args, model_dir, padded=True), batch), True
     yield "bare_padded", lambda: BareLoop(args, model_dir, batch, padded=True).train, True
     yield "fsdp_infer", lambda: engine_infer(fsdp_engine(args, model_dir), batch), False
+    yield "fsdp_infer_fused", lambda: engine_infer(fsdp_engine(args, model_dir, **fused), batch), False
     yield "bare_infer", lambda: BareLoop(args, model_dir, batch, padded=False).infer, False
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
     """Engine over bare (time, memory), and offloaded over resident, where both ran."""
     pairs = {"fsdp_over_bare": ("fsdp", "bare"), "infer_fsdp_over_bare": ("fsdp_infer", "bare_infer")}
-    pairs |= {"compile_over_fsdp": ("fsdp_compile", "fsdp")}
+    pairs |= {"infer_fused_over_bare": ("fsdp_infer_fused", "bare_infer")}
+    pairs |= {"compile_over_fsdp": ("fsdp_compile", "fsdp"), "liger_over_fsdp": ("fsdp_liger", "fsdp")}
+    pairs |= {
+        "fused_over_bare": ("fsdp_fused", "bare"),
+        "padded_fsdp_over_bare": ("fsdp_padded", "bare_padded"),
+    }
     pairs |= {"megatron_over_fsdp": ("megatron", "fsdp"), "offload_over_fsdp": ("fsdp_offload", "fsdp")}
     out = {}
     for name, (top, bottom) in pairs.items():
@@ -390,8 +419,9 @@ def main() -> None:
     for name, build, backward in variants(args, model_dir, batch):
         if args.only and name not in args.only:
             continue
-        if name == "megatron" and not megatron_available():
-            results[name] = {"status": "skipped", "reason": "megatron-core or mbridge is not installed"}
+        reason = skip_reason(args, name)
+        if reason is not None:
+            results[name] = {"status": "skipped", "reason": reason}
             continue
         flops = shape.step_flops(lengths, backward=backward)
         results[name] = run_variant(args, name, build, flops, sum(lengths))
