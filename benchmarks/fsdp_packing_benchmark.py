@@ -37,7 +37,13 @@ from transformers import AutoModelForCausalLM
 
 NUM_SEQUENCES = 16
 MEDIAN_LENGTH, MIN_LENGTH, MAX_LENGTH = 48, 8, 512
-MODEL = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4}
+MODEL = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": MAX_LENGTH,
+}
 WARMUP, REPEATS = 2, 8
 OPTIMIZER = OptimizerConfig(lr=1e-4, clip_grad=None, weight_decay=0.0)
 SEED = 0
@@ -116,6 +122,8 @@ def bare_step(model_dir: Path, batch) -> Callable[[], None]:
             input_ids=row.input_ids,
             position_ids=row.position_ids,
             cu_seq_lens_q=row.cu_seqlens,
+            max_length_q=row.max_seqlen,
+            sequence_lengths=row.lengths,
             use_cache=False,
         ).logits[0]
         log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels[:, None]).squeeze(-1)
