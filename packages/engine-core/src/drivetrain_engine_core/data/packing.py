@@ -156,7 +156,8 @@ def shift_right_per_sequence(flat: Tensor, cu_seqlens: Tensor, fill: float = 0) 
     """
     shifted = torch.roll(flat, shifts=1, dims=0)
     is_start = _marks(cu_seqlens[:-1], flat.shape[0], flat.device)
-    return torch.where(_broadcastable(is_start, shifted), torch.as_tensor(fill, dtype=flat.dtype), shifted)
+    filler = torch.full((), fill, dtype=flat.dtype, device=flat.device)
+    return torch.where(_broadcastable(is_start, shifted), filler, shifted)
 
 
 def next_token_labels(flat_input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
@@ -168,7 +169,7 @@ def next_token_labels(flat_input_ids: Tensor, cu_seqlens: Tensor) -> Tensor:
     labels = torch.roll(flat_input_ids, shifts=-1, dims=0)
     # Position p ends its sequence when p + 1 is an end offset.
     is_end = _marks(cu_seqlens[1:] - 1, flat_input_ids.shape[0], flat_input_ids.device)
-    return torch.where(is_end, torch.zeros((), dtype=labels.dtype), labels)
+    return torch.where(is_end, torch.zeros((), dtype=labels.dtype, device=labels.device), labels)
 
 
 def _marks(positions: Tensor, total: int, device: torch.device) -> Tensor:
