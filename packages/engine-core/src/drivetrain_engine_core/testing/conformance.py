@@ -419,12 +419,11 @@ class EngineConformanceTests:
             if self.device == "cpu":
                 assert torch.equal(merged[hf_name], expected), hf_name
             else:
-                torch.testing.assert_close(
-                    merged[hf_name],
-                    expected,
-                    rtol=self.merge_tolerance,
-                    atol=self.merge_tolerance,
-                    msg=lambda m, name=hf_name: f"merged {name} (engine on {self.device}): {m}",
+                got, want = merged[hf_name].float(), expected.float()
+                excess = float(((got - want).abs() - self.merge_tolerance * (1.0 + want.abs())).max())
+                assert excess <= 0, (
+                    f"merged {hf_name} (engine on {self.device}) exceeds rtol = atol = "
+                    f"{self.merge_tolerance} by {excess:.1e}"
                 )
 
     # ------------------------------------------------------------------ weight hand-off
