@@ -13,13 +13,12 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from drivetrain_engine_core.backend import ForwardOptions
+from drivetrain_engine_core.backend import ForwardOptions, linear_log_probs
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_engine_fsdp.attention import varlen_attention_forward
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.liger import liger_applies
-from drivetrain_engine_fsdp.linear_log_probs import linear_log_probs
 
 LENGTHS = (5, 130, 1, 64)
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64

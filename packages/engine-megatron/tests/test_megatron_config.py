@@ -14,6 +14,7 @@ from drivetrain_engine_megatron import MegatronEngineConfig, plugin
         ({"virtual_pipeline_model_parallel_size": 2}, "needs pipeline_model_parallel_size >= 2"),
         ({"sequence_parallel": True}, "sequence_parallel=True needs tensor_model_parallel_size > 1"),
         ({"make_vocab_size_divisible_by": 0}, "make_vocab_size_divisible_by must be >= 1"),
+        ({"entropy_chunk_size": 0}, "entropy_chunk_size must be an integer >= 1"),
         ({"initial_loss_scale": 0.5}, "initial_loss_scale must be >= 1"),
     ],
 )

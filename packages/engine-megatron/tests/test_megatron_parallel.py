@@ -1,6 +1,7 @@
 """MegatronEngine at TP2, PP2 and DP2 (2 gloo ranks, fp32) against a plain single-process Hugging Face model.
 
-One launch per layout (TP2, PP2, PP2 x VPP2, DP2) runs every check and returns numbers; the parent computes the references and asserts:
+One launch per layout (TP2, PP2, PP2 x VPP2, DP2, and a tied output layer at TP2 with a padded vocabulary and
+at PP2) runs every check and returns numbers; the parent computes the references and asserts:
 log-probs/entropy (packed and padded), first-step loss and grad norm, a 5-step loss curve, a bit-exact
 checkpoint resume, weights exported equal to the Hugging Face state dict, the weight hand-off in bounded buckets
 equal to the export bit for bit on every rank, and (TP2) the value model.
@@ -40,6 +41,24 @@ LAYOUTS = {
     "pp2-vpp2": (
         "qwen2-4-layers",
         {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+        False,
+    ),
+    # Tied output layer: the embedding's rows on each TP rank, the vocabulary of 110 padded to 112 (rank 1's
+    # last two rows are padding), and logits computed 3 positions at a time.
+    "tp2-tied-padded": (
+        "qwen2-tied",
+        {
+            "tensor_model_parallel_size": 2,
+            "make_vocab_size_divisible_by": 4,
+            "entropy_chunk_size": 3,
+        },
+        False,
+    ),
+    # Tied output layer on a last stage without the embedding: megatron's own copy of it. NOTE: the plain
+    # optimizer, as saving the distributed optimizer of a tied model at PP2 fails ("out of bounds chunk").
+    "pp2-tied": (
+        "qwen2-tied",
+        {"pipeline_model_parallel_size": 2, "use_distributed_optimizer": False},
         False,
     ),
 }
@@ -190,6 +209,14 @@ def model_dirs(tmp_path_factory) -> dict[str, dict[str, str]]:
     deep = tmp_path_factory.mktemp("qwen2-4-layers") / "language_model"
     dirs["qwen2-4-layers"] = {
         "language_model": str(make_tiny_model_dir(deep, arch="qwen2", num_hidden_layers=4))
+    }
+    # NOTE: no pad token: padding_row.py zeroes the whole gradient of the pad token's row of a tied weight,
+    # where Hugging Face keeps its output-projection part (the grad norm would differ by 2e-5 relative).
+    tied = tmp_path_factory.mktemp("qwen2-tied") / "language_model"
+    dirs["qwen2-tied"] = {
+        "language_model": str(
+            make_tiny_model_dir(tied, arch="qwen2", tie_word_embeddings=True, pad_token_id=None)
+        )
     }
     return dirs
 

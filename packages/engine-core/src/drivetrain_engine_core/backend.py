@@ -37,6 +37,7 @@ from .data.packing import PackedRow, PaddedRows
 from .data.values import TokenLimits
 from .engine import Engine, Mode
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError
+from .linear_log_probs import linear_log_probs
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
 
@@ -72,5 +73,6 @@ __all__ = [
     "SequenceSplit",
     "TokenLimits",
     "distributed",
+    "linear_log_probs",
     "move_batch",
 ]

@@ -3,8 +3,8 @@
 This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``,
 ``meta_build.py``, ``hf_weights.py`` and ``materialize.py`` (build and load), ``wrap.py`` (meshes,
 ``fully_shard``), ``inputs.py`` / ``outputs.py`` (forward arguments of core's micro-batch layout,
-per-position log-probs and values), ``head.py`` / ``linear_log_probs.py`` (log-probs from hidden states
-without full logits), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``,
+per-position log-probs and values), ``head.py`` (log-probs from hidden states without full logits, with
+core's ``linear_log_probs``), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``,
 ``checkpoint.py`` and ``export.py``.
 """
 

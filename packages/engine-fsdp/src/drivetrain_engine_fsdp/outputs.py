@@ -1,24 +1,23 @@
 """``token_fields``: model output -> per-position ``log_probs`` / ``entropy`` / ``values`` of a micro-batch.
 
 The model output is the last hidden state when the engine ran the output projection itself (:mod:`.head`):
-log-probs and entropy then come from :func:`~.linear_log_probs.linear_log_probs`, which never holds more than
-one chunk of logits (or, with ``log_prob_kernel="liger"`` and no entropy asked for, from Liger's fused kernel,
-:mod:`.liger`). Otherwise it is the logits (value models, heads the hidden-state path cannot take), and
-log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under autograd each chunk is
-checkpointed, so the float32 softmax-sized intermediates of only one chunk exist at once (in forward and
-again in backward) instead of several full-vocabulary copies for the whole micro-batch. The fields stay per
-position ("position p predicts token p + 1"); core's ``MicroBatch.finish`` gathers Ulysses slices, shifts
-and unpacks them.
+log-probs and entropy then come from core's :func:`~drivetrain_engine_core.backend.linear_log_probs`, which
+never holds more than one chunk of logits (or, with ``log_prob_kernel="liger"`` and no entropy asked for, from
+Liger's fused kernel, :mod:`.liger`). Otherwise it is the logits (value models, heads the hidden-state path
+cannot take), and log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under
+autograd each chunk is checkpointed, so the float32 softmax-sized intermediates of only one chunk exist at once
+(in forward and again in backward) instead of several full-vocabulary copies for the whole micro-batch. The
+fields stay per position ("position p predicts token p + 1"); core's ``MicroBatch.finish`` gathers Ulysses
+slices, shifts and unpacks them.
 """
 
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
+from drivetrain_engine_core.backend import ForwardOptions, MicroBatch, linear_log_probs
 from torch.utils.checkpoint import checkpoint
 
 from .liger import liger_applies, liger_log_probs
-from .linear_log_probs import linear_log_probs
 
 
 def token_fields(

@@ -173,7 +173,9 @@ class MegatronEngine(Engine):
         from .schedule import StepSpec, run_schedule
 
         spec = StepSpec(
-            value_model=self.model_config.model_type == "value_model", vocab_size=self._model.vocab_size
+            value_model=self.model_config.model_type == "value_model",
+            vocab_size=self._model.vocab_size,
+            chunk_size=self.engine_config.entropy_chunk_size,
         )
         return run_schedule(self._model.chunks, micro_batches, forward_only, spec)
 

@@ -1,5 +1,8 @@
 """Build the model chunks of this rank: bridge, ``GPTModel``, Hugging Face weights, value head, DDP.
 
+A language model's output layer is checked here (:func:`.head.check_output_layer`): the engine computes
+log-probs from the hidden states and its weight, so a model it cannot take fails before any weight is read.
+
 The ``TransformerConfig`` values pinned here are the ones drivetrain's numbers depend on:
 ``calculate_per_token_loss`` makes megatron neither divide the loss by the micro-batch count nor average
 gradients over data-parallel ranks (drivetrain's losses are already normalised by the global token count),
@@ -21,6 +24,7 @@ from transformers import AutoConfig
 
 from .bridge import build_model_chunks, load_hf_weights, make_bridge
 from .config import MegatronEngineConfig
+from .head import check_output_layer
 from .padding_row import freeze_padding_row
 from .value_head import attach_value_head
 
@@ -96,6 +100,8 @@ def build_model(
     chunks = build_model_chunks(bridge, engine_config.virtual_pipeline_model_parallel_size)
     if value_model and mpu.is_pipeline_last_stage(ignore_virtual=True):
         attach_value_head(chunks[-1], hf_config.hidden_size, dtype)
+    elif mpu.is_pipeline_last_stage(ignore_virtual=True):
+        check_output_layer(chunks[-1], hf_config.model_type)
     for chunk in chunks:
         # NOTE: every parameter in the compute dtype, as megatron's Float16Module (``module.bfloat16()``) makes
         # it. The local spec's torch norms ignore ``params_dtype`` and stay float32 otherwise, and megatron's

@@ -2,8 +2,10 @@
 
 Megatron owns the loop: it calls ``forward_step(data_iterator, model)`` per micro-batch and chunk, and on the
 last pipeline stage calls the returned loss function on the model output. The iterator yields core's
-:class:`~drivetrain_engine_core.backend.MicroBatch` objects (already laid out and on the device); the loss
-function computes the per-position fields and hands them to ``MicroBatch.finish``, which returns the loss to
+:class:`~drivetrain_engine_core.backend.MicroBatch` objects (already laid out and on the device). On the last
+stage of a language model the output layer is passed through (:mod:`.head`), so the model output is the last
+hidden states; the loss function computes the per-position fields from them (or from the value head's
+output) and hands them to ``MicroBatch.finish``, which returns the loss to
 backward (scaled by the engine's ``gradient_divisor``, 1: megatron sums) and the micro-batch result. The loss
 is returned in megatron's three-value form with ``calculate_per_token_loss`` set, so the schedule neither
 divides it by the micro-batch count nor rescales the gradients.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -20,9 +23,13 @@ import torch
 from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, distributed
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import unwrap_model
 
+from .head import hidden_states_out, output_shard
 from .inputs import model_kwargs
 from .outputs import language_model_fields, value_fields
+
+_FieldsFn = Callable[[torch.Tensor, MicroBatch], dict[str, torch.Tensor]]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -31,11 +38,13 @@ class StepSpec:
 
     Attributes:
         value_model: the chunks end in a value head rather than the LM head.
-        vocab_size: real vocabulary size (logits beyond it are padding).
+        vocab_size: real vocabulary size (output rows beyond it are padding).
+        chunk_size: positions whose logits exist at once (``engine.entropy_chunk_size``).
     """
 
     value_model: bool
     vocab_size: int
+    chunk_size: int
 
 
 def run_schedule(
@@ -70,19 +79,24 @@ def _forward_step(
     results: list[MicroBatchResult],
 ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, dict]]]:
     micro_batch = next(data_iterator)
-    output = model(**model_kwargs(micro_batch))
-    return output, partial(_loss_step, micro_batch=micro_batch, spec=spec, results=results)
+    gpt = unwrap_model(model)
+    language_head = not spec.value_model and gpt.post_process
+    with hidden_states_out(gpt) if language_head else nullcontext():
+        output = model(**model_kwargs(micro_batch))
+    # Only the last stage's loss step runs; on other stages ``fields_of`` is never called.
+    fields_of: _FieldsFn = (
+        partial(language_model_fields, shard=output_shard(gpt, spec.vocab_size), chunk_size=spec.chunk_size)
+        if language_head
+        else value_fields
+    )
+    return output, partial(_loss_step, micro_batch=micro_batch, fields_of=fields_of, results=results)
 
 
 def _loss_step(
-    output: torch.Tensor, *, micro_batch: MicroBatch, spec: StepSpec, results: list[MicroBatchResult]
+    output: torch.Tensor, *, micro_batch: MicroBatch, fields_of: _FieldsFn, results: list[MicroBatchResult]
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Last stage: finish one micro-batch, in megatron's ``(loss, num_tokens, log)`` form."""
-    if spec.value_model:
-        fields = value_fields(output, micro_batch)
-    else:
-        fields = language_model_fields(output, micro_batch, spec.vocab_size)
-    loss, result = micro_batch.finish(fields)
+    loss, result = micro_batch.finish(fields_of(output, micro_batch))
     results.append(result)
     # num_tokens=1: with calculate_per_token_loss megatron only sums it; it never rescales the loss by it.
     return loss, torch.ones((), dtype=torch.int, device=output.device), {}
