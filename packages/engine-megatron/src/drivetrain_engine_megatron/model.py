@@ -25,7 +25,7 @@ from transformers import AutoConfig
 from .bridge import build_model_chunks, load_hf_weights, make_bridge
 from .config import MegatronEngineConfig
 from .head import check_output_layer
-from .padding_row import freeze_padding_row
+from .padding_row import freeze_padding_lookups
 from .value_head import attach_value_head
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,7 +108,7 @@ def build_model(
         # mixed-precision optimizers pair optimizer state with parameters assuming one dtype: a bf16 model with
         # float32 norms cannot save its optimizer (the state of a norm is paired with a matrix).
         chunk.to(device=engine_config.device, dtype=dtype)
-        freeze_padding_row(chunk, getattr(hf_config, "pad_token_id", None))
+        freeze_padding_lookups(chunk, getattr(hf_config, "pad_token_id", None))
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     if not model_config.from_config_only:
