@@ -54,11 +54,11 @@ LAYOUTS = {
         },
         False,
     ),
-    # Tied output layer on a last stage without the embedding: megatron's own copy of it. NOTE: the plain
-    # optimizer, as saving the distributed optimizer of a tied model at PP2 fails ("out of bounds chunk").
+    # Tied output layer on a last stage without the embedding: megatron's own copy of it; with the distributed
+    # optimizer, whose bucket there ends inside alignment padding (dist_opt_padding.py).
     "pp2-tied": (
         "qwen2-tied",
-        {"pipeline_model_parallel_size": 2, "use_distributed_optimizer": False},
+        {"pipeline_model_parallel_size": 2},
         False,
     ),
 }

@@ -17,6 +17,7 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer.module import MegatronModule
 
 from .config import MegatronEngineConfig
+from .dist_opt_padding import clip_padding_past_bucket_end
 from .model import BuiltModel
 
 MODEL_DIR = "model"
@@ -53,7 +54,7 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
         optimizer_state = optimizer.sharded_state_dict(
             _model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA
         )
-        _save(optimizer_state, step_dir / OPTIMIZER_DIR)
+        _save(clip_padding_past_bucket_end(optimizer_state), step_dir / OPTIMIZER_DIR)
 
 
 def load_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: MegatronOptimizer | None) -> None:
@@ -66,8 +67,8 @@ def load_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
         if optimizer is not None:
             _allocate_adam_state(optimizer)
             model_state = _model_sharded_state_dict(model)
-            optimizer_state = optimizer.sharded_state_dict(
-                model_state, is_loading=True, metadata=_OPTIMIZER_METADATA
+            optimizer_state = clip_padding_past_bucket_end(
+                optimizer.sharded_state_dict(model_state, is_loading=True, metadata=_OPTIMIZER_METADATA)
             )
             loaded_optimizer = dist_checkpointing.load(optimizer_state, str(step_dir / OPTIMIZER_DIR))
             _fill_zero_adam_steps(loaded_optimizer)
