@@ -136,6 +136,10 @@ class EngineConfig:
         dist_timeout_s: timeout of collective operations, so that a failed rank never hangs the others forever.
         peak_tflops: peak dense TFLOP/s of one device for ``perf/mfu``; ``None`` takes
             ``DRIVETRAIN_PEAK_TFLOPS`` or the table of known GPUs (:mod:`drivetrain_engine_core.throughput`).
+        entropy_chunk_size: positions whose logits exist at once when a language model's log-probs and
+            entropy are computed (from the last hidden states, or from logits where a backend needs them);
+            recomputed in backward, so memory scales with ``entropy_chunk_size x vocab`` (per vocabulary
+            shard), not with the micro-batch's tokens.
     """
 
     backend: str = "fsdp"
@@ -147,6 +151,7 @@ class EngineConfig:
     seed: int = 0
     dist_timeout_s: float = 600.0
     peak_tflops: float | None = None
+    entropy_chunk_size: int = 1024
 
     def __post_init__(self) -> None:
         _require(bool(self.backend), "engine.backend must name an installed backend, e.g. 'fsdp'.")
@@ -156,6 +161,10 @@ class EngineConfig:
         _require(
             self.peak_tflops is None or self.peak_tflops > 0,
             f"engine.peak_tflops must be > 0 (TFLOP/s of one device) or None (look it up), got {self.peak_tflops}.",
+        )
+        _require(
+            isinstance(self.entropy_chunk_size, int) and self.entropy_chunk_size >= 1,
+            f"engine.entropy_chunk_size must be an integer >= 1, got {self.entropy_chunk_size!r}.",
         )
 
 

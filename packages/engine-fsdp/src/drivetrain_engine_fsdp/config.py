@@ -26,8 +26,6 @@ class FSDPEngineConfig(EngineConfig):
         cpu_offload_policy: let FSDP2 keep parameters, gradients and optimizer state on CPU
             (``CPUOffloadPolicy``); the optimizer then steps on CPU.
         reduce_dtype: dtype of gradient reduction; keep ``float32`` for stable sums under bf16 compute.
-        entropy_chunk_size: tokens per chunk when turning logits into log-probs and entropy, so that the
-            softmax-sized intermediates of only one chunk exist at a time.
         attention_backend: ``varlen`` attends per packed sequence (torch's variable-length flash kernel, one
             launch per layer, on CUDA in bf16/fp16; SDPA per sequence otherwise); ``sdpa`` is used for padded
             rows regardless.
@@ -50,7 +48,6 @@ class FSDPEngineConfig(EngineConfig):
     reshard_after_forward: bool = True
     cpu_offload_policy: bool = False
     reduce_dtype: str = "float32"
-    entropy_chunk_size: int = 1024
     attention_backend: str = "varlen"
     meta_init: bool = True
     compile_layers: bool = False
@@ -69,8 +66,6 @@ class FSDPEngineConfig(EngineConfig):
             raise ConfigError(
                 f"engine.reduce_dtype={self.reduce_dtype!r} is not supported; choose one of {list(DTYPES)}."
             )
-        if self.entropy_chunk_size < 1:
-            raise ConfigError(f"engine.entropy_chunk_size must be >= 1, got {self.entropy_chunk_size}.")
         if self.attention_backend not in ("varlen", "sdpa"):
             raise ConfigError(
                 f"engine.attention_backend={self.attention_backend!r} is not supported; choose 'varlen' or 'sdpa'."

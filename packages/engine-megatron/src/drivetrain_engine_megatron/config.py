@@ -30,9 +30,6 @@ class MegatronEngineConfig(EngineConfig):
         use_distributed_optimizer: shard optimizer state over data-parallel ranks (megatron's
             DistributedOptimizer); checkpoints store it ``dp_reshardable``.
         make_vocab_size_divisible_by: pad the vocabulary to a multiple of this times TP (``None``: no padding).
-        entropy_chunk_size: tokens per chunk when turning the last hidden states into log-probs and entropy:
-            each rank holds the logits of its vocabulary slice for that many tokens at a time (recomputed in
-            backward), never those of the whole micro-batch.
         initial_loss_scale: ``param_dtype="float16"`` only: the first value of megatron's dynamic loss scale.
             A step whose scaled gradients overflow is skipped, and from the second overflow on each one
             halves the scale; 1000 clean steps in a row double it. The default is ``torch.amp.GradScaler``'s 2^16 rather than megatron's 2^32, which
@@ -47,7 +44,6 @@ class MegatronEngineConfig(EngineConfig):
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
     make_vocab_size_divisible_by: int | None = None
-    entropy_chunk_size: int = 1024
     initial_loss_scale: float = 2.0**16
 
     def __post_init__(self) -> None:
@@ -74,10 +70,6 @@ class MegatronEngineConfig(EngineConfig):
                 self.make_vocab_size_divisible_by >= 1,
                 f"engine.make_vocab_size_divisible_by must be >= 1 or None, got {self.make_vocab_size_divisible_by}.",
             )
-        _require(
-            isinstance(self.entropy_chunk_size, int) and self.entropy_chunk_size >= 1,
-            f"engine.entropy_chunk_size must be an integer >= 1, got {self.entropy_chunk_size!r}.",
-        )
         _require(
             self.initial_loss_scale >= 1,
             f"engine.initial_loss_scale must be >= 1 (megatron's minimum loss scale), got {self.initial_loss_scale}.",
