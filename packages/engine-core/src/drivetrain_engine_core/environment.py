@@ -18,6 +18,8 @@ LIBRARIES = (
     "omegaconf",
     "pluggy",
     "ray",
+    "triton",
+    "liger-kernel",
 )
 """Distributions whose versions explain most behaviour differences (``not installed`` when absent)."""
 
