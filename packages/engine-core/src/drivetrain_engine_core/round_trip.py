@@ -136,9 +136,10 @@ class MicroBatch:
         """
         lengths = offsets_of(batch[INPUT_IDS]).diff().tolist()
         max_seqlen, num_tokens = max(lengths), sum(lengths)
-        # NOTE: non-blocking: a blocking copy from pageable host memory waits for everything queued on the
-        # device first, so the host could not queue this micro-batch's kernels while the last one computes.
-        on_device = move_batch(batch, device, non_blocking=True)
+        # NOTE: non-blocking to an accelerator: a blocking copy from pageable host memory waits for everything
+        # queued on the device first, so the host could not queue this micro-batch's kernels while the last
+        # one computes. Never towards the CPU, whose code would read the copy before it lands.
+        on_device = move_batch(batch, device, non_blocking=torch.device(device).type != "cpu")
         inputs: PackedRow | PaddedRows
         if layout == "padded":
             if sequence_split is not None:
