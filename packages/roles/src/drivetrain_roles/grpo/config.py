@@ -117,7 +117,7 @@ class TrainerConfig:
 
     total_steps: int = 120
     prompts_per_step: int = 32
-    warm_start_steps: int = 400
+    warm_start_steps: int = 200
     eval_every: int = 20
     save_every: int = 50
     eval_samples: int = 200

@@ -141,7 +141,7 @@ def _default_engine() -> EngineConfig:
 def _default_optimizer() -> OptimizerConfig:
     schedule = schedule_length(TrainerConfig().total_steps)
     return OptimizerConfig(
-        lr=5e-3,
+        lr=3e-3,
         weight_decay=0.0,
         lr_schedule="cosine",
         min_lr_ratio=0.1,
