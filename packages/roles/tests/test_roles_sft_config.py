@@ -47,7 +47,7 @@ def test_one_source_of_defaults_and_derived_schedule() -> None:
         getattr(declared.engine, n) for n in base_fields
     ]
     assert (config.optimizer.lr, config.optimizer.lr_schedule, config.engine.micro_batch.max_tokens) == (
-        5e-3,
+        3e-3,
         "cosine",
         2048,
     )
