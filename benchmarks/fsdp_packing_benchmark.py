@@ -33,6 +33,7 @@ from drivetrain_engine_core.testing.models import make_tiny_model_dir
 from drivetrain_engine_fsdp.attention import register_varlen_attention
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
+from drivetrain_engine_fsdp.inputs import packed_row_kwargs
 from transformers import AutoModelForCausalLM
 
 NUM_SEQUENCES = 16
@@ -118,14 +119,7 @@ def bare_step(model_dir: Path, batch) -> Callable[[], None]:
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        logits = model(
-            input_ids=row.input_ids,
-            position_ids=row.position_ids,
-            cu_seq_lens_q=row.cu_seqlens,
-            max_length_q=row.max_seqlen,
-            sequence_lengths=row.lengths,
-            use_cache=False,
-        ).logits[0]
+        logits = model(**packed_row_kwargs(row)).logits[0]
         log_probs = torch.log_softmax(logits.float(), dim=-1).gather(-1, labels[:, None]).squeeze(-1)
         (-(log_probs * mask).sum() / mask.sum()).backward()
         optimizer.step()

@@ -69,6 +69,7 @@ from drivetrain_engine_core.throughput import TransformerShape, peak_tflops
 from drivetrain_engine_fsdp.attention import register_varlen_attention
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
+from drivetrain_engine_fsdp.inputs import packed_row_kwargs
 from transformers import AutoConfig, AutoModelForCausalLM
 
 SEED = 0
@@ -218,21 +219,20 @@ class BareLoop:
         micro_batch = move_batch(micro_batch, self.device)
         if self.padded:
             rows = pad_micro_batch(micro_batch)
-            kwargs = {"attention_mask": rows.valid.long()}
-            ids, positions, mask = rows.input_ids, rows.position_ids, rows.valid
-            flat_mask = torch.zeros_like(ids, dtype=torch.bool)
-            flat_mask[mask] = micro_batch[LOSS_MASK].values()
-        else:
-            row = pack_micro_batch(micro_batch)
             kwargs = {
-                "cu_seq_lens_q": row.cu_seqlens,
-                "max_length_q": row.max_seqlen,
-                "sequence_lengths": row.lengths,
+                "input_ids": rows.input_ids,
+                "position_ids": rows.position_ids,
+                "attention_mask": rows.valid.long(),
+                "use_cache": False,
             }
-            ids, positions = row.input_ids, row.position_ids
+            flat_mask = torch.zeros_like(rows.input_ids, dtype=torch.bool)
+            flat_mask[rows.valid] = micro_batch[LOSS_MASK].values()
+        else:
+            kwargs = packed_row_kwargs(pack_micro_batch(micro_batch))
             flat_mask = micro_batch[LOSS_MASK].values().unsqueeze(0)
+        ids = kwargs["input_ids"]
         with torch.autocast(self.device, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            logits = self.model(input_ids=ids, position_ids=positions, use_cache=False, **kwargs).logits
+            logits = self.model(**kwargs).logits
         # Position j predicts token j + 1: score the next token where it is masked in (never across sequences:
         # a sequence's first token is a prompt token, so the shifted mask is off at every boundary).
         log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)

@@ -54,6 +54,7 @@ def test_packed_forward_makes_no_host_sync(tmp_path):
     from drivetrain_engine_core.data.packing import pack_micro_batch
     from drivetrain_engine_core.testing import random_batch
     from drivetrain_engine_fsdp.attention import register_varlen_attention
+    from drivetrain_engine_fsdp.inputs import packed_row_kwargs
 
     config = AutoConfig.for_model(
         "qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -67,13 +68,6 @@ def test_packed_forward_makes_no_host_sync(tmp_path):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        model(
-            input_ids=row.input_ids,
-            position_ids=row.position_ids,
-            cu_seq_lens_q=row.cu_seqlens,
-            max_length_q=row.max_seqlen,
-            sequence_lengths=row.lengths,
-            use_cache=False,
-        )
+        model(**packed_row_kwargs(row))
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.backend import MicroBatch, PaddedRows
+from drivetrain_engine_core.backend import MicroBatch, PackedRow, PaddedRows
 
 
 def model_kwargs(micro_batch: MicroBatch) -> dict[str, Any]:
@@ -25,11 +25,17 @@ def model_kwargs(micro_batch: MicroBatch) -> dict[str, Any]:
             "attention_mask": inputs.valid.long(),
             "use_cache": False,
         }
+    return packed_row_kwargs(inputs)
+
+
+def packed_row_kwargs(row: PackedRow) -> dict[str, Any]:
+    """Forward keyword arguments of one packed row for the ``drivetrain_varlen`` attention (also what bare
+    loops over the same rows pass: the benchmarks' reference loops, the host-sync test)."""
     return {
-        "input_ids": inputs.input_ids,
-        "position_ids": inputs.position_ids,
-        "cu_seq_lens_q": inputs.cu_seqlens,
-        "max_length_q": inputs.max_seqlen,
-        "sequence_lengths": inputs.lengths,
+        "input_ids": row.input_ids,
+        "position_ids": row.position_ids,
+        "cu_seq_lens_q": row.cu_seqlens,
+        "max_length_q": row.max_seqlen,
+        "sequence_lengths": row.lengths,
         "use_cache": False,
     }
