@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -232,3 +233,16 @@ def test_fp16_training_is_refused_and_fp16_inference_runs(model_dirs):
         log_probs = engine.infer_batch(batch).outputs["log_probs"]
     diff = max_diff(log_probs, reference_log_probs(model_dirs["qwen2"], batch))
     assert 1e-6 < diff < 1e-3  # fp16 rounding is visible (measured 1.3e-4), but small
+
+
+def test_steps_raise_no_view_output_warning(model_dirs):
+    """The hidden-state head returns no view of the model's hidden states (regression: torch 2.15's FSDP2
+    warned on every run's first step that a view output could drop its pre-backward hook)."""
+    engine = make_engine(model_dirs["qwen2"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with engine.train_mode():
+            engine.train_batch(make_batch(), token_mean_nll)
+        with engine.eval_mode():
+            engine.infer_batch(make_batch())
+    assert not [w for w in caught if "view tensor" in str(w.message)]

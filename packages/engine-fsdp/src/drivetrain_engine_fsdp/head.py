@@ -51,4 +51,20 @@ def hidden_states_out(head: nn.Linear | None) -> Iterator[None]:
 
 
 def _passthrough(hidden: Tensor) -> Tensor:
-    return hidden
+    """The head's input, as a tensor of its own rather than a view.
+
+    NOTE: the model hands the head ``hidden_states[:, slice_indices, :]``, a view even when it keeps every
+    position; returned as the root's output, FSDP2 (torch >= 2.15) warns at every first step that in-place ops
+    on a view output would skip its pre-backward hook. A view spanning its whole base is that base (no copy,
+    same autograd graph minus the slice); a partial one (never asked for by the engine) is copied.
+    """
+    base = hidden._base
+    if base is None:
+        return hidden
+    if (hidden.shape, hidden.stride(), hidden.storage_offset()) == (
+        base.shape,
+        base.stride(),
+        base.storage_offset(),
+    ):
+        return base
+    return hidden.clone()
