@@ -1,7 +1,7 @@
 """Two-rank FSDP engine (gloo) against a plain single-process Hugging Face reference.
 
 One launch runs every scenario (plain data parallel, dynamic micro-batches, hybrid sharding, Ulysses, LoRA,
-checkpoint save, weight hand-off in buckets) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
+offload, checkpoint save, weight hand-off in buckets) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
 checkpoint on 1 rank.
 """
 
@@ -37,6 +37,8 @@ SCENARIOS = {
     # Odd micro-batch token counts (15, ...) exercise the row padding; checkpointing re-runs the all-to-alls.
     "ulysses2": {"ulysses_sequence_parallel_size": 2, "gradient_checkpointing": True},
     "lora_dp2": {},
+    # Parameters parked in host buffers between the modes (each mode block loads and offloads again).
+    "dp2_offload": {"param_offload": True, "optimizer_offload": True},
 }
 
 

@@ -103,16 +103,39 @@ def test_offloaded_state_of_a_cuda_mesh_stays_in_its_host_buffer():
     assert offloaded.to_local().device.type == "cpu" and offloaded.to_local().data_ptr() == buffer.data_ptr()
 
 
-@requires_cuda
-def test_optimizer_state_reuses_pinned_buffers_across_steps(model_dir):
+def offloaded_locals(engine):
+    """The local tensors of every offloaded parameter and of one optimizer moment."""
+    params = [p.to_local() for p in engine.module.parameters()]
+    return params, next(iter(engine.optimizer.state.values()))["exp_avg"].to_local()
+
+
+def test_offloaded_parameters_live_in_the_reused_host_buffers(model_dir):
+    """Parked parameters are the engine's host buffers (one per tensor, a tied weight once) and stay there
+    across steps; FSDP2 re-registers them (the steps equal resident ones in the test above)."""
     engine = make_engine(model_dir, **OFFLOAD)
     pointers = []
     for seed in (1, 2):
         with engine.train_mode():
             engine.train_batch(batch(seed), token_mean_nll)
-        state = next(iter(engine.optimizer.state.values()))["exp_avg"].to_local()
-        assert state.device.type == "cpu" and state.is_pinned()
-        pointers.append(state.data_ptr())
+        params, _ = offloaded_locals(engine)
+        assert all(engine._param_buffers.holds(local) for local in params)
+        pointers.append([local.data_ptr() for local in params])
+    assert pointers[0] == pointers[1]
+    assert len(engine._param_buffers._buffers) == len({id(p) for p in engine.module.parameters()}) + len(
+        list(engine.module.buffers())
+    )
+
+
+@requires_cuda
+def test_offload_reuses_pinned_buffers_across_steps(model_dir):
+    engine = make_engine(model_dir, **OFFLOAD)
+    pointers = []
+    for seed in (1, 2):
+        with engine.train_mode():
+            engine.train_batch(batch(seed), token_mean_nll)
+        params, state = offloaded_locals(engine)
+        assert all(t.device.type == "cpu" and t.is_pinned() for t in [*params, state])
+        pointers.append([t.data_ptr() for t in [*params, state]])
     assert pointers[0] == pointers[1]
     metrics = engine.transfer_metrics
     assert metrics["perf/offload_bytes"] > 0 and metrics["perf/load_bytes"] > 0

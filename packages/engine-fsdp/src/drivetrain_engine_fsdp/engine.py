@@ -68,7 +68,8 @@ class FSDPEngine(Engine):
         self._optimizer_on_cpu = False
         # Gradients of a backward whose optimizer step has not run: kept (moved) by an offload, else freed.
         self._grads_pending = False
-        self._host_buffers = offload.HostBuffers()
+        self._param_buffers = offload.HostBuffers()
+        self._optimizer_buffers = offload.HostBuffers()
         self._transfers = {"load": offload.Transfer(), "offload": offload.Transfer()}
 
     def _refuse_fp16_training(self) -> None:
@@ -229,10 +230,10 @@ class FSDPEngine(Engine):
                 # would double the parameters' traffic for nothing.
                 offload.free_gradients(self.module)
             if params and not self._params_on_cpu:
-                moved += offload.move_parameters(self.module, "cpu")
+                moved += offload.move_parameters(self.module, "cpu", self._param_buffers)
                 self._params_on_cpu = True
             if optimizer and not self._optimizer_on_cpu and self.optimizer is not None:
-                moved += offload.move_optimizer_state(self.optimizer, "cpu", self._host_buffers)
+                moved += offload.move_optimizer_state(self.optimizer, "cpu", self._optimizer_buffers)
                 self._optimizer_on_cpu = True
             return moved
 

@@ -3,20 +3,23 @@
 - Gradients are freed, not moved, when nothing needs them any more (:func:`free_gradients`): after an optimizer
   step they are dead until the next ``zero_grad``. Only gradients of a backward whose optimizer step has not run
   yet are kept (moved with the parameters), so that a caller may accumulate across ``train_mode`` blocks.
-- Optimizer state goes into host buffers allocated once per state tensor (pinned when the device is an
-  accelerator) and reused on every offload: ``copy_(non_blocking=True)`` into them, one device sync after the
-  last copy. Loading copies them back without blocking the host (the compute stream orders the copies before the
-  step that reads them).
-- Parameters move with ``module.to()``: FSDP2 re-registers (and re-pads) its sharded parameters after it, so a
-  host buffer of ours would be copied into a fresh padded tensor anyway; moving the module is the supported way.
+- Everything offloaded goes into host buffers allocated once per tensor (pinned when the device is an
+  accelerator) and reused on every offload (:class:`HostBuffers`): a copy into pinned memory runs at the
+  link's speed (a pageable one is staged through a bounce buffer), and the load from it is an asynchronous
+  DMA. Loads are non-blocking; one device sync ends each load and offload.
+- Parameters are parked through the module's ``_apply`` (what ``module.to()`` runs), so FSDP2 re-registers its
+  sharded parameters as it does after ``to()``; each parameter's copy into its buffer completes before
+  ``_apply`` returns, because FSDP2 reads the new local tensor on the host when it re-pads an uneven shard
+  (such a shard then lives in FSDP2's padded copy, not in our buffer).
 
 Every move reports its seconds and bytes (:class:`Transfer`); the engine keeps the last load and offload.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
@@ -40,17 +43,26 @@ class HostBuffers:
     """One host tensor per key, allocated on first use and reused afterwards (pinned on an accelerator)."""
 
     def __init__(self) -> None:
-        self._buffers: dict[tuple[int, str], torch.Tensor] = {}
+        self._buffers: dict[Hashable, torch.Tensor] = {}
+        self._pointers: set[int] = set()
 
-    def stash(self, key: tuple[int, str], tensor: torch.Tensor) -> torch.Tensor:
-        """Copy ``tensor`` into its host buffer without blocking; the caller syncs before reading it."""
+    def stash(self, key: Hashable, tensor: torch.Tensor, *, non_blocking: bool = True) -> torch.Tensor:
+        """Copy ``tensor`` into its host buffer; non-blocking by default (the caller syncs before reading)."""
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            if buffer is not None:
+                self._pointers.discard(buffer.data_ptr())
             pin = tensor.device.type != "cpu" and torch.cuda.is_available()
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
             self._buffers[key] = buffer
-        buffer.copy_(tensor, non_blocking=True)
+            if buffer.numel():
+                self._pointers.add(buffer.data_ptr())
+        buffer.copy_(tensor, non_blocking=non_blocking)
         return buffer
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is one of the buffers (a CPU tensor starting where a buffer starts)."""
+        return tensor.device.type == "cpu" and tensor.numel() > 0 and tensor.data_ptr() in self._pointers
 
 
 def synchronize(device: str) -> None:
@@ -65,15 +77,45 @@ def free_gradients(module: nn.Module) -> None:
         param.grad = None
 
 
-def move_parameters(module: nn.Module, device: str) -> int:
-    """Move the module's parameters (and any gradients they hold) to ``device``; returns the bytes moved."""
+def move_parameters(module: nn.Module, device: str, buffers: HostBuffers | None = None) -> int:
+    """Move the module's parameters (and any gradients and buffers it holds) to ``device``.
+
+    With ``buffers``, a move to CPU parks every tensor in its reused host buffer (:func:`_parking`); a move to
+    an accelerator is non-blocking (the caller syncs once after it).
+
+    Returns:
+        The bytes of parameters and gradients that changed device.
+    """
     moved = sum(
         _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0)
         for p in module.parameters()
         if _device_type(p) != device
     )
-    module.to(device)
+    if device == "cpu" and buffers is not None:
+        # NOTE: ``_apply`` is what ``module.to()`` runs, with our function instead of ``Tensor.to``; FSDP2
+        # overrides it to re-register its sharded parameters afterwards.
+        module._apply(_parking(buffers))
+    else:
+        module.to(device, non_blocking=device != "cpu")
     return moved
+
+
+def _parking(buffers: HostBuffers) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The function ``_apply`` maps over parameters, gradients and buffers: each into its host buffer.
+
+    Keys are the visiting order, the same on every offload of the module. A tensor already in a buffer
+    (a tied weight met twice, an engine whose device is the CPU after its first offload) is left as it is.
+    The copy blocks (see the module's docstring).
+    """
+    keys = itertools.count()
+
+    def park(tensor: torch.Tensor) -> torch.Tensor:
+        key, local = next(keys), _local(tensor)
+        if buffers.holds(local):
+            return tensor
+        return _rewrap(tensor, buffers.stash(key, local, non_blocking=False))
+
+    return park
 
 
 def move_gradients(module: nn.Module, device: str) -> None:
