@@ -118,21 +118,25 @@ def test_offloaded_parameters_live_in_the_reused_host_buffers(model_dir):
         with engine.train_mode():
             engine.train_batch(batch(seed), token_mean_nll)
         params, _ = offloaded_locals(engine)
-        assert all(engine._param_buffers.holds(local) for local in params)
+        assert all(engine.placement.param_buffers.holds(local) for local in params)
         pointers.append([local.data_ptr() for local in params])
     assert pointers[0] == pointers[1]
-    assert len(engine._param_buffers._buffers) == len({id(p) for p in engine.module.parameters()}) + len(
-        list(engine.module.buffers())
-    )
+    assert len(engine.placement.param_buffers._buffers) == len(
+        {id(p) for p in engine.module.parameters()}
+    ) + len(list(engine.module.buffers()))
 
 
 @requires_cuda
 def test_offload_reuses_pinned_buffers_across_steps(model_dir):
+    """Host buffers are pinned and reused; the optimizer state's load is left to a side stream (its arrival
+    is awaited by the optimizer step; the steps equal resident ones in the first test)."""
     engine = make_engine(model_dir, **OFFLOAD)
     pointers = []
     for seed in (1, 2):
         with engine.train_mode():
+            assert engine.placement._optimizer_arrival is not None
             engine.train_batch(batch(seed), token_mean_nll)
+            assert engine.placement._optimizer_arrival is None
         params, state = offloaded_locals(engine)
         assert all(t.device.type == "cpu" and t.is_pinned() for t in [*params, state])
         pointers.append([t.data_ptr() for t in [*params, state]])

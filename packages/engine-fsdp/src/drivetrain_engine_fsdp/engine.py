@@ -4,13 +4,13 @@ This file only wires the hooks of core's template methods to the modules that do
 ``meta_build.py``, ``hf_weights.py`` and ``materialize.py`` (build and load), ``wrap.py`` (meshes,
 ``fully_shard``), ``inputs.py`` / ``outputs.py`` (forward arguments of core's micro-batch layout,
 per-position log-probs and values), ``head.py`` (log-probs from hidden states without full logits, with
-core's ``linear_log_probs``), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``offload.py``,
-``checkpoint.py`` and ``export.py``.
+core's ``linear_log_probs``), ``ulysses.py`` (sequence parallelism), ``optim.py``, ``placement.py`` and
+``offload.py`` (offload), ``checkpoint.py`` and ``export.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from drivetrain_engine_core.backend import (
     TokenLimits,
 )
 
-from . import checkpoint, offload
+from . import checkpoint
 from .attention import register_varlen_attention
 from .config import FSDPEngineConfig
 from .export import export_adapter_weights, export_full_weights
@@ -35,6 +35,7 @@ from .meta_build import MetaModel, build_meta_model
 from .model import build_model, hf_class_name
 from .optim import build_optimizer, clip_grad_norm
 from .outputs import token_fields
+from .placement import Placement
 from .ulysses import UlyssesSplit, register_ulysses_attention
 from .wrap import ParallelLayout, build_layout, shard_model
 
@@ -64,13 +65,7 @@ class FSDPEngine(Engine):
         self.optimizer = (
             build_optimizer(self.module, self.optimizer_config) if self.optimizer_config else None
         )
-        self._params_on_cpu = False
-        self._optimizer_on_cpu = False
-        # Gradients of a backward whose optimizer step has not run: kept (moved) by an offload, else freed.
-        self._grads_pending = False
-        self._param_buffers = offload.HostBuffers()
-        self._optimizer_buffers = offload.HostBuffers()
-        self._transfers = {"load": offload.Transfer(), "offload": offload.Transfer()}
+        self.placement = Placement(self.module, self.optimizer, config.device, self._home_device)
 
     def _refuse_fp16_training(self) -> None:
         """Refuse to train in float16: this backend has no loss scaling, so small gradients flush to zero.
@@ -150,7 +145,7 @@ class FSDPEngine(Engine):
         self, micro_batches: Sequence[MicroBatch], forward_only: bool
     ) -> list[MicroBatchResult]:
         results = []
-        self._grads_pending = self._grads_pending or not forward_only
+        self.placement.grads_pending = self.placement.grads_pending or not forward_only
         for index, micro_batch in enumerate(micro_batches):
             if not forward_only:
                 # Reduce-scatter gradients once, after the last micro-batch has accumulated into them.
@@ -183,7 +178,7 @@ class FSDPEngine(Engine):
     def _optimizer_zero_grad(self) -> None:
         assert self.optimizer is not None  # core calls optimizer hooks only when an optimizer is configured
         self.optimizer.zero_grad(set_to_none=True)
-        self._grads_pending = False
+        self.placement.grads_pending = False
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
         if self.engine_config.cpu_offload_policy and self.engine_config.device == "cuda":
@@ -199,8 +194,9 @@ class FSDPEngine(Engine):
 
     def _optimizer_step(self) -> None:
         assert self.optimizer is not None  # as in _optimizer_zero_grad
+        self.placement.await_optimizer_state()
         self.optimizer.step()
-        self._grads_pending = False
+        self.placement.grads_pending = False
 
     # ------------------------------------------------------------------ placement
 
@@ -210,63 +206,24 @@ class FSDPEngine(Engine):
         return "cpu" if self.engine_config.cpu_offload_policy else self.engine_config.device
 
     def _load(self, *, params: bool, optimizer: bool) -> None:
-        def move() -> int:
-            moved = 0
-            if params and self._params_on_cpu:
-                moved += offload.move_parameters(self.module, self._home_device)
-                self._params_on_cpu = False
-            if optimizer and self._optimizer_on_cpu and self.optimizer is not None:
-                moved += offload.move_optimizer_state(self.optimizer, self._home_device)
-                self._optimizer_on_cpu = False
-            return moved
-
-        self._record("load", move)
+        self.placement.load(params=params, optimizer=optimizer)
 
     def _offload(self, params: bool, optimizer: bool) -> None:
-        def move() -> int:
-            moved = 0
-            if (params or optimizer) and not self._grads_pending:
-                # NOTE: after the optimizer step the gradients are dead until the next zero_grad; moving them
-                # would double the parameters' traffic for nothing.
-                offload.free_gradients(self.module)
-            if params and not self._params_on_cpu:
-                moved += offload.move_parameters(self.module, "cpu", self._param_buffers)
-                self._params_on_cpu = True
-            if optimizer and not self._optimizer_on_cpu and self.optimizer is not None:
-                moved += offload.move_optimizer_state(self.optimizer, "cpu", self._optimizer_buffers)
-                self._optimizer_on_cpu = True
-            return moved
-
-        self._record("offload", move)
-
-    def _record(self, kind: str, move: Callable[[], int]) -> None:
-        seconds, moved = offload.timed(self.engine_config.device, move)
-        if moved:
-            self._transfers[kind] = offload.Transfer(seconds=seconds, bytes=moved)
+        self.placement.offload(params=params, optimizer=optimizer)
 
     @property
     def transfer_metrics(self) -> dict[str, float]:
         """Seconds and bytes of the last load (entering a mode) and the last offload (leaving it).
 
         ``perf/load_s``, ``perf/load_bytes``, ``perf/offload_s``, ``perf/offload_bytes``; zeros before the first
-        move. Each time includes one device sync at its end.
+        move. Each time ends with waiting for the compute stream; on CUDA the optimizer state's load runs on a
+        side stream during the forward and backward, so ``perf/load_s`` counts only issuing it (its bytes
+        count in ``perf/load_bytes``).
         """
-        metrics = {}
-        for kind, transfer in self._transfers.items():
-            metrics[f"perf/{kind}_s"] = transfer.seconds
-            metrics[f"perf/{kind}_bytes"] = float(transfer.bytes)
-        return metrics
+        return self.placement.transfer_metrics
 
     def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
-        on_cpu = device == "cpu" and self._home_device != "cpu"
-        if model:
-            offload.move_parameters(self.module, device)
-            self._params_on_cpu = on_cpu
-        elif grad:
-            offload.move_gradients(self.module, device)
-        if optimizer and self.optimizer is not None:
-            offload.move_optimizer_state(self.optimizer, device)
-            self._optimizer_on_cpu = on_cpu
+        self.placement.to(device, model=model, optimizer=optimizer, grad=grad)
 
     # ------------------------------------------------------------------ adapters and export
 
@@ -282,9 +239,11 @@ class FSDPEngine(Engine):
     # ------------------------------------------------------------------ checkpoints
 
     def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
+        self.placement.await_optimizer_state()
         checkpoint.save_state(self.module, self.optimizer if save_optimizer else None, step_dir)
 
     def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
+        self.placement.await_optimizer_state()
         checkpoint.load_state(self.module, self.optimizer if load_optimizer else None, step_dir)
 
     def _checkpoint_backend_info(self) -> dict[str, Any]:

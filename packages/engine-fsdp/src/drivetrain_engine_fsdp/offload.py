@@ -6,21 +6,23 @@
 - Everything offloaded goes into host buffers allocated once per tensor (pinned when the device is an
   accelerator) and reused on every offload (:class:`HostBuffers`): a copy into pinned memory runs at the
   link's speed (a pageable one is staged through a bounce buffer), and the load from it is an asynchronous
-  DMA. Loads are non-blocking; one device sync ends each load and offload.
+  DMA. Loads are non-blocking; the caller waits for the compute stream once after a load or an offload.
+  The optimizer state may load on a side stream instead (:func:`load_optimizer_state_on`).
 - Parameters are parked through the module's ``_apply`` (what ``module.to()`` runs), so FSDP2 re-registers its
   sharded parameters as it does after ``to()``; each parameter's copy into its buffer completes before
   ``_apply`` returns, because FSDP2 reads the new local tensor on the host when it re-pads an uneven shard
   (such a shard then lives in FSDP2's padded copy, not in our buffer).
 
-Every move reports its seconds and bytes (:class:`Transfer`); the engine keeps the last load and offload.
+Every move reports its bytes; :class:`Transfer` holds one load's or offload's seconds and bytes
+(``placement.Placement`` keeps the last of each).
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,9 +68,13 @@ class HostBuffers:
 
 
 def synchronize(device: str) -> None:
-    """Wait for the device's queued copies (a no-op on CPU)."""
+    """Wait for the copies queued on the current stream (a no-op on CPU).
+
+    Only the current stream: the optimizer state's load on a side stream (:func:`load_optimizer_state_on`)
+    keeps running.
+    """
     if device == "cuda" and torch.cuda.is_available():
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()
 
 
 def free_gradients(module: nn.Module) -> None:
@@ -148,13 +154,22 @@ def move_optimizer_state(
     return moved
 
 
-def timed(device: str, move: Callable[[], int]) -> tuple[float, int]:
-    """``(seconds, bytes)`` of ``move()``, waiting for the device at the end (one sync, if anything moved)."""
-    start = time.perf_counter()
-    moved = move()
-    if moved:
-        synchronize(device)
-    return time.perf_counter() - start, moved
+def load_optimizer_state_on(optimizer: torch.optim.Optimizer, stream: Any) -> tuple[int, Any]:
+    """Copy the optimizer state to CUDA on ``stream`` (a side stream); returns ``(bytes, arrival event)``.
+
+    The copies start once the current stream's queued work is done and are marked as used by it, so the
+    caching allocator keeps their memory until the current stream's reads are done too. Readers of the state
+    must make the current stream wait for the returned event first.
+    """
+    compute = torch.cuda.current_stream()
+    stream.wait_stream(compute)
+    with torch.cuda.stream(stream):
+        moved = move_optimizer_state(optimizer, "cuda")
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and _device_type(value) == "cuda":
+                _local(value).record_stream(compute)
+    return moved, stream.record_event()
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
