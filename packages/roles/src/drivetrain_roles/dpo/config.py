@@ -20,9 +20,9 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
+from ..command_sections import builtin_model
 from ..losses.preference import DPOLossConfig
 from ..preference.config import PairDataConfig, PairTrainerConfig, WarmStartConfig
-from ..sft.default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -48,10 +48,6 @@ class DPOSection(DPOLossConfig):
             raise ConfigError(
                 f"dpo.reference={self.reference!r} is not supported; choose one of {list(REFERENCE_MODES)}."
             )
-
-
-def _default_model() -> ModelConfig:
-    return ModelConfig(path=BUILTIN_MODEL)
 
 
 def _default_engine() -> EngineConfig:
@@ -88,7 +84,7 @@ class DPOConfig:
         dpo: the loss and the reference.
     """
 
-    model: ModelConfig = field(default_factory=_default_model)
+    model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
     optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))

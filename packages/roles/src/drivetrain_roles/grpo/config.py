@@ -20,10 +20,10 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
+from ..command_sections import LoopConfig, builtin_model
 from ..losses.aggregation import AGGREGATION_MODES
 from ..losses.kl import canonical_estimator
 from ..sft.config import DataConfig
-from ..sft.default_assets import BUILTIN_MODEL
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -98,21 +98,15 @@ class AlgorithmConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class TrainerConfig:
-    """The GRPO loop.
+class TrainerConfig(LoopConfig):
+    """The GRPO loop; the fields and checks every command shares come from :class:`LoopConfig`.
 
     Attributes:
         total_steps: policy updates (each: one rollout, one optimizer step, one weight hand-off).
         prompts_per_step: prompts per step over all data-parallel ranks (divisible by their number).
         warm_start_steps: with ``model.path=builtin:arithmetic``, SFT steps run first (in ``<run>/warm_start``)
             to get a policy that is sometimes right; GRPO starts from its ``final_model``.
-        eval_every: held-out greedy accuracy every N steps (and before the first and after the last).
-        save_every: checkpoint every N steps (and at the end); 0 saves only at the end.
-        eval_samples: held-out prompts answered greedily for the accuracy.
         seed: seed of the prompt order and of the sampling.
-        progress_bar: show a tqdm bar on rank 0.
-        cpu_threads: intra-op threads per rank on CPU (``None``: torch's default).
-        report_to: metrics trackers (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
     """
 
     total_steps: int = 120
@@ -120,28 +114,11 @@ class TrainerConfig:
     warm_start_steps: int = 200
     eval_every: int = 20
     save_every: int = 50
-    eval_samples: int = 200
-    seed: int = 0
-    progress_bar: bool = True
-    cpu_threads: int | None = 1
-    report_to: tuple[str, ...] = ("jsonl",)
 
     def __post_init__(self) -> None:
-        from drivetrain_engine_core.tracking import check_report_to
-
-        check_report_to(self.report_to)
-        for name in ("total_steps", "prompts_per_step"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("warm_start_steps", "eval_every", "save_every", "eval_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(self, name)}.")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")
-
-
-def _default_model() -> ModelConfig:
-    return ModelConfig(path=BUILTIN_MODEL)
+        super().__post_init__()
+        self._require_at_least(1, "prompts_per_step")
+        self._require_at_least(0, "warm_start_steps")
 
 
 def _default_engine() -> EngineConfig:
@@ -173,7 +150,7 @@ class GRPOConfig:
         trainer: the loop.
     """
 
-    model: ModelConfig = field(default_factory=_default_model)
+    model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
     optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)

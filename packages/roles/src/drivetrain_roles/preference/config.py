@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from drivetrain_engine_core.config import ConfigError
 
+from ..command_sections import BatchLoopConfig
+
 
 @dataclass(kw_only=True, frozen=True)
 class PairDataConfig:
@@ -86,44 +88,16 @@ class WarmStartConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class PairTrainerConfig:
-    """The pairwise training loop.
+class PairTrainerConfig(BatchLoopConfig):
+    """The pairwise training loop; fields and checks every command shares come from :class:`BatchLoopConfig`.
 
     Attributes:
-        total_steps: optimizer steps (the pairs are re-shuffled and repeated as needed).
         batch_size: pairs per optimizer step over all data-parallel ranks (divisible by their number); the
             chosen and rejected sequence of a pair always share a micro-batch and a rank.
-        eval_every: held-out evaluation every N steps (also before the first and after the last); 0 = only
-            then.
-        save_every: checkpoint every N steps (and at the end); 0 saves only at the end.
         eval_samples: held-out prompts answered greedily for the exact-match accuracy (``dpo``).
-        max_new_tokens: generation budget of one answer.
-        seed: seed of the pair order.
-        progress_bar: show a tqdm bar on the output rank.
-        cpu_threads: intra-op threads per rank on CPU; ``None`` keeps torch's default.
-        report_to: metrics trackers (``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``).
     """
 
     total_steps: int = 150
     batch_size: int = 32
     eval_every: int = 50
     save_every: int = 0
-    eval_samples: int = 200
-    max_new_tokens: int = 8
-    seed: int = 0
-    progress_bar: bool = True
-    cpu_threads: int | None = 1
-    report_to: tuple[str, ...] = ("jsonl",)
-
-    def __post_init__(self) -> None:
-        from drivetrain_engine_core.tracking import check_report_to
-
-        check_report_to(self.report_to)
-        for name in ("total_steps", "batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("eval_every", "save_every", "eval_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(self, name)}.")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")

@@ -19,8 +19,8 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
+from ..command_sections import builtin_model
 from ..preference.config import PairDataConfig, PairTrainerConfig, WarmStartConfig
-from ..sft.default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 WARMUP_STEPS = 200
 """Linear LR warm-up of the reward-model steps (measured with lr 2e-3; the head starts random)."""
-
-
-def _default_model() -> ModelConfig:
-    return ModelConfig(path=BUILTIN_MODEL)
 
 
 def _default_engine() -> EngineConfig:
@@ -75,7 +71,7 @@ class RMConfig:
         trainer: the reward-model loop.
     """
 
-    model: ModelConfig = field(default_factory=_default_model)
+    model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
     optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))

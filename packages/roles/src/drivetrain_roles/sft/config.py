@@ -22,8 +22,8 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
+from ..command_sections import BatchLoopConfig, builtin_model
 from ..losses.aggregation import AGGREGATION_MODES
-from .default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -66,50 +66,21 @@ class DataConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class TrainerConfig:
-    """The training loop.
+class TrainerConfig(BatchLoopConfig):
+    """The training loop; the fields and checks every command shares come from :class:`BatchLoopConfig`.
 
     Attributes:
-        total_steps: optimizer steps of the run (the data are re-shuffled and repeated as needed).
-        batch_size: sequences per optimizer step over all data-parallel ranks (divisible by their number).
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
-        eval_every: held-out evaluation every N steps (also always before the first and after the last
-            step); 0 evaluates only before and after.
-        save_every: checkpoint every N steps (and at the end); 0 saves only at the end.
-        eval_samples: held-out examples whose responses are generated greedily for the accuracy.
-        max_new_tokens: generation budget of one answer.
-        seed: seed of the data order.
-        progress_bar: show a tqdm bar on the output rank.
-        cpu_threads: intra-op threads per rank when the engine runs on CPU (``torch.set_num_threads``);
-            ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
-        report_to: metrics trackers: ``jsonl`` (``<run>/metrics.jsonl``), ``tensorboard``, ``wandb``,
-            ``mlflow`` (each needs its package installed).
     """
 
     total_steps: int = 800
     batch_size: int = 64
-    loss_agg_mode: str = "token-mean"
     eval_every: int = 100
     save_every: int = 200
-    eval_samples: int = 200
-    max_new_tokens: int = 8
-    seed: int = 0
-    progress_bar: bool = True
-    cpu_threads: int | None = 1
-    report_to: tuple[str, ...] = ("jsonl",)
+    loss_agg_mode: str = "token-mean"
 
     def __post_init__(self) -> None:
-        from drivetrain_engine_core.tracking import check_report_to
-
-        check_report_to(self.report_to)
-        for name in ("total_steps", "batch_size", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"trainer.{name} must be >= 1, got {getattr(self, name)}.")
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")
-        for name in ("eval_every", "save_every", "eval_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"trainer.{name} must be >= 0, got {getattr(self, name)}.")
+        super().__post_init__()
         if self.loss_agg_mode not in AGGREGATION_MODES:
             raise ConfigError(
                 f"trainer.loss_agg_mode={self.loss_agg_mode!r} is not supported; choose one of {list(AGGREGATION_MODES)}."
@@ -119,10 +90,6 @@ class TrainerConfig:
 def schedule_length(total_steps: int) -> dict[str, int]:
     """The LR schedule of a run of ``total_steps``: it spans the run; warm-up is a tenth, at most 10 steps."""
     return {"total_steps": total_steps, "warmup_steps": min(10, total_steps // 10)}
-
-
-def _default_model() -> ModelConfig:
-    return ModelConfig(path=BUILTIN_MODEL)
 
 
 SFT_DIST_TIMEOUT_S = 300.0
@@ -169,7 +136,7 @@ class SFTConfig:
         trainer: the training loop.
     """
 
-    model: ModelConfig = field(default_factory=_default_model)
+    model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
     optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)

@@ -8,8 +8,9 @@ never leaves the driver hanging. :class:`~.group.RayWorkerGroup` (one role) and
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from drivetrain_engine_core.errors import DrivetrainError
 from tensordict import TensorDict
@@ -34,24 +35,56 @@ def require_ray() -> Any:
     return ray
 
 
-class RayActors:
-    """One Ray actor per rank, each running ``setup(spec, rank=, world_size=, master=)`` of a worker class."""
+class GroupSpec(Protocol):
+    """What a group's workers are set up from: a :class:`~.spec.WorkerSpec` or :class:`~.colocated.ColocatedSpec`."""
 
-    timeout_s: float
-    balance: bool
+    @property
+    def device(self) -> str:
+        """The device type the workers' engines run on (``cuda`` asks Ray for a GPU per actor)."""
+        ...
 
-    def _launch(
+    @property
+    def label(self) -> str:
+        """What the workers build, for messages."""
+        ...
+
+
+SpecT = TypeVar("SpecT", bound=GroupSpec)
+
+
+class RayActors(ABC, Generic[SpecT]):
+    """One Ray actor per rank running :attr:`worker_cls`, set up by ``setup(spec, rank, world_size, master)``.
+
+    Template method: the constructor checks the options, starts the actors, runs their setup and hands what it
+    returned to the subclass's :meth:`_keep_setup`; if any of it fails, the actors are shut down again.
+
+    Args:
+        spec: what every worker builds.
+        world_size: number of workers (ranks).
+        num_cpus_per_worker: Ray CPU resources per actor (fractions such as 0.5 are fine).
+        num_gpus_per_worker: Ray GPU resources per actor; default 1 on ``cuda``, else 0.
+        timeout_s: deadline of every wait on the workers (setup and each call).
+        balance: balanced (Karmarkar-Karp) sharding; else contiguous chunks.
+
+    Raises:
+        ValueError: ``world_size`` below 1 or ``timeout_s`` not positive.
+        ImportError: Ray is not installed.
+        WorkerGroupError: a worker failed to start or to set up (names the rank and the cause).
+    """
+
+    worker_cls: ClassVar[type]
+    """The plain worker class each actor runs (wrapped with ``ray.remote`` here: it imports without Ray)."""
+
+    def __init__(
         self,
-        worker_cls: type,
-        spec: Any,
+        spec: SpecT,
         *,
-        device: str,
         world_size: int,
-        resources: tuple[float, float | None],
-        timeout_s: float,
-        balance: bool,
-    ) -> list[Any]:
-        """Start ``world_size`` actors of ``worker_cls`` and run their ``setup(spec, ...)``; its results."""
+        num_cpus_per_worker: float = 1.0,
+        num_gpus_per_worker: float | None = None,
+        timeout_s: float = 300.0,
+        balance: bool = True,
+    ) -> None:
         if world_size < 1:
             raise ValueError(f"{type(self).__name__} world_size must be >= 1, got {world_size}.")
         if not timeout_s > 0:
@@ -60,16 +93,21 @@ class RayActors:
         self._ray = require_ray()
         self.timeout_s = timeout_s
         self.balance = balance
-        num_cpus, num_gpus = resources
-        if num_gpus is None:
-            num_gpus = 1.0 if device == "cuda" else 0.0
-        actor_cls = self._ray.remote(worker_cls).options(num_cpus=num_cpus, num_gpus=num_gpus)
+        if num_gpus_per_worker is None:
+            num_gpus_per_worker = 1.0 if spec.device == "cuda" else 0.0
+        actor_cls = self._ray.remote(self.worker_cls).options(
+            num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker
+        )
         self._actors = [actor_cls.remote() for _ in range(world_size)]
         try:
-            return self._setup(spec, world_size)
+            self._keep_setup(spec, self._setup(spec, world_size))
         except BaseException:
             self.shutdown()
             raise
+
+    @abstractmethod
+    def _keep_setup(self, spec: SpecT, results: list[Any]) -> None:
+        """Keep ``spec`` and every worker's ``setup`` result (in rank order); raise if they are unusable."""
 
     @property
     def world_size(self) -> int:
@@ -81,7 +119,7 @@ class RayActors:
         """The Ray actor handles, in rank order (empty after :meth:`shutdown`)."""
         return list(self._actors)
 
-    def _setup(self, spec: Any, world_size: int) -> list[Any]:
+    def _setup(self, spec: SpecT, world_size: int) -> list[Any]:
         local = len(self._ray.nodes()) == 1
         master = self._wait(
             [self._actors[0].rendezvous_address.remote(local)], "rendezvous_address", ranks=[0]

@@ -74,6 +74,7 @@ class ColocatedSpec:
 
     @property
     def device(self) -> str:
+        """The device type every part's engine runs on."""
         return next(iter(self.parts.values())).engine_config.device
 
     @property

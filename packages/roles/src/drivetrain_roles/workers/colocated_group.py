@@ -22,46 +22,26 @@ from .colocated import ColocatedSpec, ColocatedWorker
 from .dispatch import WorkerTopology, check_topology
 
 
-class ColocatedWorkerGroup(RayActors):
+class ColocatedWorkerGroup(RayActors[ColocatedSpec]):
     """``world_size`` Ray actors that each build every part of ``spec`` (and its rollout) in one world.
 
-    Args:
-        spec: the parts and the rollout every worker builds.
-        world_size, num_cpus_per_worker, num_gpus_per_worker, timeout_s, balance: as for
-            :class:`~.group.RayWorkerGroup`.
-
-    Raises:
-        ImportError: Ray is not installed.
-        WorkerGroupError: a worker failed to start or to build a part (names the rank and the cause).
+    Constructed like :class:`~.group.RayWorkerGroup` (:class:`~.actors.RayActors`' arguments), from a
+    :class:`~.colocated.ColocatedSpec`; a part that fails to build is named with its rank.
     """
 
-    def __init__(
-        self,
-        spec: ColocatedSpec,
-        *,
-        world_size: int,
-        num_cpus_per_worker: float = 1.0,
-        num_gpus_per_worker: float | None = None,
-        timeout_s: float = 300.0,
-        balance: bool = True,
-    ) -> None:
-        self.colocated = spec
-        results = self._launch(
-            ColocatedWorker,
-            spec,
-            device=spec.device,
-            world_size=world_size,
-            resources=(num_cpus_per_worker, num_gpus_per_worker),
-            timeout_s=timeout_s,
-            balance=balance,
-        )
-        self.topologies: dict[str, list[WorkerTopology]] = {
-            name: [result[name] for result in results] for name in spec.parts
-        }
-        for topology in self.topologies.values():
+    worker_cls = ColocatedWorker
+    colocated: ColocatedSpec
+    topologies: dict[str, list[WorkerTopology]]
+    topology: list[WorkerTopology]
+
+    def _keep_setup(self, spec: ColocatedSpec, results: list[Any]) -> None:
+        topologies = {name: [result[name] for result in results] for name in spec.parts}
+        for topology in topologies.values():
             check_topology(topology)
+        self.colocated = spec
+        self.topologies = topologies
         first = next(iter(spec.parts))
-        self.topology = self.topologies[spec.rollout.weights_from if spec.rollout else first]
+        self.topology = topologies[spec.rollout.weights_from if spec.rollout else first]
 
     def call(self, part: str, method: str, batch: TensorDict, **kwargs: Any) -> Any:
         """Shard ``batch`` by ``part``'s data-parallel ranks, run ``<part>.<method>(shard, **kwargs)``, gather.

@@ -20,44 +20,21 @@ from .worker import RoleWorker
 __all__ = ["RayWorkerGroup", "WorkerGroupError", "require_ray"]
 
 
-class RayWorkerGroup(RayActors):
+class RayWorkerGroup(RayActors[WorkerSpec]):
     """``world_size`` Ray actors that each build ``spec``'s engine and role and run as one distributed job.
 
-    Args:
-        spec: the role and engine configs every worker builds.
-        world_size: number of workers (ranks).
-        num_cpus_per_worker: Ray CPU resources per actor (fractions such as 0.5 are fine).
-        num_gpus_per_worker: Ray GPU resources per actor; default 1 on ``cuda``, else 0.
-        timeout_s: deadline of every wait on the workers (setup and each call).
-        balance: balanced (Karmarkar-Karp) sharding; else contiguous chunks.
-
-    Raises:
-        ImportError: Ray is not installed.
-        WorkerGroupError: a worker failed to start or to build its role (names the rank and the cause).
+    ``spec`` is the role and engine configs every worker builds; the other arguments, and what a failed
+    start raises (a :class:`WorkerGroupError` names the rank and the cause), are :class:`~.actors.RayActors`'.
     """
 
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        *,
-        world_size: int,
-        num_cpus_per_worker: float = 1.0,
-        num_gpus_per_worker: float | None = None,
-        timeout_s: float = 300.0,
-        balance: bool = True,
-    ) -> None:
+    worker_cls = RoleWorker
+    spec: WorkerSpec
+    topology: list[WorkerTopology]
+
+    def _keep_setup(self, spec: WorkerSpec, results: list[Any]) -> None:
+        check_topology(results)
         self.spec = spec
-        results = self._launch(
-            RoleWorker,
-            spec,
-            device=spec.engine_config.device,
-            world_size=world_size,
-            resources=(num_cpus_per_worker, num_gpus_per_worker),
-            timeout_s=timeout_s,
-            balance=balance,
-        )
-        self.topology: list[WorkerTopology] = results
-        check_topology(self.topology)
+        self.topology = results
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``role.<method>(*args, **kwargs)`` on every worker with the same arguments.

@@ -45,6 +45,11 @@ class WorkerSpec:
             raise ValueError(f"WorkerSpec.timeout_s must be > 0, got {self.timeout_s}.")
 
     @property
+    def device(self) -> str:
+        """The device type the engine runs on (``engine_config.device``)."""
+        return self.engine_config.device
+
+    @property
     def label(self) -> str:
         """What the group builds from this spec, for messages."""
         return f"role {self.role!r}"

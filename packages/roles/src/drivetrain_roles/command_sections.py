@@ -1,0 +1,85 @@
+"""Config pieces every training command shares: the ``trainer`` loop's common fields and the default model.
+
+Each command's (``sft``, ``grpo``, ``dpo``, ``rm``) ``trainer`` section subclasses :class:`LoopConfig` or
+:class:`BatchLoopConfig`, gives the run length and cadence its own defaults and adds only its own fields, so a
+shared field means, defaults to and is checked the same in every command. ``--help-config`` and the
+reference pages read the help from the ``Attributes:`` sections of the whole class hierarchy; a subclass's
+entry replaces its base's where the command means something more specific.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drivetrain_engine_core.config import ConfigError, ModelConfig
+
+from .sft.default_assets import BUILTIN_MODEL
+
+
+def builtin_model() -> ModelConfig:
+    """The default ``model`` section of every command: the embedded tiny arithmetic model."""
+    return ModelConfig(path=BUILTIN_MODEL)
+
+
+@dataclass(kw_only=True, frozen=True)
+class LoopConfig:
+    """The fields of every command's training loop (its ``trainer`` section).
+
+    ``total_steps``, ``eval_every`` and ``save_every`` have no default here: each command sets its own.
+
+    Attributes:
+        total_steps: optimizer steps of the run (the data are re-shuffled and repeated as needed).
+        eval_every: held-out evaluation every N steps (also always before the first and after the last
+            step); 0 evaluates only before and after.
+        save_every: checkpoint every N steps (and at the end); 0 saves only at the end.
+        eval_samples: held-out examples whose responses are generated greedily for the accuracy.
+        seed: seed of the data order.
+        progress_bar: show a tqdm bar on the output rank.
+        cpu_threads: intra-op threads per rank when the engine runs on CPU (``torch.set_num_threads``);
+            ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
+        report_to: metrics trackers: ``jsonl`` (``<run>/metrics.jsonl``), ``tensorboard``, ``wandb``,
+            ``mlflow`` (each needs its package installed).
+    """
+
+    total_steps: int
+    eval_every: int
+    save_every: int
+    eval_samples: int = 200
+    seed: int = 0
+    progress_bar: bool = True
+    cpu_threads: int | None = 1
+    report_to: tuple[str, ...] = ("jsonl",)
+
+    def __post_init__(self) -> None:
+        from drivetrain_engine_core.tracking import check_report_to
+
+        check_report_to(self.report_to)
+        self._require_at_least(1, "total_steps")
+        self._require_at_least(0, "eval_every", "save_every", "eval_samples")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ConfigError(f"trainer.cpu_threads must be >= 1 or null, got {self.cpu_threads}.")
+
+    def _require_at_least(self, minimum: int, *names: str) -> None:
+        """Each of ``names`` is ``>= minimum``; else a :class:`ConfigError` names the first that is not."""
+        for name in names:
+            if getattr(self, name) < minimum:
+                raise ConfigError(f"trainer.{name} must be >= {minimum}, got {getattr(self, name)}.")
+
+
+@dataclass(kw_only=True, frozen=True)
+class BatchLoopConfig(LoopConfig):
+    """A training loop over fixed-size batches whose held-out prompts are answered greedily (sft, dpo, rm).
+
+    ``batch_size`` has no default here: each command sets its own.
+
+    Attributes:
+        batch_size: sequences per optimizer step over all data-parallel ranks (divisible by their number).
+        max_new_tokens: generation budget of one answer.
+    """
+
+    batch_size: int
+    max_new_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._require_at_least(1, "batch_size", "max_new_tokens")
