@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import click
 from drivetrain_engine_core.command_config import config_options
+
+from ..jobs.run_options import RunOptions, run_options
 
 if TYPE_CHECKING:
     from .trainer import GRPOResult
@@ -14,46 +15,19 @@ if TYPE_CHECKING:
 
 @click.command("grpo", context_settings={"show_default": True})
 @config_options("drivetrain_roles.grpo.config:GRPOConfig")
-@click.option(
-    "--nproc", type=click.IntRange(min=1), default=1, help="Ranks to spawn (ignored under torchrun)."
-)
-@click.option(
-    "--output-dir",
-    type=click.Path(file_okay=False),
-    help="Run directory [default: outputs/grpo-<timestamp>; with --resume the newest outputs/grpo-* run].",
-)
-@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint of the run directory.")
-@click.option("--overwrite", is_flag=True, help="Delete the checkpoints a previous run left in --output-dir.")
-def grpo(
-    config_file: str | None,
-    nproc: int,
-    output_dir: str | None,
-    resume: bool,
-    overwrite: bool,
-    overrides: tuple[str, ...],
-) -> None:
+@run_options("grpo")
+def grpo(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
     """GRPO; with no arguments, the arithmetic model is warmed up by SFT, then learns from exact-answer rewards.
 
     OVERRIDES are dotted config values such as rollout.n=8 or trainer.total_steps=100; --help-config lists
     every field, --print-config shows the resolved config.
     """
-    from ..jobs.launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
     from ..sft.assets import check_model_path
     from .config import load_config
 
-    if resume and overwrite:
-        raise click.UsageError("--resume continues a run and --overwrite deletes its checkpoints: pass one.")
     check_model_path(load_config(config_file, overrides).model.path)
-    try:
-        run_dir = resolve_output_dir(output_dir, resume, "grpo")
-    except FileNotFoundError as e:
-        raise click.UsageError(str(e)) from e
-    if nproc > 1 and not under_launcher():
-        check_run_dir(run_dir, resume=resume, overwrite=overwrite)
-        arguments = [*(["--config", config_file] if config_file else []), "--output-dir", str(run_dir)]
-        flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
-        sys.exit(spawn_ranks(nproc, [*arguments, *flags, *overrides], "grpo"))
-    _run_here(config_file, str(run_dir), resume, overwrite, overrides)
+    run_dir = run.launch(config_file, overrides)
+    _run_here(config_file, str(run_dir), run.resume, run.overwrite, overrides)
 
 
 def _run_here(

@@ -12,7 +12,6 @@ continues from the latest one (the rollout is synced from it first); the run end
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +19,14 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.command_config import to_plain, to_yaml
+from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..actor import Actor, ActorConfig
-from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
 from ..jobs.progress import progress_bar
+from ..jobs.run_folder import RunFolder
 from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..reference import Reference
@@ -42,7 +40,6 @@ from .rewards import exact_match
 from .step import SEED_STRIDE, hand_off, sample, update
 from .warm_start import start_model
 
-CONFIG_FILE = "config.yaml"
 CURVE_FILE = "reward_curve.png"
 
 
@@ -101,12 +98,17 @@ class GRPOTrainer:
     ) -> None:
         self.config = config
         self.output_dir = Path(output_dir)
-        self.resume = resume
-        self.overwrite = overwrite
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.output_dir / CHECKPOINT_DIR
+        trainer = config.trainer
+        self.folder = RunFolder(
+            path=self.output_dir,
+            resume=resume,
+            overwrite=overwrite,
+            data_order={
+                "trainer.seed": trainer.seed,
+                "trainer.prompts_per_step": trainer.prompts_per_step,
+                "rollout.n": config.rollout.n,
+            },
+        )
 
     def run(self) -> GRPOResult:
         """Train for ``trainer.total_steps`` steps; returns this process's rewards and evaluations."""
@@ -114,14 +116,7 @@ class GRPOTrainer:
         distributed.init_distributed(config.engine.device, config.engine.dist_timeout_s)
         if config.engine.device == "cpu" and config.trainer.cpu_threads is not None:
             torch.set_num_threads(config.trainer.cpu_threads)
-        check_run_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
-        distributed.barrier()
-        if distributed.rank() == 0:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            if self.overwrite and not self.resume:
-                shutil.rmtree(self.checkpoint_root, ignore_errors=True)
-            (self.output_dir / CONFIG_FILE).write_text(to_yaml(config))
-        distributed.barrier()
+        self.folder.prepare(config)
         model_path = start_model(config, self.output_dir)
         tokenizer, train, val = load_splits(
             model_path, self.config.data, self.output_dir, self.config.trainer.seed
@@ -136,7 +131,7 @@ class GRPOTrainer:
             enabled=distributed.rank() == 0,
             report_to=config.trainer.report_to,
             config=to_plain(config),
-            resume_step=start_step if self.resume else None,
+            resume_step=start_step if self.folder.resume else None,
         )
         result = GRPOResult(output_dir=self.output_dir, start_step=start_step)
         loop = _Loop(self, actor, reference, rollout, tokenizer, train, val, writer, result)
@@ -192,30 +187,13 @@ class GRPOTrainer:
         return Reference(self._engine(model_path, train=False), temperature=temperature)
 
     def _maybe_resume(self, actor: Actor, rollout: Rollout) -> int:
-        if not self.resume:
-            return 0
-        state = actor.engine.load_checkpoint(self.checkpoint_root)
-        for key, value in self._data_position(0).items():
-            if key != "next_step" and state.get(key) != value:
-                raise CheckpointError(
-                    f"the checkpoint in {self.checkpoint_root} was trained with {key}={state.get(key)}, this run "
-                    f"has {value}; resume with the same value or start a new --output-dir."
-                )
-        step = int(state["global_step"])
-        actor.updates_done = step  # one policy update per step: the mini-batch shuffle continues its sequence
-        hand_off(
-            actor, rollout, step, self.config.rollout.bucket_mb
-        )  # the rollout serves the resumed weights
+        step = self.folder.start_step(actor.engine)
+        if step:
+            # One policy update per step: the mini-batch shuffle continues its sequence; the rollout serves
+            # the resumed weights.
+            actor.updates_done = step
+            hand_off(actor, rollout, step, self.config.rollout.bucket_mb)
         return step
-
-    def _data_position(self, step: int) -> dict[str, int]:
-        trainer = self.config.trainer
-        return {
-            "next_step": step,
-            "seed": trainer.seed,
-            "prompts_per_step": trainer.prompts_per_step,
-            "n": self.config.rollout.n,
-        }
 
 
 @dataclass
@@ -253,9 +231,7 @@ class _Loop:
             if last or (config.eval_every and (step + 1) % config.eval_every == 0):
                 self._evaluate(step + 1, bar)
             if last or (config.save_every and (step + 1) % config.save_every == 0):
-                self.actor.engine.save_checkpoint(
-                    self.trainer.checkpoint_root, step + 1, extra_state=self.trainer._data_position(step + 1)
-                )
+                self.trainer.folder.save(self.actor.engine, step + 1)
         bar.close()
 
     def _step(self, step: int, sampler: StepSampler) -> dict[str, float]:

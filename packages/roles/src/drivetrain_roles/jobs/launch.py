@@ -1,4 +1,4 @@
-"""Starting the ranks of a job (``sft``, ``grpo``): in this process, or ``N`` processes through ``torch.distributed.run``.
+"""Starting the ranks of a job (``sft``, ``dpo``, ``rm``, ``grpo``): in this process, or ``N`` processes through ``torch.distributed.run``.
 
 ``drivetrain <command> --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.<command>.rank_main ...``
 with the same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run

@@ -6,13 +6,12 @@ torch and the trainers are imported only when a command runs, so registering the
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any
 
 import click
 from drivetrain_engine_core.command_config import config_options
 
-"""Entry module of a spawned rank: ``python -m drivetrain_roles.preference.rank_main <command> ...``."""
+from ..jobs.run_options import RunOptions, run_options
 
 
 def pair_command(
@@ -30,56 +29,30 @@ def pair_command(
 
     @click.command(name, context_settings={"show_default": True}, help=doc)
     @config_options(config)
-    @click.option(
-        "--nproc", type=click.IntRange(min=1), default=1, help="Ranks to spawn (ignored under torchrun)."
-    )
-    @click.option(
-        "--output-dir",
-        type=click.Path(file_okay=False),
-        help=f"Run directory [default: outputs/{name}-<timestamp>].",
-    )
-    @click.option(
-        "--overwrite", is_flag=True, help="Delete the checkpoints a previous run left in --output-dir."
-    )
-    def command(
-        config_file: str | None,
-        nproc: int,
-        output_dir: str | None,
-        overwrite: bool,
-        overrides: tuple[str, ...],
-    ) -> None:
-        from ..jobs.launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
+    @run_options(name)
+    def command(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
         from ..sft.assets import check_model_path
 
         loaded = _load(config, config_file, overrides)
         check_model_path(loaded.model.path)  # once, before any rank starts or any folder is made
-        run_dir = resolve_output_dir(output_dir, False, name)
-        if nproc > 1 and not under_launcher():
-            check_run_dir(run_dir, resume=False, overwrite=overwrite)
-            arguments = [
-                *(["--config", config_file] if config_file else []),
-                "--output-dir",
-                str(run_dir),
-            ]
-            sys.exit(
-                spawn_ranks(nproc, [*arguments, *(["--overwrite"] if overwrite else []), *overrides], name)
-            )
-        run_here(loaded, trainer, str(run_dir), overwrite, summary_keys)
+        run_dir = run.launch(config_file, overrides)
+        run_here(loaded, trainer, str(run_dir), run, summary_keys)
 
     return command
 
 
 def run_here(
-    config: Any, trainer: str, output_dir: str, overwrite: bool, summary_keys: tuple[str, ...]
+    config: Any, trainer: str, output_dir: str, run: RunOptions, summary_keys: tuple[str, ...]
 ) -> None:
     """Run this process's rank and print where the results are."""
     from drivetrain_engine_core import distributed
     from transformers.utils import logging as hf_logging
 
+    from ..jobs.launch import agreed_output_dir
+
     hf_logging.disable_progress_bar()
-    distributed.init_distributed(config.engine.device, config.engine.dist_timeout_s)
-    output_dir = str(distributed.broadcast_object(output_dir))  # one timestamp under an outer torchrun
-    result = _attr(trainer)(config, output_dir, overwrite=overwrite).run()
+    output_dir = agreed_output_dir(output_dir, config.engine)  # one timestamp under an outer torchrun
+    result = _attr(trainer)(config, output_dir, resume=run.resume, overwrite=run.overwrite).run()
     if distributed.rank() == 0:
         click.echo(summary(result, summary_keys))
 

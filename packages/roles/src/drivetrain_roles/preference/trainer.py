@@ -4,6 +4,8 @@ One process per rank. The run folder holds ``config.yaml``, ``data/`` (generated
 SFT run the pairwise training starts from), ``checkpoints/``, ``metrics.jsonl``, ``loss_curve.png``,
 ``summary.json`` and ``final_model/``. Per step: this rank's share of the step's pairs (both sides of a pair
 on one rank and in one micro-batch) -> ``engine.train_batch`` with the pairwise loss -> one LR-schedule step.
+``resume=True`` continues from the latest checkpoint with the finished warm start, the same starting model
+(and so the same reference) and the same data order, so a resumed run reproduces the uninterrupted one exactly.
 Subclasses (template method) give the model type, the loss, the batches, extra evaluation and the export.
 """
 
@@ -18,15 +20,15 @@ from typing import Any, ClassVar
 
 import torch
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.command_config import to_plain, to_yaml
+from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
 from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
 
-from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
 from ..jobs.progress import progress_bar
+from ..jobs.run_folder import RunFolder
 from ..sft.assets import resolve_model_path
 from ..sft.batches import StepSampler, check_batch_size
 from ..sft.final_model import FINAL_MODEL_DIR
@@ -36,8 +38,6 @@ from .data import PairExample, load_pairs, write_sft_rows
 from .default_pairs import write_arithmetic_pairs
 from .warm_start import run_warm_start, warm_start_config
 
-CONFIG_FILE = "config.yaml"
-
 
 @dataclass
 class PairResult:
@@ -45,15 +45,17 @@ class PairResult:
 
     Attributes:
         output_dir: the run directory.
+        start_step: the step the pairwise training started from (0, or the resumed checkpoint's step).
         start_model: the model the pairwise training started from (the warm start's final model, or
             ``model.path``).
         warm_start: the warm start's last evaluation (``val/loss``, ``val/accuracy``), if it ran.
-        train_losses: the loss of each step.
+        train_losses: the loss of each step this process ran.
         evaluations: ``{"step", "val/...": value}`` of each held-out evaluation.
         seconds: wall time of the whole run (warm start included).
     """
 
     output_dir: Path
+    start_step: int = 0
     start_model: str = ""
     warm_start: dict[str, float] = field(default_factory=dict)
     train_losses: list[float] = field(default_factory=list)
@@ -68,6 +70,8 @@ class PairTrainer(ABC):
         config: the command's config; it has the sections ``model``, ``engine``, ``optimizer``, ``checkpoint``,
             ``data`` (:class:`PairDataConfig`), ``warm_start`` and ``trainer`` (:class:`PairTrainerConfig`).
         output_dir: the run directory.
+        resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` (an error when there is
+            none), with the warm start that run finished.
         overwrite: delete the checkpoints a previous run left in ``output_dir`` (else such a directory is
             refused).
     """
@@ -78,10 +82,17 @@ class PairTrainer(ABC):
     model_type: ClassVar[str]
     """The engine's model type: ``language_model`` (DPO) or ``value_model`` (reward model)."""
 
-    def __init__(self, config: Any, output_dir: str | Path, *, overwrite: bool = False) -> None:
+    def __init__(
+        self, config: Any, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+    ) -> None:
         self.config = config
         self.output_dir = Path(output_dir)
-        self.overwrite = overwrite
+        self.folder = RunFolder(
+            path=self.output_dir,
+            resume=resume,
+            overwrite=overwrite,
+            data_order={"trainer.seed": config.trainer.seed, "trainer.batch_size": config.trainer.batch_size},
+        )
         self.uids: dict[int, PairExample] = {}
 
     # ------------------------------------------------------------------ sections, typed
@@ -103,7 +114,7 @@ class PairTrainer(ABC):
         distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         if self.engine_config.device == "cpu" and self.trainer.cpu_threads is not None:
             torch.set_num_threads(self.trainer.cpu_threads)
-        self._prepare_run_dir()
+        self.folder.prepare(self.config)
         train_files, val_files = self._pair_files()
         result = PairResult(output_dir=self.output_dir)
         result.start_model = self._warm_start(train_files, val_files, result)
@@ -117,11 +128,14 @@ class PairTrainer(ABC):
         engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)
         check_batch_size(self.trainer.batch_size, engine.data_parallel_size)
         self._prepare(engine, model_path, tokenizer)
+        # After _prepare: a reference taken from the actor must be the starting model, not the checkpoint.
+        result.start_step = self.folder.start_step(engine)
         writer = MetricsWriter(
             self.output_dir,
             enabled=distributed.rank() == 0,
             report_to=self.trainer.report_to,
             config=to_plain(self.config),
+            resume_step=result.start_step if self.folder.resume else None,
         )
         try:
             self._train(
@@ -143,18 +157,6 @@ class PairTrainer(ABC):
         return result
 
     # ------------------------------------------------------------------ setup
-
-    def _prepare_run_dir(self) -> None:
-        import shutil
-
-        check_run_dir(self.output_dir, resume=False, overwrite=self.overwrite)
-        distributed.barrier()  # every rank checked before rank 0 deletes anything
-        if distributed.rank() == 0:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            if self.overwrite:
-                shutil.rmtree(self.output_dir / CHECKPOINT_DIR, ignore_errors=True)
-            (self.output_dir / CONFIG_FILE).write_text(to_yaml(self.config))
-        distributed.barrier()
 
     def _pair_files(self) -> tuple[list[str], list[str]]:
         """The configured pair files, or the generated arithmetic pairs under ``<run>/data``."""
@@ -194,9 +196,7 @@ class PairTrainer(ABC):
             trainer=self.trainer,
             sft_files=(sft_train, sft_val),
         )
-        final_model, sft_result = run_warm_start(sft_config, self.output_dir)
-        if sft_result.evaluations:
-            result.warm_start = {k: v for k, v in sft_result.evaluations[-1].items() if k != "step"}
+        final_model, result.warm_start = run_warm_start(sft_config, self.output_dir, reuse=self.folder.resume)
         return final_model
 
     def _build_engine(
@@ -226,9 +226,12 @@ class PairTrainer(ABC):
         result: PairResult,
     ) -> None:
         sampler = StepSampler(num_train, self.trainer.batch_size, self.trainer.seed)
-        bar = progress_bar(self.command, self.trainer.total_steps, 0, enabled=self.trainer.progress_bar)
-        self._record_eval(engine, tokenizer, model_path, val_uids, 0, writer, result, bar)
-        for step in range(self.trainer.total_steps):
+        bar = progress_bar(
+            self.command, self.trainer.total_steps, result.start_step, enabled=self.trainer.progress_bar
+        )
+        if result.start_step == 0:
+            self._record_eval(engine, tokenizer, model_path, val_uids, 0, writer, result, bar)
+        for step in range(result.start_step, self.trainer.total_steps):
             local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
             started = time.perf_counter()
             batch = self._batch(engine, local)
@@ -250,9 +253,7 @@ class PairTrainer(ABC):
             if last or (self.trainer.eval_every and (step + 1) % self.trainer.eval_every == 0):
                 self._record_eval(engine, tokenizer, model_path, val_uids, step + 1, writer, result, bar)
             if last or (self.trainer.save_every and (step + 1) % self.trainer.save_every == 0):
-                engine.save_checkpoint(
-                    self.output_dir / CHECKPOINT_DIR, step + 1, extra_state={"next_step": step + 1}
-                )
+                self.folder.save(engine, step + 1)
         bar.close()
 
     def _record_eval(
@@ -284,6 +285,7 @@ class PairTrainer(ABC):
 
     def _write_summary(self, result: PairResult) -> None:
         summary = {
+            "start_step": result.start_step,
             "start_model": result.start_model,
             "warm_start": result.warm_start,
             "final_train_loss": result.train_losses[-1] if result.train_losses else None,

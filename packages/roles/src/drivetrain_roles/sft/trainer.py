@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.command_config import to_plain, to_yaml
+from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
-from ..jobs.launch import CHECKPOINT_DIR, check_run_dir
 from ..jobs.progress import progress_bar
+from ..jobs.run_folder import RunFolder
 from ..losses.sft import sft_loss_fn
 from .assets import load_splits, resolve_model_path
 from .batches import StepSampler, check_batch_size, make_sft_batch
@@ -40,8 +38,8 @@ from .final_model import FINAL_MODEL_DIR, save_final_model
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
-CONFIG_FILE = "config.yaml"
 HEARTBEAT_DIR = "heartbeat"
+SUMMARY_FILE = "summary.json"
 
 
 @dataclass
@@ -87,39 +85,32 @@ class SFTTrainer:
             )
         self.config = config
         self.output_dir = Path(output_dir)
-        self.resume = resume
-        self.overwrite = overwrite
+        self.folder = RunFolder(
+            path=self.output_dir,
+            resume=resume,
+            overwrite=overwrite,
+            data_order={"trainer.seed": config.trainer.seed, "trainer.batch_size": config.trainer.batch_size},
+        )
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
-
-    @property
-    def checkpoint_root(self) -> Path:
-        return self.output_dir / CHECKPOINT_DIR
 
     def run(self) -> SFTResult:
         """Train for ``trainer.total_steps`` steps; returns this process's losses and evaluations."""
         distributed.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
         if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
             torch.set_num_threads(self.config.trainer.cpu_threads)
-        check_run_dir(self.output_dir, resume=self.resume, overwrite=self.overwrite)
-        distributed.barrier()  # every rank checked before rank 0 deletes anything
-        if distributed.rank() == 0:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            if self.overwrite and not self.resume:
-                shutil.rmtree(self.checkpoint_root, ignore_errors=True)
-            (self.output_dir / CONFIG_FILE).write_text(to_yaml(self.config))
-        distributed.barrier()
+        self.folder.prepare(self.config)
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
         engine = self._build_engine(model_path)
         check_batch_size(self.config.trainer.batch_size, engine.data_parallel_size)
         sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
-        start_step = self._maybe_resume(engine)
+        start_step = self.folder.start_step(engine)
         writer = MetricsWriter(
             self.output_dir,
             enabled=distributed.rank() == 0,
             report_to=self.config.trainer.report_to,
             config=to_plain(self.config),
-            resume_step=start_step if self.resume else None,
+            resume_step=start_step if self.folder.resume else None,
         )
         result = SFTResult(output_dir=self.output_dir, start_step=start_step)
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
@@ -161,28 +152,6 @@ class SFTTrainer:
         )
         engine.initialize()
         return engine
-
-    def _maybe_resume(self, engine: Engine) -> int:
-        """The step to start from: the latest checkpoint's when resuming (``check_run_dir`` made sure there is
-        one), else 0."""
-        if not self.resume:
-            return 0
-        state = engine.load_checkpoint(self.checkpoint_root)
-        expected = self._data_position(0)
-        for key in ("seed", "batch_size"):
-            if state.get(key) != expected[key]:
-                raise CheckpointError(
-                    f"the checkpoint in {self.checkpoint_root} was trained with trainer.{key}={state.get(key)}, "
-                    f"this run has {expected[key]}; resume with the same value or start a new --output-dir."
-                )
-        return int(state["global_step"])
-
-    def _data_position(self, step: int) -> dict[str, int]:
-        return {
-            "next_step": step,
-            "seed": self.config.trainer.seed,
-            "batch_size": self.config.trainer.batch_size,
-        }
 
     # ------------------------------------------------------------------ loop
 
@@ -240,7 +209,7 @@ class SFTTrainer:
             self._record_eval(evaluate, step, writer, result, bar)
         if last or (trainer.save_every and step % trainer.save_every == 0):
             heartbeat.beat(step, "save")
-            engine.save_checkpoint(self.checkpoint_root, step, extra_state=self._data_position(step))
+            self.folder.save(engine, step)
 
     def _record_eval(
         self, evaluate: _Evaluator, step: int, writer: MetricsWriter, result: SFTResult, bar: Any
@@ -305,7 +274,7 @@ def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) 
         "final_model": str(output_dir / FINAL_MODEL_DIR),
         "config": config,
     }
-    (output_dir / "summary.json").write_text(dumps(summary, indent=2))
+    (output_dir / SUMMARY_FILE).write_text(dumps(summary, indent=2))
 
 
 def _speed_postfix(values: dict[str, float]) -> dict[str, str]:

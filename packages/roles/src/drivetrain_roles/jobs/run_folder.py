@@ -1,0 +1,92 @@
+"""The run directory of a training job (``sft``, ``dpo``, ``rm``, ``grpo``): preparing it, checkpoints, resume.
+
+Every job's batches are a function of the step and a few config values (the seed, the batch size: see
+:class:`~drivetrain_roles.sft.batches.StepSampler`). Each checkpoint stores those values next to its step, and
+a resumed run with other values is refused; with the model, optimizer, LR schedule and RNG state the engine
+restores, a resumed run therefore reproduces the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drivetrain_engine_core import distributed
+from drivetrain_engine_core.command_config import to_yaml
+from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.errors import CheckpointError
+
+from .launch import CHECKPOINT_DIR, check_run_dir
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunFolder:
+    """One run's directory, as a new run, an overwriting run or a resumed run sees it.
+
+    Attributes:
+        path: the run directory.
+        resume: continue from the latest checkpoint in ``<path>/checkpoints`` (an error when there is none).
+        overwrite: delete the checkpoints a previous run left in ``path`` and start over (without it, a new
+            run refuses a directory that holds checkpoints).
+        data_order: the config values the data order depends on, by dotted field name (``"trainer.seed"``);
+            a checkpoint stores each under its last part (``seed``) and a resumed run must match them.
+    """
+
+    path: Path
+    resume: bool = False
+    overwrite: bool = False
+    data_order: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    def prepare(self, config: Any) -> None:
+        """Check the directory fits the request, clear it for ``overwrite`` and write ``config.yaml``
+        (collective: rank 0 writes once every rank has checked).
+
+        Raises:
+            CheckpointError: see :func:`~drivetrain_roles.jobs.launch.check_run_dir`.
+        """
+        check_run_dir(self.path, resume=self.resume, overwrite=self.overwrite)
+        distributed.barrier()  # every rank checked before rank 0 deletes anything
+        if distributed.rank() == 0:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if self.overwrite and not self.resume:
+                shutil.rmtree(self.checkpoint_root, ignore_errors=True)
+            (self.path / CONFIG_FILE).write_text(to_yaml(config))
+        distributed.barrier()
+
+    def start_step(self, engine: Engine) -> int:
+        """The step to start from: 0, or when resuming the latest checkpoint's, loaded into ``engine``
+        (:meth:`prepare` made sure there is one).
+
+        Raises:
+            CheckpointError: the checkpoint was trained with other ``data_order`` values.
+        """
+        if not self.resume:
+            return 0
+        state = engine.load_checkpoint(self.checkpoint_root)
+        for name, value in self.data_order.items():
+            saved = state.get(_state_key(name))
+            if saved != value:
+                raise CheckpointError(
+                    f"the checkpoint in {self.checkpoint_root} was trained with {name}={saved}, this run has "
+                    f"{value}; resume with the same value or start a new --output-dir."
+                )
+        return int(state["global_step"])
+
+    def save(self, engine: Engine, step: int) -> None:
+        """Checkpoint ``engine`` after ``step`` steps, with the data position (collective)."""
+        position = {"next_step": step, **{_state_key(name): v for name, v in self.data_order.items()}}
+        engine.save_checkpoint(self.checkpoint_root, step, extra_state=position)
+
+
+def _state_key(name: str) -> str:
+    # The last part of the field name, as checkpoints written before the fields were named in full hold it.
+    return name.rpartition(".")[2]

@@ -1,0 +1,122 @@
+"""The options every job command (``sft``, ``dpo``, ``rm``, ``grpo``) takes: ``--nproc``, ``--output-dir``,
+``--resume``, ``--overwrite``, and the launch they drive.
+
+``@run_options("sft")`` adds the options; the command receives them as one :class:`RunOptions` ``run`` and
+calls :meth:`RunOptions.launch` for the run directory of this process (after spawning ``--nproc`` ranks
+when asked).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunOptions:
+    """What the command line asked of a job's run directory and ranks.
+
+    Attributes:
+        command: the command's name (``outputs/<command>-*`` run folders, ``drivetrain_roles.<command>.rank_main``).
+        nproc: ranks to spawn (ignored under an outer launcher).
+        output_dir: the run directory as given; ``None`` picks one (see :meth:`launch`).
+        resume: continue from the latest checkpoint of the run directory.
+        overwrite: delete the checkpoints a previous run left in the run directory.
+
+    Raises:
+        click.UsageError: both ``resume`` and ``overwrite``.
+    """
+
+    command: str
+    nproc: int = 1
+    output_dir: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise click.UsageError(
+                "--resume continues a run and --overwrite deletes its checkpoints: pass one."
+            )
+
+    def launch(self, config_file: str | None, overrides: Sequence[str]) -> Path:
+        """The run directory this process runs in: ``--output-dir``; else with ``--resume`` the newest
+        ``outputs/<command>-*`` run with a checkpoint; else a new ``outputs/<command>-<timestamp>``.
+
+        With ``--nproc N > 1`` outside a launcher this process runs ``N`` ranks of the command in that directory
+        instead and exits with their status (the directory is checked once, not once per rank).
+
+        Raises:
+            click.UsageError: ``--resume`` without ``--output-dir`` and no run to continue.
+            CheckpointError: the directory does not fit ``--resume`` / ``--overwrite`` (with ``--nproc``).
+        """
+        from .launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
+
+        try:
+            run_dir = resolve_output_dir(self.output_dir, self.resume, self.command)
+        except FileNotFoundError as e:
+            raise click.UsageError(str(e)) from e
+        if self.nproc > 1 and not under_launcher():
+            check_run_dir(run_dir, resume=self.resume, overwrite=self.overwrite)
+            sys.exit(
+                spawn_ranks(self.nproc, self._rank_arguments(run_dir, config_file, overrides), self.command)
+            )
+        return run_dir
+
+    def _rank_arguments(self, run_dir: Path, config_file: str | None, overrides: Sequence[str]) -> list[str]:
+        return [
+            *(["--config", config_file] if config_file else []),
+            *["--output-dir", str(run_dir)],
+            *(["--resume"] if self.resume else []),
+            *(["--overwrite"] if self.overwrite else []),
+            *overrides,
+        ]
+
+
+def run_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate the click command function of ``drivetrain <command>`` with the run options; it receives them
+    as ``run=RunOptions(...)`` instead of one argument each."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def with_run(
+            *, nproc: int, output_dir: str | None, resume: bool, overwrite: bool, **kwargs: Any
+        ) -> Any:
+            run = RunOptions(
+                command=command, nproc=nproc, output_dir=output_dir, resume=resume, overwrite=overwrite
+            )
+            return function(run=run, **kwargs)
+
+        for option in reversed(_options(command)):
+            with_run = option(with_run)
+        return with_run
+
+    return decorate
+
+
+def _options(command: str) -> tuple[Callable[[Callable[..., Any]], Callable[..., Any]], ...]:
+    return (
+        click.option(
+            "--nproc", type=click.IntRange(min=1), default=1, help="Ranks to spawn (ignored under torchrun)."
+        ),
+        click.option(
+            "--output-dir",
+            type=click.Path(file_okay=False),
+            help=f"Run directory [default: outputs/{command}-<timestamp>; with --resume the newest "
+            f"outputs/{command}-* run].",
+        ),
+        click.option(
+            "--resume", is_flag=True, help="Continue from the latest checkpoint of the run directory."
+        ),
+        click.option(
+            "--overwrite",
+            is_flag=True,
+            help="Delete the checkpoints a previous run left in --output-dir and start over.",
+        ),
+    )

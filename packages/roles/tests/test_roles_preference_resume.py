@@ -1,0 +1,76 @@
+"""``drivetrain dpo`` / ``rm`` ``--resume``: a resumed DPO run reproduces the uninterrupted one bit-exactly (with
+the warm start it finished and the reference of the starting model), and a resume that cannot be one is one
+clear error naming the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.tracking import read_records
+from drivetrain_roles.dpo.config import load_config
+from drivetrain_roles.dpo.trainer import DPOTrainer
+from safetensors.torch import load_file
+
+STEPS = [
+    "data.generated_train_size=64",
+    "data.generated_val_size=16",
+    "trainer.batch_size=8",
+    "trainer.eval_samples=8",
+    "trainer.progress_bar=false",
+    "warm_start.sft_steps=2",
+    "warm_start.batch_size=8",
+    "trainer.total_steps=4",
+    "trainer.eval_every=2",
+    "trainer.save_every=2",
+    "checkpoint.max_ckpt_to_keep=2",
+]
+
+
+def run_dpo(output_dir, *overrides, resume=False):
+    return DPOTrainer(load_config(overrides=[*STEPS, *overrides]), output_dir, resume=resume).run()
+
+
+def test_a_resumed_dpo_run_reproduces_the_uninterrupted_one_exactly(tmp_path) -> None:
+    full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
+    full = run_dpo(full_dir)
+    # The run "crashed" after its step-2 checkpoint: drop what came later and resume.
+    shutil.copytree(full_dir, resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "global_step_4")
+    (resumed_dir / "checkpoints" / "latest").write_text("global_step_2")
+    warm_summary = resumed_dir / "warm_start" / "summary.json"
+    warm_written = warm_summary.stat().st_mtime_ns
+
+    resumed = run_dpo(resumed_dir, resume=True)
+
+    assert resumed.start_step == 2
+    assert resumed.train_losses == full.train_losses[2:]  # bit-exact, not approximately
+    assert resumed.evaluations == full.evaluations[-1:]  # step 4's (step 2's came before the crash)
+    assert resumed.warm_start == full.warm_start and warm_summary.stat().st_mtime_ns == warm_written
+    records = read_records(resumed_dir / "metrics.jsonl")
+    assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses
+    full_weights = load_file(full_dir / "final_model" / "model.safetensors")
+    resumed_weights = load_file(resumed_dir / "final_model" / "model.safetensors")
+    assert full_weights.keys() == resumed_weights.keys()
+    assert all(full_weights[k].equal(resumed_weights[k]) for k in full_weights)
+    assert json.loads((resumed_dir / "summary.json").read_text())["start_step"] == 2
+    with pytest.raises(CheckpointError, match=r"trained with trainer.batch_size=8, this run has 16"):
+        run_dpo(resumed_dir, "trainer.batch_size=16", resume=True)
+
+
+def test_resume_without_a_checkpoint_is_one_error_naming_the_fix(tmp_path, monkeypatch) -> None:
+    runner = CliRunner()
+    empty = runner.invoke(drivetrain_cli, ["dpo", "--resume", "--output-dir", str(tmp_path / "empty")])
+    assert empty.exit_code == 1 and "Traceback" not in empty.output
+    assert "holds no complete checkpoint, so there is nothing to continue. Drop --resume" in empty.output
+    monkeypatch.chdir(tmp_path)
+    newest = runner.invoke(drivetrain_cli, ["rm", "--resume"])
+    assert newest.exit_code == 2 and "Traceback" not in newest.output
+    assert "--resume found no run with a checkpoint under" in newest.output
+    assert "rm-*; pass --output-dir DIR of the run to continue" in newest.output
+    both = runner.invoke(drivetrain_cli, ["dpo", "--resume", "--overwrite"])
+    assert both.exit_code == 2 and "--overwrite deletes its checkpoints: pass one" in both.output
