@@ -1,65 +1,20 @@
-"""The CUDA-only fast paths agree with the exact ones: torch's varlen flash attention against SDPA per sequence,
-and Liger's fused linear cross-entropy against the chunked torch log-probs (values and gradients, bf16).
+"""Liger's fused linear cross-entropy agrees with the chunked torch log-probs (values and gradients, bf16).
 
-The agreement tests run in the GPU lane. On CPU: the refusals, and the varlen call as each torch release
-spells it, against a stand-in kernel of that signature.
+The agreement test runs in the GPU lane; on CPU, what takes which path and the refusals. (The varlen flash
+attention's tests are core's: ``test_core_packed_attention.py``.)
 """
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
 from drivetrain_engine_core.backend import ForwardOptions, linear_log_probs
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.testing.device import requires_cuda
-from drivetrain_engine_fsdp.attention import varlen_attention_forward
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.liger import liger_applies
-
-LENGTHS = (5, 130, 1, 64)
-HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64
-
-
-class _Attention(torch.nn.Module):
-    num_key_value_groups = HEADS // KV_HEADS
-
-
-def _per_sequence_reference(query, key, value):
-    """Causal SDPA on each sequence alone, in float32, key/value repeated to the query's heads."""
-    outputs, start = [], 0
-    for length in LENGTHS:
-        q, k, v = (t[:, :, start : start + length].float() for t in (query, key, value))
-        k, v = (t.repeat_interleave(HEADS // KV_HEADS, dim=1) for t in (k, v))
-        outputs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        start += length
-    return torch.cat(outputs, dim=2).transpose(1, 2)
-
-
-@requires_cuda
-def test_varlen_flash_attention_matches_sdpa_per_sequence():
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    total = sum(LENGTHS)
-    shapes = ((1, HEADS, total, HEAD_DIM), (1, KV_HEADS, total, HEAD_DIM), (1, KV_HEADS, total, HEAD_DIM))
-    query, key, value = (
-        torch.randn(s, generator=generator, device="cuda").bfloat16().requires_grad_() for s in shapes
-    )
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
-    output, _ = varlen_attention_forward(
-        _Attention(), query, key, value, None, cu_seq_lens_q=cu, max_length_q=max(LENGTHS),
-        sequence_lengths=LENGTHS, scaling=HEAD_DIM**-0.5,
-    )  # fmt: skip
-    reference = _per_sequence_reference(query, key, value)
-    # bf16 inputs and output: within a few bf16 ulps of the float32 reference.
-    torch.testing.assert_close(output.float(), reference, atol=2e-2, rtol=2e-2)
-    weights = torch.randn(reference.shape, generator=generator, device="cuda")
-    got = torch.autograd.grad((output.float() * weights).sum(), (query, key, value))
-    expected = torch.autograd.grad((reference * weights).sum(), (query, key, value))
-    for grad, ref in zip(got, expected, strict=True):
-        assert float((grad.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
 
 
 @requires_cuda
@@ -114,54 +69,3 @@ def test_unknown_log_prob_kernel_is_refused():
         ConfigError, match="log_prob_kernel='triton' is not supported; choose 'torch' or 'liger'"
     ):
         FSDPEngineConfig(device="cpu", log_prob_kernel="triton")
-
-
-def _attend(query, key, value, cu_seq_q, *, causal, scale=None, enable_gqa=False):
-    """What the kernel computes, on CPU: causal attention per sequence of ``(T, heads, head_dim)`` inputs."""
-    assert causal
-    assert enable_gqa or key.shape[1] == query.shape[1], "without enable_gqa key/value must be repeated"
-    bounds = cu_seq_q.tolist()
-    pieces = [
-        F.scaled_dot_product_attention(
-            *(t[a:b].transpose(0, 1) for t in (query, key, value)),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        ).transpose(0, 1)
-        for a, b in itertools.pairwise(bounds)
-    ]
-    return torch.cat(pieces)
-
-
-def varlen_before_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
-    return _attend(query, key, value, cu_seq_q, causal=is_causal)
-
-
-def varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                window_size=(-1, -1)):  # fmt: skip
-    return _attend(query, key, value, cu_seq_q, causal=window_size == (-1, 0), scale=scale)
-
-
-def varlen_after_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                      window_size=(-1, -1), enable_gqa=False):  # fmt: skip
-    return _attend(
-        query, key, value, cu_seq_q, causal=window_size == (-1, 0), scale=scale, enable_gqa=enable_gqa
-    )
-
-
-@pytest.mark.parametrize("kernel", [varlen_before_2_11, varlen_2_11, varlen_after_2_11])
-def test_varlen_call_is_spelled_for_each_torch_release(monkeypatch, kernel):
-    from drivetrain_engine_fsdp import attention
-
-    monkeypatch.setattr(attention.varlen, "varlen_attn", kernel)
-    attention._varlen_keywords.cache_clear()
-    try:
-        generator = torch.Generator().manual_seed(0)
-        total = sum(LENGTHS)
-        query = torch.randn(1, HEADS, total, HEAD_DIM, generator=generator)
-        key, value = (torch.randn(1, KV_HEADS, total, HEAD_DIM, generator=generator) for _ in range(2))
-        cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
-        got = attention._torch_varlen(query, key, value, cu, max(LENGTHS), HEAD_DIM**-0.5, HEADS // KV_HEADS)
-    finally:
-        attention._varlen_keywords.cache_clear()
-    torch.testing.assert_close(got[0], _per_sequence_reference(query, key, value)[0], atol=1e-5, rtol=1e-5)

@@ -40,7 +40,7 @@ def _manual_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
-    from megatron.core.packed_seq_params import PackedSeqParams
+    from drivetrain_engine_megatron.inputs import PackedRowParams
 
     torch.manual_seed(0)
     heads, groups, head_dim, lengths = 4, 2, 8, [3, 7, 1, 5]
@@ -52,9 +52,12 @@ def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
         torch.randn(total, groups, head_dim),
     )
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    params = PackedSeqParams(
-        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=7, max_seqlen_kv=7
-    )
+    # cu_seqlens on the meta device: the layer reads the host lengths, never the device (no sync per layer).
+    on_meta = cu_seqlens.to("meta")
+    params = PackedRowParams(
+        qkv_format="thd", cu_seqlens_q=on_meta, cu_seqlens_kv=on_meta, max_seqlen_q=7, max_seqlen_kv=7,
+        sequence_lengths=tuple(lengths),
+    )  # fmt: skip
     packed = attention(q, k, v, None, packed_seq_params=params)
 
     bounds = cu_seqlens.tolist()
@@ -70,3 +73,15 @@ def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
     allowed = torch.ones(width, width, dtype=torch.bool).tril()[None] & valid[:, None, :]
     out = attention(*padded, (~allowed)[:, None])
     torch.testing.assert_close(out.transpose(0, 1)[valid], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_megatron_packed_attention_refuses_params_without_host_lengths():
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu_seqlens = torch.tensor([0, 2], dtype=torch.int32)
+    params = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=2, max_seqlen_kv=2
+    )
+    q = torch.zeros(2, 2, 4)
+    with pytest.raises(ValueError, match="PackedRowParams"):
+        _attention(2, 2, 4)(q, q, q, None, packed_seq_params=params)

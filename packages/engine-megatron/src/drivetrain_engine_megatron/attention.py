@@ -1,19 +1,22 @@
-"""A megatron core-attention module on ``torch.nn.functional.scaled_dot_product_attention``.
+"""A megatron core-attention module for where Transformer Engine is absent.
 
 Transformer Engine's fused attention handles packed (``thd``) rows on GPUs; megatron's own
-``DotProductAttention`` refuses them. Where Transformer Engine is absent (CPU), this module takes its place
-in the layer spec. A packed row is attended **per sequence**, cut by ``cu_seqlens`` with a causal SDPA call
-each, so no token ever sees another sequence and no total-by-total mask is built. Padded rows
-(``sbhd``, right-padded) use one SDPA call with the boolean mask megatron passes (``True`` = masked out).
+``DotProductAttention`` refuses them. Where Transformer Engine is absent, this module takes its place in the
+layer spec. A packed row goes to core's
+:func:`~drivetrain_engine_core.packed_attention.packed_causal_attention` (the backends share it: torch's
+variable-length flash kernel on CUDA in half precision, causal SDPA per sequence elsewhere), with the host
+lengths ``inputs.PackedRowParams`` carries, so no token sees another sequence, no total-by-total mask is
+built and no layer reads ``cu_seqlens`` back from the device. Padded rows (``sbhd``, right-padded) use one
+SDPA call with the boolean mask megatron passes (``True`` = masked out).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
 import torch.nn.functional as F
+from drivetrain_engine_core.packed_attention import packed_causal_attention
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
@@ -69,7 +72,7 @@ class SdpaCoreAttention(MegatronModule):
         if attention_bias is not None:
             raise ValueError("SdpaCoreAttention does not support attention_bias.")
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
-            return self._packed(query, key, value, packed_seq_params.cu_seqlens_q)
+            return self._packed(query, key, value, packed_seq_params)
         return self._padded(query, key, value, attention_mask)
 
     def _sdpa(
@@ -88,15 +91,25 @@ class SdpaCoreAttention(MegatronModule):
         )
 
     def _packed(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: PackedSeqParams
     ) -> torch.Tensor:
-        """``[t, heads, d]`` in, ``[t, heads * d]`` out; one causal SDPA call per sequence of the row."""
-        bounds = cu_seqlens.tolist()
-        outputs = []
-        for start, end in itertools.pairwise(bounds):
-            q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
-            outputs.append(self._sdpa(q, k, v, None).squeeze(0).transpose(0, 1))
-        out = torch.cat(outputs, dim=0)
+        """``[t, heads, d]`` in, ``[t, heads * d]`` out: core's packed causal attention (flash on CUDA)."""
+        lengths = getattr(params, "sequence_lengths", None)
+        if not lengths:
+            raise ValueError(
+                "SdpaCoreAttention needs the host sequence lengths of a packed row; build packed_seq_params "
+                "with drivetrain_engine_megatron.inputs.model_kwargs (PackedRowParams), not PackedSeqParams."
+            )
+        out = packed_causal_attention(
+            query,
+            key,
+            value,
+            cu_seqlens=params.cu_seqlens_q,
+            max_seqlen=params.max_seqlen_q,
+            lengths=lengths,
+            scale=self.softmax_scale,
+            dropout=self.dropout_p if self.training else 0.0,
+        )
         return out.reshape(out.shape[0], -1)
 
     def _padded(

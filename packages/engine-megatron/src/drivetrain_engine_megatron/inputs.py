@@ -9,9 +9,22 @@ layouts give the same numbers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from drivetrain_engine_core.backend import MicroBatch, PaddedRows
 from megatron.core.packed_seq_params import PackedSeqParams
+
+
+@dataclass
+class PackedRowParams(PackedSeqParams):
+    """megatron's ``thd`` parameters plus the sequence lengths as host integers.
+
+    megatron passes the object unchanged down to each layer's core attention, which reads ``sequence_lengths``
+    instead of ``cu_seqlens_q.tolist()`` (a host sync per layer).
+    """
+
+    sequence_lengths: tuple[int, ...] = ()
 
 
 def model_kwargs(micro_batch: MicroBatch) -> dict[str, object]:
@@ -28,12 +41,13 @@ def model_kwargs(micro_batch: MicroBatch) -> dict[str, object]:
         "input_ids": inputs.input_ids,
         "position_ids": inputs.position_ids,
         "attention_mask": None,
-        "packed_seq_params": PackedSeqParams(
+        "packed_seq_params": PackedRowParams(
             qkv_format="thd",
             cu_seqlens_q=inputs.cu_seqlens,
             cu_seqlens_kv=inputs.cu_seqlens,
             max_seqlen_q=inputs.max_seqlen,
             max_seqlen_kv=inputs.max_seqlen,
+            sequence_lengths=inputs.lengths,
         ),
     }
 

@@ -1,0 +1,112 @@
+"""Causal attention over a packed row, where every sequence attends only to itself. Shared by the backends.
+
+A packed row holds several sequences back to back (``cu_seqlens``). A ``T x T`` block mask would cost what
+the *row* costs; :func:`packed_causal_attention` costs what the sequences cost. On CUDA with half-precision
+compute it calls torch's variable-length flash kernel (``torch.nn.attention.varlen.varlen_attn``) once for
+all sequences, which also keeps a layer one graph under ``torch.compile``; elsewhere (CPU, float32, dropout)
+it loops over the sequences with SDPA.
+
+Nothing here reads the device: the caller passes the lengths as host integers (``PackedRow.lengths``), so a
+layer never stalls the host with a ``.tolist()`` of ``cu_seqlens`` (once per layer, per micro-batch).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import varlen
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the kernel has no float32 variant
+
+
+def packed_causal_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    lengths: Sequence[int],
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention of each sequence of a packed row on its own.
+
+    Args:
+        query: ``(T, heads, head_dim)``.
+        key, value: ``(T, kv_heads, head_dim)``; ``heads`` is a multiple of ``kv_heads`` (grouped queries).
+        cu_seqlens: ``(n + 1,)`` cumulative sequence lengths on the tensors' device.
+        max_seqlen: the longest sequence.
+        lengths: the ``n`` lengths ``cu_seqlens`` describes, as host integers.
+        scale: softmax scale; ``None`` is ``1 / sqrt(head_dim)``.
+        dropout: attention dropout probability (only the SDPA path applies one).
+
+    Returns:
+        ``(T, heads, head_dim)``.
+    """
+    groups = query.shape[1] // key.shape[1]
+    if query.is_cuda and query.dtype in _FLASH_DTYPES and dropout == 0.0 and _varlen_takes(scale, query):
+        return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scale, groups)
+    if groups > 1:
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    outputs = [
+        F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            dropout_p=dropout,
+            scale=scale,
+            is_causal=True,
+        ).transpose(0, 1)
+        for q, k, v in zip(
+            query.split(list(lengths)), key.split(list(lengths)), value.split(list(lengths)), strict=True
+        )
+    ]
+    return torch.cat(outputs, dim=0)
+
+
+def _torch_varlen(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_len: int,
+    scale: float | None,
+    groups: int,
+) -> torch.Tensor:
+    """torch's variable-length flash kernel on ``(T, heads, head_dim)`` tensors, causal, in one launch.
+
+    NOTE: torch releases spell the same call differently: causal is ``is_causal=True`` in older ones and
+    ``window_size=(-1, 0)`` in newer ones; ``scale`` and ``enable_gqa`` came later (2.11 has ``scale`` but not
+    ``enable_gqa``: key/value are then repeated to the query's heads). :func:`_varlen_keywords` reads the
+    signature.
+    """
+    keywords = _varlen_keywords()
+    if groups > 1 and "enable_gqa" not in keywords:
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    options: dict[str, Any] = {}
+    if "enable_gqa" in keywords:
+        options["enable_gqa"] = groups > 1
+    options.update({"window_size": (-1, 0)} if "window_size" in keywords else {"is_causal": True})
+    if "scale" in keywords:
+        options["scale"] = scale
+    cu = cu_seqlens.to(device=query.device, dtype=torch.int32)
+    out = varlen.varlen_attn(query, key, value, cu, cu, max_len, max_len, **options)
+    assert isinstance(out, torch.Tensor)  # a tuple only when ``return_aux`` asks for the log-sum-exp
+    return out
+
+
+@cache
+def _varlen_keywords() -> frozenset[str]:
+    return frozenset(inspect.signature(varlen.varlen_attn).parameters)
+
+
+def _varlen_takes(scale: float | None, query: torch.Tensor) -> bool:
+    """Whether the kernel can apply ``scale``: always where it takes ``scale``, else only the default."""
+    return "scale" in _varlen_keywords() or scale is None or math.isclose(scale, query.shape[-1] ** -0.5)

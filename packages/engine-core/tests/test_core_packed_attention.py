@@ -1,0 +1,124 @@
+"""Core's packed causal attention against the attention formula written out per sequence.
+
+On CPU: values and gradients of the SDPA path (grouped queries, a custom scale), no read of ``cu_seqlens``
+(it sits on the ``meta`` device), and torch's varlen call as each release spells it, against a stand-in
+kernel of that signature. In the GPU lane: the flash kernel in bf16 against the float32 formula.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from drivetrain_engine_core import packed_attention
+from drivetrain_engine_core.packed_attention import packed_causal_attention
+from drivetrain_engine_core.testing.device import requires_cuda
+
+LENGTHS = (5, 130, 1, 64)
+HEADS, KV_HEADS, HEAD_DIM = 8, 2, 16
+
+
+def formula(query, key, value, scale):
+    """softmax(q k^T * scale + causal mask) v, each sequence alone, key/value heads repeated, float32."""
+    repeat = query.shape[1] // key.shape[1]
+    outputs, start = [], 0
+    for length in LENGTHS:
+        q, k, v = (t[start : start + length].float() for t in (query, key, value))
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        outputs.append(torch.einsum("hqk,khd->qhd", weights, v))
+        start += length
+    return torch.cat(outputs)
+
+
+def inputs(device="cpu", dtype=torch.float32):
+    generator = torch.Generator(device=device).manual_seed(0)
+    total = sum(LENGTHS)
+    shapes = ((total, HEADS, HEAD_DIM), (total, KV_HEADS, HEAD_DIM), (total, KV_HEADS, HEAD_DIM))
+    tensors = (torch.randn(s, generator=generator, device=device).to(dtype).requires_grad_() for s in shapes)
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(LENGTHS)], dtype=torch.int32, device=device)
+    return (*tensors, cu_seqlens)
+
+
+def attend(query, key, value, cu_seqlens, scale):
+    return packed_causal_attention(
+        query, key, value, cu_seqlens=cu_seqlens, max_seqlen=max(LENGTHS), lengths=LENGTHS, scale=scale
+    )
+
+
+def test_values_and_gradients_equal_the_formula_without_reading_the_device():
+    query, key, value, cu_seqlens = inputs()
+    scale = 0.3  # not the default 1/sqrt(head_dim): the scale is applied, not assumed
+    output = attend(query, key, value, cu_seqlens.to("meta"), scale)
+    reference = formula(query, key, value, scale)
+    torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
+    weights = torch.randn(reference.shape, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad((output * weights).sum(), (query, key, value))
+    expected = torch.autograd.grad((reference * weights).sum(), (query, key, value))
+    for grad, ref in zip(got, expected, strict=True):
+        torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
+
+
+def _attend_per_sequence(query, key, value, cu_seqlens, *, causal, scale=None, enable_gqa=False):
+    """A stand-in for torch's varlen kernel: SDPA per sequence, on ``(T, heads, head_dim)`` tensors."""
+    pieces = [
+        torch.nn.functional.scaled_dot_product_attention(
+            *(t[a:b].transpose(0, 1) for t in (query, key, value)),
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        ).transpose(0, 1)
+        for a, b in itertools.pairwise(cu_seqlens.tolist())
+    ]
+    return torch.cat(pieces)
+
+
+def varlen_before_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    return _attend_per_sequence(query, key, value, cu_seq_q, causal=is_causal)
+
+
+def varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1)):  # fmt: skip
+    return _attend_per_sequence(query, key, value, cu_seq_q, causal=window_size == (-1, 0), scale=scale)
+
+
+def varlen_after_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                      window_size=(-1, -1), enable_gqa=False):  # fmt: skip
+    return _attend_per_sequence(
+        query, key, value, cu_seq_q, causal=window_size == (-1, 0), scale=scale, enable_gqa=enable_gqa
+    )
+
+
+@pytest.mark.parametrize("kernel", [varlen_before_2_11, varlen_2_11, varlen_after_2_11])
+def test_varlen_call_is_spelled_for_each_torch_release(monkeypatch, kernel):
+    monkeypatch.setattr(packed_attention.varlen, "varlen_attn", kernel)
+    packed_attention._varlen_keywords.cache_clear()
+    try:
+        query, key, value, cu_seqlens = inputs()
+        scale = HEAD_DIM**-0.5  # the only scale a kernel without ``scale`` applies
+        got = packed_attention._torch_varlen(
+            query, key, value, cu_seqlens, max(LENGTHS), scale, HEADS // KV_HEADS
+        )
+    finally:
+        packed_attention._varlen_keywords.cache_clear()
+    torch.testing.assert_close(got, formula(query, key, value, scale), atol=1e-5, rtol=1e-5)
+
+
+@requires_cuda
+def test_flash_kernel_matches_the_formula_in_bf16():
+    query, key, value, cu_seqlens = inputs("cuda", torch.bfloat16)
+    scale = HEAD_DIM**-0.5
+    output = attend(query, key, value, cu_seqlens, scale)
+    reference = formula(query, key, value, scale)
+    # bf16 inputs and output: within a few bf16 ulps of the float32 reference.
+    torch.testing.assert_close(output.float(), reference, atol=2e-2, rtol=2e-2)
+    weights = torch.randn(
+        reference.shape, generator=torch.Generator(device="cuda").manual_seed(1), device="cuda"
+    )
+    got = torch.autograd.grad((output.float() * weights).sum(), (query, key, value))
+    expected = torch.autograd.grad((reference * weights).sum(), (query, key, value))
+    for grad, ref in zip(got, expected, strict=True):
+        assert float((grad.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
