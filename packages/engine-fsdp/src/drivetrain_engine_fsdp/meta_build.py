@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.config import ModelConfig
+from drivetrain_engine_core.hf_checkpoint import CheckpointIndex, read_checkpoint_index
 from torch import nn
 
 from .export import ADAPTER, hf_name
-from .hf_weights import CheckpointIndex, check_checkpoint, read_checkpoint_index
+from .hf_weights import check_checkpoint
 from .model import VALUE_HEAD, add_training_wrappers, auto_class, check_model_dir, hf_config
 
 

@@ -11,11 +11,14 @@ and the fusions are off because their kernels need CUDA (and the local layer spe
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from drivetrain_engine_core.config import ModelConfig
+from drivetrain_engine_core.hf_checkpoint import read_checkpoint_index
 from mbridge.core.bridge import Bridge
 from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
@@ -26,7 +29,7 @@ from .bridge import build_model_chunks, load_hf_weights, make_bridge
 from .config import MegatronEngineConfig
 from .head import check_output_layer
 from .padding_row import freeze_padding_lookups
-from .value_head import attach_value_head
+from .value_head import SCORE_WEIGHT, attach_value_head, value_head_hidden
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,9 +101,10 @@ def build_model(
         make_vocab_size_divisible_by=vocab_divisor(hf_config.vocab_size, engine_config),
     )
     chunks = build_model_chunks(bridge, engine_config.virtual_pipeline_model_parallel_size)
-    if value_model and mpu.is_pipeline_last_stage(ignore_virtual=True):
-        attach_value_head(chunks[-1], hf_config.hidden_size, dtype)
-    elif mpu.is_pipeline_last_stage(ignore_virtual=True):
+    last_stage = mpu.is_pipeline_last_stage(ignore_virtual=True)
+    if value_model and last_stage:
+        attach_value_head(chunks[-1], hf_config, dtype, engine_config.seed)
+    elif last_stage:
         check_output_layer(chunks[-1], hf_config.model_type)
     for chunk in chunks:
         # NOTE: every parameter in the compute dtype, as megatron's Float16Module (``module.bfloat16()``) makes
@@ -112,7 +116,13 @@ def build_model(
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     if not model_config.from_config_only:
-        load_hf_weights(bridge, chunks, model_config.path)
+        fresh_head = (
+            value_model
+            and last_stage
+            and SCORE_WEIGHT not in read_checkpoint_index(Path(model_config.path)).shapes
+        )
+        with value_head_hidden(chunks[-1]) if fresh_head else nullcontext():
+            load_hf_weights(bridge, chunks, model_config.path)
     if trainable:
         chunks = [_wrap_ddp(chunk, index, bridge.config, engine_config) for index, chunk in enumerate(chunks)]
     return BuiltModel(

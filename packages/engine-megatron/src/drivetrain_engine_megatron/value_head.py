@@ -1,21 +1,34 @@
 """The value model's head: ``GPTModel``'s output layer replaced by one scalar per token.
 
 It mirrors Hugging Face's ``*ForTokenClassification`` with ``num_labels=1`` (verl's critic convention), whose
-``score`` weight and bias the bridge maps onto ``output_layer.weight`` / ``output_layer.bias``. The head is
-replicated on every tensor-parallel rank (one output column cannot be split), so its input, the full hidden
-state, is the same on every rank and so are its gradients.
+``score`` weight (and bias, unless the config sets ``token_classification_bias: false``, as drivetrain's
+reward models do) the bridge maps onto ``output_layer.weight`` / ``output_layer.bias``. The head is replicated
+on every tensor-parallel rank (one output column cannot be split), so its input, the full hidden state, is the
+same on every rank and so are its gradients.
+
+A value model often starts from a language model's checkpoint (a reward model, a critic), which has no
+``score`` head: the head then starts as transformers starts a missing ``score`` (normal with the config's
+``initializer_range``, zero bias), drawn from a generator seeded by the engine seed, so that every rank starts
+from the same head (megatron's DDP does not broadcast parameters).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+from transformers import PretrainedConfig
+
+SCORE_WEIGHT = "score.weight"
+"""The head's weight in a Hugging Face value-model checkpoint."""
 
 
 class ValueHead(torch.nn.Linear):
     """``hidden -> 1`` linear with the call signature of megatron's ``ColumnParallelLinear``."""
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
-        super().__init__(hidden_size, 1, bias=True, dtype=dtype)
+    def __init__(self, hidden_size: int, dtype: torch.dtype, *, bias: bool) -> None:
+        super().__init__(hidden_size, 1, bias=bias, dtype=dtype)
 
     def forward(  # type: ignore[override]
         self,
@@ -27,6 +40,29 @@ class ValueHead(torch.nn.Linear):
         return super().forward(hidden_states), None
 
 
-def attach_value_head(chunk: torch.nn.Module, hidden_size: int, dtype: torch.dtype) -> None:
-    """Replace the output layer of the last-stage chunk ``chunk`` by a :class:`ValueHead`."""
-    chunk.output_layer = ValueHead(hidden_size, dtype)
+def attach_value_head(
+    chunk: torch.nn.Module, hf_config: PretrainedConfig, dtype: torch.dtype, seed: int
+) -> None:
+    """Replace the output layer of the last-stage chunk ``chunk`` by a :class:`ValueHead` laid out as the
+    config's ``score`` head and initialised as transformers initialises one (the same on every rank)."""
+    head = ValueHead(hf_config.hidden_size, dtype, bias=getattr(hf_config, "token_classification_bias", True))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = torch.empty(head.weight.shape, dtype=torch.float32).normal_(
+            std=hf_config.initializer_range, generator=generator
+        )
+        head.weight.copy_(weight)
+        if head.bias is not None:
+            head.bias.zero_()
+    chunk.output_layer = head
+
+
+@contextmanager
+def value_head_hidden(chunk: torch.nn.Module) -> Iterator[None]:
+    """Inside the block ``chunk`` has no output layer: loading a checkpoint without a ``score`` head skips
+    the head (mbridge reads a name for every parameter it finds) and it keeps its initial values."""
+    head = chunk._modules.pop("output_layer")
+    try:
+        yield
+    finally:
+        chunk._modules["output_layer"] = head

@@ -68,7 +68,7 @@ def reward_model(model_path: str, weights: dict[str, torch.Tensor], tokenizer: A
         raise DrivetrainError(
             f"the reward model's value head has a bias ({float(bias.flatten()[0]):.4g}); a sequence-classification "
             "head has none, so the export would shift every score. Train from a start whose config sets "
-            "token_classification_bias: false (drivetrain rm's initial_model does, with the fsdp backend)."
+            "token_classification_bias: false (drivetrain rm's initial_model does)."
         )
     config = AutoConfig.from_pretrained(model_path, num_labels=1)
     config.pad_token_id = (
