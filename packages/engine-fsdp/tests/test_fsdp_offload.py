@@ -144,3 +144,21 @@ def test_offload_reuses_pinned_buffers_across_steps(model_dir):
     metrics = engine.transfer_metrics
     assert metrics["perf/offload_bytes"] > 0 and metrics["perf/load_bytes"] > 0
     assert metrics["perf/offload_s"] > 0 and metrics["perf/load_s"] > 0
+
+
+def test_moving_state_to_the_host_waits_for_the_compute_device(monkeypatch):
+    """``engine.to("cpu")`` copies optimizer state non-blocking, so it must wait for the compute device (the
+    copies are queued there), not for the target (regression: it waited for "cpu", a no-op, so the state could
+    be read on the host before it landed). Runs on CPU: the placement only names cuda; the waits are recorded."""
+    from drivetrain_engine_fsdp.placement import Placement
+
+    module = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    waited = []
+    monkeypatch.setattr(offload, "synchronize", waited.append)
+    Placement(module, optimizer, device="cuda", home_device="cuda").to(
+        "cpu", model=False, optimizer=True, grad=False
+    )
+    assert waited == ["cuda"]

@@ -94,7 +94,7 @@ class Placement:
         if optimizer and self.optimizer is not None:
             offload.move_optimizer_state(self.optimizer, device)
             self.optimizer_on_cpu = on_cpu
-        offload.synchronize(device)
+        offload.synchronize(self.device)  # the compute device: a copy to the host is queued there
 
     def await_optimizer_state(self) -> None:
         """Order the compute stream after the optimizer state's side-stream copy (a no-op when none is due)."""
