@@ -38,10 +38,12 @@ def expected_head(config: dict) -> torch.Tensor:
     return torch.empty(1, config["hidden_size"]).normal_(std=config["initializer_range"], generator=generator)
 
 
-def test_value_model_starts_from_a_language_model_checkpoint(tmp_path):
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_value_model_starts_from_a_language_model_checkpoint(tmp_path, tied):
     from drivetrain_engine_megatron import MegatronEngine, MegatronEngineConfig
 
-    start = value_start(make_tiny_model_dir(tmp_path / "lm", arch="qwen2"), tmp_path / "start")
+    language_model = make_tiny_model_dir(tmp_path / "lm", arch="qwen2", tie_word_embeddings=tied)
+    start = value_start(language_model, tmp_path / "start")
     config = json.loads((start / "config.json").read_text())
     reference_dir = value_start(start, tmp_path / "reference")
     weights = load_file(reference_dir / "model.safetensors")
