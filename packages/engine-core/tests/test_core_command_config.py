@@ -46,6 +46,21 @@ class LoopConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
+class ScheduleConfig:
+    """A section whose value follows another section's.
+
+    Attributes:
+        decay_steps: steps of the decay (follows ``loop.steps`` unless set).
+    """
+
+    decay_steps: int = 9
+
+    def __post_init__(self) -> None:
+        if self.decay_steps < 0:
+            raise ConfigError(f"schedule.decay_steps must be >= 0, got {self.decay_steps}.")
+
+
+@dataclass(kw_only=True, frozen=True)
 class ToyBackendConfig(EngineConfig):
     """A backend with one knob.
 
@@ -66,16 +81,21 @@ class CommandConfig:
     """A made-up command: its defaults are the field defaults.
 
     Attributes:
+        schedule: the schedule (built before the loop it follows).
         loop: the loop.
         engine: the engine.
     """
 
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     engine: EngineConfig = field(default_factory=_engine)
 
     @staticmethod
     def derived_values(config: Any) -> dict[str, Any]:
-        return {"loop": {"warmup": config.loop.steps // 10}}
+        return {
+            "loop": {"warmup": config.loop.steps // 10},
+            "schedule": {"decay_steps": config.loop.steps - 1},
+        }
 
 
 @hookimpl
@@ -133,6 +153,14 @@ def test_defaults_come_from_the_dataclass_and_derived_values_follow_unless_set(l
     assert build(loaded, "loop.steps=50").loop.warmup == 5  # derived
     assert build(loaded, "loop.steps=50", "loop.warmup=7").loop.warmup == 7  # the user's value wins
     assert build(loaded, "loop.files=[a.jsonl]").loop.files == ("a.jsonl",)
+
+
+def test_a_bad_value_is_named_where_it_was_written_not_where_a_value_follows_it(loaded):
+    """Regression: ``trainer.total_steps=-1`` was reported as ``optimizer.warmup_steps must be >= 0, got -1``
+    (the derived value's section is built first)."""
+    assert build(loaded, "loop.steps=50").schedule.decay_steps == 49
+    with pytest.raises(ConfigError, match=r"loop.steps must be >= 1, got -5"):
+        build(loaded, "loop.steps=-5")
 
 
 def test_engine_section_is_the_backends_class_with_the_commands_defaults(loaded):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
+import torch
 import torch.distributed as dist
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
@@ -93,3 +94,20 @@ def test_groups_collectives_and_agreed_errors_on_two_ranks() -> None:
         assert result["agreed"] == "rank 1 (of failing ranks 1): input_ids of sequence 3 is empty"
     assert "backend 'cuda:gloo', which has no CPU backend" in per_rank[0]["foreign_group"]
     assert "init_process_group(backend='cpu:gloo,cuda:nccl')" in per_rank[0]["foreign_group"]
+
+
+def test_a_device_this_process_cannot_see_is_one_error_naming_the_fix(monkeypatch) -> None:
+    """Regression: ``engine.device=cuda`` without a GPU ended in NCCL's "nccl2 requires at least one CUDA
+    device" traceback; more ranks per node than GPUs in an "invalid device ordinal" one."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ConfigError, match=r"engine.device='cuda', but this process sees no cuda device.*engine.device=cpu"
+    ):
+        distributed.init_distributed("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"local rank 1 .* only 1 cuda device\(s\).*--nproc-per-node 1"):
+        distributed.init_distributed("cuda")
+    distributed.require_device("cpu")  # the host is always there

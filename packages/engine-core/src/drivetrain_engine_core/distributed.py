@@ -51,8 +51,10 @@ def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> None:
     in-memory store. A group that already exists is kept, provided it can reduce host tensors.
 
     Raises:
-        ConfigError: an existing default group has no CPU backend (e.g. ``init_process_group("nccl")``).
+        ConfigError: this process sees no ``device`` (or fewer than its local rank needs), or an existing default
+            group has no CPU backend (e.g. ``init_process_group("nccl")``).
     """
+    require_device(device)
     if dist.is_initialized():
         check_host_backend()
         return
@@ -65,6 +67,33 @@ def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> None:
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend_for(device), timeout=timeout)
+
+
+def require_device(device: str) -> None:
+    """Fail clearly when this process cannot run on ``device`` (a device type: ``cpu``, ``cuda``, ...).
+
+    Raises:
+        ConfigError: torch sees no device of that type here, or (for a launched rank) fewer than its
+            ``LOCAL_RANK`` needs.
+    """
+    backend = getattr(torch, device, None) if device != "cpu" else None
+    if backend is None or not hasattr(backend, "is_available"):
+        return
+    if not backend.is_available():
+        raise ConfigError(
+            f"engine.device={device!r}, but this process sees no {device} device (torch {torch.__version__}: "
+            f"torch.{device}.is_available() is False). Set engine.device=cpu, or run where one is visible "
+            "(check CUDA_VISIBLE_DEVICES, the driver and `drivetrain env`)."
+        )
+    # A launched rank selects the device of its LOCAL_RANK (see init_distributed).
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if "WORLD_SIZE" in os.environ else 0
+    count = backend.device_count()
+    if local_rank >= count:
+        raise ConfigError(
+            f"this process is local rank {local_rank} on engine.device={device!r}, but only {count} {device} "
+            f"device(s) are visible; start at most {count} processes per node (torchrun --nproc-per-node "
+            f"{count}, drivetrain --nproc {count})."
+        )
 
 
 def check_host_backend() -> None:

@@ -63,6 +63,9 @@ def build_config(
         typed = OmegaConf.merge(_schema(cls, backends), *plain)
         derive: Derive | None = getattr(cls, "derived_values", None)
         if derive is not None:
+            # NOTE: built once as written first, so that a bad value is reported where the user wrote it and
+            # not in a section whose value follows it (trainer.total_steps=-1 read as optimizer.warmup_steps=-1).
+            OmegaConf.to_object(typed)
             typed = OmegaConf.merge(typed, _unset_only(derive(typed), plain))  # type: ignore[arg-type]
         return OmegaConf.to_object(typed)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
