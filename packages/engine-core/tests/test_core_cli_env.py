@@ -50,14 +50,22 @@ def test_missing_first_party_command_names_the_distribution(monkeypatch) -> None
     )
 
 
-def test_only_the_is_fx_tracing_record_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
-    logger = logging.getLogger("torch.fx._symbolic_trace")
+@pytest.mark.parametrize(
+    ("name", "noise"),
+    [
+        (
+            "torch.fx._symbolic_trace",
+            "is_fx_tracing will return true for both fx.symbolic_trace and torch.export. Please use ...",
+        ),
+        ("torch.utils.cpp_extension", "No CUDA runtime is found, using CUDA_HOME='/usr/local'"),
+    ],
+)
+def test_only_the_known_noise_records_are_silenced(caplog: pytest.LogCaptureFixture, name, noise) -> None:
+    logger = logging.getLogger(name)
     silence_upstream_noise()
     silence_upstream_noise()  # idempotent
     with caplog.at_level(logging.WARNING, logger=logger.name):
-        logger.warning(
-            "is_fx_tracing will return true for both fx.symbolic_trace and torch.export. Please use ..."
-        )
-        logger.warning("another torch.fx message")
-    assert [r.getMessage() for r in caplog.records] == ["another torch.fx message"]
+        logger.warning(noise)
+        logger.warning("another message of that logger")
+    assert [r.getMessage() for r in caplog.records] == ["another message of that logger"]
     assert len([f for f in logger.filters if type(f).__name__ == "_DropMessage"]) == 1

@@ -57,6 +57,8 @@ def test_megatron_plugin_registers_both_model_types_and_the_merger():
         ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, "sequence_parallel=True needs CUDA"),
         ({"context_parallel_size": 2}, "context_parallel_size=2 needs Transformer Engine"),
         ({"param_offload": True}, "param_offload / optimizer_offload are not implemented"),
+        # A ConfigError (one line from the CLI), not a ValueError traceback: TP2 on one rank.
+        ({"tensor_model_parallel_size": 2}, "world size 1 is not divisible by .* = 2; launch a multiple of 2"),
     ],
 )
 def test_megatron_engine_refuses_what_cpu_cannot_run(values, message, tmp_path):

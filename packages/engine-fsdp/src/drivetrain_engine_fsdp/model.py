@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.config import LoraConfig, ModelConfig
+from drivetrain_engine_core.config import ConfigError, LoraConfig, ModelConfig
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -113,13 +113,13 @@ def decoder_layers(model: Any) -> list[nn.Module]:
     """The repeated transformer blocks, found by the class names transformers marks as not splittable.
 
     Raises:
-        ValueError: the model declares no ``_no_split_modules`` or none of them is present.
+        ConfigError: the model declares no ``_no_split_modules`` or none of them is present.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(base, "_no_split_modules", None) or ())
     layers = [module for module in model.modules() if type(module).__name__ in names]
     if not layers:
-        raise ValueError(
+        raise ConfigError(
             f"{type(base).__name__} declares no decoder layer class (_no_split_modules={sorted(names)}) found in the "
             "model; FSDP2 needs one unit per layer. Use a transformers model class that sets _no_split_modules."
         )

@@ -16,6 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.packed_attention import packed_causal_attention
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
@@ -49,7 +50,7 @@ class SdpaCoreAttention(MegatronModule):
         super().__init__(config=config)
         del layer_number, attention_type, cp_comm_type, pg_collection
         if config.context_parallel_size != 1:
-            raise ValueError(
+            raise ConfigError(
                 "SdpaCoreAttention does not implement context parallelism; context_parallel_size > 1 needs "
                 "Transformer Engine attention (CUDA)."
             )

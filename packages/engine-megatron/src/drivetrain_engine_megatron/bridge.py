@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from drivetrain_engine_core.config import ConfigError
 from mbridge import AutoBridge
 from mbridge.core.bridge import _MODEL_REGISTRY, Bridge
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -90,18 +91,18 @@ def rope_theta(hf_config: PretrainedConfig) -> float:
     """The RoPE base of a transformers 4 or 5 config.
 
     Raises:
-        ValueError: the config uses a RoPE scaling type that ``GPTModel``'s plain rotary embedding cannot express.
+        ConfigError: the config uses a RoPE scaling type that ``GPTModel``'s plain rotary embedding cannot express.
     """
     parameters = getattr(hf_config, "rope_parameters", None) or {}
     rope_type = parameters.get("rope_type", "default")
     if rope_type != "default":
-        raise ValueError(
+        raise ConfigError(
             f"rope_type={rope_type!r} in {hf_config.model_type} config is not supported by the megatron backend "
             "(only 'default' RoPE maps onto GPTModel here); use the fsdp backend for this model."
         )
     theta = parameters.get("rope_theta", getattr(hf_config, "rope_theta", None))
     if theta is None:
-        raise ValueError(
+        raise ConfigError(
             f"{hf_config.model_type} config has neither rope_parameters['rope_theta'] nor rope_theta."
         )
     return float(theta)
@@ -115,11 +116,11 @@ def bridge_class(hf_config: PretrainedConfig, *, value_model: bool = False) -> t
         value_model: map ``output_layer`` onto the token-classification ``score`` head instead of ``lm_head``.
 
     Raises:
-        ValueError: mbridge has no bridge for this model type.
+        ConfigError: mbridge has no bridge for this model type.
     """
     base = _MODEL_REGISTRY.get(hf_config.model_type)
     if base is None:
-        raise ValueError(
+        raise ConfigError(
             f"model_type {hf_config.model_type!r} has no mbridge bridge; supported: "
             f"{sorted(AutoBridge.list_supported_models())}. Use the fsdp backend for this model."
         )

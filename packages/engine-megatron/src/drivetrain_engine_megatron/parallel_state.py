@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch.distributed as dist
+from drivetrain_engine_core.config import ConfigError
 from megatron.core import parallel_state as mpu
 
 from .config import MegatronEngineConfig
@@ -14,15 +15,15 @@ def initialize_model_parallel(config: MegatronEngineConfig) -> None:
     """Create the tensor/pipeline/context/data-parallel groups (idempotent for an identical layout).
 
     Raises:
-        ValueError: the world size is not a multiple of the model-parallel size, or megatron's groups
-            already exist with another layout.
+        ConfigError: the world size is not a multiple of the model-parallel size.
+        ValueError: megatron's groups already exist with another layout.
     """
     world = dist.get_world_size()
     model_parallel = (
         config.tensor_model_parallel_size * config.pipeline_model_parallel_size * config.context_parallel_size
     )
     if world % model_parallel != 0:
-        raise ValueError(
+        raise ConfigError(
             f"world size {world} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size x "
             f"context_parallel_size = {model_parallel}; launch a multiple of {model_parallel} ranks or shrink "
             "the parallel sizes."
