@@ -72,6 +72,22 @@ def test_initialize_twice_is_an_error() -> None:
         make_engine().initialize()
 
 
+class _MispredictingConfig(TinyEngineConfig):
+    def data_parallel_size(self, world_size: int) -> int:
+        return 2 * world_size
+
+
+def test_a_config_that_mispredicts_the_data_parallel_size_fails_initialize() -> None:
+    """Trainers check batch sizes with the config's prediction before any engine exists; a backend whose
+    config does not describe its layout is caught here, not by a batch split that no longer fits."""
+    assert TinyEngineConfig().data_parallel_size(4) == 4
+    engine = TinyTorchEngine(
+        model_config=ModelConfig(path="tiny-model"), engine_config=_MispredictingConfig(vocab_size=VOCAB)
+    )
+    with pytest.raises(EngineStateError, match=r"built 1 data-parallel ranks on 1 ranks, but .* predicts 2"):
+        engine.initialize()
+
+
 def test_compute_errors_name_the_fix() -> None:
     engine, batch = make_engine(), make_batch()
     with pytest.raises(EngineStateError, match=r"wrap the call in `with engine\.train_mode"):

@@ -153,6 +153,9 @@ def test_bad_configs_name_the_fix(model_dirs, tmp_path):
         FSDPEngineConfig(cpu_offload_policy=True, param_offload=True)
     with pytest.raises(ConfigError, match="does not divide"):
         FSDPEngineConfig(ulysses_sequence_parallel_size=3).check_world(2)
+    with pytest.raises(ConfigError, match="does not divide"):
+        FSDPEngineConfig(ulysses_sequence_parallel_size=3).data_parallel_size(4)
+    assert FSDPEngineConfig(ulysses_sequence_parallel_size=2, fsdp_size=2).data_parallel_size(4) == 2
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         make_engine(tmp_path)
 

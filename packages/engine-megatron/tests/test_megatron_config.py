@@ -29,6 +29,9 @@ def test_megatron_config_from_yaml_values():
     )
     assert config.backend == "megatron"
     assert config.model_parallel_size == 4
+    assert config.data_parallel_size(8) == 2
+    with pytest.raises(ConfigError, match=r"world size 6 is not divisible by .* = 4; launch a multiple of 4"):
+        config.data_parallel_size(6)
 
 
 class _Recorder:
@@ -58,7 +61,10 @@ def test_megatron_plugin_registers_both_model_types_and_the_merger():
         ({"context_parallel_size": 2}, "context_parallel_size=2 needs Transformer Engine"),
         ({"param_offload": True}, "param_offload / optimizer_offload are not implemented"),
         # A ConfigError (one line from the CLI), not a ValueError traceback: TP2 on one rank.
-        ({"tensor_model_parallel_size": 2}, "world size 1 is not divisible by .* = 2; launch a multiple of 2"),
+        (
+            {"tensor_model_parallel_size": 2},
+            "world size 1 is not divisible by .* = 2; launch a multiple of 2",
+        ),
     ],
 )
 def test_megatron_engine_refuses_what_cpu_cannot_run(values, message, tmp_path):

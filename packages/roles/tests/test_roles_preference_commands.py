@@ -197,3 +197,20 @@ def test_commands_are_registered_and_spawn_two_ranks(tmp_path) -> None:
         ["dpo", "--nproc", "2", "--output-dir", str(tmp_path / "d"), "model.path=/nonexistent"],
     )
     assert bad.exit_code == 1 and "model.path=/nonexistent does not exist" in bad.output
+
+
+@pytest.mark.parametrize("command", ["dpo", "rm"])
+def test_a_batch_the_ranks_cannot_split_is_refused_before_the_warm_start(
+    command, tmp_path, monkeypatch
+) -> None:
+    """Regression: ``drivetrain rm --nproc 2 trainer.batch_size=3`` ran the whole SFT warm start, then failed."""
+    from drivetrain_engine_core import distributed
+    from drivetrain_roles.preference import trainer as pair_trainer
+
+    monkeypatch.setattr(distributed, "world_size", lambda group=None: 2)
+    monkeypatch.setattr(pair_trainer, "run_warm_start", lambda *a, **k: pytest.fail("the warm start ran"))
+    load, trainer = (load_dpo_config, DPOTrainer) if command == "dpo" else (load_rm_config, RMTrainer)
+    config = load(None, [*TINY, "trainer.batch_size=3"])
+    with pytest.raises(DataError, match=r"trainer.batch_size=3 is not divisible by the data-parallel size 2"):
+        trainer(config, tmp_path / "run").run()
+    assert not (tmp_path / "run").exists()  # nothing written either

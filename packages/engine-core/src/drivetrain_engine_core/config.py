@@ -167,6 +167,27 @@ class EngineConfig:
             f"engine.entropy_chunk_size must be an integer >= 1, got {self.entropy_chunk_size!r}.",
         )
 
+    def check_world(self, world_size: int) -> None:
+        """Check that this config's parallel sizes fit ``world_size`` ranks (nothing to check here; backends
+        with model or sequence parallelism override it).
+
+        Raises:
+            ConfigError: a parallel size does not divide ``world_size``; the message names the sizes that would.
+        """
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """Data-parallel ranks (ranks that see different sequences) of this config on ``world_size`` ranks.
+
+        What the engine's ``data_parallel_size`` will be, known before any engine is built, so that a trainer
+        can check its batch sizes before it spends time (a warm start) on a run that cannot proceed. Backends
+        with model or sequence parallelism override it; ``Engine.initialize`` checks that the two agree.
+
+        Raises:
+            ConfigError: see :meth:`check_world`.
+        """
+        self.check_world(world_size)
+        return world_size
+
 
 @dataclass(kw_only=True, frozen=True)
 class OptimizerConfig:

@@ -97,6 +97,7 @@ class Engine(ABC):
         distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         with measure_usage(self.engine_config.device) as meter:
             self._initialize()
+            self._check_data_parallel_size()
             self._shape = TransformerShape.from_hf_config(self._hf_config())
             if self.optimizer_config is not None:
                 self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
@@ -106,6 +107,18 @@ class Engine(ABC):
         if meter.usage is not None:
             metrics = meter.usage.as_metrics("initialize")
             logger.info("%s.initialize() on rank %d: %s", type(self).__name__, distributed.rank(), metrics)
+
+    def _check_data_parallel_size(self) -> None:
+        """The layout the backend built is the one its config predicts (trainers check batch sizes with the
+        prediction before any engine exists)."""
+        world = distributed.world_size()
+        predicted = self.engine_config.data_parallel_size(world)
+        if self.data_parallel_size != predicted:
+            raise EngineStateError(
+                f"{type(self).__name__} built {self.data_parallel_size} data-parallel ranks on {world} ranks, but "
+                f"{type(self.engine_config).__name__}.data_parallel_size({world}) predicts {predicted}; the backend's "
+                "config must override EngineConfig.data_parallel_size to describe the layout it builds."
+            )
 
     @property
     def is_initialized(self) -> bool:

@@ -105,6 +105,11 @@ class FSDPEngineConfig(EngineConfig):
                 f"use -1 or one of {_divisors(world_size)}."
             )
 
+    def data_parallel_size(self, world_size: int) -> int:
+        """``world_size / ulysses_sequence_parallel_size``: a Ulysses group shares its sequences."""
+        self.check_world(world_size)
+        return world_size // self.ulysses_sequence_parallel_size
+
     def resolved_fsdp_size(self, world_size: int) -> int:
         """Ranks per shard group (``fsdp_size`` with ``-1`` resolved to the world size)."""
         return world_size if self.fsdp_size == -1 else self.fsdp_size

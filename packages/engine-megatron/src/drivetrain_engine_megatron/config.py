@@ -81,3 +81,21 @@ class MegatronEngineConfig(EngineConfig):
         return (
             self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
         )
+
+    def check_world(self, world_size: int) -> None:
+        """The world must hold whole copies of the model.
+
+        Raises:
+            ConfigError: ``world_size`` is not a multiple of :attr:`model_parallel_size`.
+        """
+        if world_size % self.model_parallel_size:
+            raise ConfigError(
+                f"world size {world_size} is not divisible by tensor_model_parallel_size x "
+                f"pipeline_model_parallel_size x context_parallel_size = {self.model_parallel_size}; launch a "
+                f"multiple of {self.model_parallel_size} ranks or shrink the parallel sizes."
+            )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """``world_size / (TP x PP x CP)``: the ranks of one model copy share their sequences."""
+        self.check_world(world_size)
+        return world_size // self.model_parallel_size

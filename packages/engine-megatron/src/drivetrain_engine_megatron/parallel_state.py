@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch.distributed as dist
-from drivetrain_engine_core.config import ConfigError
 from megatron.core import parallel_state as mpu
 
 from .config import MegatronEngineConfig
@@ -18,16 +17,7 @@ def initialize_model_parallel(config: MegatronEngineConfig) -> None:
         ConfigError: the world size is not a multiple of the model-parallel size.
         ValueError: megatron's groups already exist with another layout.
     """
-    world = dist.get_world_size()
-    model_parallel = (
-        config.tensor_model_parallel_size * config.pipeline_model_parallel_size * config.context_parallel_size
-    )
-    if world % model_parallel != 0:
-        raise ConfigError(
-            f"world size {world} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size x "
-            f"context_parallel_size = {model_parallel}; launch a multiple of {model_parallel} ranks or shrink "
-            "the parallel sizes."
-        )
+    config.check_world(dist.get_world_size())
     if mpu.model_parallel_is_initialized():
         _check_existing_layout(config)
         return

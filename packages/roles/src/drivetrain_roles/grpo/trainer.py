@@ -116,6 +116,7 @@ class GRPOTrainer:
         distributed.init_distributed(config.engine.device, config.engine.dist_timeout_s)
         if config.engine.device == "cpu" and config.trainer.cpu_threads is not None:
             torch.set_num_threads(config.trainer.cpu_threads)
+        check_batch_size("trainer.prompts_per_step", config.trainer.prompts_per_step, config.engine)
         self.folder.prepare(config)
         model_path = start_model(config, self.output_dir)
         tokenizer, train, val = load_splits(
@@ -124,7 +125,6 @@ class GRPOTrainer:
         actor = self.make_actor(model_path)
         reference = self.make_reference(actor, model_path)
         rollout = create_rollout(config.rollout.name, model_path=model_path, device=config.engine.device)
-        check_batch_size(config.trainer.prompts_per_step, actor.engine.data_parallel_size)
         start_step = self._maybe_resume(actor, rollout)
         writer = MetricsWriter(
             self.output_dir,

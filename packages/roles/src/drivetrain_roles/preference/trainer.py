@@ -114,6 +114,7 @@ class PairTrainer(ABC):
         distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         if self.engine_config.device == "cpu" and self.trainer.cpu_threads is not None:
             torch.set_num_threads(self.trainer.cpu_threads)
+        check_batch_size("trainer.batch_size", self.trainer.batch_size, self.engine_config)
         self.folder.prepare(self.config)
         train_files, val_files = self._pair_files()
         result = PairResult(output_dir=self.output_dir)
@@ -126,7 +127,6 @@ class PairTrainer(ABC):
         self.uids = dict(enumerate(train + val))
         model_path = self._start_model(result.start_model)
         engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)
-        check_batch_size(self.trainer.batch_size, engine.data_parallel_size)
         self._prepare(engine, model_path, tokenizer)
         # After _prepare: a reference taken from the actor must be the starting model, not the checkpoint.
         result.start_step = self.folder.start_step(engine)

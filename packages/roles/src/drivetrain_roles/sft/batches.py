@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from drivetrain_engine_core import distributed
+from drivetrain_engine_core.config import EngineConfig
 from tensordict import TensorDict
 
 from .data import DataError, Example
@@ -55,12 +57,18 @@ class StepSampler:
         return self.global_indices(step)[dp_rank::dp_size].tolist()
 
 
-def check_batch_size(batch_size: int, dp_size: int) -> None:
-    """Every data-parallel rank needs the same number of sequences per step."""
+def check_batch_size(name: str, batch_size: int, engine_config: EngineConfig) -> None:
+    """Every data-parallel rank needs the same number of sequences per step; checked before anything runs
+    (a warm start first would be time lost), with the data-parallel size the engine config will give.
+
+    Raises:
+        ConfigError: the engine's parallel sizes do not fit the launched world.
+        DataError: ``batch_size`` (the field ``name``) is not a multiple of the data-parallel size.
+    """
+    dp_size = engine_config.data_parallel_size(distributed.world_size())
     if batch_size % dp_size:
         raise DataError(
-            f"trainer.batch_size={batch_size} is not divisible by the data-parallel size {dp_size}; use a multiple of "
-            f"{dp_size}."
+            f"{name}={batch_size} is not divisible by the data-parallel size {dp_size}; use a multiple of {dp_size}."
         )
 
 

@@ -98,11 +98,11 @@ class SFTTrainer:
         distributed.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
         if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
             torch.set_num_threads(self.config.trainer.cpu_threads)
+        check_batch_size("trainer.batch_size", self.config.trainer.batch_size, self.config.engine)
         self.folder.prepare(self.config)
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
         engine = self._build_engine(model_path)
-        check_batch_size(self.config.trainer.batch_size, engine.data_parallel_size)
         sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
         start_step = self.folder.start_step(engine)
         writer = MetricsWriter(
