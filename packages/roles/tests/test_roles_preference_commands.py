@@ -135,6 +135,11 @@ def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp
     assert {"val/loss", "val/accuracy", "val/margin", "val/scores/chosen"} <= set(last)
     records = read_records(run / "metrics.jsonl")
     assert {"train/rm_loss", "train/accuracy", "train/grad_norm"} <= set(records[1])
+    # The start's weights are linked, its tokenizer copied: a checkpoint merge copies only regular side files
+    # (regression: every file was a link, so `drivetrain ckpt merge` wrote a reward model without tokenizer).
+    start = run / "initial_model"
+    assert (start / "model.safetensors").is_symlink()
+    assert (start / "tokenizer.json").is_file() and not (start / "tokenizer.json").is_symlink()
 
     model = AutoModelForSequenceClassification.from_pretrained(run / "final_model")
     tokenizer = AutoTokenizer.from_pretrained(run / "final_model")

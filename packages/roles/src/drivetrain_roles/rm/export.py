@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +28,27 @@ VALUE_START_DIR = "initial_model"
 """Where the reward model's start is written: the start model's files, its config set up for one score."""
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
+"""Files of the start model that are linked, not copied: the weights (and their index)."""
+
+
 def write_value_model_start(source: str, target: Path) -> str:
-    """``target``: links to ``source``'s files and a config with one label, no score bias and no head dropout
-    (rank 0 writes); returns ``target``."""
+    """``target``: ``source``'s weights linked, its other files (tokenizer, generation config) copied, and a
+    config with one label, no score bias and no head dropout (rank 0 writes); returns ``target``.
+
+    NOTE: the small files are copied because a checkpoint merge copies the tokenizer only from regular files
+    (a symlink may point anywhere): with links, a merged reward model came out without its tokenizer.
+    """
     if distributed.rank() == 0:
         target.mkdir(parents=True, exist_ok=True)
         for entry in Path(source).iterdir():
-            link = target / entry.name
-            if entry.name == "config.json" or link.exists() or link.is_symlink():
+            destination = target / entry.name
+            if entry.name == "config.json" or destination.exists() or destination.is_symlink():
                 continue
-            os.symlink(entry.resolve(), link)
+            if entry.name.endswith(WEIGHT_SUFFIXES) or not entry.is_file():
+                os.symlink(entry.resolve(), destination)
+            else:
+                shutil.copyfile(entry, destination)
         config = json.loads((Path(source) / "config.json").read_text())
         config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
         (target / "config.json").write_text(json.dumps(config, indent=2))
