@@ -1,4 +1,5 @@
-"""SdpaCoreAttention: packed rows attend per sequence, padded rows give the same numbers (single process)."""
+"""SdpaCoreAttention: query and key rotated at each token's position, packed rows attended per sequence, padded
+rows giving the same numbers (single process), against RoPE and causal softmax attention written in the test."""
 
 from __future__ import annotations
 
@@ -25,12 +26,26 @@ def _attention(heads: int, groups: int, head_dim: int):
         attention_dropout=0.0,
     )
     return SdpaCoreAttention(
-        config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+        config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self", rotary_base=BASE
     )
 
 
+BASE = 10_000.0
+
+
+def _rope(x: torch.Tensor) -> torch.Tensor:
+    """One sequence ``[s, heads, d]`` rotated at positions ``0..s-1`` (rotate-half RoPE, base ``BASE``)."""
+    dim = x.shape[-1]
+    inverse = 1.0 / BASE ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    angles = torch.arange(x.shape[0], dtype=torch.float32)[:, None] * inverse[None, :]
+    angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+    first, second = x.chunk(2, dim=-1)
+    return x * angles.cos() + torch.cat((-second, first), dim=-1) * angles.sin()
+
+
 def _manual_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Hand-written causal softmax attention for one sequence, ``[s, heads, d]`` -> ``[s, heads * d]``."""
+    """Hand-written causal softmax attention of one rotated sequence, ``[s, heads, d]`` -> ``[s, heads * d]``."""
+    q, k = _rope(q), _rope(k)
     repeat = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
@@ -54,9 +69,10 @@ def test_megatron_packed_attention_isolates_sequences_and_matches_padded():
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     # cu_seqlens on the meta device: the layer reads the host lengths, never the device (no sync per layer).
     on_meta = cu_seqlens.to("meta")
+    positions = torch.cat([torch.arange(n) for n in lengths])  # restarting at every sequence
     params = PackedRowParams(
         qkv_format="thd", cu_seqlens_q=on_meta, cu_seqlens_kv=on_meta, max_seqlen_q=7, max_seqlen_kv=7,
-        sequence_lengths=tuple(lengths),
+        sequence_lengths=tuple(lengths), positions=positions,
     )  # fmt: skip
     packed = attention(q, k, v, None, packed_seq_params=params)
 

@@ -23,6 +23,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from .rope import TokenRotary
+
 
 class SdpaCoreAttention(MegatronModule):
     """Drop-in for megatron's ``DotProductAttention`` (same constructor), packed-sequence aware.
@@ -46,6 +48,8 @@ class SdpaCoreAttention(MegatronModule):
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
         pg_collection: object | None = None,
+        *,
+        rotary_base: float,
     ) -> None:
         super().__init__(config=config)
         del layer_number, attention_type, cp_comm_type, pg_collection
@@ -58,6 +62,7 @@ class SdpaCoreAttention(MegatronModule):
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.rotary = TokenRotary(head_dim, rotary_base)
 
     def forward(
         self,
@@ -94,16 +99,18 @@ class SdpaCoreAttention(MegatronModule):
     def _packed(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: PackedSeqParams
     ) -> torch.Tensor:
-        """``[t, heads, d]`` in, ``[t, heads * d]`` out: core's packed causal attention (flash on CUDA)."""
-        lengths = getattr(params, "sequence_lengths", None)
-        if not lengths:
+        """``[t, heads, d]`` in, ``[t, heads * d]`` out: rotated at the row's positions, then core's packed
+        causal attention (flash on CUDA)."""
+        lengths, positions = getattr(params, "sequence_lengths", None), getattr(params, "positions", None)
+        if not lengths or positions is None:
             raise ValueError(
-                "SdpaCoreAttention needs the host sequence lengths of a packed row; build packed_seq_params "
-                "with drivetrain_engine_megatron.inputs.model_kwargs (PackedRowParams), not PackedSeqParams."
+                "SdpaCoreAttention needs the host sequence lengths and the positions of a packed row; build "
+                "packed_seq_params with drivetrain_engine_megatron.inputs.model_kwargs (PackedRowParams), not "
+                "PackedSeqParams."
             )
         out = packed_causal_attention(
-            query,
-            key,
+            self.rotary(query, positions),
+            self.rotary(key, positions),
             value,
             cu_seqlens=params.cu_seqlens_q,
             max_seqlen=params.max_seqlen_q,
@@ -116,7 +123,10 @@ class SdpaCoreAttention(MegatronModule):
     def _padded(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """``[s, b, heads, d]`` in, ``[s, b, heads * d]`` out; ``attention_mask`` is ``True`` where masked."""
+        """``[s, b, heads, d]`` in, ``[s, b, heads * d]`` out; right-padded rows are rotated at ``0..s-1``;
+        ``attention_mask`` is ``True`` where masked."""
+        positions = torch.arange(query.shape[0], device=query.device)
+        query, key = self.rotary(query, positions), self.rotary(key, positions)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         mask = None if attention_mask is None else ~attention_mask
         out = self._sdpa(q, k, v, mask)

@@ -7,7 +7,10 @@ transformers 4. Rather than patching it, :func:`make_bridge` subclasses the regi
 - builds the local (non-Transformer-Engine) layer spec with drivetrain's SDPA core attention
   (:mod:`.attention`), whose norms are separate modules (``input_layernorm``, ``pre_mlp_layernorm``), and
   maps those names onto the Hugging Face norm weights;
-- reads ``rope_theta`` from ``rope_parameters`` (transformers 5) and refuses RoPE scaling it cannot map;
+- reads ``rope_theta`` from ``rope_parameters`` (transformers 5), refuses RoPE scaling it cannot map, and
+  hands the base to the core attention, which rotates query and key itself (:mod:`.rope`: megatron's unfused
+  packed-row rotation reads ``cu_seqlens`` on the host in every layer), so ``GPTModel`` has no position
+  embedding of its own;
 - pins the ``TransformerConfig`` values drivetrain relies on (sequence parallel off unless asked, per-token
   loss summation, no fused kernels) through mbridge's own ``set_extra_args``;
 - keeps the weight-name mappings per bridge instance (mbridge edits its class-level dicts for tied embeddings).
@@ -24,6 +27,7 @@ from drivetrain_engine_core.config import ConfigError
 from mbridge import AutoBridge
 from mbridge.core.bridge import _MODEL_REGISTRY, Bridge
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import PretrainedConfig
 
 from .attention import SdpaCoreAttention
@@ -61,16 +65,18 @@ class _DrivetrainBridgeMixin:
             vp_stage=vp_stage,
         )
         spec = copy.deepcopy(spec)
+        # NOTE: the core attention rotates query and key itself (see .rope), so GPTModel gets no position
+        # embedding and SelfAttention applies none.
+        attention = ModuleSpec(module=SdpaCoreAttention, params={"rotary_base": rope_theta(self.hf_config)})
         for layer_spec in spec.layer_specs:
-            layer_spec.submodules.self_attention.submodules.core_attention = SdpaCoreAttention
+            layer_spec.submodules.self_attention.submodules.core_attention = attention
         return spec
 
     def _get_gptmodel_args(self) -> dict[str, Any]:
         return {
             "vocab_size": self.hf_config.vocab_size,
             "max_sequence_length": self.hf_config.max_position_embeddings,
-            "position_embedding_type": "rope",
-            "rotary_base": rope_theta(self.hf_config),
+            "position_embedding_type": "none",
         }
 
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:

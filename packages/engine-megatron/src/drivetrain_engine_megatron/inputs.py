@@ -18,13 +18,15 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 @dataclass
 class PackedRowParams(PackedSeqParams):
-    """megatron's ``thd`` parameters plus the sequence lengths as host integers.
+    """megatron's ``thd`` parameters plus what drivetrain's core attention reads instead of the device.
 
-    megatron passes the object unchanged down to each layer's core attention, which reads ``sequence_lengths``
-    instead of ``cu_seqlens_q.tolist()`` (a host sync per layer).
+    megatron passes the object unchanged down to each layer's core attention, which takes the lengths from
+    ``sequence_lengths`` (host integers; not ``cu_seqlens_q.tolist()``, a host sync per layer) and rotates
+    query and key at ``positions`` (``[t]``, restarting at every sequence; see :mod:`.rope`).
     """
 
     sequence_lengths: tuple[int, ...] = ()
+    positions: torch.Tensor | None = None
 
 
 def model_kwargs(micro_batch: MicroBatch) -> dict[str, object]:
@@ -48,6 +50,7 @@ def model_kwargs(micro_batch: MicroBatch) -> dict[str, object]:
             max_seqlen_q=inputs.max_seqlen,
             max_seqlen_kv=inputs.max_seqlen,
             sequence_lengths=inputs.lengths,
+            positions=inputs.position_ids[0],
         ),
     }
 
