@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from drivetrain_ckpt_tools.hf_files import SIDE_FILES
@@ -116,3 +117,26 @@ def test_destination_that_contains_the_checkpoint_is_refused(synthetic_step, tmp
         with pytest.raises(CheckpointError, match=r"contains the checkpoint .* being merged"):
             merge_checkpoint(synthetic_step.parent, destination, MergeOptions(overwrite=True))
     assert (synthetic_step / "manifest.json").is_file()
+
+
+def test_side_files_of_a_hugging_face_cache_snapshot_travel(write_step, source_dir, source_model, tmp_path):
+    """A model path in the Hugging Face cache holds symlinks into its repository's ``blobs/`` (regression: every
+    symlink was skipped, so a merge from a cached model came out without its tokenizer); a snapshot link that
+    points elsewhere is still skipped."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for entry in source_dir.iterdir():
+        blob = blobs / f"sha-{entry.name}"
+        shutil.copyfile(entry, blob)
+        (snapshot / entry.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    secret = tmp_path / "secret"
+    secret.write_text("do not publish")
+    (snapshot / "generation_config.json").unlink(missing_ok=True)
+    (snapshot / "generation_config.json").symlink_to(secret)
+    step = write_step(tmp_path / "ckpt", 5, source_model, model_path=snapshot)
+    result = merge_checkpoint(step, tmp_path / "hf")
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(result.files)
+    assert "generation_config.json" not in result.files
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (source_dir / "tokenizer.json").read_bytes()

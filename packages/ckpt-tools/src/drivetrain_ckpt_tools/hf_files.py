@@ -3,8 +3,11 @@
 The config is re-written for the merged model's head (a value model becomes a token-classification model
 with one label); the tokenizer files, chat template and generation config of the source model directory are
 copied as is, so the merged directory loads and tokenizes exactly like the source. Only those named files
-are copied (an allow-list), only regular files (never a symlink), and only up to a size cap: a merge must not
-carry whatever else sits in the source directory (keys, notes, caches) into a model that gets published.
+are copied (an allow-list), only regular files, and only up to a size cap: a merge must not carry whatever
+else sits in the source directory (keys, notes, caches) into a model that gets published. A symlink is
+followed only where the Hugging Face cache puts one: a snapshot's file pointing into its own repository's
+``blobs/`` (``models--org--name/snapshots/<rev>/tokenizer.json -> ../../blobs/<hash>``); any other link is
+skipped with a warning.
 """
 
 from __future__ import annotations
@@ -76,9 +79,14 @@ def copy_side_files(source: Path | str, directory: Path) -> list[str]:
     copied = []
     for name in sorted(SIDE_FILES):
         path = Path(source) / name
-        if path.is_symlink() or not path.is_file():
-            if path.is_symlink():
-                logger.warning("not copying %s: it is a symlink (only regular files are copied)", path)
+        if path.is_symlink() and not _hf_cache_blob(path):
+            logger.warning(
+                "not copying %s: it is a symlink outside the Hugging Face cache layout (only regular files "
+                "and snapshot links into their repository's blobs/ are copied)",
+                path,
+            )
+            continue
+        if not path.is_file():
             continue
         size = path.stat().st_size
         if size > MAX_SIDE_FILE_BYTES:
@@ -89,6 +97,16 @@ def copy_side_files(source: Path | str, directory: Path) -> list[str]:
         shutil.copyfile(path, directory / name)
         copied.append(name)
     return copied
+
+
+def _hf_cache_blob(link: Path) -> bool:
+    """Whether ``link`` is a Hugging Face cache snapshot file: ``<repo>/snapshots/<rev>/<name>`` pointing at a
+    regular file in ``<repo>/blobs/``."""
+    snapshot = link.parent.resolve()
+    if snapshot.parent.name != "snapshots":
+        return False
+    target = link.resolve()
+    return target.is_file() and target.parent == snapshot.parent.parent / "blobs"
 
 
 __all__ = ["MAX_SIDE_FILE_BYTES", "SIDE_FILES", "copy_side_files", "write_model_config"]
