@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.engine import Engine
@@ -26,12 +25,12 @@ from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..actor import Actor, ActorConfig
 from ..jobs.progress import progress_bar
-from ..jobs.run_folder import RunFolder
+from ..jobs.run_folder import RunFolder, begin_run
 from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..reference import Reference
 from ..sft.assets import load_splits
-from ..sft.batches import StepSampler, check_batch_size
+from ..sft.batches import StepSampler
 from ..sft.data import Example
 from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
 from ..sft.metrics import MetricsWriter, format_record, plot_curves
@@ -113,11 +112,9 @@ class GRPOTrainer:
     def run(self) -> GRPOResult:
         """Train for ``trainer.total_steps`` steps; returns this process's rewards and evaluations."""
         config = self.config
-        distributed.init_distributed(config.engine.device, config.engine.dist_timeout_s)
-        if config.engine.device == "cpu" and config.trainer.cpu_threads is not None:
-            torch.set_num_threads(config.trainer.cpu_threads)
-        check_batch_size("trainer.prompts_per_step", config.trainer.prompts_per_step, config.engine)
-        self.folder.prepare(config)
+        begin_run(
+            self.folder, config, engine=config.engine, trainer=config.trainer, batch_field="prompts_per_step"
+        )
         model_path = start_model(config, self.output_dir)
         tokenizer, train, val = load_splits(
             model_path, self.config.data, self.output_dir, self.config.trainer.seed

@@ -3,7 +3,8 @@
 Every job's batches are a function of the step and a few config values (the seed, the batch size: see
 :class:`~drivetrain_roles.sft.batches.StepSampler`). Each checkpoint stores those values next to its step, and
 a resumed run with other values is refused; with the model, optimizer, LR schedule and RNG state the engine
-restores, a resumed run therefore reproduces the uninterrupted one exactly.
+restores, a resumed run therefore reproduces the uninterrupted one exactly. :func:`begin_run` is what every
+job does first, the run directory's preparation last.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.command_config import to_yaml
+from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
 
+from ..command_sections import LoopConfig
+from ..sft.batches import check_batch_size
 from .launch import CHECKPOINT_DIR, check_run_dir
 
 CONFIG_FILE = "config.yaml"
@@ -85,6 +90,24 @@ class RunFolder:
         """Checkpoint ``engine`` after ``step`` steps, with the data position (collective)."""
         position = {"next_step": step, **{_state_key(name): v for name, v in self.data_order.items()}}
         engine.save_checkpoint(self.checkpoint_root, step, extra_state=position)
+
+
+def begin_run(
+    folder: RunFolder, config: Any, *, engine: EngineConfig, trainer: LoopConfig, batch_field: str
+) -> None:
+    """What every job does before any work: join the process group, set the CPU threads, check that the
+    data-parallel ranks can split ``trainer.<batch_field>`` (before a warm start or any file), prepare the run
+    directory.
+
+    Raises:
+        DataError: the batch does not split over the data-parallel ranks.
+        CheckpointError: the directory does not fit ``resume`` / ``overwrite``.
+    """
+    distributed.init_distributed(engine.device, engine.dist_timeout_s)
+    if engine.device == "cpu" and trainer.cpu_threads is not None:
+        torch.set_num_threads(trainer.cpu_threads)
+    check_batch_size(f"trainer.{batch_field}", getattr(trainer, batch_field), engine)
+    folder.prepare(config)
 
 
 def _state_key(name: str) -> str:

@@ -28,9 +28,9 @@ from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
 
 from ..jobs.progress import progress_bar
-from ..jobs.run_folder import RunFolder
+from ..jobs.run_folder import RunFolder, begin_run
 from ..sft.assets import resolve_model_path
-from ..sft.batches import StepSampler, check_batch_size
+from ..sft.batches import StepSampler
 from ..sft.final_model import FINAL_MODEL_DIR
 from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
@@ -111,11 +111,13 @@ class PairTrainer(ABC):
     def run(self) -> PairResult:
         """Warm start, then ``trainer.total_steps`` pairwise steps; returns this process's results."""
         started = time.perf_counter()
-        distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
-        if self.engine_config.device == "cpu" and self.trainer.cpu_threads is not None:
-            torch.set_num_threads(self.trainer.cpu_threads)
-        check_batch_size("trainer.batch_size", self.trainer.batch_size, self.engine_config)
-        self.folder.prepare(self.config)
+        begin_run(
+            self.folder,
+            self.config,
+            engine=self.engine_config,
+            trainer=self.trainer,
+            batch_field="batch_size",
+        )
         train_files, val_files = self._pair_files()
         result = PairResult(output_dir=self.output_dir)
         result.start_model = self._warm_start(train_files, val_files, result)

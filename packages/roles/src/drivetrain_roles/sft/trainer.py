@@ -27,10 +27,10 @@ from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..jobs.progress import progress_bar
-from ..jobs.run_folder import RunFolder
+from ..jobs.run_folder import RunFolder, begin_run
 from ..losses.sft import sft_loss_fn
 from .assets import load_splits, resolve_model_path
-from .batches import StepSampler, check_batch_size, make_sft_batch
+from .batches import StepSampler, make_sft_batch
 from .config import SFTConfig
 from .data import DataError, Example
 from .evaluate import greedy_accuracy, held_out_loss
@@ -95,11 +95,13 @@ class SFTTrainer:
 
     def run(self) -> SFTResult:
         """Train for ``trainer.total_steps`` steps; returns this process's losses and evaluations."""
-        distributed.init_distributed(self.config.engine.device, self.config.engine.dist_timeout_s)
-        if self.config.engine.device == "cpu" and self.config.trainer.cpu_threads is not None:
-            torch.set_num_threads(self.config.trainer.cpu_threads)
-        check_batch_size("trainer.batch_size", self.config.trainer.batch_size, self.config.engine)
-        self.folder.prepare(self.config)
+        begin_run(
+            self.folder,
+            self.config,
+            engine=self.config.engine,
+            trainer=self.config.trainer,
+            batch_field="batch_size",
+        )
         model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
         tokenizer, train, val = self._load_data(model_path)
         engine = self._build_engine(model_path)
