@@ -111,3 +111,21 @@ def test_a_device_this_process_cannot_see_is_one_error_naming_the_fix(monkeypatc
     with pytest.raises(ConfigError, match=r"local rank 1 .* only 1 cuda device\(s\).*--nproc-per-node 1"):
         distributed.init_distributed("cuda")
     distributed.require_device("cpu")  # the host is always there
+
+
+def test_the_group_is_destroyed_before_the_interpreter_exits() -> None:
+    """Regression: a 2-rank ``drivetrain rm`` rank sometimes died after its work with "terminate called without
+    an active exception" (SIGABRT): the gloo group was left to the interpreter's teardown. Checked in a child
+    process by an exit handler registered before the group exists (handlers run last-registered first)."""
+    import subprocess
+    import sys
+
+    child = (
+        "import atexit, torch.distributed as dist\n"
+        "atexit.register(lambda: print('initialized at exit:', dist.is_initialized()))\n"
+        "from drivetrain_engine_core import distributed\n"
+        "distributed.init_distributed('cpu')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "initialized at exit: False" in result.stdout
