@@ -13,32 +13,18 @@
   ``_apply`` returns, because FSDP2 reads the new local tensor on the host when it re-pads an uneven shard
   (such a shard then lives in FSDP2's padded copy, not in our buffer).
 
-Every move reports its bytes; :class:`Transfer` holds one load's or offload's seconds and bytes
-(``placement.Placement`` keeps the last of each).
+Every move reports its bytes; ``placement.Placement`` times them and keeps the last load and offload.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-
-
-@dataclass
-class Transfer:
-    """What one load or offload moved: wall seconds (the device waited for) and bytes."""
-
-    seconds: float = 0.0
-    bytes: int = 0
-
-    def add(self, seconds: float, moved: int) -> None:
-        self.seconds += seconds
-        self.bytes += moved
 
 
 class HostBuffers:

@@ -13,12 +13,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import offload
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What one load or offload moved: wall seconds (ending with the compute stream's wait) and bytes."""
+
+    seconds: float = 0.0
+    bytes: int = 0
 
 
 class Placement:
@@ -43,7 +52,7 @@ class Placement:
         self.grads_pending = False
         self.param_buffers = offload.HostBuffers()
         self.optimizer_buffers = offload.HostBuffers()
-        self.transfers = {"load": offload.Transfer(), "offload": offload.Transfer()}
+        self.transfers = {"load": Transfer(), "offload": Transfer()}
         self._copy_stream: Any = None
         self._optimizer_arrival: Any = None
 
@@ -56,7 +65,7 @@ class Placement:
                 moved += offload.move_parameters(self.module, self.home_device)
                 self.params_on_cpu = False
             if optimizer and self.optimizer_on_cpu and self.optimizer is not None:
-                moved += self._load_optimizer_state(self.optimizer)
+                moved += self._load_optimizer_state()
                 self.optimizer_on_cpu = False
             return moved
 
@@ -111,12 +120,14 @@ class Placement:
             metrics[f"perf/{kind}_bytes"] = float(transfer.bytes)
         return metrics
 
-    def _load_optimizer_state(self, optimizer: torch.optim.Optimizer) -> int:
+    def _load_optimizer_state(self) -> int:
+        """Bring the optimizer state home; on CUDA on the side stream, its arrival kept for the readers."""
+        assert self.optimizer is not None  # load() asks only with an optimizer
         if not (self.home_device == "cuda" and torch.cuda.is_available()):
-            return offload.move_optimizer_state(optimizer, self.home_device)
+            return offload.move_optimizer_state(self.optimizer, self.home_device)
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream()
-        moved, self._optimizer_arrival = offload.load_optimizer_state_on(optimizer, self._copy_stream)
+        moved, self._optimizer_arrival = offload.load_optimizer_state_on(self.optimizer, self._copy_stream)
         return moved
 
     def _record(self, kind: str, move: Callable[[], int]) -> None:
@@ -124,4 +135,4 @@ class Placement:
         moved = move()
         if moved:
             offload.synchronize(self.device)
-            self.transfers[kind] = offload.Transfer(seconds=time.perf_counter() - start, bytes=moved)
+            self.transfers[kind] = Transfer(seconds=time.perf_counter() - start, bytes=moved)
