@@ -93,15 +93,20 @@ def test_unknown_backend_names_what_is_installed(synthetic_step, tmp_path):
     _assert_nothing_written(tmp_path, ["ckpt"])
 
 
+def _link_to_a_secret(side_file: Path, tmp_path: Path) -> None:
+    """Replace ``side_file`` by a symlink to a file outside the model directory, which a merge must not copy."""
+    secret = tmp_path / "secret"
+    secret.write_text("do not publish")
+    side_file.unlink(missing_ok=True)
+    side_file.symlink_to(secret)
+
+
 def test_only_allow_listed_regular_side_files_travel(write_step, source_dir, source_model, tmp_path):
     planted = tmp_path / "model"
     shutil.copytree(source_dir, planted)
     (planted / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
     (planted / "notes.txt").write_text("internal")
-    secret = tmp_path / "secret"
-    secret.write_text("do not publish")
-    (planted / "generation_config.json").unlink(missing_ok=True)
-    (planted / "generation_config.json").symlink_to(secret)
+    _link_to_a_secret(planted / "generation_config.json", tmp_path)
     step = write_step(tmp_path / "ckpt", 5, source_model, model_path=planted)
     result = merge_checkpoint(step, tmp_path / "hf")
     assert not {"id_rsa", "notes.txt", "generation_config.json"} & set(result.files)
@@ -131,10 +136,7 @@ def test_side_files_of_a_hugging_face_cache_snapshot_travel(write_step, source_d
         blob = blobs / f"sha-{entry.name}"
         shutil.copyfile(entry, blob)
         (snapshot / entry.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
-    secret = tmp_path / "secret"
-    secret.write_text("do not publish")
-    (snapshot / "generation_config.json").unlink(missing_ok=True)
-    (snapshot / "generation_config.json").symlink_to(secret)
+    _link_to_a_secret(snapshot / "generation_config.json", tmp_path)
     step = write_step(tmp_path / "ckpt", 5, source_model, model_path=snapshot)
     result = merge_checkpoint(step, tmp_path / "hf")
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(result.files)
