@@ -108,9 +108,10 @@ class SdpaCoreAttention(MegatronModule):
                 "packed_seq_params with drivetrain_engine_megatron.inputs.model_kwargs (PackedRowParams), not "
                 "PackedSeqParams."
             )
+        query, key = self.rotary(query, key, positions)
         out = packed_causal_attention(
-            self.rotary(query, positions),
-            self.rotary(key, positions),
+            query,
+            key,
             value,
             cu_seqlens=params.cu_seqlens_q,
             max_seqlen=params.max_seqlen_q,
@@ -126,7 +127,7 @@ class SdpaCoreAttention(MegatronModule):
         """``[s, b, heads, d]`` in, ``[s, b, heads * d]`` out; right-padded rows are rotated at ``0..s-1``;
         ``attention_mask`` is ``True`` where masked."""
         positions = torch.arange(query.shape[0], device=query.device)
-        query, key = self.rotary(query, positions), self.rotary(key, positions)
+        query, key = self.rotary(query, key, positions)
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         mask = None if attention_mask is None else ~attention_mask
         out = self._sdpa(q, k, v, mask)

@@ -19,7 +19,8 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 
 
 class TokenRotary(torch.nn.Module):
-    """Rotates ``[tokens, ..., head_dim]`` tensors at given positions (non-interleaved, full rotary dim).
+    """Rotates query and key, ``[tokens, ..., head_dim]``, at given positions (non-interleaved, full rotary
+    dim); the angles are computed once for both.
 
     Args:
         head_dim: the attention head size (``kv_channels``).
@@ -33,11 +34,13 @@ class TokenRotary(torch.nn.Module):
             kv_channels=head_dim, rotary_percent=1.0, rotary_base=rotary_base, use_cpu_initialization=True
         ).inv_freq
 
-    def forward(self, tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """``tensor`` rotated: token ``i`` (its first dimension) at ``positions[i]``."""
-        if self._inv_freq.device != tensor.device:
-            self._inv_freq = self._inv_freq.to(tensor.device)
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``query`` and ``key`` rotated: token ``i`` (their first dimension) at ``positions[i]``."""
+        if self._inv_freq.device != query.device:
+            self._inv_freq = self._inv_freq.to(query.device)
         freqs = torch.outer(positions.to(self._inv_freq.dtype), self._inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)  # as RotaryEmbedding.get_emb, non-interleaved
-        angles = angles.view(angles.shape[0], *([1] * (tensor.dim() - 2)), angles.shape[-1])
-        return _apply_rotary_pos_emb_bshd(tensor, angles)
+        angles = angles.view(angles.shape[0], *([1] * (query.dim() - 2)), angles.shape[-1])
+        return _apply_rotary_pos_emb_bshd(query, angles), _apply_rotary_pos_emb_bshd(key, angles)
