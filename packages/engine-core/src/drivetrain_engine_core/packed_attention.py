@@ -55,6 +55,7 @@ def packed_causal_attention(
         return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scale, groups)
     if groups > 1:
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    sizes = list(lengths)
     outputs = [
         F.scaled_dot_product_attention(
             q.transpose(0, 1),
@@ -64,9 +65,7 @@ def packed_causal_attention(
             scale=scale,
             is_causal=True,
         ).transpose(0, 1)
-        for q, k, v in zip(
-            query.split(list(lengths)), key.split(list(lengths)), value.split(list(lengths)), strict=True
-        )
+        for q, k, v in zip(query.split(sizes), key.split(sizes), value.split(sizes), strict=True)
     ]
     return torch.cat(outputs, dim=0)
 
