@@ -37,8 +37,10 @@ from .data.packing import PackedRow, PaddedRows
 from .data.values import TokenLimits
 from .engine import Engine, Mode
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError
+from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
 from .linear_log_probs import linear_log_probs
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
+from .packed_attention import packed_causal_attention
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "BatchError",
     "CheckpointConfig",
     "CheckpointError",
+    "CheckpointIndex",
     "CheckpointMerger",
     "ConfigError",
     "DCPTensorReader",
@@ -75,4 +78,6 @@ __all__ = [
     "distributed",
     "linear_log_probs",
     "move_batch",
+    "packed_causal_attention",
+    "read_checkpoint_index",
 ]

@@ -14,7 +14,7 @@ transformers passes down to every attention call. Nothing here reads the device.
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.packed_attention import packed_causal_attention
+from drivetrain_engine_core.backend import packed_causal_attention
 from transformers import AttentionInterface
 
 VARLEN_ATTENTION = "drivetrain_varlen"

@@ -16,8 +16,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.packed_attention import packed_causal_attention
+from drivetrain_engine_core.backend import ConfigError, packed_causal_attention
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule

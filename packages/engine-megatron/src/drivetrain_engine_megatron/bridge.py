@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from mbridge import AutoBridge
 from mbridge.core.bridge import _MODEL_REGISTRY, Bridge
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from drivetrain_engine_core.backend import read_checkpoint_index
 from drivetrain_engine_core.config import ModelConfig
-from drivetrain_engine_core.hf_checkpoint import read_checkpoint_index
 from mbridge.core.bridge import Bridge
 from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
