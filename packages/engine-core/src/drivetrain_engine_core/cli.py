@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from .config import ConfigError
 from .errors import DrivetrainError
 from .plugins import DrivetrainPlugins, PluginInfo, plugins
+from .process_exit import run_then_exit
 
 
 class DrivetrainGroup(click.Group):
@@ -159,4 +160,11 @@ def build_cli() -> DrivetrainGroup:
 
 main = build_cli()
 
-__all__ = ["FIRST_PARTY_COMMANDS", "DrivetrainGroup", "build_cli", "main", "missing_command_message"]
+
+def run() -> NoReturn:
+    """The ``drivetrain`` console script: the root command, ended without the interpreter's teardown (see
+    :mod:`.process_exit`: torch's gloo threads can abort a finished run there)."""
+    run_then_exit(lambda: main.main(prog_name="drivetrain"))
+
+
+__all__ = ["FIRST_PARTY_COMMANDS", "DrivetrainGroup", "build_cli", "main", "missing_command_message", "run"]

@@ -74,9 +74,10 @@ def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> None:
 def _destroy_at_exit() -> None:
     """Tear down the group this module created before the interpreter exits.
 
-    NOTE: left to the interpreter's teardown, a gloo group's threads can still be joinable when their owner is
-    destroyed: the process then dies with "terminate called without an active exception" (SIGABRT) after its
-    work is done, and the launcher reports the rank as failed (seen in 2-rank ``drivetrain rm`` runs).
+    NOTE: this releases the group for processes whose libraries no longer hold it, and torch warns about a
+    group left undestroyed. It cannot join gloo's threads while a library still holds the group (DTensor's
+    caches hold FSDP2's meshes); the abort those threads can cause at teardown is avoided by ending drivetrain's
+    processes through :mod:`.process_exit`.
     """
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -21,6 +21,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from drivetrain_engine_core.config import EngineConfig
@@ -168,9 +169,16 @@ def _first_user_error(directory: Path) -> str | None:
     return reports[0].read_text() if reports else None
 
 
-def rank_main(command: click.Command, name: str) -> None:
+def rank_main(command: click.Command, name: str) -> NoReturn:
     """Run one spawned rank of ``drivetrain <name>``: a user error is one line handed to the launcher, not a
-    traceback; Ctrl-C ends the rank quietly."""
+    traceback; Ctrl-C ends the rank quietly. The rank ends without the interpreter's teardown, where torch's
+    gloo threads can abort a rank whose work is done (core's ``process_exit``)."""
+    from drivetrain_engine_core.process_exit import run_then_exit
+
+    run_then_exit(lambda: _run_rank(command, name))
+
+
+def _run_rank(command: click.Command, name: str) -> None:
     from drivetrain_engine_core.config import ConfigError
     from drivetrain_engine_core.errors import DrivetrainError
 

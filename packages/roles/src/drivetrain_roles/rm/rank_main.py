@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from ..jobs.launch import rank_main
 from ..preference.command import rm
 
 
-def main() -> None:
+def main() -> NoReturn:
     rank_main(rm, "rm")
 
 
