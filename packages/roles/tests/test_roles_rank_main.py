@@ -27,7 +27,10 @@ CHILD = textwrap.dedent(
 
     @click.command()
     @click.option("--fail", is_flag=True)
-    def demo(fail):
+    @click.option("--interrupt", is_flag=True)
+    def demo(fail, interrupt):
+        if interrupt:
+            raise KeyboardInterrupt
         if fail:
             raise ConfigError("trainer.batch_size=3 does not divide\\n  over 2 ranks")
         click.echo("rank work done")
@@ -54,3 +57,9 @@ def test_a_rank_user_error_is_one_line_and_exit_code_one() -> None:
     assert result.returncode == 1
     assert result.stderr == "drivetrain demo: error: trainer.batch_size=3 does not divide over 2 ranks\n"
     assert "teardown ran" not in result.stdout
+
+
+def test_ctrl_c_ends_a_rank_quietly_with_130() -> None:
+    result = run_rank("--interrupt")
+    # click ends the ^C line with a newline; nothing else is said.
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "\n")
