@@ -102,7 +102,7 @@ def test_a_model_path_that_is_not_a_model_directory_is_one_line_before_anything_
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         "Error: model.path=/nonexistent does not exist; set model.path to a local Hugging Face model directory "
-        "(config.json, weights, tokenizer; e.g. `hf download <repo> --local-dir DIR`) or to builtin:arithmetic "
-        "for the embedded model."
+        "(config.json, weights, tokenizer), a Hub repository id such as Qwen/Qwen2.5-0.5B-Instruct, or "
+        "builtin:arithmetic for the embedded model."
     ]
     assert not run_dir.exists()

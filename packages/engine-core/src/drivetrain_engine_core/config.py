@@ -60,7 +60,8 @@ class ModelConfig:
     """Which model to build and what it is used for.
 
     Attributes:
-        path: a local Hugging Face model directory (``config.json`` plus weights, tokenizer optional).
+        path: a local Hugging Face model directory (``config.json`` plus weights, tokenizer optional);
+            drivetrain's commands also take a Hub repository id and hand engines its cached snapshot.
         model_type: ``language_model`` (log-probs, entropy) or ``value_model`` (a scalar value per token).
         from_config_only: build from ``config.json`` with freshly initialised weights instead of loading them.
         trust_remote_code: forwarded to transformers.

@@ -24,6 +24,7 @@ from typing import Any, Self
 
 from drivetrain_engine_core.config import ConfigError
 
+from ..sft.assets import model_directory
 from ..sft.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
 from .config import GRPOConfig
@@ -33,7 +34,8 @@ from .trainer import actor_config
 
 def colocated_spec(config: GRPOConfig) -> ColocatedSpec:
     """The parts every worker builds: ``actor`` (training engine, GRPO loss), ``reference`` (its own
-    inference-only engine; none without a KL penalty), and the ``rollout``, all from ``config.model.path``.
+    inference-only engine; none without a KL penalty), and the ``rollout``, all from ``config.model.path`` (a
+    Hub repository id is fetched into the Hugging Face cache here, once, and the workers load its snapshot).
 
     Raises:
         ConfigError: ``model.path`` is the embedded ``builtin:`` model (run its warm start first and pass the
@@ -50,9 +52,10 @@ def colocated_spec(config: GRPOConfig) -> ColocatedSpec:
             "the colocated GRPO controller does not support model.lora yet (its reference would be the "
             "actor's LoRA-disabled engine); unset model.lora or use the single-process drivetrain grpo."
         )
+    path = model_directory(path, download=True)
     reference = WorkerSpec(
         role="reference",
-        model_config=config.model,
+        model_config=dataclasses.replace(config.model, path=path),
         engine_config=config.engine,
         checkpoint_config=config.checkpoint,
         role_config={"temperature": config.rollout.temperature},
@@ -90,7 +93,7 @@ class ColocatedGRPO:
         from transformers import AutoTokenizer
 
         spec = colocated_spec(config)
-        tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+        tokenizer = AutoTokenizer.from_pretrained(spec.parts["actor"].model_config.path)
         return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
 
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:

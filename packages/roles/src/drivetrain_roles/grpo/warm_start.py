@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..sft.assets import check_model_path
+from ..sft.assets import model_directory
 from ..sft.config import SFTConfig, TrainerConfig, schedule_length
 from ..sft.default_assets import BUILTIN_MODEL
 from ..sft.final_model import FINAL_MODEL_DIR
@@ -16,17 +16,18 @@ WARM_START_DIR = "warm_start"
 
 
 def start_model(config: GRPOConfig, output_dir: Path) -> str:
-    """``model.path`` itself, or for ``builtin:arithmetic`` the ``final_model`` of an SFT warm start.
+    """The local directory of ``model.path`` (a Hub id's cached snapshot), or for ``builtin:arithmetic`` the
+    ``final_model`` of an SFT warm start.
 
     The warm start is ``drivetrain sft`` for ``trainer.warm_start_steps`` steps in ``<run>/warm_start`` (same
     engine, data and seed), run once: a resumed GRPO run finds its ``final_model`` and reuses it.
 
     Raises:
-        ModelPathError: ``model.path`` is not a local Hugging Face model directory.
+        ModelPathError: ``model.path`` is neither a local Hugging Face model directory nor a cached Hub
+            repository.
     """
     if config.model.path != BUILTIN_MODEL:
-        check_model_path(config.model.path)
-        return config.model.path
+        return model_directory(config.model.path)
     directory = output_dir / WARM_START_DIR
     final = directory / FINAL_MODEL_DIR
     if not (final / "config.json").is_file():

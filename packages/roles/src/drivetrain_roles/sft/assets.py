@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,23 @@ INITIAL_MODEL_DIR = "initial_model"
 """Where the embedded model is written before training (random weights: the run's starting point)."""
 
 
+HUB_MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
+"""What a run needs of a Hub repository: config, weights and their index, tokenizer and chat template files
+(not the ``.bin``/``.pth``/``.gguf`` copies many repositories also carry)."""
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
-    """``path`` itself, or for ``builtin:arithmetic`` the embedded untrained model under ``<run>/initial_model``.
+    """The local model directory a run trains: ``path``, its Hub snapshot in the Hugging Face cache (fetched
+    by :func:`check_model_path` before the run), or for ``builtin:arithmetic`` the embedded untrained model
+    under ``<run>/initial_model``.
 
     Raises:
-        ModelPathError: ``path`` is not a local Hugging Face model directory.
+        ModelPathError: ``path`` is neither a local Hugging Face model directory nor a cached Hub repository.
     """
     if path != BUILTIN_MODEL:
-        check_model_path(path)
-        return path
+        return model_directory(path)
     target = output_dir / INITIAL_MODEL_DIR
     if distributed.rank() == 0 and not (target / "config.json").is_file():
         write_model_dir(target, seed=seed)
@@ -33,21 +42,53 @@ def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
 
 
 class ModelPathError(DrivetrainError, FileNotFoundError):
-    """``model.path`` does not name a local Hugging Face model directory."""
+    """``model.path`` names neither a local Hugging Face model directory nor a Hub repository this machine has."""
 
 
 def check_model_path(path: str) -> None:
-    """Raise one clear error unless ``path`` is the embedded model or a directory with a ``config.json``."""
-    if path == BUILTIN_MODEL:
-        return
+    """Raise one clear error unless ``path`` is the embedded model, a model directory, or a Hub repository id
+    whose files are in (or can be fetched into) the Hugging Face cache; commands call it once, before any rank
+    starts, so a Hub model is downloaded once."""
+    if path != BUILTIN_MODEL:
+        model_directory(path, download=True)
+
+
+def model_directory(path: str, *, download: bool = False) -> str:
+    """The local directory of ``path``: ``path`` itself, or for a Hub repository id (``org/name`` that is not
+    a local path) its snapshot in the Hugging Face cache, fetched first when ``download`` (and the Hub is
+    reachable; ``HF_HUB_OFFLINE=1`` never asks it).
+
+    Raises:
+        ModelPathError: no ``config.json`` there, or the repository is neither cached nor fetchable.
+    """
     directory = Path(path)
+    if not directory.exists() and _REPO_ID.fullmatch(path):
+        directory = Path(_hub_snapshot(path, download=download))
     if not (directory / "config.json").is_file():
         what = "has no config.json" if directory.is_dir() else "does not exist"
         raise ModelPathError(
             f"model.path={path} {what}; set model.path to a local Hugging Face model directory (config.json, "
-            f"weights, tokenizer; e.g. `hf download <repo> --local-dir DIR`) or to {BUILTIN_MODEL} for the "
-            "embedded model."
+            f"weights, tokenizer), a Hub repository id such as Qwen/Qwen2.5-0.5B-Instruct, or {BUILTIN_MODEL} "
+            "for the embedded model."
         )
+    return str(directory)
+
+
+def _hub_snapshot(repo_id: str, *, download: bool) -> str:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return str(
+            snapshot_download(repo_id, allow_patterns=list(HUB_MODEL_FILES), local_files_only=not download)
+        )
+    except (OSError, ValueError) as e:  # every Hub, cache and validation error of huggingface_hub
+        reason = " ".join(str(e).split())
+        raise ModelPathError(
+            f"model.path={repo_id} is not a local directory, and the Hugging Face Hub repository of that name is "
+            f"not in this machine's cache{' and could not be fetched' if download else ''} ({type(e).__name__}: "
+            f"{reason[:300]}). Fetch it where the Hub is reachable (`hf download {repo_id}`, into the cache "
+            "HF_HOME points at), or set model.path to a local model directory."
+        ) from e
 
 
 def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple[list[str], list[str]]:
