@@ -49,7 +49,9 @@ def test_a_resumed_dpo_run_reproduces_the_uninterrupted_one_exactly(tmp_path) ->
 
     assert resumed.start_step == 2
     assert resumed.train_losses == full.train_losses[2:]  # bit-exact, not approximately
-    assert resumed.evaluations == full.evaluations[-1:]  # step 4's (step 2's came before the crash)
+    # The whole run's: steps 0 and 2 (before the crash) read back from metrics.jsonl, then step 4.
+    assert resumed.evaluations == full.evaluations
+    assert [e["step"] for e in resumed.evaluations] == [0, 2, 4]
     assert resumed.warm_start == full.warm_start and warm_summary.stat().st_mtime_ns == warm_written
     records = read_records(resumed_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses

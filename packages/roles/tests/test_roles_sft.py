@@ -75,7 +75,8 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_pa
     resumed = run_sft(resumed_dir, *STEPS, resume=True)
     assert resumed.start_step == 4
     assert resumed.train_losses == full.train_losses[4:]  # bit-exact, not approximately
-    assert resumed.evaluations[-1] == full.evaluations[-1]
+    # The whole run's evaluations (step 0's read back from metrics.jsonl): the summary starts at step 0.
+    assert resumed.evaluations == full.evaluations and resumed.evaluations[0]["step"] == 0
     resumed_records = read_records(resumed_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
 

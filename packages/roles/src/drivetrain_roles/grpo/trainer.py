@@ -71,7 +71,8 @@ class GRPOResult:
         output_dir: the run directory.
         start_step: 0, or the resumed checkpoint's step.
         rewards: mean training reward of each step this process ran.
-        evaluations: ``{"step", "val/accuracy"}`` of each evaluation.
+        evaluations: ``{"step", "val/accuracy"}`` of each evaluation of the run (a resumed run's earlier
+            ones from ``metrics.jsonl``).
         seconds: wall time of the GRPO loop (warm start and setup excluded).
     """
 
@@ -110,7 +111,7 @@ class GRPOTrainer:
         )
 
     def run(self) -> GRPOResult:
-        """Train for ``trainer.total_steps`` steps; returns this process's rewards and evaluations."""
+        """Train for ``trainer.total_steps`` steps; returns this process's rewards and the run's evaluations."""
         config = self.config
         begin_run(
             self.folder, config, engine=config.engine, trainer=config.trainer, batch_field="prompts_per_step"
@@ -130,7 +131,9 @@ class GRPOTrainer:
             config=to_plain(config),
             resume_step=start_step if self.folder.resume else None,
         )
-        result = GRPOResult(output_dir=self.output_dir, start_step=start_step)
+        result = GRPOResult(
+            output_dir=self.output_dir, start_step=start_step, evaluations=writer.earlier_evaluations()
+        )
         loop = _Loop(self, actor, reference, rollout, tokenizer, train, val, writer, result)
         started = time.perf_counter()
         try:

@@ -50,7 +50,8 @@ class PairResult:
             ``model.path``).
         warm_start: the warm start's last evaluation (``val/loss``, ``val/accuracy``), if it ran.
         train_losses: the loss of each step this process ran.
-        evaluations: ``{"step", "val/...": value}`` of each held-out evaluation.
+        evaluations: ``{"step", "val/...": value}`` of each held-out evaluation of the run (a resumed run's
+            earlier ones from ``metrics.jsonl``).
         seconds: wall time of the whole run (warm start included).
     """
 
@@ -139,6 +140,7 @@ class PairTrainer(ABC):
             config=to_plain(self.config),
             resume_step=result.start_step if self.folder.resume else None,
         )
+        result.evaluations = writer.earlier_evaluations()
         try:
             self._train(
                 engine,

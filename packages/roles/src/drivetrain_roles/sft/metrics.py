@@ -10,8 +10,9 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,13 @@ class MetricsWriter:
         self.records.append({"step": step, **values})
         for tracker in self._trackers:
             tracker.log(step, values)
+
+    def earlier_evaluations(self) -> list[dict[str, float]]:
+        """The held-out evaluations a resumed run made up to its resumed step, as the output rank read them
+        from ``metrics.jsonl``; the same list on every rank (a collective: every rank calls it). Empty for a
+        new run, or when ``jsonl`` is not among the trackers."""
+        kept = [r for r in self.records if len(r) > 1 and all(k == "step" or k.startswith("val/") for k in r)]
+        return cast(list[dict[str, float]], distributed.broadcast_object(kept))
 
     def close(self) -> None:
         for tracker in self._trackers:

@@ -50,7 +50,8 @@ class SFTResult:
         output_dir: the run directory.
         start_step: the step the run started from (0, or the resumed checkpoint's step).
         train_losses: the training loss of each step this process ran, in order.
-        evaluations: ``{"step", "val/loss", "val/accuracy"}`` of each evaluation this process ran.
+        evaluations: ``{"step", "val/loss", "val/accuracy"}`` of each evaluation of the run (a resumed run's
+            earlier ones from ``metrics.jsonl``).
         skipped_steps: optimizer updates skipped for a non-finite grad norm, over the whole run (resumes
             included).
     """
@@ -94,7 +95,7 @@ class SFTTrainer:
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
 
     def run(self) -> SFTResult:
-        """Train for ``trainer.total_steps`` steps; returns this process's losses and evaluations."""
+        """Train for ``trainer.total_steps`` steps; returns this process's losses and the run's evaluations."""
         begin_run(
             self.folder,
             self.config,
@@ -114,7 +115,9 @@ class SFTTrainer:
             config=to_plain(self.config),
             resume_step=start_step if self.folder.resume else None,
         )
-        result = SFTResult(output_dir=self.output_dir, start_step=start_step)
+        result = SFTResult(
+            output_dir=self.output_dir, start_step=start_step, evaluations=writer.earlier_evaluations()
+        )
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
         heartbeat = Heartbeat(self.output_dir / HEARTBEAT_DIR, distributed.rank(), distributed.world_size())
         try:
