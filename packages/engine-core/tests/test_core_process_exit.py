@@ -32,6 +32,9 @@ PROBES = textwrap.dedent(
         print("non-daemon thread finished")
 
     threading.Thread(target=late_writer).start()
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(1)  # its idle worker is a non-daemon thread that waits for work until told to stop
+    pool.submit(print, "pool task ran")
     sys.stdout.write("buffered, no newline")
     """
 )
@@ -53,6 +56,7 @@ def test_exit_process_keeps_what_python_does_before_its_teardown_and_skips_the_t
     assert result.returncode == 3, result.stderr
     assert "buffered, no newline" in result.stdout
     assert "non-daemon thread finished" in result.stdout
+    assert "pool task ran" in result.stdout  # and its idle worker did not keep the process alive
     assert "exit handler ran" in result.stdout
     assert "teardown ran" not in result.stdout
 

@@ -9,9 +9,9 @@ destructor, and the process aborts with "terminate called without an active exce
 work is done and saved. The launcher then reports the rank as failed (about 1 run in 10 of a 2-rank CPU run;
 pytorch/pytorch#179291 tried to fix it in torch and was abandoned).
 
-:func:`exit_process` ends the process the way Python does up to that teardown (non-daemon threads joined, exit
-handlers run, standard streams flushed) and then leaves at once, so no thread is ever asked to stop while
-it holds a half-released tensor. The ``drivetrain`` command and every rank it launches end through
+:func:`exit_process` ends the process the way Python does up to that teardown (thread pools stopped and
+non-daemon threads joined, exit handlers run, standard streams flushed) and then leaves at once, so no thread
+is ever asked to stop while it holds a half-released tensor. The ``drivetrain`` command and every rank it launches end through
 :func:`run_then_exit`.
 """
 
@@ -45,15 +45,16 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
 
 
 def exit_process(status: object = 0) -> NoReturn:
-    """End the process now: join non-daemon threads, run the exit handlers, flush stdout/stderr, leave.
+    """End the process now: stop thread pools and join non-daemon threads, run the exit handlers, flush
+    stdout/stderr, leave.
 
     Everything Python does before it tears down its objects happens, in Python's order; the teardown itself
     is skipped (see the module docstring for why).
     """
     code = _exit_code(status)
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter runs first at exit: the threading exit hooks (they stop idle thread-pool workers,
+    # which would otherwise wait for work forever), then a join of every non-daemon thread.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing left to say on it
