@@ -163,6 +163,18 @@ def test_a_bad_value_is_named_where_it_was_written_not_where_a_value_follows_it(
         build(loaded, "loop.steps=-5")
 
 
+def test_the_engine_runs_on_the_machines_gpu_unless_a_device_is_given(loaded, monkeypatch):
+    """A command on a GPU machine trained on the CPU unless told ``engine.device=cuda`` (users of the Hugging
+    Face Trainer and TRL expect the GPU)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert build(loaded).engine.device == "cuda"
+    assert build(loaded, "engine.device=cpu").engine.device == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert build(loaded).engine.device == "cpu"
+
+
 def test_engine_section_is_the_backends_class_with_the_commands_defaults(loaded):
     config = build(loaded, "engine.knob=5")
     assert type(config.engine) is ToyBackendConfig

@@ -128,7 +128,8 @@ class EngineConfig:
 
     Attributes:
         backend: registered backend name (``fsdp``, ``megatron``, ...).
-        device: device type the model runs on (``cpu``, ``cuda``, ...); never hard-coded in a backend.
+        device: device type the model runs on (``cpu``, ``cuda``, ...); never hard-coded in a backend. In a
+            command's config it defaults to the machine's: ``cuda`` where torch sees a GPU, else ``cpu``.
         param_dtype: dtype of compute (mixed precision); master weights stay float32.
         micro_batch: micro-batching policy.
         param_offload: keep parameters on CPU outside ``train_mode``/``eval_mode``.

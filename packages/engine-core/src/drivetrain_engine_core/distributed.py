@@ -106,7 +106,7 @@ def require_device(device: str) -> None:
         raise ConfigError(
             f"this process is local rank {local_rank} on engine.device={device!r}, but only {count} {device} "
             f"device(s) are visible; start at most {count} processes per node (torchrun --nproc-per-node "
-            f"{count}, drivetrain --nproc {count})."
+            f"{count}, drivetrain --nproc {count}), or set engine.device=cpu to run them on the CPU."
         )
 
 

@@ -4,8 +4,9 @@ A command's config is one frozen dataclass of sections (its field defaults are t
 built in five visible steps: the typed schema (a section typed :class:`~..config.EngineConfig` becomes the
 class of the backend it names), a check of every key against the dataclasses (unknown keys get the close
 match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), the
-derived values the command computes from the others (``derived_values``, only where no layer set them), and
-the dataclasses themselves (their ``__post_init__`` checks ranges and combinations).
+derived values the command computes from the others (``derived_values``, and each engine section's ``device``:
+:func:`machine_device`; only where no layer set them), and the dataclasses themselves (their ``__post_init__``
+checks ranges and combinations).
 """
 
 from __future__ import annotations
@@ -62,16 +63,27 @@ def build_config(
     try:
         typed = OmegaConf.merge(_schema(cls, backends), *plain)
         derive: Derive | None = getattr(cls, "derived_values", None)
-        if derive is not None:
+        if derive is not None or backends:
             # NOTE: built once as written first, so that a bad value is reported where the user wrote it and
             # not in a section whose value follows it (trainer.total_steps=-1 read as optimizer.warmup_steps=-1).
             OmegaConf.to_object(typed)
-            typed = OmegaConf.merge(typed, _unset_only(derive(typed), plain))  # type: ignore[arg-type]
+            machine = {name: {"device": machine_device()} for name in backends}
+            derived = derive(typed) if derive is not None else {}  # type: ignore[arg-type]
+            follow = [_unset_only(values, plain) for values in (machine, derived)]
+            typed = OmegaConf.merge(typed, *follow)
         return OmegaConf.to_object(typed)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         raise _field_error(e, cls, plain, where, classes) from e
     except TypeError as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
+
+
+def machine_device() -> str:
+    """The device a command's engine runs on unless ``engine.device`` is given: ``cuda`` where torch sees a
+    GPU, else ``cpu`` (what users of the Hugging Face Trainer and TRL expect; a GPU is never left idle)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_keys(values: Mapping[str, Any], cls: type, where: str, backends: Mapping[str, type]) -> None:
