@@ -12,7 +12,8 @@ transformers 4. Rather than patching it, :func:`make_bridge` subclasses the regi
   packed-row rotation reads ``cu_seqlens`` on the host in every layer), so ``GPTModel`` has no position
   embedding of its own;
 - pins the ``TransformerConfig`` values drivetrain relies on (sequence parallel off unless asked, per-token
-  loss summation, no fused kernels) through mbridge's own ``set_extra_args``;
+  loss summation, no fused kernels) in the config's first build (mbridge's ``set_extra_args`` rebuilds it
+  after a first build with megatron's defaults, which warn);
 - keeps the weight-name mappings per bridge instance (mbridge edits its class-level dicts for tied embeddings).
 """
 
@@ -48,7 +49,10 @@ class _DrivetrainBridgeMixin:
     value_head = False
     """Whether ``output_layer`` is the value model's ``score`` head rather than ``lm_head``."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, transformer_overrides: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        self.transformer_overrides = dict(transformer_overrides or {})
         # NOTE: mbridge's weight-name mappings are class attributes, and Qwen2Bridge's
         # ``_adjust_mapping_for_shared_weights`` (run by ``Bridge.__init__``) edits ``_DIRECT_MAPPING`` in place
         # for a tied model: every later bridge of that class or a subclass (Qwen3, ...) in the process would
@@ -56,6 +60,14 @@ class _DrivetrainBridgeMixin:
         for name in _mapping_attributes(type(self)):
             setattr(self, name, copy.deepcopy(getattr(self, name)))
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+
+    def _build_base_config(self, **kwargs: Any) -> Any:
+        # NOTE: mbridge builds the config in ``Bridge.__init__``; passing drivetrain's values there, rather
+        # than through ``set_extra_args`` afterwards, builds it once. ``cuda_graph_scope=[]`` is what
+        # megatron-core 0.16 turns its own default ("full") into, after warning that it is deprecated: on every
+        # config build, so once per engine and rank in every run's output.
+        values = {"cuda_graph_scope": [], **kwargs, **self.transformer_overrides}
+        return super()._build_base_config(**values)  # type: ignore[misc]
 
     def _get_transformer_layer_spec(self, vp_stage: int | None = None) -> Any:
         spec = get_gpt_decoder_block_spec(
@@ -146,9 +158,12 @@ def make_bridge(
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
     cls = bridge_class(hf_config, value_model=value_model)
-    bridge = cls(hf_config, dtype=dtype, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
-    bridge.set_extra_args(**transformer_overrides)
-    return bridge
+    return cls(
+        hf_config,
+        dtype=dtype,
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        transformer_overrides=transformer_overrides,
+    )
 
 
 def build_model_chunks(bridge: Bridge, vpp_size: int | None) -> list[torch.nn.Module]:
