@@ -195,9 +195,11 @@ class MegatronEngine(Engine):
         return self._built_optimizer().param_groups
 
     def _optimizer_zero_grad(self) -> None:
+        from .optim import zero_grad
+
         for chunk in self._ddp_chunks():
             chunk.zero_grad_buffer()
-        self._built_optimizer().zero_grad()
+        zero_grad(self._built_optimizer())
 
     def _clip_grad_norm(self, max_norm: float | None) -> float:
         from .optim import clip_grad_norm

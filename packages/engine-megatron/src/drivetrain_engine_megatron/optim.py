@@ -10,6 +10,7 @@ config (``clip_grad=0``): drivetrain clips exactly once, here.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from drivetrain_engine_core.backend import OptimizerConfig
@@ -43,6 +44,19 @@ def build_optimizer(
         use_distributed_optimizer=engine_config.use_distributed_optimizer,
     )
     return get_megatron_optimizer(mcore_config, chunks, config_overrides={})
+
+
+def zero_grad(optimizer: MegatronOptimizer) -> None:
+    """Drop the main parameters' gradients, without torch's warning about megatron's own ``.grad`` read.
+
+    The distributed optimizer's float32 shards are views of the model's parameters (non-leaf tensors), and its
+    ``zero_grad`` reads their ``.grad``: torch warns once per engine and rank that a non-leaf ``.grad`` is never
+    populated. Nothing is wrong (megatron's gradients live in ``main_grad``), so the warning is silenced
+    for this call only.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf Tensor")
+        optimizer.zero_grad()
 
 
 def clip_grad_norm(optimizer: MegatronOptimizer, max_norm: float | None) -> float:
