@@ -44,3 +44,48 @@ def test_compiled_layers_agree_with_eager(tmp_path):
     model_dir = make_tiny_model_dir(tmp_path / "qwen2", arch="qwen2")
     eager, compiled = train_two_steps(model_dir, False), train_two_steps(model_dir, True)
     assert compiled == pytest.approx(eager, rel=1e-5, abs=1e-5)
+
+
+def test_compiled_attention_is_not_specialised_on_the_number_of_sequences(monkeypatch):
+    """On the flash path a compiled layer must serve every micro-batch shape with one graph (two frames: the
+    first, then one with dynamic sizes). Checking ``sequence_lengths is None`` guarded it on the tuple's length,
+    so each new number of sequences recompiled it, and after torch's limit of eight it ran eager.
+
+    The flash kernel needs CUDA, so here it is replaced by a stand-in with the kernel's inputs (``cu_seqlens``
+    and ``max_seqlen``, no host lengths); torch's ``eager`` backend counts the frames without compiling."""
+    import torch
+    from drivetrain_engine_core import packed_attention
+    from drivetrain_engine_fsdp.attention import varlen_attention_forward
+    from torch._dynamo.testing import CompileCounter
+
+    def kernel_stand_in(query, key, value, cu_seqlens, max_seqlen, scale, groups):
+        return query * max_seqlen + cu_seqlens[-1]
+
+    monkeypatch.setattr(packed_attention, "_flash_applies", lambda query, scale, dropout: True)
+    monkeypatch.setattr(packed_attention, "_torch_varlen", kernel_stand_in)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    attention = torch.compile(varlen_attention_forward, backend=counter)
+    for count in range(1, 12):
+        lengths = tuple(range(2, count + 2))
+        total = sum(lengths)
+        query, key, value = (
+            torch.randn(1, 4, total, 8),
+            torch.randn(1, 2, total, 8),
+            torch.randn(1, 2, total, 8),
+        )
+        cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        output, _ = attention(
+            torch.nn.Module(),
+            query,
+            key,
+            value,
+            None,
+            cu_seq_lens_q=cu_seqlens,
+            max_length_q=max(lengths),
+            sequence_lengths=lengths,
+        )
+        expected = query.transpose(1, 2) * max(lengths) + total
+        torch.testing.assert_close(output, expected)
+    torch._dynamo.reset()
+    assert counter.frame_count == 2

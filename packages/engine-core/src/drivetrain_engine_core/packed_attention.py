@@ -32,7 +32,7 @@ def packed_causal_attention(
     *,
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
-    lengths: Sequence[int],
+    lengths: Sequence[int] | None,
     scale: float | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
@@ -43,16 +43,26 @@ def packed_causal_attention(
         key, value: ``(T, kv_heads, head_dim)``; ``heads`` is a multiple of ``kv_heads`` (grouped queries).
         cu_seqlens: ``(n + 1,)`` cumulative sequence lengths on the tensors' device.
         max_seqlen: the longest sequence.
-        lengths: the ``n`` lengths ``cu_seqlens`` describes, as host integers.
+        lengths: the ``n`` lengths ``cu_seqlens`` describes, as host integers; only the SDPA path reads them
+            (the flash kernel takes ``cu_seqlens``), so a compiled layer on that path is not specialised on how
+            many sequences a row holds.
         scale: softmax scale; ``None`` is ``1 / sqrt(head_dim)``.
         dropout: attention dropout probability (only the SDPA path applies one).
 
     Returns:
         ``(T, heads, head_dim)``.
+
+    Raises:
+        ValueError: the SDPA path is taken and ``lengths`` is ``None``.
     """
     groups = query.shape[1] // key.shape[1]
-    if query.is_cuda and query.dtype in _FLASH_DTYPES and dropout == 0.0 and _varlen_takes(scale, query):
+    if _flash_applies(query, scale, dropout):
         return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scale, groups)
+    if lengths is None:
+        raise ValueError(
+            "packed_causal_attention needs the host lengths of the row's sequences off the flash path "
+            f"(device {query.device.type}, dtype {query.dtype}, dropout {dropout}); pass lengths=."
+        )
     if groups > 1:
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
     sizes = list(lengths)
@@ -68,6 +78,11 @@ def packed_causal_attention(
         for q, k, v in zip(query.split(sizes), key.split(sizes), value.split(sizes), strict=True)
     ]
     return torch.cat(outputs, dim=0)
+
+
+def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float) -> bool:
+    """Whether torch's flash kernel computes this call: CUDA, half precision, no dropout, a scale it takes."""
+    return query.is_cuda and query.dtype in _FLASH_DTYPES and dropout == 0.0 and _varlen_takes(scale, query)
 
 
 def _torch_varlen(

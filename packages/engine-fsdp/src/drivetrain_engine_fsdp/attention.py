@@ -43,7 +43,9 @@ def varlen_attention_forward(
         scaling: softmax scale.
         cu_seq_lens_q: int32 cumulative sequence lengths ``(num_sequences + 1,)`` of the row, on its device.
         max_length_q: the longest sequence (host integer).
-        sequence_lengths: the lengths ``cu_seq_lens_q`` describes (host integers).
+        sequence_lengths: the lengths ``cu_seq_lens_q`` describes (host integers), for the SDPA path. Not
+            checked here: testing a tuple under ``torch.compile`` guards the compiled layer on its length, so
+            every new number of sequences per micro-batch recompiled it (eager after eight).
 
     Returns:
         ``(output (1, T, heads, head_dim), None)`` as transformers' attention functions return.
@@ -51,19 +53,12 @@ def varlen_attention_forward(
     Raises:
         ValueError: called without ``cu_seq_lens_q`` or with a padding mask or a batch of several rows.
     """
-    if (
-        cu_seq_lens_q is None
-        or max_length_q is None
-        or sequence_lengths is None
-        or attention_mask is not None
-        or query.shape[0] != 1
-    ):
+    if cu_seq_lens_q is None or max_length_q is None or attention_mask is not None or query.shape[0] != 1:
         raise ValueError(
-            f"{VARLEN_ATTENTION} attention needs one packed row (batch 1), no attention_mask, cu_seq_lens_q, "
-            f"max_length_q and sequence_lengths; got batch {query.shape[0]}, mask "
-            f"{'set' if attention_mask is not None else 'None'}, cu_seq_lens_q "
-            f"{'set' if cu_seq_lens_q is not None else 'None'}, max_length_q {max_length_q}, sequence_lengths "
-            f"{'set' if sequence_lengths is not None else 'None'}. Pass inputs from drivetrain_engine_fsdp.inputs."
+            f"{VARLEN_ATTENTION} attention needs one packed row (batch 1), no attention_mask, cu_seq_lens_q "
+            f"and max_length_q; got batch {query.shape[0]}, mask {'set' if attention_mask is not None else 'None'}, "
+            f"cu_seq_lens_q {'set' if cu_seq_lens_q is not None else 'None'}, max_length_q {max_length_q}. "
+            "Pass inputs from drivetrain_engine_fsdp.inputs."
         )
     heads_first = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, head_dim) views
     output = packed_causal_attention(
