@@ -12,6 +12,7 @@ from drivetrain_engine_core.throughput import (
     TransformerShape,
     peak_tflops,
     speed_metrics,
+    table_peak_tflops,
 )
 
 TINY = SimpleNamespace(
@@ -51,6 +52,23 @@ def test_peak_comes_from_config_then_environment_then_nothing_on_cpu(monkeypatch
     monkeypatch.setenv(PEAK_TFLOPS_VARIABLE, "fast")
     with pytest.raises(ValueError, match=PEAK_TFLOPS_VARIABLE):
         peak_tflops("cpu", None)
+
+
+@pytest.mark.parametrize(
+    ("device_name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),  # was matched as "H100": MFU understated by a quarter
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA H20", 148.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("Tesla V100-SXM2-32GB", None),
+    ],
+)
+def test_peak_table_tells_variants_of_a_family_apart(device_name, peak):
+    assert table_peak_tflops(device_name) == peak
 
 
 def test_speed_metrics():

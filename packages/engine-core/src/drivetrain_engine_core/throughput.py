@@ -29,11 +29,15 @@ import torch
 
 PEAK_TFLOPS_VARIABLE = "DRIVETRAIN_PEAK_TFLOPS"
 
-# NOTE: dense bf16/fp16 tensor-core peaks from the vendors' data sheets (no sparsity), matched against
-# torch.cuda.get_device_name() in this order; float32 compute reaches far less, so set engine.peak_tflops there.
+# NOTE: dense bf16/fp16 tensor-core peaks from the vendors' data sheets (no sparsity), matched as substrings of
+# torch.cuda.get_device_name() in this order (a variant before its family: "H100 PCIe" before "H100", "H200"
+# before "H20"); float32 compute reaches far less, so set engine.peak_tflops there.
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("B200", 2250.0),
     ("H200", 989.0),
+    ("H20", 148.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
     ("H100", 989.0),
     ("H800", 989.0),
     ("A100", 312.0),
@@ -120,8 +124,12 @@ def peak_tflops(device: str, configured: float | None) -> float | None:
         return value
     if device != "cuda" or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
+    return table_peak_tflops(torch.cuda.get_device_name())
+
+
+def table_peak_tflops(device_name: str) -> float | None:
+    """The :data:`PEAK_TFLOPS` entry of a GPU named as ``torch.cuda.get_device_name()`` names it, if any."""
+    return next((peak for key, peak in PEAK_TFLOPS if key in device_name), None)
 
 
 def speed_metrics(
