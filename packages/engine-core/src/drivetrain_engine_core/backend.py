@@ -39,7 +39,7 @@ from .engine import Engine, Mode
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError
 from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
 from .linear_log_probs import linear_log_probs
-from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
+from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
 from .packed_attention import packed_causal_attention
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
 
@@ -76,6 +76,7 @@ __all__ = [
     "SequenceSplit",
     "TokenLimits",
     "distributed",
+    "host_floats",
     "linear_log_probs",
     "move_batch",
     "packed_causal_attention",

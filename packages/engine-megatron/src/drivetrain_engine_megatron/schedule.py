@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, distributed
+from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, distributed, host_floats
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import unwrap_model
@@ -106,9 +106,7 @@ def _share_from_last_stage(results: list[MicroBatchResult], count: int) -> list[
     """Give every pipeline rank the last stage's losses and metrics (outputs stay on the last stage)."""
     if mpu.get_pipeline_model_parallel_world_size() == 1:
         return results
-    summary = (
-        [(r.loss, r.metrics) for r in results] if mpu.is_pipeline_last_stage(ignore_virtual=True) else None
-    )
+    summary = _host_summary(results) if mpu.is_pipeline_last_stage(ignore_virtual=True) else None
     shared = distributed.broadcast_object(
         summary,
         src=mpu.get_pipeline_model_parallel_last_rank(),
@@ -121,4 +119,26 @@ def _share_from_last_stage(results: list[MicroBatchResult], count: int) -> list[
             f"expected the last pipeline stage's list of (loss, metrics) per micro-batch, got "
             f"{type(shared).__name__}; every pipeline rank must run the same schedule."
         )
-    return [MicroBatchResult(outputs=None, loss=loss, metrics=metrics) for loss, metrics in shared][:count]
+    return [
+        MicroBatchResult(outputs=None, loss=None if loss is None else torch.tensor(loss), metrics=metrics)
+        for loss, metrics in shared
+    ][:count]
+
+
+def _host_summary(results: list[MicroBatchResult]) -> list[tuple[float | None, dict[str, float]]]:
+    """Each micro-batch's ``(loss, metrics)`` as Python floats, read from the device in one transfer.
+
+    NOTE: a device tensor in ``broadcast_object`` is pickled with its device, so every other stage would
+    unpickle it onto the last stage's GPU (a CUDA context there, or a failure where that GPU is not visible).
+    """
+    values: list[float | torch.Tensor] = []
+    for result in results:
+        values += [*([] if result.loss is None else [result.loss]), *result.metrics.values()]
+    numbers = iter(host_floats(values))
+    return [
+        (
+            None if result.loss is None else next(numbers),
+            {name: next(numbers) for name in result.metrics},
+        )
+        for result in results
+    ]
