@@ -27,7 +27,9 @@ response tokens; AdamW; bf16 compute with float32 master weights. Variants:
 
 Per variant: seconds per step (median of ``--steps`` after ``--warmup``), tokens/s, achieved TFLOP/s and MFU from
 core's FLOP counter (:mod:`drivetrain_engine_core.throughput`, model FLOPs, attention included) and peak table,
-and peak device memory (``torch.cuda.max_memory_allocated`` from the variant's first warm-up step on), plus the
+and peak device memory (the largest ``torch.cuda.max_memory_allocated`` of one step, warm-up included, the counter
+reset before each: engines reset it at the start of every step too, so a longer window would hold the engine's
+last step against the bare loops' whole run, initialisation included), plus the
 first step's loss (engine and bare losses should agree to bf16 noise: same seed, same weights).
 
 On a GPU (about 3-4 minutes on one H100)::
@@ -262,11 +264,10 @@ class BareLoop:
 
 @contextmanager
 def fresh_device(device: str) -> Iterator[None]:
-    """Free what the previous variant left and reset the peak counter."""
+    """Free what the previous variant left."""
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
     yield
     gc.collect()
     if device == "cuda":
@@ -280,14 +281,15 @@ def sync(device: str) -> None:
 
 def measure(args, step: Callable[[], float], flops: float, tokens: int) -> dict[str, Any]:
     """Median seconds of ``args.steps`` steps after ``args.warmup``, with speed and memory figures."""
-    first_loss = step()
+    peaks = StepPeaks(args.device)
+    first_loss = peaks.run(step)
     for _ in range(args.warmup - 1):
-        step()
+        peaks.run(step)
     times = []
     for _ in range(args.steps):
         sync(args.device)
         start = time.perf_counter()
-        step()
+        peaks.run(step)
         sync(args.device)
         times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
@@ -302,8 +304,23 @@ def measure(args, step: Callable[[], float], flops: float, tokens: int) -> dict[
         "cpu_s_per_step": None,
     }
     if args.device == "cuda":
-        result["peak_gib"] = round(torch.cuda.max_memory_allocated() / float(1 << 30), 2)
+        result["peak_gib"] = round(peaks.largest / float(1 << 30), 2)
     return result
+
+
+class StepPeaks:
+    """The largest peak device memory of one step, over the steps :meth:`run` ran (CUDA only)."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.largest = device, 0
+
+    def run(self, step: Callable[[], float]) -> float:
+        if self.device != "cuda":
+            return step()
+        torch.cuda.reset_peak_memory_stats()
+        loss = step()
+        self.largest = max(self.largest, torch.cuda.max_memory_allocated())
+        return loss
 
 
 def cpu_time(args, step: Callable[[], float]) -> float:
@@ -334,12 +351,21 @@ def run_variant(args, name: str, build: Callable[[], Callable[[], float]], flops
     return result
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (``find_spec`` of ``a.b`` raises when ``a`` itself is missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def skip_reason(args, name: str) -> str | None:
     """Why variant ``name`` cannot run here, or ``None``."""
-    if name == "megatron" and not all(importlib.util.find_spec(m) for m in ("megatron.core", "mbridge")):
-        return "megatron-core or mbridge is not installed"
+    megatron_modules = ("megatron.core", "mbridge", "drivetrain_engine_megatron")
+    if name == "megatron" and not all(installed(m) for m in megatron_modules):
+        return "megatron-core, mbridge or drivetrain-engine-megatron is not installed"
     if name in ("fsdp_liger", "fsdp_fused", "fsdp_infer_fused") and (
-        args.device != "cuda" or not importlib.util.find_spec("liger_kernel")
+        args.device != "cuda" or not installed("liger_kernel")
     ):
         return "Liger-Kernel runs on CUDA only and must be installed (drivetrain-engine-fsdp[liger])"
     return None
