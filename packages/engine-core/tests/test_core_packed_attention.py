@@ -19,8 +19,9 @@ LENGTHS = (5, 130, 1, 64)
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 16
 
 
-def formula(query, key, value, scale):
-    """softmax(q k^T * scale + causal mask) v, each sequence alone, key/value heads repeated, float32."""
+def formula(query, key, value, scale, window=None):
+    """softmax(q k^T * scale + causal mask) v, each sequence alone, key/value heads repeated, float32; with a
+    ``window``, query ``i`` sees keys ``i - window < j <= i`` (transformers' ``sliding_window``)."""
     repeat = query.shape[1] // key.shape[1]
     outputs, start = [], 0
     for length in LENGTHS:
@@ -28,6 +29,8 @@ def formula(query, key, value, scale):
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+        if window is not None:
+            causal = causal.triu(-(window - 1))
         weights = scores.masked_fill(~causal, float("-inf")).softmax(-1)
         outputs.append(torch.einsum("hqk,khd->qhd", weights, v))
         start += length
@@ -43,17 +46,25 @@ def inputs(device="cpu", dtype=torch.float32):
     return (*tensors, cu_seqlens)
 
 
-def attend(query, key, value, cu_seqlens, scale):
+def attend(query, key, value, cu_seqlens, scale, window=None):
     return packed_causal_attention(
-        query, key, value, cu_seqlens=cu_seqlens, max_seqlen=max(LENGTHS), lengths=LENGTHS, scale=scale
+        query,
+        key,
+        value,
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max(LENGTHS),
+        lengths=LENGTHS,
+        scale=scale,
+        window=window,
     )
 
 
-def test_values_and_gradients_equal_the_formula_without_reading_the_device():
+@pytest.mark.parametrize("window", [None, 4, 200])  # 200: longer than every sequence, so no band at all
+def test_values_and_gradients_equal_the_formula_without_reading_the_device(window):
     query, key, value, cu_seqlens = inputs()
     scale = 0.3  # not the default 1/sqrt(head_dim): the scale is applied, not assumed
-    output = attend(query, key, value, cu_seqlens.to("meta"), scale)
-    reference = formula(query, key, value, scale)
+    output = attend(query, key, value, cu_seqlens.to("meta"), scale, window)
+    reference = formula(query, key, value, scale, window)
     torch.testing.assert_close(output, reference, atol=1e-5, rtol=1e-5)
     weights = torch.randn(reference.shape, generator=torch.Generator().manual_seed(1))
     got = torch.autograd.grad((output * weights).sum(), (query, key, value))
@@ -105,6 +116,37 @@ def test_varlen_call_is_spelled_for_each_torch_release(monkeypatch, kernel):
     finally:
         packed_attention._varlen_keywords.cache_clear()
     torch.testing.assert_close(got, formula(query, key, value, scale), atol=1e-5, rtol=1e-5)
+
+
+def varlen_windowed(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1), enable_gqa=False):  # fmt: skip
+    """A stand-in with the flash kernel's window semantics: query ``i`` sees keys ``i - left <= j <= i + right``
+    (``-1``: unbounded on that side)."""
+    left, right = window_size
+    pieces = []
+    for a, b in itertools.pairwise(cu_seq_q.tolist()):
+        distance = torch.arange(b - a)[:, None] - torch.arange(b - a)[None, :]
+        allowed = ((distance <= left) | (left < 0)) & ((-distance <= right) | (right < 0))
+        q, k, v = (t[a:b].transpose(0, 1) for t in (query, key, value))
+        pieces.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, scale=scale, enable_gqa=enable_gqa
+            ).transpose(0, 1)
+        )
+    return torch.cat(pieces)
+
+
+def test_flash_window_is_spelled_as_transformers_means_it(monkeypatch):
+    monkeypatch.setattr(packed_attention.varlen, "varlen_attn", varlen_windowed)
+    packed_attention._varlen_keywords.cache_clear()
+    try:
+        query, key, value, cu_seqlens = inputs()
+        got = packed_attention._torch_varlen(
+            query, key, value, cu_seqlens, max(LENGTHS), 0.3, HEADS // KV_HEADS, window=4
+        )
+    finally:
+        packed_attention._varlen_keywords.cache_clear()
+    torch.testing.assert_close(got, formula(query, key, value, 0.3, window=4), atol=1e-5, rtol=1e-5)
 
 
 @requires_cuda

@@ -58,10 +58,10 @@ def test_compiled_attention_is_not_specialised_on_the_number_of_sequences(monkey
     from drivetrain_engine_fsdp.attention import varlen_attention_forward
     from torch._dynamo.testing import CompileCounter
 
-    def kernel_stand_in(query, key, value, cu_seqlens, max_seqlen, scale, groups):
+    def kernel_stand_in(query, key, value, cu_seqlens, max_seqlen, scale, groups, window):
         return query * max_seqlen + cu_seqlens[-1]
 
-    monkeypatch.setattr(packed_attention, "_flash_applies", lambda query, scale, dropout: True)
+    monkeypatch.setattr(packed_attention, "_flash_applies", lambda query, scale, dropout, window: True)
     monkeypatch.setattr(packed_attention, "_torch_varlen", kernel_stand_in)
     torch._dynamo.reset()
     counter = CompileCounter()

@@ -35,6 +35,7 @@ def packed_causal_attention(
     lengths: Sequence[int] | None,
     scale: float | None = None,
     dropout: float = 0.0,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence of a packed row on its own.
 
@@ -48,6 +49,8 @@ def packed_causal_attention(
             many sequences a row holds.
         scale: softmax scale; ``None`` is ``1 / sqrt(head_dim)``.
         dropout: attention dropout probability (only the SDPA path applies one).
+        window: a sliding window, as transformers' ``sliding_window``: each token attends to itself and the
+            ``window - 1`` tokens before it; ``None`` attends to every earlier token.
 
     Returns:
         ``(T, heads, head_dim)``.
@@ -56,8 +59,8 @@ def packed_causal_attention(
         ValueError: the SDPA path is taken and ``lengths`` is ``None``.
     """
     groups = query.shape[1] // key.shape[1]
-    if _flash_applies(query, scale, dropout):
-        return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scale, groups)
+    if _flash_applies(query, scale, dropout, window):
+        return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scale, groups, window)
     if lengths is None:
         raise ValueError(
             "packed_causal_attention needs the host lengths of the row's sequences off the flash path "
@@ -67,22 +70,49 @@ def packed_causal_attention(
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
     sizes = list(lengths)
     outputs = [
-        F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            k.transpose(0, 1),
-            v.transpose(0, 1),
-            dropout_p=dropout,
-            scale=scale,
-            is_causal=True,
-        ).transpose(0, 1)
+        _sdpa_causal(q, k, v, scale=scale, dropout=dropout, window=window)
         for q, k, v in zip(query.split(sizes), key.split(sizes), value.split(sizes), strict=True)
     ]
     return torch.cat(outputs, dim=0)
 
 
-def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float) -> bool:
-    """Whether torch's flash kernel computes this call: CUDA, half precision, no dropout, a scale it takes."""
-    return query.is_cuda and query.dtype in _FLASH_DTYPES and dropout == 0.0 and _varlen_takes(scale, query)
+def _sdpa_causal(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    scale: float | None,
+    dropout: float,
+    window: int | None,
+) -> torch.Tensor:
+    """SDPA of one sequence, ``(L, heads, head_dim)`` in and out: causal, banded where it outgrows ``window``."""
+    length = query.shape[0]
+    mask = None
+    if window is not None and length > window:
+        position = torch.arange(length, device=query.device)
+        distance = position[:, None] - position[None, :]
+        mask = (distance >= 0) & (distance < window)
+    return F.scaled_dot_product_attention(
+        query.transpose(0, 1),
+        key.transpose(0, 1),
+        value.transpose(0, 1),
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scale,
+        is_causal=mask is None,
+    ).transpose(0, 1)
+
+
+def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float, window: int | None) -> bool:
+    """Whether torch's flash kernel computes this call: CUDA, half precision, no dropout, a scale it takes, and
+    a window only where it takes ``window_size``."""
+    return (
+        query.is_cuda
+        and query.dtype in _FLASH_DTYPES
+        and dropout == 0.0
+        and _varlen_takes(scale, query)
+        and (window is None or "window_size" in _varlen_keywords())
+    )
 
 
 def _torch_varlen(
@@ -93,6 +123,7 @@ def _torch_varlen(
     max_len: int,
     scale: float | None,
     groups: int,
+    window: int | None = None,
 ) -> torch.Tensor:
     """torch's variable-length flash kernel on ``(T, heads, head_dim)`` tensors, causal, in one launch.
 
@@ -107,7 +138,9 @@ def _torch_varlen(
     options: dict[str, Any] = {}
     if "enable_gqa" in keywords:
         options["enable_gqa"] = groups > 1
-    options.update({"window_size": (-1, 0)} if "window_size" in keywords else {"is_causal": True})
+    # A window of ``w`` tokens is ``w - 1`` to the left, as transformers' flash path spells it.
+    left = -1 if window is None else window - 1
+    options.update({"window_size": (left, 0)} if "window_size" in keywords else {"is_causal": True})
     if "scale" in keywords:
         options["scale"] = scale
     cu = cu_seqlens.to(device=query.device, dtype=torch.int32)

@@ -14,8 +14,8 @@ transformers passes down to every attention call. Nothing here reads the device.
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import packed_causal_attention
-from transformers import AttentionInterface
+from drivetrain_engine_core.backend import ConfigError, packed_causal_attention
+from transformers import AttentionInterface, PretrainedConfig
 
 VARLEN_ATTENTION = "drivetrain_varlen"
 
@@ -31,6 +31,7 @@ def varlen_attention_forward(
     cu_seq_lens_q: torch.Tensor | None = None,
     max_length_q: int | None = None,
     sequence_lengths: tuple[int, ...] | None = None,
+    sliding_window: int | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention per packed sequence.
@@ -46,6 +47,8 @@ def varlen_attention_forward(
         sequence_lengths: the lengths ``cu_seq_lens_q`` describes (host integers), for the SDPA path. Not
             checked here: testing a tuple under ``torch.compile`` guards the compiled layer on its length, so
             every new number of sequences per micro-batch recompiled it (eager after eight).
+        sliding_window: the layer's window (Mistral, Qwen2 with ``use_sliding_window``, Gemma's local layers):
+            each token attends to itself and the ``sliding_window - 1`` tokens before it.
 
     Returns:
         ``(output (1, T, heads, head_dim), None)`` as transformers' attention functions return.
@@ -68,8 +71,25 @@ def varlen_attention_forward(
         lengths=sequence_lengths,
         scale=scaling,
         dropout=dropout,
+        window=sliding_window,
     )
     return output.unsqueeze(0), None
+
+
+def check_soft_capping(hf_config: PretrainedConfig, attention_backend: str) -> None:
+    """Refuse a model that soft-caps attention logits (Gemma 2) unless transformers' eager attention runs it.
+
+    Raises:
+        ConfigError: ``attn_logit_softcapping`` is set and ``attention_backend`` is not ``eager``: packed
+            attention and SDPA would silently attend without the cap.
+    """
+    cap = getattr(hf_config, "attn_logit_softcapping", None)
+    if cap is not None and attention_backend != "eager":
+        raise ConfigError(
+            f"{hf_config.model_type} soft-caps its attention logits (attn_logit_softcapping={cap}), which "
+            f"engine.attention_backend={attention_backend!r} does not apply; set "
+            "engine.attention_backend='eager' (transformers' own attention, the only one that applies it)."
+        )
 
 
 def register_varlen_attention() -> str:

@@ -10,6 +10,8 @@ from drivetrain_engine_core.config import DTYPES, ConfigError, EngineConfig
 
 from .liger import check_liger_available
 
+ATTENTION_BACKENDS = ("varlen", "sdpa", "eager")
+
 
 @dataclass(kw_only=True, frozen=True)
 class FSDPEngineConfig(EngineConfig):
@@ -27,8 +29,9 @@ class FSDPEngineConfig(EngineConfig):
             (``CPUOffloadPolicy``); the optimizer then steps on CPU.
         reduce_dtype: dtype of gradient reduction; keep ``float32`` for stable sums under bf16 compute.
         attention_backend: ``varlen`` attends per packed sequence (torch's variable-length flash kernel, one
-            launch per layer, on CUDA in bf16/fp16; SDPA per sequence otherwise); ``sdpa`` is used for padded
-            rows regardless.
+            launch per layer, on CUDA in bf16/fp16; SDPA per sequence otherwise); ``sdpa`` and ``eager`` are
+            transformers' own (a block mask over a packed row, so they cost what the row costs); ``eager`` is
+            the one that soft-caps attention logits (Gemma 2). Padded rows use ``sdpa`` unless ``eager``.
         meta_init: build the model on the meta device, shard it there, and read into each rank only its
             shards of the safetensors weights (peak host memory per rank near ``1 / world_size`` of the
             model). ``False`` loads the whole model on every rank with ``from_pretrained`` first, for
@@ -66,9 +69,10 @@ class FSDPEngineConfig(EngineConfig):
             raise ConfigError(
                 f"engine.reduce_dtype={self.reduce_dtype!r} is not supported; choose one of {list(DTYPES)}."
             )
-        if self.attention_backend not in ("varlen", "sdpa"):
+        if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(
-                f"engine.attention_backend={self.attention_backend!r} is not supported; choose 'varlen' or 'sdpa'."
+                f"engine.attention_backend={self.attention_backend!r} is not supported; choose one of "
+                f"{list(ATTENTION_BACKENDS)}."
             )
         if self.compile_layers and self.device == "cpu" and not _cpp_compiler():
             raise ConfigError(

@@ -25,7 +25,7 @@ from drivetrain_engine_core.backend import (
 )
 
 from . import checkpoint
-from .attention import register_varlen_attention
+from .attention import check_soft_capping, register_varlen_attention
 from .config import FSDPEngineConfig
 from .export import export_adapter_weights, export_full_weights
 from .head import hidden_states_out, projection_head
@@ -54,6 +54,7 @@ class FSDPEngine(Engine):
         self._refuse_fp16_training()
         self._layout: ParallelLayout = build_layout(config)
         model, meta_model = self._build_model()
+        check_soft_capping(model.config, config.attention_backend)
         self._hf_class = hf_class_name(model)
         self._hf_model_config = model.config
         self._limits = TokenLimits.from_hf_config(model.config, self.model_config.path)
@@ -99,13 +100,15 @@ class FSDPEngine(Engine):
         return build_model(self.model_config, attn_implementation=attention, seed=config.seed), None
 
     def _attention_name(self) -> str:
-        if not self.model_config.use_remove_padding or self.engine_config.attention_backend == "sdpa":
+        """The transformers attention implementation the model is built with (see ``attention_backend``)."""
+        backend = self.engine_config.attention_backend
+        if not self.model_config.use_remove_padding or backend != "varlen":
             if self.engine_config.ulysses_sequence_parallel_size > 1:
                 raise ConfigError(
                     "Ulysses sequence parallelism needs packed rows with per-sequence attention: set "
                     "model.use_remove_padding=True and engine.attention_backend='varlen'."
                 )
-            return "sdpa"
+            return "eager" if backend == "eager" else "sdpa"
         if self._layout.sp_group is not None:
             return register_ulysses_attention(self._layout.sp_group)
         return register_varlen_attention()

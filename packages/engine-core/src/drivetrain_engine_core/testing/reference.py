@@ -26,11 +26,16 @@ from drivetrain_engine_core.outputs import LossContext, LossFn
 _AUTO_CLASSES = {"language_model": AutoModelForCausalLM, "value_model": AutoModelForTokenClassification}
 
 
-def load_reference_model(model_dir: str | Path, model_type: str = "language_model") -> torch.nn.Module:
-    """The plain Hugging Face model in float32 and eval mode (no dropout)."""
+def load_reference_model(
+    model_dir: str | Path, model_type: str = "language_model", attn_implementation: str | None = None
+) -> torch.nn.Module:
+    """The plain Hugging Face model in float32 and eval mode (no dropout), with transformers' default attention
+    unless ``attn_implementation`` names one (``"eager"``)."""
     if model_type not in _AUTO_CLASSES:
         raise ValueError(f"model_type={model_type!r} is not supported; use one of {sorted(_AUTO_CLASSES)}.")
-    model = _AUTO_CLASSES[model_type].from_pretrained(model_dir, dtype=torch.float32)
+    model = _AUTO_CLASSES[model_type].from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+    )
     return model.eval()
 
 
@@ -83,9 +88,16 @@ def reference_outputs(
     return TensorDict(fields, batch_size=batch.batch_size)
 
 
-def reference_log_probs(model_dir: str | Path, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
+def reference_log_probs(
+    model_dir: str | Path,
+    batch: TensorDict,
+    temperature: float = 1.0,
+    *,
+    attn_implementation: str | None = None,
+) -> torch.Tensor:
     """Jagged ``log p(token i | tokens < i)`` at temperature ``temperature``; 0 at each sequence's start."""
-    return _no_grad_field(model_dir, batch, "log_probs", ForwardOptions(temperature=temperature))
+    options = ForwardOptions(temperature=temperature)
+    return _no_grad_field(model_dir, batch, "log_probs", options, attn_implementation)
 
 
 def reference_entropy(model_dir: str | Path, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
@@ -102,9 +114,13 @@ def reference_values(model_dir: str | Path, batch: TensorDict) -> torch.Tensor:
 
 
 def _no_grad_field(
-    model_dir: str | Path, batch: TensorDict, name: str, options: ForwardOptions
+    model_dir: str | Path,
+    batch: TensorDict,
+    name: str,
+    options: ForwardOptions,
+    attn_implementation: str | None = None,
 ) -> torch.Tensor:
-    model = load_reference_model(model_dir, "language_model")
+    model = load_reference_model(model_dir, "language_model", attn_implementation)
     with torch.no_grad():
         return _language_outputs(model, batch, options)[name]
 
