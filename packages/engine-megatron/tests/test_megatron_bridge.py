@@ -42,3 +42,14 @@ def test_tied_then_untied_model_in_one_process(tmp_path):
             log_probs, expected, atol=1e-5, rtol=0, msg=lambda m, d=model_dir: f"{d}: {m}"
         )
     assert Qwen2Bridge._DIRECT_MAPPING["output_layer.weight"] == "lm_head.weight"
+
+
+def test_sliding_window_models_are_refused(tmp_path):
+    """mbridge maps no sliding window onto GPTModel: such a model would silently attend to every token."""
+    from drivetrain_engine_core.config import ConfigError
+
+    model_dir = make_tiny_model_dir(
+        tmp_path / "windowed", arch="qwen2", use_sliding_window=True, sliding_window=3, max_window_layers=0
+    )
+    with pytest.raises(ConfigError, match=r"sliding window \(sliding_window=3\).*use the fsdp backend"):
+        _log_probs(model_dir)

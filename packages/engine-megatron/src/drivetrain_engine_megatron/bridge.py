@@ -126,6 +126,24 @@ def rope_theta(hf_config: PretrainedConfig) -> float:
     return float(theta)
 
 
+def refuse_sliding_window(hf_config: PretrainedConfig) -> None:
+    """Refuse a model with sliding-window attention layers: mbridge maps no window onto ``GPTModel``, so its
+    layers would attend to every earlier token.
+
+    Raises:
+        ConfigError: some layer of the model attends within a sliding window.
+    """
+    window = getattr(hf_config, "sliding_window", None)
+    layer_types = getattr(hf_config, "layer_types", None)
+    windowed = "sliding_attention" in layer_types if layer_types is not None else bool(window)
+    if windowed:
+        raise ConfigError(
+            f"{hf_config.model_type} attends within a sliding window (sliding_window={window}), which the "
+            "megatron backend does not apply (mbridge maps no window onto GPTModel); use the fsdp backend for "
+            "this model."
+        )
+
+
 def bridge_class(hf_config: PretrainedConfig, *, value_model: bool = False) -> type[Bridge]:
     """drivetrain's subclass of the mbridge bridge registered for ``hf_config.model_type``.
 
@@ -157,6 +175,7 @@ def make_bridge(
 
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
+    refuse_sliding_window(hf_config)
     cls = bridge_class(hf_config, value_model=value_model)
     return cls(
         hf_config,
