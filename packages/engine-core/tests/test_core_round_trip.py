@@ -13,7 +13,9 @@ from drivetrain_engine_core.backend import (
     PackedRow,
     PaddedRows,
     RoundTrip,
+    RowPadding,
     SequenceSplit,
+    pad_packed_row,
 )
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
 
@@ -91,3 +93,53 @@ def test_a_sequence_split_is_gathered_and_trimmed_before_unpacking():
     assert result.loss is None and result.outputs["values"].values().shape == (total,)
     with pytest.raises(ValueError, match="packed layout"):
         MicroBatch.build(batch, 0, device="cpu", layout="padded", round_trip=_trip(), sequence_split=split)
+
+
+@pytest.mark.parametrize("multiple", [1, 4, 7])
+def test_row_padding_pads_to_a_multiple_with_one_sequence_and_trims_it_off(multiple):
+    """``RowPadding`` (Megatron's sequence parallelism): the whole row on every rank, its length a multiple of
+    ``multiple``; the padding is its own sequence (positions from 0, token and label 0), and the tokens equal
+    those of the unpadded row."""
+    batch = random_batch(vocab_size=50, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=5)
+    plain = MicroBatch.build(batch, 0, device="cpu", layout="packed", round_trip=_trip(loss_fn=None))
+    padded = MicroBatch.build(
+        batch,
+        0,
+        device="cpu",
+        layout="packed",
+        round_trip=_trip(loss_fn=None),
+        sequence_split=RowPadding(multiple),
+    )
+    total = plain.num_tokens  # 16 tokens
+    width = -(-total // multiple) * multiple
+    pad = width - total
+    row = padded.inputs
+    assert (
+        isinstance(row, PackedRow) and row.input_ids.shape == (1, width) and padded.labels.shape == (width,)
+    )
+    assert row.lengths == plain.inputs.lengths + ((pad,) if pad else ())
+    assert row.cu_seqlens.tolist() == plain.inputs.cu_seqlens.tolist() + ([width] if pad else [])
+    assert row.position_ids[0, total:].tolist() == list(range(pad))
+    assert row.input_ids[0, total:].tolist() == padded.labels[total:].tolist() == [0] * pad
+    assert row.max_seqlen == max(plain.inputs.max_seqlen, pad)
+    for field in ("input_ids", "position_ids"):
+        assert torch.equal(getattr(row, field)[:, :total], getattr(plain.inputs, field))
+    assert torch.equal(
+        padded.to_tokens(_per_position(padded)).values(), plain.to_tokens(_per_position(plain)).values()
+    )
+
+
+def test_row_padding_keeps_extra_position_axes():
+    """Multi-axis rope positions ``(1, T, 3)``: the padding's positions count from 0 on every axis."""
+    row = PackedRow(
+        input_ids=torch.ones(1, 5, dtype=torch.long),
+        position_ids=torch.arange(5).view(1, 5, 1).expand(1, 5, 3),
+        cu_seqlens=torch.tensor([0, 5], dtype=torch.int32),
+        max_seqlen=5,
+        offsets=torch.tensor([0, 5]),
+        lengths=(5,),
+    )
+    padded, labels = pad_packed_row(row, torch.arange(5), 4)
+    assert padded.position_ids.shape == (1, 8, 3)
+    assert padded.position_ids[0, 5:].tolist() == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
+    assert labels.tolist() == [0, 1, 2, 3, 4, 0, 0, 0]

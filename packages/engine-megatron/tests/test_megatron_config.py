@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from drivetrain_engine_core.backend import RowPadding
 from drivetrain_engine_core.config import ConfigError, ModelConfig, config_from_dict
 from drivetrain_engine_megatron import MegatronEngineConfig, plugin
 
@@ -75,3 +76,23 @@ def test_megatron_engine_refuses_what_cpu_cannot_run(values, message, tmp_path):
     )
     with pytest.raises(ConfigError, match=message):
         engine.initialize()
+
+
+def test_sequence_parallelism_needs_packed_rows(tmp_path):
+    """Megatron splits a packed row along its tokens (padded to a multiple of TP by core's ``RowPadding``);
+    padded rows would need their width padded too, so they are refused with the fix (on any device)."""
+    from drivetrain_engine_megatron.engine import MegatronEngine
+
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=str(tmp_path), use_remove_padding=False),
+        engine_config=MegatronEngineConfig(tensor_model_parallel_size=2, sequence_parallel=True),
+    )
+    with pytest.raises(
+        ConfigError, match=r"sequence_parallel=True splits packed rows.*use_remove_padding=True"
+    ):
+        engine.initialize()
+    packed = MegatronEngine(
+        model_config=ModelConfig(path=str(tmp_path)),
+        engine_config=MegatronEngineConfig(tensor_model_parallel_size=2, sequence_parallel=True),
+    )
+    assert packed._sequence_split() == RowPadding(2)

@@ -65,3 +65,55 @@ def test_value_model_starts_from_a_language_model_checkpoint(tmp_path, tied):
     with engine.eval_mode():
         values = engine.infer_batch(batch).outputs["values"].values()
     torch.testing.assert_close(values, reference_values(reference_dir, batch).values(), atol=1e-5, rtol=1e-5)
+
+
+TOKENS, HIDDEN = 6, 5
+
+
+def _sequence_parallel_value_head(rank: int, world_size: int) -> dict:
+    """This rank's half of the tokens through a value head that gathers them over the (2-rank) group."""
+    import torch.distributed as dist
+    from drivetrain_engine_megatron.cpu_compat import apply_cpu_compat
+    from drivetrain_engine_megatron.value_head import ValueHead
+
+    apply_cpu_compat()  # megatron's sequence gather allocates on torch.cuda.current_device()
+    hidden, weight, bias, loss_weights = _value_head_inputs()
+    head = ValueHead(HIDDEN, torch.float32, bias=True, sequence_parallel_group=dist.group.WORLD)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.copy_(bias)
+    half = TOKENS // world_size
+    local = hidden[rank * half : (rank + 1) * half].clone().requires_grad_()
+    values, _ = head(local)
+    grad_local, grad_weight = torch.autograd.grad(
+        (values[:, 0, 0] * loss_weights).sum(), (local, head.weight)
+    )
+    return {"values": values.detach(), "grad_local": grad_local, "grad_weight": grad_weight}
+
+
+def _value_head_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(TOKENS, 1, HIDDEN, generator=generator)
+    weight, bias = torch.randn(1, HIDDEN, generator=generator), torch.randn(1, generator=generator)
+    return hidden, weight, bias, torch.linspace(-1.0, 2.0, TOKENS)
+
+
+def test_value_head_under_sequence_parallelism_scores_the_whole_row_once():
+    """Under sequence parallelism each TP rank holds a slice of the tokens. The head gathers them, so every
+    rank scores the whole row, and each rank's gradient is its slice of the single-process gradient: the
+    backward splits, where a reduce-scatter would count the replicated loss once per rank. Before, the head
+    scored only the rank's slice. Reference: the same linear on the whole row in one process."""
+    from drivetrain_engine_core.testing.launcher import run_distributed
+
+    hidden, weight, bias, loss_weights = _value_head_inputs()
+    full = hidden.clone().requires_grad_()
+    weight = weight.clone().requires_grad_()
+    values = full @ weight.T + bias
+    grad_full, grad_weight = torch.autograd.grad((values[:, 0, 0] * loss_weights).sum(), (full, weight))
+
+    ranks = run_distributed(_sequence_parallel_value_head, world_size=2)
+
+    for rank, got in enumerate(ranks):
+        torch.testing.assert_close(got["values"], values.detach(), atol=1e-6, rtol=0)
+        torch.testing.assert_close(got["grad_local"], grad_full[rank * 3 : (rank + 1) * 3], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got["grad_weight"], grad_weight, atol=1e-6, rtol=0)

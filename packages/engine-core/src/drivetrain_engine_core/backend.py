@@ -33,7 +33,7 @@ from .config import (
 from .data.batch import move_batch
 from .data.micro_batch import MicroBatchCountRule
 from .data.options import ForwardOptions
-from .data.packing import PackedRow, PaddedRows
+from .data.packing import PackedRow, PaddedRows, pad_packed_row
 from .data.values import TokenLimits
 from .engine import Engine, Mode
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError
@@ -41,7 +41,7 @@ from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
 from .linear_log_probs import linear_log_probs
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
 from .packed_attention import packed_causal_attention
-from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
+from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
 
 __all__ = [
     "DTYPES",
@@ -73,6 +73,7 @@ __all__ = [
     "PackedRow",
     "PaddedRows",
     "RoundTrip",
+    "RowPadding",
     "SequenceSplit",
     "TokenLimits",
     "distributed",
@@ -80,5 +81,6 @@ __all__ = [
     "linear_log_probs",
     "move_batch",
     "packed_causal_attention",
+    "pad_packed_row",
     "read_checkpoint_index",
 ]

@@ -45,6 +45,7 @@ from .data.packing import (
     next_token_labels,
     pack_micro_batch,
     pad_micro_batch,
+    pad_packed_row,
     shift_right_per_sequence,
     unpack_to_jagged,
 )
@@ -56,7 +57,8 @@ rows with a ``valid`` mask (``ModelConfig.use_remove_padding`` picks it by defau
 
 
 class SequenceSplit(ABC):
-    """How the packed row of a micro-batch is split over sequence-parallel ranks (FSDP's Ulysses).
+    """How the packed row of a micro-batch is split over sequence-parallel ranks (FSDP's Ulysses), or only
+    padded for a model that splits it itself (:class:`RowPadding`).
 
     Core calls :meth:`split` when it builds a :class:`MicroBatch` and :meth:`gather` when it brings
     per-position outputs back; a backend implements both for its process group.
@@ -73,6 +75,21 @@ class SequenceSplit(ABC):
     @abstractmethod
     def gather(self, per_position: Tensor) -> Tensor:
         """Every rank's per-position outputs ``(t, ...)``, concatenated in row order (autograd-aware)."""
+
+
+@dataclass(frozen=True)
+class RowPadding(SequenceSplit):
+    """The whole packed row on every rank, padded to a multiple of ``multiple`` tokens: for a model that splits
+    the row over its ranks and gathers it back itself (Megatron's sequence parallelism reduce-scatters it in
+    the embedding, which needs a multiple of the tensor-parallel size, and gathers it before the head)."""
+
+    multiple: int
+
+    def split(self, row: PackedRow, labels: Tensor) -> tuple[PackedRow, Tensor]:
+        return pad_packed_row(row, labels, self.multiple)
+
+    def gather(self, per_position: Tensor) -> Tensor:
+        return per_position
 
 
 @dataclass(frozen=True, kw_only=True)

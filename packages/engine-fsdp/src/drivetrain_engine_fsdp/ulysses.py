@@ -17,13 +17,13 @@ the engine's ``gradient_divisor`` (core's one loss-scaling rule).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from drivetrain_engine_core.backend import PackedRow, SequenceSplit
+from drivetrain_engine_core.backend import PackedRow, SequenceSplit, pad_packed_row
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv
 
@@ -124,25 +124,6 @@ def register_ulysses_attention(group: dist.ProcessGroup) -> str:
     return ULYSSES_ATTENTION
 
 
-def pad_row_for_sp(
-    input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor, size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pad a packed row ``(1, T)`` to a multiple of ``size`` tokens.
-
-    The padding forms one extra sequence (its own ``cu_seqlens`` segment, positions from 0), so it never
-    attends to or is attended by real tokens; callers drop its outputs.
-    """
-    total = input_ids.shape[1]
-    pad = (-total) % size
-    if pad == 0:
-        return input_ids, position_ids, cu_seqlens
-    input_ids = F.pad(input_ids, (0, pad))
-    extra_positions = torch.arange(pad, device=position_ids.device, dtype=position_ids.dtype).unsqueeze(0)
-    position_ids = torch.cat([position_ids, extra_positions], dim=1)
-    cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([total + pad])])
-    return input_ids, position_ids, cu_seqlens
-
-
 def local_slice(row: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     """This SP rank's contiguous slice of a ``(1, T)`` row whose length is a multiple of ``size``."""
     length = row.shape[1] // size
@@ -165,20 +146,13 @@ class UlyssesSplit(SequenceSplit):
 
     def split(self, row: PackedRow, labels: torch.Tensor) -> tuple[PackedRow, torch.Tensor]:
         """Pad the row to a multiple of the group size, then keep this rank's slice of ids, positions, labels."""
-        input_ids, position_ids, cu_seqlens = pad_row_for_sp(
-            row.input_ids, row.position_ids, row.cu_seqlens, self.size
+        padded, labels = pad_packed_row(row, labels, self.size)
+        local = dataclasses.replace(
+            padded,
+            input_ids=local_slice(padded.input_ids, self.rank, self.size),
+            position_ids=local_slice(padded.position_ids, self.rank, self.size),
         )
-        pad = input_ids.shape[1] - row.input_ids.shape[1]
-        labels = F.pad(labels, (0, pad)).unsqueeze(0)
-        local = PackedRow(
-            input_ids=local_slice(input_ids, self.rank, self.size),
-            position_ids=local_slice(position_ids, self.rank, self.size),
-            cu_seqlens=cu_seqlens,
-            max_seqlen=max(row.max_seqlen, pad),
-            offsets=row.offsets,
-            lengths=row.lengths + ((pad,) if pad else ()),
-        )
-        return local, local_slice(labels, self.rank, self.size)[0]
+        return local, local_slice(labels.unsqueeze(0), self.rank, self.size)[0]
 
     def gather(self, per_position: torch.Tensor) -> torch.Tensor:
         return gather_tokens(per_position, self.group)

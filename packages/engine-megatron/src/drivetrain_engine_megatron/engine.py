@@ -24,6 +24,7 @@ from drivetrain_engine_core.backend import (
     MicroBatchCountRule,
     MicroBatchResult,
     Mode,
+    RowPadding,
     TokenLimits,
 )
 
@@ -82,6 +83,14 @@ class MegatronEngine(Engine):
     def _hf_config(self) -> Any:
         return self._model.bridge.hf_config
 
+    def _sequence_split(self) -> RowPadding | None:
+        """Under sequence parallelism the whole row, padded to a multiple of the TP size: megatron's embedding
+        reduce-scatters it along the tokens (an uneven row fails its divisibility check) and the heads gather
+        it back (:func:`.head.hidden_states_out`, :class:`.value_head.ValueHead`)."""
+        if not self.engine_config.sequence_parallel:
+            return None
+        return RowPadding(self.engine_config.tensor_model_parallel_size)
+
     def _token_limits(self) -> TokenLimits:
         # The tokenizer's vocabulary, not the padded one: ids in the padding rows would train with loss inf.
         limits = TokenLimits.from_hf_config(self._model.bridge.hf_config, self.model_config.path)
@@ -93,6 +102,11 @@ class MegatronEngine(Engine):
         if self.model_config.lora is not None:
             raise ConfigError(
                 "model.lora is not supported by the megatron backend; use backend 'fsdp' for LoRA."
+            )
+        if config.sequence_parallel and not self.model_config.use_remove_padding:
+            raise ConfigError(
+                "engine.sequence_parallel=True splits packed rows along the tokens; set "
+                "model.use_remove_padding=True (packed rows), or sequence_parallel=False for padded rows."
             )
         if config.device != "cuda" and config.sequence_parallel:
             raise ConfigError(

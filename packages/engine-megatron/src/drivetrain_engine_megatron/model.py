@@ -103,7 +103,8 @@ def build_model(
     chunks = build_model_chunks(bridge, engine_config.virtual_pipeline_model_parallel_size)
     last_stage = mpu.is_pipeline_last_stage(ignore_virtual=True)
     if value_model and last_stage:
-        attach_value_head(chunks[-1], hf_config, dtype, engine_config.seed)
+        group = mpu.get_tensor_model_parallel_group() if engine_config.sequence_parallel else None
+        attach_value_head(chunks[-1], hf_config, dtype, engine_config.seed, sequence_parallel_group=group)
     elif last_stage:
         check_output_layer(chunks[-1], hf_config.model_type)
     for chunk in chunks:

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from transformers import PretrainedConfig
 
 SCORE_WEIGHT = "score.weight"
@@ -25,10 +27,24 @@ SCORE_WEIGHT = "score.weight"
 
 
 class ValueHead(torch.nn.Linear):
-    """``hidden -> 1`` linear with the call signature of megatron's ``ColumnParallelLinear``."""
+    """``hidden -> 1`` linear with the call signature of megatron's ``ColumnParallelLinear``.
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, *, bias: bool) -> None:
+    Under sequence parallelism each tensor-parallel rank holds a slice of the tokens; the head gathers them
+    first (as megatron's output layer does), so every rank scores the whole row. Its backward only splits: the
+    head and the loss after it are replicated, so each rank's gradient of the gathered states is already the
+    whole gradient (a reduce-scatter would count it once per rank).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        dtype: torch.dtype,
+        *,
+        bias: bool,
+        sequence_parallel_group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__(hidden_size, 1, bias=bias, dtype=dtype)
+        self.sequence_parallel_group = sequence_parallel_group
 
     def forward(  # type: ignore[override]
         self,
@@ -37,15 +53,30 @@ class ValueHead(torch.nn.Linear):
         runtime_gather_output: bool | None = None,
     ) -> tuple[torch.Tensor, None]:
         del weight, runtime_gather_output
+        if self.sequence_parallel_group is not None:
+            hidden_states = gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False, group=self.sequence_parallel_group
+            )
         return super().forward(hidden_states), None
 
 
 def attach_value_head(
-    chunk: torch.nn.Module, hf_config: PretrainedConfig, dtype: torch.dtype, seed: int
+    chunk: torch.nn.Module,
+    hf_config: PretrainedConfig,
+    dtype: torch.dtype,
+    seed: int,
+    *,
+    sequence_parallel_group: dist.ProcessGroup | None = None,
 ) -> None:
     """Replace the output layer of the last-stage chunk ``chunk`` by a :class:`ValueHead` laid out as the
-    config's ``score`` head and initialised as transformers initialises one (the same on every rank)."""
-    head = ValueHead(hf_config.hidden_size, dtype, bias=getattr(hf_config, "token_classification_bias", True))
+    config's ``score`` head and initialised as transformers initialises one (the same on every rank); under
+    sequence parallelism ``sequence_parallel_group`` is the tensor-parallel group it gathers the tokens over."""
+    head = ValueHead(
+        hf_config.hidden_size,
+        dtype,
+        bias=getattr(hf_config, "token_classification_bias", True),
+        sequence_parallel_group=sequence_parallel_group,
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         weight = torch.empty(head.weight.shape, dtype=torch.float32).normal_(

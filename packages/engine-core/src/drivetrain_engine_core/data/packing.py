@@ -120,6 +120,32 @@ def pad_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PaddedR
     )
 
 
+def pad_packed_row(row: PackedRow, labels: Tensor, multiple: int) -> tuple[PackedRow, Tensor]:
+    """``row`` and its per-position ``labels`` ``(T,)`` padded to a multiple of ``multiple`` tokens.
+
+    The padding is one extra sequence (its own ``cu_seqlens`` segment and host length, positions from 0, token
+    and label 0), so it never attends to or is attended by real tokens; ``offsets`` still describe the real
+    tokens, and callers drop the padding's outputs (``MicroBatch.to_tokens`` keeps ``num_tokens`` positions).
+    """
+    total = row.input_ids.shape[1]
+    pad = (-total) % multiple
+    if pad == 0:
+        return row, labels
+    extra = torch.arange(pad, device=row.position_ids.device, dtype=row.position_ids.dtype)
+    extra = extra.view(1, pad, *([1] * (row.position_ids.dim() - 2))).expand(
+        1, pad, *row.position_ids.shape[2:]
+    )
+    padded = PackedRow(
+        input_ids=torch.nn.functional.pad(row.input_ids, (0, pad)),
+        position_ids=torch.cat([row.position_ids, extra], dim=1),
+        cu_seqlens=torch.cat([row.cu_seqlens, row.cu_seqlens.new_tensor([total + pad])]),
+        max_seqlen=max(row.max_seqlen, pad),
+        offsets=row.offsets,
+        lengths=(*row.lengths, pad),
+    )
+    return padded, torch.nn.functional.pad(labels, (0, pad))
+
+
 def unpack_to_jagged(flat: Tensor, cu_seqlens: Tensor, num_tokens: int | None = None) -> Tensor:
     """Per-token packed values ``(T, ...)`` as a jagged ``(n, j, ...)`` tensor with ragged dim 1.
 
