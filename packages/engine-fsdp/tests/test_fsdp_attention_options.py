@@ -65,3 +65,22 @@ def test_soft_capped_attention_needs_eager(tmp_path):
     expected = reference_log_probs(model_dir, batch, attn_implementation="eager").values()
     log_probs = _log_probs(model_dir, batch, attention_backend="eager")
     torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("capability", "param_dtype", "refused"), [
+    ((7, 5), "float16", True),  # T4: the flash kernel would fail in the first forward
+    ((7, 0), "bfloat16", True),
+    ((7, 5), "float32", False),  # SDPA per sequence: no flash kernel
+    ((8, 0), "bfloat16", False),
+])  # fmt: skip
+def test_packed_attention_in_half_precision_needs_ampere(monkeypatch, capability, param_dtype, refused):
+    from drivetrain_engine_fsdp.attention import check_flash_support
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    if refused:
+        with pytest.raises(ConfigError, match=r"Tesla T4.*attention_backend='sdpa'"):
+            check_flash_support("cuda", param_dtype)
+    else:
+        check_flash_support("cuda", param_dtype)

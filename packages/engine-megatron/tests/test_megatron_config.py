@@ -96,3 +96,19 @@ def test_sequence_parallelism_needs_packed_rows(tmp_path):
         engine_config=MegatronEngineConfig(tensor_model_parallel_size=2, sequence_parallel=True),
     )
     assert packed._sequence_split() == RowPadding(2)
+
+
+def test_packed_half_precision_rows_are_refused_before_ampere(monkeypatch, tmp_path):
+    """torch's flash kernel (packed rows in bf16/fp16 on CUDA) needs compute capability 8.0: a V100 or T4
+    would fail inside the first forward. The engine refuses at build, naming the padded rows or float32."""
+    import torch
+    from drivetrain_engine_megatron.engine import MegatronEngine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=str(tmp_path)),
+        engine_config=MegatronEngineConfig(device="cuda", param_dtype="float16"),
+    )
+    with pytest.raises(ConfigError, match=r"compute capability 8\.0.*use_remove_padding=False"):
+        engine._refuse_unsupported()  # what initialize() runs first once the GPUs are found

@@ -103,6 +103,14 @@ def _sdpa_causal(
     ).transpose(0, 1)
 
 
+def flash_kernel_supported() -> bool:
+    """Whether torch's flash kernel runs on this machine's GPU: compute capability 8.0 (Ampere) or newer.
+
+    Engines check it when they build (V100 and T4 in float16 would fail inside attention otherwise).
+    """
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
 def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float, window: int | None) -> bool:
     """Whether torch's flash kernel computes this call: CUDA, half precision, no dropout, a scale it takes, and
     a window only where it takes ``window_size``."""

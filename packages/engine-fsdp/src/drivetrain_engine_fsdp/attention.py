@@ -14,7 +14,7 @@ transformers passes down to every attention call. Nothing here reads the device.
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import ConfigError, packed_causal_attention
+from drivetrain_engine_core.backend import ConfigError, flash_kernel_supported, packed_causal_attention
 from transformers import AttentionInterface, PretrainedConfig
 
 VARLEN_ATTENTION = "drivetrain_varlen"
@@ -96,3 +96,20 @@ def register_varlen_attention() -> str:
     """Register :func:`varlen_attention_forward` (idempotent) and return its ``attn_implementation`` name."""
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     return VARLEN_ATTENTION
+
+
+def check_flash_support(device: str, param_dtype: str) -> None:
+    """Refuse packed attention in half precision on a GPU older than Ampere, where it would take torch's flash
+    kernel and fail inside the first forward.
+
+    Raises:
+        ConfigError: ``device`` is CUDA, ``param_dtype`` half precision, and the GPU predates compute
+            capability 8.0.
+    """
+    if device == "cuda" and param_dtype in ("bfloat16", "float16") and not flash_kernel_supported():
+        raise ConfigError(
+            f"packed attention in {param_dtype} takes torch's flash kernel, which needs compute capability 8.0 "
+            f"(Ampere) or newer; this GPU ({torch.cuda.get_device_name()}) has "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability()))}. Set engine.attention_backend='sdpa', or "
+            "engine.param_dtype='float32'."
+        )

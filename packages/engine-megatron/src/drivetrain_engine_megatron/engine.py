@@ -26,6 +26,7 @@ from drivetrain_engine_core.backend import (
     Mode,
     RowPadding,
     TokenLimits,
+    flash_kernel_supported,
 )
 
 from . import parallel_state
@@ -102,6 +103,17 @@ class MegatronEngine(Engine):
         if self.model_config.lora is not None:
             raise ConfigError(
                 "model.lora is not supported by the megatron backend; use backend 'fsdp' for LoRA."
+            )
+        if (
+            config.device == "cuda"
+            and config.param_dtype in ("bfloat16", "float16")
+            and self.model_config.use_remove_padding
+            and not flash_kernel_supported()
+        ):
+            raise ConfigError(
+                f"packed rows in {config.param_dtype} attend through torch's flash kernel, which needs compute "
+                "capability 8.0 (Ampere) or newer; this GPU is older. Set model.use_remove_padding=False (padded "
+                "rows, SDPA with a mask), or engine.param_dtype='float32'."
             )
         if config.sequence_parallel and not self.model_config.use_remove_padding:
             raise ConfigError(
