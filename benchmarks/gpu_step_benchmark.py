@@ -264,8 +264,14 @@ class BareLoop:
 
 @contextmanager
 def fresh_device(device: str) -> Iterator[None]:
-    """Free what the previous variant left."""
+    """Free what the previous variant left, compiled graphs included.
+
+    NOTE: torch.compile's cache is per code object, so the decoder layer's graphs (and its recompile budget)
+    were shared by every compiled variant of the run; each variant now starts from an empty cache and pays its
+    compilation in its warm-up steps.
+    """
     gc.collect()
+    torch._dynamo.reset()
     if device == "cuda":
         torch.cuda.empty_cache()
     yield
