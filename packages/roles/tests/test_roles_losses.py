@@ -204,3 +204,31 @@ def test_nan_and_inf_outside_the_mask_change_neither_losses_nor_gradients(mode: 
     for want, got in zip(expected, actual, strict=True):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_an_unlikely_prompt_token_gives_no_nan_gradient_through_the_kl(estimator: str) -> None:
+    """A prompt token (mask 0) with log-prob -95: ``exp(0 - (-95))`` overflowed in k3; the loss was finite but
+    its gradient ``0 * inf`` was NaN, and the whole optimizer step was skipped."""
+    mask = [[0.0, 0.0, 1.0, 1.0]]
+    log_probs = jagged([[0.0, -95.0, -1.0, -0.5]], requires_grad=True)
+    batch = TensorDict(
+        {
+            "loss_mask": jagged(mask),
+            "old_log_probs": jagged([[0.0, -95.0, -1.0, -0.5]]),
+            "advantages": jagged([[0.0, 0.0, 1.0, -1.0]]),
+            "ref_log_prob": jagged([[0.0, 0.0, -1.2, -0.4]]),
+        },
+        batch_size=[1],
+    )
+    output = TensorDict({"log_probs": log_probs, "entropy": jagged([[0.0, 0.0, 0.3, 0.2]])}, batch_size=[1])
+    config = PolicyLossConfig(kl_loss_coef=1.0, kl_estimator=estimator, entropy_coeff=0.0)
+    loss, _ = policy_loss_fn(config)(output, batch, context_for(mask))
+    loss.backward()
+    grad = log_probs.grad.values()
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert grad[:2].tolist() == [0.0, 0.0]  # prompt positions take no gradient
+    # Loss tokens: -A (ratio 1) + d/dlogp of the KL estimate at delta = ref - logp, over 2 loss tokens.
+    delta = torch.tensor([-1.2 - -1.0, -0.4 - -0.5])
+    kl_grad = {"k1": torch.ones(2), "k2": -delta, "k3": 1.0 - torch.exp(delta)}[estimator]
+    torch.testing.assert_close(grad[2:], (torch.tensor([-1.0, 1.0]) + kl_grad) / 2)

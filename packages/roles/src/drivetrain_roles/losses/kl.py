@@ -13,6 +13,9 @@ KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 K3_CLAMP = 10.0
 """k3 is clamped to [-10, 10] per token: one token whose ratio explodes must not dominate the batch."""
+DELTA_CLAMP = 20.0
+"""``delta`` is clamped to [-20, 20] before k3's ``exp`` (as verl does): beyond it k3 is clamped anyway, and an
+unclamped ``exp`` overflows to inf, whose gradient (``0 * inf``) is NaN even where the loss selects it out."""
 
 
 def canonical_estimator(name: str) -> str:
@@ -47,4 +50,5 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: 
         return -delta
     if estimator == "k2":
         return 0.5 * delta.square()
+    delta = delta.clamp(min=-DELTA_CLAMP, max=DELTA_CLAMP)
     return (torch.exp(delta) - 1.0 - delta).clamp(min=-K3_CLAMP, max=K3_CLAMP)

@@ -119,7 +119,9 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
         }
         if config.uses_kl:
             per_token_kl = kl_penalty(
-                log_probs, tokens.select(flat_values(micro_batch["ref_log_prob"])), config.kl_estimator
+                tokens.select(log_probs),
+                tokens.select(flat_values(micro_batch["ref_log_prob"])),
+                config.kl_estimator,
             )
             kl_loss = aggregate(per_token_kl, tokens, context, config.loss_agg_mode)
             loss = loss + config.kl_loss_coef * kl_loss
