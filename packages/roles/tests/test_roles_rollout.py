@@ -106,3 +106,48 @@ def test_adapter_hand_off_serves_the_merged_weights_bit_for_bit(model_dir):
         assert torch.equal(served[name], tensor), name
     with pytest.raises(HandoffError, match="one lora mode"):
         merged.update_weights(engine.weight_buckets(version=2, lora="adapter"))
+
+
+def _with_generation_config(model_dir, target, **fields):
+    """A copy of ``model_dir`` whose ``generation_config.json`` also sets ``fields``."""
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, target)
+    path = target / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return target
+
+
+def test_the_models_generation_config_does_not_change_what_is_sampled(model_dir, tmp_path):
+    """Qwen2.5-Instruct's generation_config.json sets ``repetition_penalty: 1.05``; generate used it for every
+    field the rollout left unset, so it sampled from another distribution than the log-probs it reported.
+    With penalties in the model's generation config, the samples equal those of the same weights without."""
+    penalised = _with_generation_config(
+        model_dir, tmp_path / "penalised", repetition_penalty=5.0, no_repeat_ngram_size=1, top_k=2
+    )
+    sampling = SamplingConfig(n=4, temperature=TEMPERATURE, max_new_tokens=6, seed=3)
+    plain = HFRollout(model_path=str(model_dir)).generate(PROMPTS, sampling)
+    shifted = HFRollout(model_path=str(penalised)).generate(PROMPTS, sampling)
+    for a, b in zip(plain.responses + plain.log_probs, shifted.responses + shifted.log_probs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_responses_end_at_any_end_of_sequence_id(model_dir, tmp_path):
+    """Llama 3 lists several end-of-sequence ids in its config (the rollout crashed on the list); Gemma's chat
+    models end a turn with one that only the generation config names (responses ran past it)."""
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    free = HFRollout(model_path=str(model_dir)).generate(PROMPTS, greedy).responses
+    # Two ids the greedy responses produce: each becomes an end-of-sequence id of a copy of the model.
+    first, second = free[0][1].item(), free[1][2].item()
+    copy = _with_generation_config(model_dir, tmp_path / "ends", eos_token_id=[2, second])
+    import json
+
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, first]}))
+    ended = HFRollout(model_path=str(copy)).generate(PROMPTS, greedy).responses
+    for response, full in zip(ended, free, strict=True):
+        stops = [i for i, token in enumerate(full.tolist()) if token in (2, first, second)]
+        expected = full[: stops[0] + 1] if stops else full
+        assert torch.equal(response, expected)
+    assert len(ended[0]) == 2 and len(ended[1]) <= 3

@@ -3,8 +3,11 @@
 Prompts are left-padded into one batch, each repeated ``n`` times; ``generate`` samples with temperature
 only (``top_k=0``, ``top_p=1``: no other warper changes the distribution), returns the raw logits of every
 step, and the log-prob of each sampled token is ``log_softmax(logits / temperature)`` at it: the same value
-the actor computes for that token (docs/architecture.md §8). A response ends after its first
-end-of-sequence token.
+the actor computes for that token (docs/architecture.md §8). The model's own ``generation_config.json`` is
+set aside (its ``repetition_penalty``, ``no_repeat_ngram_size``, ... would otherwise fill every field left
+unset and sample from another distribution than the reported log-probs), except its end-of-sequence ids. A
+response ends after its first end-of-sequence token: any of the model config's and generation config's
+(Llama 3 lists several; Gemma's chat models end turns with one only the generation config names).
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ class HFRollout(Rollout):
     name = "hf"
 
     def __init__(self, *, model_path: str, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         super().__init__(model_path=model_path, device=device)
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model = model.to(device).eval()
-        config = self.model.config
-        self._eos_id = config.eos_token_id
-        self._pad_id = config.pad_token_id if config.pad_token_id is not None else self._eos_id
+        self._eos_ids = end_of_sequence_ids(self.model.config, self.model.generation_config)
+        pad_id = self.model.config.pad_token_id
+        self._pad_id = pad_id if pad_id is not None else (self._eos_ids[0] if self._eos_ids else 0)
+        # NOTE: generate fills every field our config leaves unset from the model's generation config.
+        self.model.generation_config = GenerationConfig()
         self._weights = ServedWeights(self.model)
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
@@ -80,14 +85,14 @@ class HFRollout(Rollout):
             top_p=1.0 if sample else None,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self._pad_id,
-            eos_token_id=self._eos_id,
+            eos_token_id=list(self._eos_ids) or None,
             return_dict_in_generate=True,
             output_logits=True,
         )
 
     def _length(self, tokens: torch.Tensor) -> int:
         """Tokens up to and including the first end-of-sequence token (all of them when there is none)."""
-        ends = (tokens == self._eos_id).nonzero()
+        ends = torch.isin(tokens, torch.tensor(self._eos_ids, dtype=tokens.dtype)).nonzero()
         return int(ends[0, 0]) + 1 if len(ends) else len(tokens)
 
     def _sleep(self) -> None:
@@ -100,3 +105,14 @@ class HFRollout(Rollout):
     def _wake(self) -> None:
         if self.device != "cpu":
             self.model.to(self.device)
+
+
+def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:
+    """Every end-of-sequence id the model config and its generation config name (each an int, a list or
+    ``None``), in order of first mention."""
+    ids: list[int] = []
+    for value in (config.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        for token in [value] if isinstance(value, int) else list(value or []):
+            if token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
