@@ -219,3 +219,17 @@ def test_cli_reports_bad_config_in_one_line(tmp_path) -> None:
     assert "Traceback" not in result.output
     result = runner.invoke(drivetrain_cli, ["sft", "--output-dir", str(tmp_path), "trainer.nope=1"])
     assert result.exit_code == 1 and "unknown option trainer.nope" in result.output
+
+
+def test_a_save_cut_short_before_publication_is_not_a_checkpoint(tmp_path) -> None:
+    """A save that wrote its manifest but died before the rename leaves ``.tmp-global_step_N`` complete. No
+    resume can load it; counting it accepted ``--resume`` (which then failed with "no checkpoint to load") and
+    refused a new run there."""
+    from drivetrain_roles.jobs.launch import check_run_dir
+
+    temporary = tmp_path / "checkpoints" / ".tmp-global_step_4"
+    temporary.mkdir(parents=True)
+    (temporary / "manifest.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        check_run_dir(tmp_path, resume=True, overwrite=False)
+    check_run_dir(tmp_path, resume=False, overwrite=False)  # a new run may start here

@@ -62,11 +62,13 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     Raises:
         CheckpointError: the run directory does not fit the request; the message names the flag to change.
     """
-    from drivetrain_engine_core.checkpoint import step_entries
+    from drivetrain_engine_core.checkpoint import complete_steps
     from drivetrain_engine_core.errors import CheckpointError
 
     root = run_dir / CHECKPOINT_DIR
-    complete = [entry.path.name for entry in step_entries(root) if entry.complete]
+    # NOTE: loadable steps only: a save cut short after its manifest leaves a complete temporary directory,
+    # which no resume can load (it is published by renaming) and which the next save of that step replaces.
+    complete = [path.name for _, path in complete_steps(root)]
     if resume and not complete:
         raise CheckpointError(
             f"--resume: {root} holds no complete checkpoint, so there is nothing to continue. Drop --resume to "
