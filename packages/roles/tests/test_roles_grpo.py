@@ -162,3 +162,37 @@ def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path):
     assert (schedule.mini_batch_size, schedule.epochs, schedule.shuffle) == (sequences // 2, 3, True)
     with pytest.raises(ConfigError, match=r"algorithm\.ppo_epochs must be >= 1"):
         _config(model_dir, "algorithm.ppo_epochs=0")
+
+
+def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -> None:
+    """The embedded job's SFT warm start ran once per run folder: a new ``--overwrite`` run with other warm-start
+    steps, seed or data silently started from the old one, and one cut short after writing ``config.json``
+    was reused forever. Now only a resumed run reuses it, and only a finished one (its ``summary.json``)."""
+    from drivetrain_roles.grpo.warm_start import start_model
+    from drivetrain_roles.sft import warm_start
+
+    runs = []
+
+    class FakeSFTTrainer:
+        def __init__(self, config, output_dir, overwrite):
+            self.config, self.output_dir = config, output_dir
+
+        def run(self):
+            runs.append(self.config.trainer.total_steps)
+            (self.output_dir / "final_model").mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "final_model" / "config.json").write_text("{}")
+            if self.config.trainer.total_steps != 13:  # 13: a warm start cut short before its summary
+                (self.output_dir / "summary.json").write_text(json.dumps({"evaluations": []}))
+            return type("Result", (), {"evaluations": []})()
+
+    monkeypatch.setattr(warm_start, "SFTTrainer", FakeSFTTrainer)
+
+    def config(steps: int):
+        return load_config(None, [f"trainer.warm_start_steps={steps}"])
+
+    start_model(config(13), tmp_path, resume=False)
+    start_model(config(13), tmp_path, resume=True)  # cut short: run again
+    start_model(config(7), tmp_path, resume=False)  # a new run with other settings
+    final = start_model(config(7), tmp_path, resume=True)  # a resumed run reuses it
+    assert runs == [13, 13, 7]
+    assert final == str(tmp_path / "warm_start" / "final_model")

@@ -116,7 +116,7 @@ class GRPOTrainer:
         begin_run(
             self.folder, config, engine=config.engine, trainer=config.trainer, batch_field="prompts_per_step"
         )
-        model_path = start_model(config, self.output_dir)
+        model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
             model_path, self.config.data, self.output_dir, self.config.trainer.seed
         )

@@ -8,19 +8,16 @@ from pathlib import Path
 from ..sft.assets import model_directory
 from ..sft.config import SFTConfig, TrainerConfig, schedule_length
 from ..sft.default_assets import BUILTIN_MODEL
-from ..sft.final_model import FINAL_MODEL_DIR
 from .config import GRPOConfig
 
-WARM_START_DIR = "warm_start"
-"""Where the embedded job's SFT warm start runs (a complete ``drivetrain sft`` run folder)."""
 
-
-def start_model(config: GRPOConfig, output_dir: Path) -> str:
+def start_model(config: GRPOConfig, output_dir: Path, *, resume: bool) -> str:
     """The local directory of ``model.path`` (a Hub id's cached snapshot), or for ``builtin:arithmetic`` the
     ``final_model`` of an SFT warm start.
 
     The warm start is ``drivetrain sft`` for ``trainer.warm_start_steps`` steps in ``<run>/warm_start`` (same
-    engine, data and seed), run once: a resumed GRPO run finds its ``final_model`` and reuses it.
+    engine, data and seed): a resumed GRPO run reuses the one its first part finished, any other run makes
+    its own (:func:`~drivetrain_roles.sft.warm_start.run_warm_start`).
 
     Raises:
         ModelPathError: ``model.path`` is neither a local Hugging Face model directory nor a cached Hub
@@ -28,13 +25,10 @@ def start_model(config: GRPOConfig, output_dir: Path) -> str:
     """
     if config.model.path != BUILTIN_MODEL:
         return model_directory(config.model.path)
-    directory = output_dir / WARM_START_DIR
-    final = directory / FINAL_MODEL_DIR
-    if not (final / "config.json").is_file():
-        from ..sft.trainer import SFTTrainer
+    from ..sft.warm_start import run_warm_start
 
-        SFTTrainer(_warm_start_config(config), directory, overwrite=True).run()
-    return str(final)
+    final_model, _ = run_warm_start(_warm_start_config(config), output_dir, reuse=resume)
+    return final_model
 
 
 def _warm_start_config(config: GRPOConfig) -> SFTConfig:

@@ -33,10 +33,11 @@ from ..sft.assets import resolve_model_path
 from ..sft.batches import StepSampler
 from ..sft.final_model import FINAL_MODEL_DIR
 from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+from ..sft.warm_start import run_warm_start
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
 from .data import PairExample, load_pairs, write_sft_rows
 from .default_pairs import write_arithmetic_pairs
-from .warm_start import run_warm_start, warm_start_config
+from .warm_start import warm_start_config
 
 
 @dataclass

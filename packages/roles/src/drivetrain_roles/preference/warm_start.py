@@ -7,17 +7,11 @@ were made from that ``final_model``.
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 
 from ..sft.config import DataConfig, SFTConfig, TrainerConfig, schedule_length
-from ..sft.final_model import FINAL_MODEL_DIR
-from ..sft.trainer import SUMMARY_FILE, SFTTrainer
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
-
-WARM_START_DIR = "warm_start"
 
 
 def warm_start_config(
@@ -63,20 +57,3 @@ def warm_start_config(
             report_to=trainer.report_to,
         ),
     )
-
-
-def run_warm_start(config: SFTConfig, output_dir: Path, *, reuse: bool) -> tuple[str, dict[str, float]]:
-    """Run the warm start into ``<output_dir>/warm_start`` (replacing an earlier one), or with ``reuse`` take
-    the finished one there (its summary is written last).
-
-    Returns:
-        Its final model and its last held-out evaluation (empty without held-out data).
-    """
-    target = output_dir / WARM_START_DIR
-    summary = target / SUMMARY_FILE
-    if reuse and summary.is_file():
-        evaluations = json.loads(summary.read_text())["evaluations"]
-    else:
-        evaluations = SFTTrainer(config, target, overwrite=True).run().evaluations
-    last = {k: v for k, v in evaluations[-1].items() if k != "step"} if evaluations else {}
-    return str(target / FINAL_MODEL_DIR), last

@@ -1,0 +1,34 @@
+"""An SFT warm start: ``drivetrain sft`` run once in ``<run>/warm_start``, the start of a DPO, RM or GRPO run.
+
+A resumed run reuses the warm start its first part finished (its checkpoints, and a DPO reference, were made
+from that ``final_model``); the warm start's ``summary.json``, written last, marks it finished. Any other run
+replaces it: a new run in the folder (``--overwrite``) may have changed the model, data, seed or steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import SFTConfig
+from .final_model import FINAL_MODEL_DIR
+from .trainer import SUMMARY_FILE, SFTTrainer
+
+WARM_START_DIR = "warm_start"
+
+
+def run_warm_start(config: SFTConfig, output_dir: Path, *, reuse: bool) -> tuple[str, dict[str, float]]:
+    """Run the warm start into ``<output_dir>/warm_start`` (replacing an earlier one), or with ``reuse`` take
+    the finished one there (its summary is written last).
+
+    Returns:
+        Its final model and its last held-out evaluation (empty without held-out data).
+    """
+    target = output_dir / WARM_START_DIR
+    summary = target / SUMMARY_FILE
+    if reuse and summary.is_file():
+        evaluations = json.loads(summary.read_text())["evaluations"]
+    else:
+        evaluations = SFTTrainer(config, target, overwrite=True).run().evaluations
+    last = {k: v for k, v in evaluations[-1].items() if k != "step"} if evaluations else {}
+    return str(target / FINAL_MODEL_DIR), last
