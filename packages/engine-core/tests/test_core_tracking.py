@@ -84,3 +84,15 @@ def test_unknown_or_missing_trackers_name_the_fix(monkeypatch) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"'mlflow' package is not installed; pip install mlflow"):
         check_report_to(["jsonl", "mlflow"])
+
+
+def test_a_line_cut_short_is_skipped_not_fatal_on_resume(tmp_path, caplog) -> None:
+    """An append cut short by a crash or a full disk (a partial line, NUL bytes) made every later read raise
+    JSONDecodeError, so the run could not resume until someone edited the file by hand."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 1.0}\n{"step": 2, "train/loss": 2.0}\n\x00\x00{"step": 3, "tr')
+    with caplog.at_level("WARNING"):
+        open_trackers(["jsonl"], _run(tmp_path, resume_step=2))
+    assert read_records(path) == [{"step": 1, "train/loss": 1.0}, {"step": 2, "train/loss": 2.0}]
+    assert "skipped 1 line(s)" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temporary file left

@@ -1,19 +1,25 @@
 """``metrics.jsonl``: one JSON object per record (``{"step": N, ...}``), the default tracker.
 
-On resume, records after the resumed step are dropped first, so the file describes one run. A non-finite
-value (the loss of a step whose update was skipped) is written as ``null``: ``NaN`` is not JSON.
+On resume, records after the resumed step are dropped first, so the file describes one run; the file is
+rewritten through a temporary file and a rename, so a crash or a full disk during the rewrite leaves the old
+history whole. A line that is not JSON (an append cut short by a crash or a full disk) is skipped with a
+warning when the file is read, rather than blocking the resume. A non-finite value (the loss of a step whose
+update was skipped) is written as ``null``: ``NaN`` is not JSON.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from .base import RunInfo, Tracker
 
 METRICS_FILE = "metrics.jsonl"
+logger = logging.getLogger(__name__)
 
 
 class JsonlTracker(Tracker):
@@ -26,7 +32,7 @@ class JsonlTracker(Tracker):
             if run.resume_step is None
             else [r for r in read_records(self.path) if r["step"] <= run.resume_step]
         )
-        self.path.write_text("".join(dumps(r) + "\n" for r in kept))
+        replace_text(self.path, "".join(dumps(r) + "\n" for r in kept))
 
     def log(self, step: int, values: dict[str, float]) -> None:
         with self.path.open("a") as handle:
@@ -50,7 +56,34 @@ def json_safe(value: Any) -> Any:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file (empty if it does not exist)."""
+    """The records of a ``metrics.jsonl`` file (empty if it does not exist); lines that are not a JSON record
+    with a ``step`` are skipped, with a warning."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records, skipped = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+        else:
+            skipped += 1
+    if skipped:
+        logger.warning(
+            "%s: skipped %d line(s) that are not a metrics record (a write cut short?)", path, skipped
+        )
+    return records
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, flushed to disk, then renamed over it."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
