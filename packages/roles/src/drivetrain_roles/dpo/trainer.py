@@ -19,6 +19,7 @@ from tensordict import TensorDict
 
 from ..losses.aggregation import FlatTokens
 from ..losses.preference import REF_LOGP, dpo_loss_fn
+from ..output_ranks import require_outputs_on_every_rank
 from ..preference.batches import make_pair_batch
 from ..preference.data import PairExample
 from ..preference.trainer import PairTrainer
@@ -45,6 +46,7 @@ class DPOTrainer(PairTrainer):
         settings = self.config.dpo
         if settings.reference_free:
             return
+        require_outputs_on_every_rank(engine, f"drivetrain dpo with dpo.reference={settings.reference}")
         if settings.reference == "engine":
             self.reference = Reference(self._build_engine(model_path, None))
         elif settings.reference == "lora_base":

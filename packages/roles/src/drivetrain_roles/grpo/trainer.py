@@ -28,6 +28,7 @@ from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
+from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
 from ..sft.assets import load_splits
 from ..sft.batches import StepSampler
@@ -173,8 +174,14 @@ class GRPOTrainer:
         return engine
 
     def make_actor(self, model_path: str) -> Actor:
-        """The actor: a training engine of ``model_path`` with the GRPO loss, one optimizer step per rollout."""
-        return Actor(self._engine(model_path, train=True), actor_config(self.config))
+        """The actor: a training engine of ``model_path`` with the GRPO loss, one optimizer step per rollout.
+
+        Raises:
+            ConfigError: some rank would hold no outputs (model parallelism; see :mod:`..output_ranks`).
+        """
+        engine = self._engine(model_path, train=True)
+        require_outputs_on_every_rank(engine, "drivetrain grpo")
+        return Actor(engine, actor_config(self.config))
 
     def make_reference(self, actor: Actor, model_path: str) -> Reference | None:
         """The KL reference: the actor's base model with LoRA, else its own inference-only engine; ``None``
