@@ -15,8 +15,6 @@ from typing import Any
 import torch
 
 from .. import distributed
-from ..errors import CheckpointError
-from .manifest import Manifest, verify_files
 
 STATE_FILE = "state.json"
 
@@ -45,19 +43,6 @@ def load_extra_state(extra_dir: Path) -> dict[str, Any]:
     if rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=True))
     return dict(json.loads((extra_dir / STATE_FILE).read_text()))
-
-
-def verify_on_rank_zero(step_dir: Path, manifest: Manifest) -> None:
-    """Rank 0 checks the files; every rank raises its verdict, so no rank waits for one that failed."""
-    problem = None
-    if distributed.rank() == 0:
-        try:
-            verify_files(step_dir, manifest)
-        except CheckpointError as e:
-            problem = str(e)
-    verdict = distributed.broadcast_object(problem)
-    if isinstance(verdict, str):
-        raise CheckpointError(verdict)
 
 
 def _rng_state() -> dict[str, Any]:

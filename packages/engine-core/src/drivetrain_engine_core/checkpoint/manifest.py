@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,19 +57,31 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def describe_files(step_dir: Path) -> dict[str, dict[str, Any]]:
-    """Size and digest of every file under ``step_dir`` except the manifest itself."""
-    described = {}
+def step_files(step_dir: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``step_dir`` except the manifest itself, in path order."""
+    sizes = {}
     for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
         relative = path.relative_to(step_dir).as_posix()
         if relative != MANIFEST_FILE:
-            described[relative] = {"size": path.stat().st_size, "sha256": file_digest(path)}
-    return described
+            sizes[relative] = path.stat().st_size
+    return sizes
 
 
-def write_manifest(step_dir: Path, manifest: Manifest) -> Manifest:
-    """Describe the step's files into ``manifest`` and write it atomically and fsynced; returns what was written."""
-    complete = dataclasses.replace(manifest, files=describe_files(step_dir))
+def describe_files(step_dir: Path, relatives: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Size and digest of the files ``relatives`` names under ``step_dir`` (default: all but the manifest)."""
+    names = step_files(step_dir) if relatives is None else relatives
+    return {
+        relative: {"size": (step_dir / relative).stat().st_size, "sha256": file_digest(step_dir / relative)}
+        for relative in names
+    }
+
+
+def write_manifest(
+    step_dir: Path, manifest: Manifest, files: dict[str, dict[str, Any]] | None = None
+) -> Manifest:
+    """Write ``manifest`` with the step's file descriptions (``files``, or described here) atomically and
+    fsynced; returns what was written."""
+    complete = dataclasses.replace(manifest, files=describe_files(step_dir) if files is None else files)
     write_durably(
         step_dir / MANIFEST_FILE, json.dumps(dataclasses.asdict(complete), indent=2, sort_keys=True)
     )
@@ -94,14 +107,18 @@ def read_manifest(step_dir: Path | str) -> Manifest:
         raise CheckpointError(f"{path} is not a valid drivetrain manifest: {e}") from e
 
 
-def verify_files(step_dir: Path | str, manifest: Manifest, *, checksums: bool = True) -> None:
-    """Check that every file the manifest lists exists with its size (and digest).
+def verify_files(
+    step_dir: Path | str, manifest: Manifest, *, checksums: bool = True, only: Collection[str] | None = None
+) -> None:
+    """Check that every file the manifest lists (or those of them ``only`` names) exists with its size (and digest).
 
     Raises:
         CheckpointError: naming the first missing, truncated or altered file.
     """
     root = Path(step_dir)
     for relative, expected in sorted(manifest.files.items()):
+        if only is not None and relative not in only:
+            continue
         path = root / relative
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} is missing (listed in {root / MANIFEST_FILE}).")

@@ -2,8 +2,10 @@
 
 ``Engine.save_checkpoint`` / ``load_checkpoint`` check the engine and call these. Saving: rank 0 prepares a
 temporary step directory, every rank writes its share (the backend's ``_save_checkpoint``) and core's
-``extra/`` state, rank 0 publishes the step durably with its manifest and prunes old ones, never the step
-just published (:mod:`.publish`); barriers separate the phases. Loading: the manifest names the backend, rank 0's verdict on the files reaches every rank, then the
+``extra/`` state, every rank hashes a share of the files (:mod:`.file_shares`), rank 0 publishes the step
+durably with its manifest and prunes old ones, never the step just published (:mod:`.publish`); barriers
+separate the phases. Loading: the manifest names the backend, every rank checks a share of the files and
+every rank raises the first problem found, then the
 backend reads its state with offloaded state held on the device, and core restores the LR schedule and the
 skipped-step count.
 """
@@ -15,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import distributed
 from ..errors import CheckpointError
-from .extra_state import load_extra_state, require_json, save_extra_state, verify_on_rank_zero
+from .extra_state import load_extra_state, require_json, save_extra_state
+from .file_shares import describe_on_every_rank, verify_on_every_rank
 from .layout import prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
 from .manifest import Manifest, read_manifest
 from .publish import prune_old_steps, publish_step
@@ -41,9 +44,10 @@ def save_engine_checkpoint(
     engine._save_checkpoint(temporary, save_optimizer=engine.checkpoint_config.save_optimizer)
     save_extra_state(temporary / "extra", _core_state(engine, extra_state or {}))
     distributed.barrier()
+    files = describe_on_every_rank(temporary)
     final = root / f"global_step_{global_step}"
     if is_writer:
-        final = publish_step(root, temporary, global_step, _manifest(engine, global_step))
+        final = publish_step(root, temporary, global_step, _manifest(engine, global_step), files)
         keep = max_ckpt_to_keep if max_ckpt_to_keep is not None else engine.checkpoint_config.max_ckpt_to_keep
         if keep is not None:
             prune_old_steps(root, keep, published=final)
@@ -67,7 +71,7 @@ def load_engine_checkpoint(
             "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
         )
     if verify:
-        verify_on_rank_zero(step_dir, manifest)
+        verify_on_every_rank(step_dir, manifest)
     with engine._loaded():
         engine._load_checkpoint(
             step_dir, load_optimizer=load_optimizer and engine.optimizer_config is not None

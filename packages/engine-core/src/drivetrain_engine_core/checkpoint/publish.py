@@ -13,6 +13,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 from .durable import fsync_dir, fsync_tree, write_durably
 from .layout import (
@@ -27,18 +28,28 @@ from .manifest import MANIFEST_FILE, Manifest, write_manifest
 from .points import reach
 
 
-def publish_step(root: Path, temporary: Path, global_step: int, manifest: Manifest) -> Path:
+def publish_step(
+    root: Path,
+    temporary: Path,
+    global_step: int,
+    manifest: Manifest,
+    files: dict[str, dict[str, Any]] | None = None,
+) -> Path:
     """Complete the finished temporary step with its manifest, rename it into place, point ``latest`` at it.
 
     Re-saving an existing step renames the old copy aside first and deletes it last, so some complete copy
     of the step exists at every moment.
+
+    Args:
+        files: the step's file descriptions, hashed by every rank (:mod:`.file_shares`); ``None`` hashes them
+            here.
 
     Returns:
         The published step directory.
     """
     fsync_tree(temporary)
     reach("files_synced")
-    write_manifest(temporary, manifest)
+    write_manifest(temporary, manifest, files)
     fsync_dir(temporary)
     reach("manifest_written")
     final = root / step_dir_name(global_step)

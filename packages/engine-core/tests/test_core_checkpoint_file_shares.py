@@ -1,0 +1,66 @@
+"""Every rank hashes and checks a share of a step's files; the result equals one process doing it all.
+
+Two gloo ranks share a directory of files of uneven sizes: the gathered descriptions equal
+``describe_files`` of the whole directory, each rank's share is about half the bytes, and a file altered in
+one rank's share makes both ranks raise the same error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from drivetrain_engine_core.checkpoint.file_shares import share
+from drivetrain_engine_core.checkpoint.manifest import Manifest, describe_files
+from drivetrain_engine_core.testing.launcher import run_distributed
+
+SIZES = {"model/__0_0.distcp": 900, "model/__1_0.distcp": 880, "optimizer/__0_0.distcp": 1700,
+         "optimizer/__1_0.distcp": 1650, "extra/state.json": 40, "model/.metadata": 120}  # fmt: skip
+
+
+def _step(root: Path) -> Path:
+    for name, size in SIZES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(bytes(i % 251 for i in range(size)))
+    return root
+
+
+def _describe_and_verify(rank: int, world_size: int, step: str, altered: str | None) -> dict:
+    from drivetrain_engine_core.checkpoint.file_shares import describe_on_every_rank, verify_on_every_rank
+    from drivetrain_engine_core.errors import CheckpointError
+
+    files = describe_on_every_rank(Path(step))
+    if altered and rank == 0:
+        path = Path(step) / altered
+        path.write_bytes(b"x" + path.read_bytes()[1:])  # same size, other digest
+    from drivetrain_engine_core import distributed
+
+    distributed.barrier()
+    manifest = Manifest(backend="fsdp", global_step=1, world_size=2, model_type="language_model",
+                        model_path="m", files=files)  # fmt: skip
+    try:
+        verify_on_every_rank(Path(step), manifest)
+    except CheckpointError as e:
+        return {"files": files, "error": str(e)}
+    return {"files": files, "error": None}
+
+
+def test_shares_cover_every_file_once_and_balance_the_bytes():
+    shares = [share(SIZES, rank, 2) for rank in range(2)]
+    assert sorted(shares[0] + shares[1]) == sorted(SIZES)
+    loads = [sum(SIZES[name] for name in s) for s in shares]
+    assert abs(loads[0] - loads[1]) <= max(SIZES.values()) and min(loads) > 2000
+
+
+@pytest.mark.parametrize("alter_in_share_of_rank_1", [False, True])
+def test_every_rank_describes_and_checks_its_share(tmp_path, alter_in_share_of_rank_1):
+    step = _step(tmp_path)
+    expected = describe_files(step)
+    altered = share(SIZES, 1, 2)[0] if alter_in_share_of_rank_1 else None
+    ranks = run_distributed(_describe_and_verify, str(step), altered, world_size=2)
+    assert ranks[0]["files"] == ranks[1]["files"] == expected
+    if altered is None:
+        assert [r["error"] for r in ranks] == [None, None]
+    else:  # only rank 1 read the altered file; rank 0 raises its error too
+        assert ranks[0]["error"] == ranks[1]["error"]
+        assert f"{altered} does not match its SHA-256" in ranks[0]["error"]
