@@ -63,7 +63,7 @@ def load_engine_checkpoint(
     Raises:
         CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
     """
-    step_dir = resolve_step_dir(path)
+    step_dir = _agreed_step_dir(path)
     manifest = read_manifest(step_dir)
     if manifest.backend != engine.backend_name:
         raise CheckpointError(
@@ -94,6 +94,24 @@ def _manifest(engine: Engine, global_step: int) -> Manifest:
         lora=None if lora is None else {**lora.__dict__, "target_modules": list(lora.target_modules)},
         backend_info=engine._checkpoint_backend_info(),
     )
+
+
+def _agreed_step_dir(path: str | Path) -> Path:
+    """The step every rank loads: rank 0's resolution of ``path``, or on every rank the error it raised.
+
+    NOTE: ranks resolving ``latest`` each on their own could load different steps where a node's view of the
+    filesystem lags (attribute caching); megatron likewise agrees on the iteration before loading.
+    """
+    resolved: str | CheckpointError = ""
+    if distributed.rank() == 0:
+        try:
+            resolved = str(resolve_step_dir(path))
+        except CheckpointError as e:
+            resolved = e
+    agreed = distributed.broadcast_object(resolved)
+    if isinstance(agreed, CheckpointError):
+        raise CheckpointError(str(agreed))
+    return Path(str(agreed))
 
 
 def _core_state(engine: Engine, caller_state: dict[str, Any]) -> dict[str, Any]:

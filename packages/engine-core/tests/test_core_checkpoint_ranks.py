@@ -1,8 +1,8 @@
-"""Every rank hashes and checks a share of a step's files; the result equals one process doing it all.
+"""What the ranks of a save or a load share: the work on the step's files, and which step they load.
 
 Two gloo ranks share a directory of files of uneven sizes: the gathered descriptions equal
 ``describe_files`` of the whole directory, each rank's share is about half the bytes, and a file altered in
-one rank's share makes both ranks raise the same error.
+one rank's share makes both ranks raise the same error. Both ranks load the step rank 0 resolved.
 """
 
 from __future__ import annotations
@@ -64,3 +64,27 @@ def test_every_rank_describes_and_checks_its_share(tmp_path, alter_in_share_of_r
     else:  # only rank 1 read the altered file; rank 0 raises its error too
         assert ranks[0]["error"] == ranks[1]["error"]
         assert f"{altered} does not match its SHA-256" in ranks[0]["error"]
+
+
+def _agreed(rank: int, world_size: int, root: str) -> str:
+    from drivetrain_engine_core.checkpoint import orchestration
+    from drivetrain_engine_core.errors import CheckpointError
+
+    if rank == 1:  # a node whose view of the filesystem lags: it would resolve another step
+        orchestration.resolve_step_dir = lambda path: Path(root) / "global_step_2"  # type: ignore[assignment]
+    try:
+        return str(orchestration._agreed_step_dir(root))
+    except CheckpointError as e:
+        return f"error: {e}"
+
+
+def test_every_rank_loads_the_step_rank_0_resolved(tmp_path):
+    """Each rank resolved ``latest`` on its own, so ranks could load different steps; rank 0's resolution (or
+    its error) now reaches every rank."""
+    step = tmp_path / "global_step_4"
+    step.mkdir()
+    (step / "manifest.json").write_text("{}")
+    (tmp_path / "latest").write_text("global_step_4")
+    assert run_distributed(_agreed, str(tmp_path), world_size=2) == [str(step)] * 2
+    missing = run_distributed(_agreed, str(tmp_path / "nothing"), world_size=2)
+    assert missing[0] == missing[1] and missing[0].startswith("error: ")
