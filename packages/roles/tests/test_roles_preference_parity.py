@@ -59,12 +59,12 @@ def batches() -> dict[str, object]:
 # ---------------------------------------------------------------------- the papers' formulas, in plain HF
 
 
-def hf_response_logp(model, example: Example) -> torch.Tensor:
-    """log pi(response | prompt): the sum of the response tokens' log-probs."""
+def hf_response_logp(model, example: Example, mean: bool = False) -> torch.Tensor:
+    """log pi(response | prompt): the sum of the response tokens' log-probs (their mean with ``mean``)."""
     ids = torch.tensor([example.prompt_ids + example.response_ids])
     log_probs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
-    token_lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0]
-    return token_lp[len(example.prompt_ids) - 1 :].sum()
+    token_lp = log_probs.gather(-1, ids[0, 1:, None])[:, 0][len(example.prompt_ids) - 1 :]
+    return token_lp.mean() if mean else token_lp.sum()
 
 
 def hf_dpo(model_dir, name: str) -> tuple[float, float]:
@@ -73,8 +73,13 @@ def hf_dpo(model_dir, name: str) -> tuple[float, float]:
     config, losses = DPO_LOSSES[name], []
     for i, pair in enumerate(make_pairs()):
         ref_c, ref_r = (0.0, 0.0) if config.reference_free else (REF_LOGPS[2 * i], REF_LOGPS[2 * i + 1])
-        h = (hf_response_logp(model, pair.chosen) - ref_c) - (hf_response_logp(model, pair.rejected) - ref_r)
-        if config.loss_type == "ipo":  # Azar et al. 2023, eq. 17
+        ipo = config.loss_type == "ipo"
+        if ipo:  # TRL's IPO: per-token means of the policy's and the reference's log-probs
+            ref_c, ref_r = ref_c / len(pair.chosen.response_ids), ref_r / len(pair.rejected.response_ids)
+        h = (hf_response_logp(model, pair.chosen, ipo) - ref_c) - (
+            hf_response_logp(model, pair.rejected, ipo) - ref_r
+        )
+        if ipo:  # Azar et al. 2023, eq. 17
             losses.append((h - 1 / (2 * BETA)) ** 2)
         else:  # Rafailov et al. 2023, eq. 7
             losses.append(-F.logsigmoid(BETA * h))

@@ -8,8 +8,10 @@ over every pair of the mini-batch, whatever the micro-batching or data-parallel 
 contributions that sum to mini-batch means too, under the names TRL uses (``rewards/chosen``, ...).
 
 References: DPO, Rafailov et al. 2023 (``-log sigmoid(beta * (log-ratio chosen - log-ratio rejected))``);
-IPO, Azar et al. 2023 (``(log-ratio chosen - log-ratio rejected - 1 / (2 beta))^2``); Bradley-Terry reward
-models, Ouyang et al. 2022 (``-log sigmoid(r_chosen - r_rejected)``).
+IPO, Azar et al. 2023 (``(log-ratio chosen - log-ratio rejected - 1 / (2 beta))^2``), on per-token mean
+log-probs as TRL computes it (with sums the target margin ``1 / (2 beta)`` is in total nats, so a beta tuned
+in TRL would not transfer and the loss would grow with the response length); Bradley-Terry reward models,
+Ouyang et al. 2022 (``-log sigmoid(r_chosen - r_rejected)``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class DPOLossConfig:
 
     Attributes:
         beta: strength of the implicit KL constraint (the reward scale ``beta * log-ratio``).
-        loss_type: ``sigmoid`` (DPO) or ``ipo``.
+        loss_type: ``sigmoid`` (DPO) or ``ipo`` (on per-token mean log-probs, as TRL).
         reference_free: use log pi itself as the log-ratio (a uniform reference, ``ref_logp = 0``).
     """
 
@@ -88,6 +90,12 @@ def sequence_log_probs(model_output: TensorDict, micro_batch: TensorDict) -> tor
     return tokens.per_sequence_sum(flat_values(model_output["log_probs"]))
 
 
+def sequence_token_counts(micro_batch: TensorDict) -> torch.Tensor:
+    """``(n,)`` loss-mask (response) tokens of each sequence, at least 1."""
+    tokens = FlatTokens.from_jagged(micro_batch["loss_mask"])
+    return tokens.per_sequence_sum(torch.ones_like(tokens.mask)).clamp(min=1.0)
+
+
 def sequence_scores(model_output: TensorDict, micro_batch: TensorDict) -> torch.Tensor:
     """``(n,)`` reward of each sequence: its ``values`` at its loss-mask token (one per sequence)."""
     tokens = FlatTokens.from_jagged(micro_batch["loss_mask"])
@@ -118,6 +126,9 @@ def dpo_loss_fn(config: DPOLossConfig) -> LossFn:
         reference = torch.zeros_like(policy)
         if not config.reference_free:
             reference = micro_batch[REF_LOGP].to(policy)
+        if config.loss_type == "ipo":
+            counts = sequence_token_counts(micro_batch).to(policy)
+            policy, reference = policy / counts, reference / counts
         ratios = policy - reference
         per_pair = dpo_terms(ratios[winners], ratios[losers], config)
         pairs = max(context.global_sequence_count // 2, 1)
