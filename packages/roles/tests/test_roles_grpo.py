@@ -162,6 +162,9 @@ def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path):
     assert (schedule.mini_batch_size, schedule.epochs, schedule.shuffle) == (sequences // 2, 3, True)
     with pytest.raises(ConfigError, match=r"algorithm\.ppo_epochs must be >= 1"):
         _config(model_dir, "algorithm.ppo_epochs=0")
+    # 9 sequences in mini-batches of ceil(9 / 4) = 3 made 3 optimizer steps, not 4.
+    with pytest.raises(ConfigError, match=r"ppo_mini_batches=4 must divide .* 3 x 3 = 9"):
+        _config(model_dir, "algorithm.ppo_mini_batches=4", "trainer.prompts_per_step=3", "rollout.n=3")
 
 
 def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -> None:

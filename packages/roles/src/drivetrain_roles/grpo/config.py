@@ -159,6 +159,16 @@ class GRPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
+    def __post_init__(self) -> None:
+        sequences = self.trainer.prompts_per_step * self.rollout.n
+        if sequences % self.algorithm.ppo_mini_batches:
+            # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).
+            raise ConfigError(
+                f"algorithm.ppo_mini_batches={self.algorithm.ppo_mini_batches} must divide the sequences of a "
+                f"step, trainer.prompts_per_step x rollout.n = {self.trainer.prompts_per_step} x {self.rollout.n} "
+                f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
+            )
+
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> GRPOConfig:
     """Defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), as a checked config.
