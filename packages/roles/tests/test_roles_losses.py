@@ -232,3 +232,41 @@ def test_an_unlikely_prompt_token_gives_no_nan_gradient_through_the_kl(estimator
     delta = torch.tensor([-1.2 - -1.0, -0.4 - -0.5])
     kl_grad = {"k1": torch.ones(2), "k2": -delta, "k3": 1.0 - torch.exp(delta)}[estimator]
     torch.testing.assert_close(grad[2:], (torch.tensor([-1.0, 1.0]) + kl_grad) / 2)
+
+
+def test_policy_and_value_losses_read_nothing_back_from_the_device(monkeypatch) -> None:
+    """Their metrics stay detached tensors on the device, which the engine reads once per step with the loss
+    (one transfer); ``float(...)`` per metric stalled the host once per metric and micro-batch on a GPU, before
+    it could queue the backward. A read is made to fail here."""
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("a loss function read a tensor back to the host")
+
+    mask = [[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]]
+    batch = TensorDict(
+        {
+            "loss_mask": jagged(mask),
+            "old_log_probs": jagged([[0.0, -0.9, -2.2], [0.0, 0.0, -0.4]]),
+            "advantages": jagged([[0.0, 1.0, -0.5], [0.0, 0.0, 2.0]]),
+            "ref_log_prob": jagged([[0.0, -1.1, -1.9], [0.0, 0.0, -0.6]]),
+            "values": jagged([[0.0, 0.3, -0.2], [0.0, 0.0, 0.5]]),
+            "returns": jagged([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+        },
+        batch_size=[2],
+    )
+    output = TensorDict(
+        {
+            "log_probs": jagged([[0.0, -1.0, -2.0], [0.0, -0.3, -0.5]]),
+            "entropy": jagged([[0.0, 1.0, 0.5], [0.0, 0.2, 0.9]]),
+            "values": jagged([[0.0, 0.4, -0.1], [0.0, 0.2, 0.7]]),
+        },
+        batch_size=[2],
+    )
+    policy = policy_loss_fn(PolicyLossConfig(kl_loss_coef=0.1))
+    critic = value_loss_fn(ValueLossConfig())
+    for name in ("__float__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, no_read)
+    results = [policy(output, batch, context_for(mask)), critic(output, batch, context_for(mask))]
+    monkeypatch.undo()
+    for _, metrics in results:
+        assert metrics and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in metrics.values())

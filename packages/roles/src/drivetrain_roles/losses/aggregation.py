@@ -104,6 +104,7 @@ def aggregate(
     return per_sequence.sum() / max(context.global_sequence_count, 1)
 
 
-def masked_fraction(condition: torch.Tensor, tokens: FlatTokens, context: LossContext) -> float:
-    """Contribution of this micro-batch to the global fraction of loss tokens where ``condition`` holds."""
-    return float(aggregate(condition.detach().float(), tokens, context, "token-mean"))
+def masked_fraction(condition: torch.Tensor, tokens: FlatTokens, context: LossContext) -> torch.Tensor:
+    """Contribution of this micro-batch to the global fraction of loss tokens where ``condition`` holds (a
+    detached scalar on the device: the engine reads every metric of a step in one transfer)."""
+    return aggregate(condition.detach().float(), tokens, context, "token-mean")

@@ -111,11 +111,11 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
         entropy = aggregate(flat_values(model_output["entropy"]), tokens, context, config.loss_agg_mode)
         loss = pg_loss - config.entropy_coeff * entropy
         metrics = {
-            "pg_loss": float(pg_loss.detach()),
+            "pg_loss": pg_loss.detach(),
             "pg_clipfrac": masked_fraction(terms.clipped, tokens, context),
             "pg_clipfrac_lower": masked_fraction(terms.dual_clipped, tokens, context),
-            "approx_kl": float(aggregate(-terms.log_ratio.detach(), tokens, context, "token-mean")),
-            "entropy": float(entropy.detach()),
+            "approx_kl": aggregate(-terms.log_ratio.detach(), tokens, context, "token-mean"),
+            "entropy": entropy.detach(),
         }
         if config.uses_kl:
             per_token_kl = kl_penalty(
@@ -125,7 +125,7 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
             )
             kl_loss = aggregate(per_token_kl, tokens, context, config.loss_agg_mode)
             loss = loss + config.kl_loss_coef * kl_loss
-            metrics["kl_loss"] = float(kl_loss.detach())
+            metrics["kl_loss"] = kl_loss.detach()
         return loss, metrics
 
     return loss_fn

@@ -136,13 +136,13 @@ def dpo_loss_fn(config: DPOLossConfig) -> LossFn:
         rewards_chosen = config.beta * ratios[winners].detach()
         rewards_rejected = config.beta * ratios[losers].detach()
         metrics = {
-            "dpo_loss": float(loss.detach()),
-            "rewards/chosen": float(rewards_chosen.sum()) / pairs,
-            "rewards/rejected": float(rewards_rejected.sum()) / pairs,
-            "rewards/margins": float((rewards_chosen - rewards_rejected).sum()) / pairs,
-            "rewards/accuracies": float((rewards_chosen > rewards_rejected).float().sum()) / pairs,
-            "logps/chosen": float(policy[winners].detach().sum()) / pairs,
-            "logps/rejected": float(policy[losers].detach().sum()) / pairs,
+            "dpo_loss": loss.detach(),
+            "rewards/chosen": rewards_chosen.sum() / pairs,
+            "rewards/rejected": rewards_rejected.sum() / pairs,
+            "rewards/margins": (rewards_chosen - rewards_rejected).sum() / pairs,
+            "rewards/accuracies": (rewards_chosen > rewards_rejected).float().sum() / pairs,
+            "logps/chosen": policy[winners].detach().sum() / pairs,
+            "logps/rejected": policy[losers].detach().sum() / pairs,
         }
         return loss, metrics
 
@@ -164,11 +164,11 @@ def bradley_terry_loss_fn() -> LossFn:
         loss = -F.logsigmoid(margin).sum() / pairs
         detached = margin.detach()
         metrics = {
-            "rm_loss": float(loss.detach()),
-            "accuracy": float((detached > 0).float().sum()) / pairs,
-            "margin": float(detached.sum()) / pairs,
-            "scores/chosen": float(scores[winners].detach().sum()) / pairs,
-            "scores/rejected": float(scores[losers].detach().sum()) / pairs,
+            "rm_loss": loss.detach(),
+            "accuracy": (detached > 0).float().sum() / pairs,
+            "margin": detached.sum() / pairs,
+            "scores/chosen": scores[winners].detach().sum() / pairs,
+            "scores/rejected": scores[losers].detach().sum() / pairs,
         }
         return loss, metrics
 

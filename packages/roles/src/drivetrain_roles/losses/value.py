@@ -59,7 +59,7 @@ def value_loss_fn(config: ValueLossConfig) -> LossFn:
             config.cliprange_value,
         )
         loss = aggregate(per_token, tokens, context, config.loss_agg_mode)
-        metrics = {"vf_loss": float(loss.detach()), "vf_clipfrac": masked_fraction(clipped, tokens, context)}
+        metrics = {"vf_loss": loss.detach(), "vf_clipfrac": masked_fraction(clipped, tokens, context)}
         return loss, metrics
 
     return loss_fn
