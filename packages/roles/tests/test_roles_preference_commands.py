@@ -219,3 +219,35 @@ def test_a_batch_the_ranks_cannot_split_is_refused_before_the_warm_start(
     with pytest.raises(DataError, match=r"trainer.batch_size=3 is not divisible by the data-parallel size 2"):
         trainer(config, tmp_path / "run").run()
     assert not (tmp_path / "run").exists()  # nothing written either
+
+
+def test_a_rank_without_pairs_in_the_last_precompute_chunk_still_joins_the_forward(monkeypatch) -> None:
+    """257 pairs on 2 ranks left rank 1 without a pair in the last chunk of 256: it raised "input_ids is
+    empty" while rank 0 waited in the collective forward. It now scores the chunk's first pair and keeps
+    nothing (here rank 1 of 2, chunks of 3, 4 pairs: the second chunk is pair 3 alone)."""
+    from types import SimpleNamespace
+
+    import torch
+    from drivetrain_roles.dpo import trainer as dpo_trainer
+
+    scored_uids: list[list[int]] = []
+
+    def reference_sums(reference, batch):
+        uids = batch["uid"][::2].tolist()
+        scored_uids.append(uids)
+        return torch.tensor([float(-u) for u in uids for _ in range(2)])
+
+    monkeypatch.setattr(dpo_trainer, "PRECOMPUTE_CHUNK", 3)
+    monkeypatch.setattr(dpo_trainer, "reference_sums", reference_sums)
+    monkeypatch.setattr(dpo_trainer.distributed, "rank", lambda group=None: 1)
+    monkeypatch.setattr(dpo_trainer.distributed, "world_size", lambda group=None: 2)
+    from drivetrain_roles.preference.data import PairExample
+    from drivetrain_roles.sft.data import Example
+
+    example = Example([1, 2], [3], "", "")
+    trainer = SimpleNamespace(
+        uids={u: PairExample(chosen=example, rejected=example) for u in range(4)}, ref_logps={}
+    )
+    dpo_trainer.DPOTrainer._precompute(trainer, reference=None)  # type: ignore[arg-type]
+    assert scored_uids == [[1], [3]]
+    assert trainer.ref_logps == {1: (-1.0, -1.0)}

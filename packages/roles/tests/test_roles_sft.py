@@ -233,3 +233,17 @@ def test_a_save_cut_short_before_publication_is_not_a_checkpoint(tmp_path) -> No
     with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
         check_run_dir(tmp_path, resume=True, overwrite=False)
     check_run_dir(tmp_path, resume=False, overwrite=False)  # a new run may start here
+
+
+def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypatch) -> None:
+    """Each data-parallel rank scores a share of the held-out set: with 3 examples on 4 ranks one rank had
+    none and failed while the others waited in a collective."""
+    from drivetrain_engine_core.config import EngineConfig
+    from drivetrain_roles.sft import batches
+    from drivetrain_roles.sft.batches import check_held_out_size
+
+    monkeypatch.setattr(batches.distributed, "world_size", lambda group=None: 4)
+    with pytest.raises(DataError, match="held-out set has 3 examples, fewer than the 4 data-parallel ranks"):
+        check_held_out_size(3, EngineConfig())
+    check_held_out_size(0, EngineConfig())  # no held-out evaluation
+    check_held_out_size(4, EngineConfig())

@@ -59,8 +59,14 @@ class DPOTrainer(PairTrainer):
         rank, size = distributed.rank(), distributed.world_size()
         uids = sorted(self.uids)
         for start in range(0, len(uids), PRECOMPUTE_CHUNK):
-            mine = uids[start : start + PRECOMPUTE_CHUNK][rank::size]
-            sums = reference_sums(reference, make_pair_batch([self.uids[u] for u in mine], mine)).tolist()
+            chunk = uids[start : start + PRECOMPUTE_CHUNK]
+            # NOTE: a short last chunk leaves some ranks without a pair; they score the chunk's first pair and
+            # keep nothing, since every rank must run the collective forward.
+            mine = chunk[rank::size]
+            scoring = mine or chunk[:1]
+            sums = reference_sums(
+                reference, make_pair_batch([self.uids[u] for u in scoring], scoring)
+            ).tolist()
             scored = {u: (sums[2 * i], sums[2 * i + 1]) for i, u in enumerate(mine)}
             for part in distributed.all_gather_objects(scored):
                 self.ref_logps.update(part)  # type: ignore[call-overload]

@@ -30,7 +30,7 @@ from tensordict import TensorDict
 from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..sft.assets import resolve_model_path
-from ..sft.batches import StepSampler
+from ..sft.batches import StepSampler, check_held_out_size
 from ..sft.final_model import FINAL_MODEL_DIR
 from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 from ..sft.warm_start import run_warm_start
@@ -128,6 +128,7 @@ class PairTrainer(ABC):
         tokenizer = AutoTokenizer.from_pretrained(result.start_model)
         train = load_pairs(train_files, tokenizer, self.data)
         val = load_pairs(val_files, tokenizer, self.data) if val_files else []
+        check_held_out_size(len(val), self.config.engine, "pairs")
         self.uids = dict(enumerate(train + val))
         model_path = self._start_model(result.start_model)
         engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)

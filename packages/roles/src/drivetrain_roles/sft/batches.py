@@ -82,3 +82,19 @@ def make_sft_batch(examples: Sequence[Example]) -> TensorDict:
         for e in examples
     ]
     return make_batch(input_ids, loss_mask=loss_mask)
+
+
+def check_held_out_size(count: int, engine_config: EngineConfig, what: str = "examples") -> None:
+    """Every data-parallel rank scores a share of the held-out set, so a non-empty one needs an example per rank
+    (a rank left without one failed while the others waited in a collective).
+
+    Raises:
+        DataError: ``0 < count <`` the data-parallel size.
+    """
+    dp_size = engine_config.data_parallel_size(distributed.world_size())
+    if 0 < count < dp_size:
+        raise DataError(
+            f"the held-out set has {count} {what}, fewer than the {dp_size} data-parallel ranks that each score a "
+            f"share of it; give it at least {dp_size} (data.val_files, or data.generated_val_size for generated "
+            "data), or none to skip held-out evaluation."
+        )

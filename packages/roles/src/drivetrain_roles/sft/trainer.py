@@ -30,7 +30,7 @@ from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..losses.sft import sft_loss_fn
 from .assets import load_splits, resolve_model_path
-from .batches import StepSampler, make_sft_batch
+from .batches import StepSampler, check_held_out_size, make_sft_batch
 from .config import SFTConfig
 from .data import DataError, Example
 from .evaluate import greedy_accuracy, held_out_loss
@@ -144,6 +144,7 @@ class SFTTrainer:
             model_path, self.config.data, self.output_dir, self.config.trainer.seed
         )
         _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
+        check_held_out_size(len(val), self.config.engine)
         return tokenizer, train, val
 
     def _build_engine(self, model_path: str) -> Engine:
