@@ -159,3 +159,21 @@ def test_extra_state_that_is_not_json_fails_before_anything_is_written(tmp_path:
         engine.save_checkpoint(tmp_path, global_step=1, extra_state={"sampler": object()})
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
     assert not [c for c in engine.calls if c[0] == "save"]
+
+
+def test_a_step_without_optimizer_state_cannot_resume_training_and_says_so(tmp_path: Path) -> None:
+    """A step saved with ``checkpoint.save_optimizer=false`` failed a resume with a backend's
+    FileNotFoundError (a traceback from the CLI); it is now one CheckpointError naming both ways on."""
+    engine = RecordingEngine(
+        model_config=ModelConfig(path="tiny-model"),
+        engine_config=TinyEngineConfig(vocab_size=VOCAB),
+        optimizer_config=OPTIMIZER,
+        checkpoint_config=CheckpointConfig(save_optimizer=False),
+    )
+    engine.initialize()
+    train_step(engine, seed=1)
+    step = engine.save_checkpoint(tmp_path, global_step=1)
+    resumed = make_engine()
+    with pytest.raises(CheckpointError, match=r"holds no optimizer state.*load_optimizer=False.*ckpt merge"):
+        resumed.load_checkpoint(step)
+    assert resumed.load_checkpoint(step, load_optimizer=False)["global_step"] == 1

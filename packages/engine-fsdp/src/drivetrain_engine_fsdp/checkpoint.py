@@ -33,21 +33,13 @@ def save_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_
 
 
 def load_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_dir: Path) -> None:
-    """Read what :func:`save_state` wrote, resharding to this run's layout; a collective on every rank.
-
-    Raises:
-        FileNotFoundError: ``optimizer`` is given but the step holds no optimizer state.
-    """
+    """Read what :func:`save_state` wrote, resharding to this run's layout; a collective on every rank (core
+    has checked that a step read with ``optimizer`` holds optimizer state)."""
     model_state = get_model_state_dict(module)
     dcp.load(model_state, checkpoint_id=step_dir / MODEL_DIR)
     set_model_state_dict(module, model_state)
     if optimizer is None:
         return
-    if not (step_dir / OPTIMIZER_DIR).is_dir():
-        raise FileNotFoundError(
-            f"{step_dir / OPTIMIZER_DIR} does not exist: the step was saved without optimizer state "
-            "(checkpoint.save_optimizer=False). Load it with load_optimizer=False to start a fresh optimizer."
-        )
     optimizer_state = get_optimizer_state_dict(module, optimizer)
     dcp.load(optimizer_state, checkpoint_id=step_dir / OPTIMIZER_DIR)
     set_optimizer_state_dict(module, optimizer, optimizer_state)

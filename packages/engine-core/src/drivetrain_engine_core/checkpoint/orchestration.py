@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import distributed
 from ..errors import CheckpointError
+
+OPTIMIZER_DIR = "optimizer"
+"""The part of a step that holds the optimizer state, in every backend's layout."""
 from .extra_state import load_extra_state, require_json, save_extra_state
 from .file_shares import describe_on_every_rank, verify_on_every_rank
 from .layout import prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
@@ -72,10 +75,15 @@ def load_engine_checkpoint(
         )
     if verify:
         verify_on_every_rank(step_dir, manifest)
-    with engine._loaded():
-        engine._load_checkpoint(
-            step_dir, load_optimizer=load_optimizer and engine.optimizer_config is not None
+    load_optimizer = load_optimizer and engine.optimizer_config is not None
+    if load_optimizer and not any(name.startswith(f"{OPTIMIZER_DIR}/") for name in manifest.files):
+        raise CheckpointError(
+            f"{step_dir} holds no optimizer state (saved with checkpoint.save_optimizer=false), which resuming "
+            "training needs. Load it with load_optimizer=False for a fresh optimizer, or start a new run from its "
+            f"weights: `drivetrain ckpt merge {step_dir} OUT`, then model.path=OUT."
         )
+    with engine._loaded():
+        engine._load_checkpoint(step_dir, load_optimizer=load_optimizer)
     state = load_extra_state(step_dir / "extra")
     if engine._lr_schedule is not None and "lr_schedule" in state:
         engine._lr_schedule.load_state_dict(state["lr_schedule"])
