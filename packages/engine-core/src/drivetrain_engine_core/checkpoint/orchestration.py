@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import distributed
 from ..errors import CheckpointError
-
-OPTIMIZER_DIR = "optimizer"
-"""The part of a step that holds the optimizer state, in every backend's layout."""
 from .extra_state import load_extra_state, require_json, save_extra_state
 from .file_shares import describe_on_every_rank, verify_on_every_rank
 from .layout import prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
@@ -28,6 +25,9 @@ from .publish import prune_old_steps, publish_step
 
 if TYPE_CHECKING:
     from ..engine import Engine
+
+OPTIMIZER_DIR = "optimizer"
+"""The part of a step that holds the optimizer state, in every backend's layout."""
 
 
 def save_engine_checkpoint(
