@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from drivetrain_engine_core.checkpoint.file_shares import share
-from drivetrain_engine_core.checkpoint.manifest import Manifest, describe_files
+from drivetrain_engine_core.checkpoint.manifest import Manifest, describe_files, write_manifest
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 SIZES = {"model/__0_0.distcp": 900, "model/__1_0.distcp": 880, "optimizer/__0_0.distcp": 1700,
@@ -73,18 +73,44 @@ def _agreed(rank: int, world_size: int, root: str) -> str:
     if rank == 1:  # a node whose view of the filesystem lags: it would resolve another step
         orchestration.resolve_step_dir = lambda path: Path(root) / "global_step_2"  # type: ignore[assignment]
     try:
-        return str(orchestration._agreed_step_dir(root))
+        step_dir, manifest = orchestration._agreed_step(root)
     except CheckpointError as e:
         return f"error: {e}"
+    return f"{step_dir} {manifest.global_step}"
 
 
 def test_every_rank_loads_the_step_rank_0_resolved(tmp_path):
-    """Each rank resolved ``latest`` on its own, so ranks could load different steps; rank 0's resolution (or
-    its error) now reaches every rank."""
+    """Each rank resolved ``latest`` (and read its manifest) on its own, so ranks could load different steps;
+    rank 0's resolution and manifest (or its error) now reach every rank."""
     step = tmp_path / "global_step_4"
     step.mkdir()
-    (step / "manifest.json").write_text("{}")
+    manifest = Manifest(
+        backend="fsdp", global_step=4, world_size=2, model_type="language_model", model_path="m"
+    )
+    write_manifest(step, manifest, files={})
     (tmp_path / "latest").write_text("global_step_4")
-    assert run_distributed(_agreed, str(tmp_path), world_size=2) == [str(step)] * 2
+    assert run_distributed(_agreed, str(tmp_path), world_size=2) == [f"{step} 4"] * 2
     missing = run_distributed(_agreed, str(tmp_path / "nothing"), world_size=2)
     assert missing[0] == missing[1] and missing[0].startswith("error: ")
+
+
+def _describe_unshared(rank: int, world_size: int, root: str) -> str:
+    """Rank 1 has its own, empty disk where rank 0 wrote the step (a root that is not shared)."""
+    from drivetrain_engine_core.checkpoint.file_shares import describe_on_every_rank
+    from drivetrain_engine_core.errors import CheckpointError
+
+    step = Path(root) / ("step" if rank == 0 else "other-node-disk")
+    step.mkdir(exist_ok=True)
+    try:
+        describe_on_every_rank(step)
+    except CheckpointError as e:
+        return str(e)
+    return "described"
+
+
+def test_a_root_that_not_every_rank_sees_is_refused_on_every_rank(tmp_path):
+    _step(tmp_path / "step")
+    refused = run_distributed(_describe_unshared, str(tmp_path), world_size=2)
+    assert refused[0] == refused[1]
+    assert refused[0].startswith("rank 1 cannot read ")
+    assert "must be on a filesystem every rank sees" in refused[0]

@@ -3,9 +3,10 @@
 Rank 0 alone used to read every byte of a step to hash it (saving) and to check it (resuming) while the other
 ranks waited in a collective: at 12 bytes a parameter with fp32 Adam, a 70B model's step is ~840 GB, minutes
 of hashing that outlast the collective timeout, so every save (and every resume) of a large run failed. Now
-each rank hashes (and fsyncs) or checks its share and the results are gathered; every rank lists the same
-directory, so every rank computes the same shares. The files must be on a filesystem every rank sees, as the
-step directory already is (rank 0 publishes what every rank wrote).
+each rank hashes (and fsyncs) or checks its share of the files rank 0 lists (or the manifest names) and the
+results are gathered. The files must be on a filesystem every rank sees (rank 0 publishes what every rank
+wrote): a rank that cannot read its share makes every rank raise, naming that requirement, where a root on
+each node's own disk used to publish steps that no other node could load.
 """
 
 from __future__ import annotations
@@ -33,14 +34,33 @@ def share(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
 
 
 def describe_on_every_rank(step_dir: Path) -> dict[str, dict[str, Any]]:
-    """Size and SHA-256 of every file of ``step_dir`` (collective): this rank fsyncs and hashes its share."""
-    mine = share(step_files(step_dir), distributed.rank(), distributed.world_size())
-    for relative in mine:
-        fsync_file(step_dir / relative)
-    described: dict[str, dict[str, Any]] = {}
-    for part in distributed.all_gather_objects(describe_files(step_dir, mine)):
-        described.update(part)  # type: ignore[call-overload]
-    return dict(sorted(described.items()))
+    """Size and SHA-256 of every file of ``step_dir`` (collective): this rank fsyncs and hashes its share of
+    the files rank 0 lists.
+
+    Raises:
+        CheckpointError: on every rank, when some rank cannot read its share (a root on a node's own disk).
+    """
+    listed = distributed.broadcast_object(step_files(step_dir) if distributed.rank() == 0 else None)
+    assert isinstance(listed, dict)  # rank 0's listing
+    mine = share(listed, distributed.rank(), distributed.world_size())
+    described: dict[str, dict[str, Any]] | str
+    try:
+        for relative in mine:
+            fsync_file(step_dir / relative)
+        described = describe_files(step_dir, mine)
+    except OSError as e:
+        described = (
+            f"rank {distributed.rank()} cannot read {e.filename}, which rank 0 wrote or sees ({e.strerror}): the "
+            "checkpoint root must be on a filesystem every rank sees (shared storage, not a node's own disk)."
+        )
+    parts = distributed.all_gather_objects(described)
+    problems = [part for part in parts if isinstance(part, str)]
+    if problems:
+        raise CheckpointError(problems[0])
+    merged: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        merged.update(part)  # type: ignore[call-overload]
+    return dict(sorted(merged.items()))
 
 
 def verify_on_every_rank(step_dir: Path, manifest: Manifest) -> None:

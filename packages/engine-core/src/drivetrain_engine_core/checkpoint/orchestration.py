@@ -66,8 +66,7 @@ def load_engine_checkpoint(
     Raises:
         CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
     """
-    step_dir = _agreed_step_dir(path)
-    manifest = read_manifest(step_dir)
+    step_dir, manifest = _agreed_step(path)
     if manifest.backend != engine.backend_name:
         raise CheckpointError(
             f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {engine.backend_name!r}. "
@@ -104,22 +103,26 @@ def _manifest(engine: Engine, global_step: int) -> Manifest:
     )
 
 
-def _agreed_step_dir(path: str | Path) -> Path:
-    """The step every rank loads: rank 0's resolution of ``path``, or on every rank the error it raised.
+def _agreed_step(path: str | Path) -> tuple[Path, Manifest]:
+    """The step every rank loads and its manifest: rank 0's resolution of ``path``, or on every rank the error
+    it raised.
 
     NOTE: ranks resolving ``latest`` each on their own could load different steps where a node's view of the
-    filesystem lags (attribute caching); megatron likewise agrees on the iteration before loading.
+    filesystem lags (attribute caching); megatron likewise agrees on the iteration before loading. A rank that
+    cannot read the step's files (a root that is not shared) fails when it checks or loads them.
     """
-    resolved: str | CheckpointError = ""
+    resolved: tuple[str, Manifest] | CheckpointError | None = None
     if distributed.rank() == 0:
         try:
-            resolved = str(resolve_step_dir(path))
+            step_dir = resolve_step_dir(path)
+            resolved = (str(step_dir), read_manifest(step_dir))
         except CheckpointError as e:
             resolved = e
     agreed = distributed.broadcast_object(resolved)
     if isinstance(agreed, CheckpointError):
         raise CheckpointError(str(agreed))
-    return Path(str(agreed))
+    assert isinstance(agreed, tuple)  # rank 0 sent a step or an error
+    return Path(agreed[0]), agreed[1]
 
 
 def _core_state(engine: Engine, caller_state: dict[str, Any]) -> dict[str, Any]:
