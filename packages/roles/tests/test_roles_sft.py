@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
@@ -247,3 +248,22 @@ def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypa
         check_held_out_size(3, EngineConfig())
     check_held_out_size(0, EngineConfig())  # no held-out evaluation
     check_held_out_size(4, EngineConfig())
+
+
+def test_a_new_run_regenerates_the_embedded_data_and_model(tmp_path) -> None:
+    """The generated data and the untrained embedded model were written once per run folder: a new
+    ``--overwrite`` run with other sizes or another seed silently trained on the old ones."""
+    from drivetrain_roles.sft.assets import resolve_data_files, resolve_model_path
+    from drivetrain_roles.sft.config import DataConfig
+    from safetensors.torch import load_file
+
+    for size in (16, 24):
+        (train,), _ = resolve_data_files(
+            DataConfig(generated_train_size=size, generated_val_size=4), tmp_path, 0
+        )
+        assert len(Path(train).read_text().splitlines()) == size
+    weights = []
+    for seed in (0, 1, 0):
+        model_dir = Path(resolve_model_path("builtin:arithmetic", tmp_path, seed))
+        weights.append(load_file(model_dir / "model.safetensors")["model.embed_tokens.weight"])
+    assert not torch.equal(weights[0], weights[1]) and torch.equal(weights[0], weights[2])

@@ -35,7 +35,9 @@ def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
     if path != BUILTIN_MODEL:
         return model_directory(path)
     target = output_dir / INITIAL_MODEL_DIR
-    if distributed.rank() == 0 and not (target / "config.json").is_file():
+    # NOTE: written by every run (the same bytes for the same seed, so a resumed run finds what it started
+    # from); kept from an earlier run, it ignored a new --overwrite run's engine.seed.
+    if distributed.rank() == 0:
         write_model_dir(target, seed=seed)
     distributed.barrier()
     return str(target)
@@ -97,7 +99,8 @@ def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple
         return list(config.train_files), list(config.val_files)
     directory = output_dir / "data"
     train, val = directory / "train.jsonl", directory / "val.jsonl"
-    if distributed.rank() == 0 and not (train.is_file() and val.is_file()):
+    # NOTE: written by every run, like the embedded model: kept, it ignored new sizes or a new seed.
+    if distributed.rank() == 0:
         write_arithmetic_data(
             directory, train_size=config.generated_train_size, val_size=config.generated_val_size, seed=seed
         )
