@@ -188,3 +188,20 @@ def test_nothing_loadable_names_what_exists(tmp_path):
         CheckpointError, match=r"holds '\.\./\.\.', which is not a step name.*Complete steps there: none"
     ):
         resolve_step_dir(tmp_path)
+
+
+def test_the_next_save_deletes_what_a_save_that_died_left(tmp_path, kill_at):
+    """A save killed before publication left a full-size ``.tmp-global_step_N`` that only a later save of the
+    same step number removed (never, after a changed ``save_every`` or a crash on the last save); ``.trash-``
+    stayed when every step was kept. The next save deletes both, keeping every step (``max_ckpt_to_keep``
+    unset)."""
+    engine = make_engine(keep=None)
+    engine.save_checkpoint(tmp_path, 1)
+    kill_at("manifest_written")
+    with pytest.raises(Killed):
+        engine.save_checkpoint(tmp_path, 2)
+    set_fault_hook(None)
+    (tmp_path / ".trash-global_step_0-0000").mkdir()
+    assert names(tmp_path) == [".tmp-global_step_2", ".trash-global_step_0-0000", "global_step_1", "latest"]
+    engine.save_checkpoint(tmp_path, 3)
+    assert names(tmp_path) == ["global_step_1", "global_step_3", "latest"]

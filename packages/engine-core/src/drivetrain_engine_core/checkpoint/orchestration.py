@@ -52,8 +52,7 @@ def save_engine_checkpoint(
     if is_writer:
         final = publish_step(root, temporary, global_step, _manifest(engine, global_step), files)
         keep = max_ckpt_to_keep if max_ckpt_to_keep is not None else engine.checkpoint_config.max_ckpt_to_keep
-        if keep is not None:
-            prune_old_steps(root, keep, published=final)
+        prune_old_steps(root, keep, published=final)
     distributed.barrier()
     return final
 

@@ -83,18 +83,19 @@ def _exists(path: Path) -> bool:
     return path.exists() or path.is_symlink()
 
 
-def prune_old_steps(root: Path, keep: int, *, published: Path) -> list[Path]:
-    """Delete complete steps beyond the newest ``keep``, never ``published`` (the step this save wrote).
+def prune_old_steps(root: Path, keep: int | None, *, published: Path) -> list[Path]:
+    """Delete complete steps beyond the newest ``keep`` (``None``: keep all), never ``published`` (the step
+    this save wrote).
 
     ``published`` counts as one of the ``keep`` whatever its number, so a run that saves a lower step number
-    than an older run left in the root never deletes its own step. Leftover ``.trash-`` directories and
-    superseded aside copies are deleted too.
+    than an older run left in the root never deletes its own step. What interrupted saves and prunes left is
+    deleted too (:func:`_sweep`), whatever ``keep``.
 
     Returns:
         The steps deleted.
     """
     others = [path for _, path in complete_steps(root) if path != published]
-    doomed = others[: max(len(others) - (keep - 1), 0)] if keep > 0 else []
+    doomed = others[: max(len(others) - (keep - 1), 0)] if keep is not None and keep > 0 else []
     for path in doomed:
         discard(path)
     _sweep(root)
@@ -111,12 +112,15 @@ def discard(path: Path) -> None:
 
 
 def _sweep(root: Path) -> None:
-    """Delete what interrupted saves and prunes left: trash, and aside copies whose step is complete again."""
+    """Delete what interrupted saves and prunes left: trash, aside copies whose step is complete again, and
+    temporary steps (a save that died before publication; the step just published is no longer temporary).
+    Left, a full-size temporary step stayed until the same step number was saved again, which a changed
+    ``save_every`` or a crash on the last save never did."""
     for trash in root.glob(f"{TRASH_PREFIX}*"):
         _delete(trash)
     loadable = {path for _, path in complete_steps(root)}
     for entry in step_entries(root):
-        if entry.kind == "aside" and entry.path not in loadable:
+        if entry.kind == "temporary" or (entry.kind == "aside" and entry.path not in loadable):
             discard(entry.path)
 
 
