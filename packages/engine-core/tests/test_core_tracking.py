@@ -51,11 +51,15 @@ def test_wandb_and_mlflow_receive_config_and_every_record(tmp_path, monkeypatch)
         calls.append(("wandb.init", kwargs["name"], kwargs["config"]))
         return FakeWandbRun()
 
+    def start_run(run_name):
+        calls.append(("mlflow.start_run", run_name))
+        return types.SimpleNamespace(info=types.SimpleNamespace(run_id="mlflow-1"))
+
     _fake_module(monkeypatch, "wandb", init=wandb_init)
     _fake_module(
         monkeypatch,
         "mlflow",
-        start_run=lambda run_name: calls.append(("mlflow.start_run", run_name)),
+        start_run=start_run,
         log_params=lambda params: calls.append(("mlflow.log_params", params)),
         log_metrics=lambda values, step: calls.append(("mlflow.log_metrics", step, values)),
         end_run=lambda: calls.append(("mlflow.end_run",)),
@@ -96,3 +100,43 @@ def test_a_line_cut_short_is_skipped_not_fatal_on_resume(tmp_path, caplog) -> No
     assert read_records(path) == [{"step": 1, "train/loss": 1.0}, {"step": 2, "train/loss": 2.0}]
     assert "skipped 1 line(s)" in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temporary file left
+
+
+def test_a_resumed_run_continues_its_wandb_mlflow_and_tensorboard_runs(tmp_path, monkeypatch) -> None:
+    """A resumed run started a new W&B and a new MLflow run, and TensorBoard showed the steps the crashed run
+    logged after the checkpoint twice. Now the W&B and MLflow run ids are kept in the run directory and a
+    resume continues those runs (MLflow params, which cannot change, are logged once), and TensorBoard purges
+    what came after the resumed step."""
+    calls: list[tuple] = []
+    _fake_module(
+        monkeypatch, "wandb", init=lambda **kwargs: calls.append(("wandb", kwargs["id"], kwargs["resume"]))
+    )
+
+    def start_run(run_name=None, run_id=None):
+        calls.append(("mlflow", run_name, run_id))
+        return types.SimpleNamespace(info=types.SimpleNamespace(run_id="mlflow-1"))
+
+    _fake_module(
+        monkeypatch,
+        "mlflow",
+        start_run=start_run,
+        log_params=lambda params: calls.append(("mlflow.log_params",)),
+    )
+    _fake_module(monkeypatch, "tensorboard")
+    _fake_module(
+        monkeypatch,
+        "torch.utils.tensorboard",
+        SummaryWriter=lambda log_dir, purge_step: calls.append(("tensorboard", purge_step)),
+    )
+    open_trackers(["wandb", "mlflow", "tensorboard"], _run(tmp_path))
+    open_trackers(["wandb", "mlflow", "tensorboard"], _run(tmp_path, resume_step=200))
+    new_id = calls[0][1]
+    assert calls == [
+        ("wandb", new_id, "allow"),
+        ("mlflow", "sft-x", None),
+        ("mlflow.log_params",),
+        ("tensorboard", None),
+        ("wandb", new_id, "allow"),
+        ("mlflow", None, "mlflow-1"),
+        ("tensorboard", 201),
+    ]

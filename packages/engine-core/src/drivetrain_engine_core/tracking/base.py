@@ -25,6 +25,18 @@ class RunInfo:
     resume_step: int | None = None
 
 
+def resumed_run_id(run: RunInfo, service: str) -> str | None:
+    """The id of the ``service`` run (W&B, MLflow) a resumed drivetrain run continues, as
+    :func:`store_run_id` kept it in the run directory; ``None`` for a new run."""
+    path = run.run_dir / f".{service}_run_id"
+    return path.read_text().strip() if run.resume_step is not None and path.is_file() else None
+
+
+def store_run_id(run: RunInfo, service: str, run_id: str) -> None:
+    """Keep the id of this run's ``service`` run in the run directory, for a resume."""
+    (run.run_dir / f".{service}_run_id").write_text(run_id)
+
+
 class Tracker(ABC):
     """Receives the metric records of the output rank."""
 

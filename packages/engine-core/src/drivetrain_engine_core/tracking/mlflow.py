@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import RunInfo, Tracker
+from .base import RunInfo, Tracker, resumed_run_id, store_run_id
 
 
 class MlflowTracker(Tracker):
-    """One MLflow run per drivetrain run, named after the run directory, the config flattened into params."""
+    """One MLflow run per drivetrain run, named after the run directory, the config flattened into params; a
+    resumed run continues the same MLflow run (its id is kept in the run directory; params are logged once,
+    MLflow refuses to change them)."""
 
     def __init__(self, run: RunInfo) -> None:
         import mlflow
 
         self._mlflow = mlflow
-        mlflow.start_run(run_name=run.name)
+        run_id = resumed_run_id(run, "mlflow")
+        if run_id is not None:
+            mlflow.start_run(run_id=run_id)
+            return
+        store_run_id(run, "mlflow", mlflow.start_run(run_name=run.name).info.run_id)
         mlflow.log_params(_flatten(run.config))
 
     def log(self, step: int, values: dict[str, float]) -> None:
