@@ -241,6 +241,8 @@ def test_a_rank_without_pairs_in_the_last_precompute_chunk_still_joins_the_forwa
     monkeypatch.setattr(dpo_trainer, "reference_sums", reference_sums)
     monkeypatch.setattr(dpo_trainer.distributed, "rank", lambda group=None: 1)
     monkeypatch.setattr(dpo_trainer.distributed, "world_size", lambda group=None: 2)
+    # This process stands for rank 1 alone (a process group another test left in place has one rank).
+    monkeypatch.setattr(dpo_trainer.distributed, "all_gather_objects", lambda obj, group=None: [obj])
     from drivetrain_roles.preference.data import PairExample
     from drivetrain_roles.sft.data import Example
 
