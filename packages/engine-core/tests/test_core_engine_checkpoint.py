@@ -31,12 +31,12 @@ class RecordingEngine(TinyTorchEngine):
         super()._save_checkpoint(step_dir, save_optimizer=save_optimizer)
 
 
-def make_engine(max_ckpt_to_keep: int | None = None) -> RecordingEngine:
+def make_engine(max_ckpt_to_keep: int | None = None, *, save_optimizer: bool = True) -> RecordingEngine:
     engine = RecordingEngine(
         model_config=ModelConfig(path="tiny-model"),
         engine_config=TinyEngineConfig(vocab_size=VOCAB),
         optimizer_config=OPTIMIZER,
-        checkpoint_config=CheckpointConfig(max_ckpt_to_keep=max_ckpt_to_keep),
+        checkpoint_config=CheckpointConfig(max_ckpt_to_keep=max_ckpt_to_keep, save_optimizer=save_optimizer),
     )
     engine.initialize()
     return engine
@@ -164,13 +164,7 @@ def test_extra_state_that_is_not_json_fails_before_anything_is_written(tmp_path:
 def test_a_step_without_optimizer_state_cannot_resume_training_and_says_so(tmp_path: Path) -> None:
     """A step saved with ``checkpoint.save_optimizer=false`` failed a resume with a backend's
     FileNotFoundError (a traceback from the CLI); it is now one CheckpointError naming both ways on."""
-    engine = RecordingEngine(
-        model_config=ModelConfig(path="tiny-model"),
-        engine_config=TinyEngineConfig(vocab_size=VOCAB),
-        optimizer_config=OPTIMIZER,
-        checkpoint_config=CheckpointConfig(save_optimizer=False),
-    )
-    engine.initialize()
+    engine = make_engine(save_optimizer=False)
     train_step(engine, seed=1)
     step = engine.save_checkpoint(tmp_path, global_step=1)
     resumed = make_engine()
