@@ -26,7 +26,13 @@ def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_pa
     from_jsonl = load_examples([jsonl], tokenizer, config)
     assert from_jsonl == load_examples([parquet], tokenizer, config)
     first = from_jsonl[0]
-    assert first.prompt_ids == [tokenizer.bos_token_id, *tokenizer.encode("hello ", add_special_tokens=False)]
+    # The prompt is what ``tokenizer(prompt)`` gives: this tokenizer has a BOS but never adds it (GPT-2 style),
+    # and a BOS was prepended anyway.
+    assert (
+        first.prompt_ids
+        == tokenizer("hello ")["input_ids"]
+        == tokenizer.encode("hello ", add_special_tokens=False)
+    )
     assert first.response_ids == [
         *tokenizer.encode("world", add_special_tokens=False),
         tokenizer.eos_token_id,
@@ -34,6 +40,15 @@ def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_pa
     batch = make_sft_batch(from_jsonl)
     mask = batch["loss_mask"].values().tolist()
     assert mask[: first.length] == [False] * len(first.prompt_ids) + [True] * len(first.response_ids)
+
+
+def test_a_tokenizer_that_adds_a_bos_keeps_it_in_the_prompt() -> None:
+    from drivetrain_roles.sft.data import tokenize_prompt_response
+    from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
+
+    tokenizer = build_arithmetic_tokenizer()
+    example = tokenize_prompt_response("1+2=", "3", tokenizer, where="row 0", columns=("prompt", "response"))
+    assert example.prompt_ids == [tokenizer.bos_token_id, *tokenizer.encode("1+2=", add_special_tokens=False)]
 
 
 def test_chat_messages_train_on_the_last_assistant_turn_only(tmp_path) -> None:

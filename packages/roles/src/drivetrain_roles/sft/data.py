@@ -132,10 +132,15 @@ def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, whe
 def tokenize_prompt_response(
     prompt: str, response: str, tokenizer: Any, *, where: str, columns: tuple[str, str]
 ) -> Example:
-    """bos + prompt (no loss), then response + eos (loss); ``columns`` name the two texts in errors."""
-    prompt_ids = _encode(tokenizer, prompt, f"{where} column {columns[0]!r}")
-    if tokenizer.bos_token_id is not None:
-        prompt_ids = [tokenizer.bos_token_id, *prompt_ids]
+    """The prompt as ``tokenizer(prompt)`` encodes it, special tokens included (no loss), then response + eos
+    (loss); ``columns`` name the two texts in errors.
+
+    NOTE: the prompt's special tokens are the tokenizer's own (a BOS for Llama, none for Qwen or GPT-2 style
+    tokenizers), as TRL tokenizes a prompt and as a user's ``tokenizer(prompt)`` + ``generate`` sees it; a BOS
+    was prepended whenever the tokenizer had one, even where it never adds it.
+    """
+    _encode(tokenizer, prompt, f"{where} column {columns[0]!r}")  # refuses unknown characters
+    prompt_ids = list(tokenizer(prompt)["input_ids"])
     response_ids = _encode(tokenizer, response, f"{where} column {columns[1]!r}")
     if tokenizer.eos_token_id is not None:
         response_ids = [*response_ids, tokenizer.eos_token_id]
