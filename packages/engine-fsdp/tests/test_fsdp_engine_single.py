@@ -76,6 +76,7 @@ VARIANTS = {
     "cpu_offload_policy": {"cpu_offload_policy": True, "reshard_after_forward": False},
     "gradient_checkpointing": {"gradient_checkpointing": True, "entropy_chunk_size": 4},
     "sdpa_attention": {"attention_backend": "sdpa"},
+    "defer_gradient_sync": {"defer_gradient_sync": True},
 }
 
 
@@ -249,3 +250,22 @@ def test_steps_raise_no_view_output_warning(model_dirs):
         with engine.eval_mode():
             engine.infer_batch(make_batch())
     assert not [w for w in caught if "view tensor" in str(w.message)]
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_gradients_stay_sharded_between_micro_batches_unless_deferred(model_dirs, defer):
+    """Each micro-batch's backward reduce-scatters by default, so between micro-batches every parameter holds
+    its sharded gradient; deferring the sync to the last micro-batch (the only behaviour before) keeps them
+    unsharded inside FSDP instead, a full-size copy on every rank (28 GB for a 7B model in float32)."""
+    engine = make_engine(model_dirs["qwen2"], defer_gradient_sync=defer)
+    parameters = list(engine.module.parameters())
+    with_grad: list[int] = []
+
+    def counting_loss(outputs, micro_batch, context):
+        with_grad.append(sum(p.grad is not None for p in parameters))
+        return token_mean_nll(outputs, micro_batch, context)
+
+    with engine.train_mode():
+        engine.train_batch(make_batch(), counting_loss)
+    assert with_grad[0] == 0 and len(with_grad) == 2  # two micro-batches of two sequences
+    assert (with_grad[1] == len(parameters)) is not defer

@@ -23,6 +23,10 @@ class FSDPEngineConfig(EngineConfig):
             across them).
         ulysses_sequence_parallel_size: ranks that split one packed row by tokens (DeepSpeed-Ulysses); the
             data-parallel size is ``world_size / ulysses_sequence_parallel_size``.
+        defer_gradient_sync: reduce(-scatter) gradients once per step, after the last micro-batch, instead of
+            after each: less communication, but every rank holds unsharded (full-size, ``reduce_dtype``)
+            gradients between micro-batches, so off by default (torchtitan's choice). With hybrid sharding the
+            all-reduce across replicas runs once per step either way.
         reshard_after_forward: free gathered parameters after forward (saves memory, costs one more
             all-gather in backward).
         cpu_offload_policy: let FSDP2 keep parameters, gradients and optimizer state on CPU
@@ -48,6 +52,7 @@ class FSDPEngineConfig(EngineConfig):
 
     fsdp_size: int = -1
     ulysses_sequence_parallel_size: int = 1
+    defer_gradient_sync: bool = False
     reshard_after_forward: bool = True
     cpu_offload_policy: bool = False
     reduce_dtype: str = "float32"

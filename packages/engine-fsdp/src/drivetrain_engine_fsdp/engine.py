@@ -152,8 +152,7 @@ class FSDPEngine(Engine):
         self.placement.grads_pending = self.placement.grads_pending or not forward_only
         for index, micro_batch in enumerate(micro_batches):
             if not forward_only:
-                # Reduce-scatter gradients once, after the last micro-batch has accumulated into them.
-                self.module.set_requires_gradient_sync(index == len(micro_batches) - 1)
+                self._sync_gradients_after(last=index == len(micro_batches) - 1)
             with hidden_states_out(self._head):
                 model_output = self.module(**model_kwargs(micro_batch)).logits
             fields = token_fields(
@@ -170,6 +169,18 @@ class FSDPEngine(Engine):
                 loss.backward()
             results.append(result)
         return results
+
+    def _sync_gradients_after(self, *, last: bool) -> None:
+        """Whether the next backward reduces its gradients (see ``defer_gradient_sync``).
+
+        By default each micro-batch's backward reduce-scatters, so gradients stay sharded between micro-batches
+        (deferring kept a full-size copy on every rank: 28 GB for a 7B model in float32); only the all-reduce
+        across hybrid-sharding replicas waits for the last one.
+        """
+        if self.engine_config.defer_gradient_sync:
+            self.module.set_requires_gradient_sync(last)
+        elif self._layout.fsdp_mesh.ndim == 2:
+            self.module.set_requires_all_reduce(last)
 
     def _set_mode(self, mode: Mode) -> None:
         self.module.train(mode == "train")
