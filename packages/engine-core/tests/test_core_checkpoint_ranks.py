@@ -112,5 +112,40 @@ def test_a_root_that_not_every_rank_sees_is_refused_on_every_rank(tmp_path):
     _step(tmp_path / "step")
     refused = run_distributed(_describe_unshared, str(tmp_path), world_size=2)
     assert refused[0] == refused[1]
-    assert refused[0].startswith("rank 1 cannot read ")
+    assert refused[0].startswith("rank 1 cannot find ")
     assert "must be on a filesystem every rank sees" in refused[0]
+
+
+def _failing_rank(rank: int, world_size: int, root: str, where: str) -> str:
+    """An error that is not a CheckpointError on one rank: an unreadable manifest on rank 0, or a permission
+    error on rank 1 while it checks its share."""
+    from drivetrain_engine_core.checkpoint import file_shares, orchestration
+    from drivetrain_engine_core.errors import CheckpointError
+
+    if where == "verify" and rank == 1:
+
+        def denied(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", "optimizer/__1_0.distcp")
+
+        file_shares.verify_files = denied  # type: ignore[assignment]
+    try:
+        step_dir, manifest = orchestration._agreed_step(root)
+        file_shares.verify_on_every_rank(step_dir, manifest)
+    except CheckpointError as e:
+        return str(e)
+    return "loaded"
+
+
+@pytest.mark.parametrize("where", ["manifest", "verify"])
+def test_an_unexpected_error_on_one_rank_reaches_every_rank(tmp_path, where):
+    """Only CheckpointErrors were shared: an unreadable manifest (invalid UTF-8) raised on rank 0 alone, a
+    permission error while checking on rank 1 alone, and the other rank waited in the next collective."""
+    step = _step(tmp_path / "global_step_1")
+    write_manifest(step, Manifest(backend="fsdp", global_step=1, world_size=2, model_type="language_model",
+                                  model_path="m"))  # fmt: skip
+    if where == "manifest":
+        (step / "manifest.json").write_bytes(b"\xff\xfe{")
+    ranks = run_distributed(_failing_rank, str(step), where, world_size=2)
+    assert ranks[0] == ranks[1] != "loaded"
+    expected = "rank 0: UnicodeDecodeError" if where == "manifest" else "rank 1: PermissionError"
+    assert ranks[0].startswith(expected)

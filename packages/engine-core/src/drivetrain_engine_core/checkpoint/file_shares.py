@@ -12,13 +12,17 @@ each node's own disk used to publish steps that no other node could load.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import distributed
 from ..errors import CheckpointError
 from .durable import fsync_file
 from .manifest import Manifest, describe_files, step_files, verify_files
+
+T = TypeVar("T")
 
 
 def share(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
@@ -33,30 +37,58 @@ def share(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
     return mine
 
 
+@dataclass(frozen=True)
+class Failure:
+    """What one rank reports instead of a result: the message every rank raises."""
+
+    message: str
+
+
+def attempt(action: Callable[[], T]) -> T | Failure:
+    """``action()``, or the :class:`Failure` it raised, as a message: a rank's error must reach every rank (a
+    rank that raised alone left the others waiting in the next collective)."""
+    try:
+        return action()
+    except CheckpointError as e:
+        return Failure(str(e))
+    except FileNotFoundError as e:
+        return Failure(
+            f"rank {distributed.rank()} cannot find {e.filename}: the checkpoint root must be on a filesystem "
+            "every rank sees (shared storage, not a node's own disk)."
+        )
+    except Exception as e:
+        return Failure(f"rank {distributed.rank()}: {type(e).__name__}: {e}")
+
+
+def raise_any(outcomes: list[object]) -> None:
+    """Raise, on every rank that gathered ``outcomes``, the first :class:`Failure` among them."""
+    failures = [outcome for outcome in outcomes if isinstance(outcome, Failure)]
+    if failures:
+        raise CheckpointError(failures[0].message)
+
+
 def describe_on_every_rank(step_dir: Path) -> dict[str, dict[str, Any]]:
     """Size and SHA-256 of every file of ``step_dir`` (collective): this rank fsyncs and hashes its share of
     the files rank 0 lists.
 
     Raises:
-        CheckpointError: on every rank, when some rank cannot read its share (a root on a node's own disk).
+        CheckpointError: on every rank, when some rank failed (one that cannot find its share: a root on a
+            node's own disk).
     """
-    listed = distributed.broadcast_object(step_files(step_dir) if distributed.rank() == 0 else None)
+    listed = distributed.broadcast_object(
+        attempt(lambda: step_files(step_dir)) if distributed.rank() == 0 else None
+    )
+    raise_any([listed])
     assert isinstance(listed, dict)  # rank 0's listing
     mine = share(listed, distributed.rank(), distributed.world_size())
-    described: dict[str, dict[str, Any]] | str
-    try:
+
+    def describe_mine() -> dict[str, dict[str, Any]]:
         for relative in mine:
             fsync_file(step_dir / relative)
-        described = describe_files(step_dir, mine)
-    except OSError as e:
-        described = (
-            f"rank {distributed.rank()} cannot read {e.filename}, which rank 0 wrote or sees ({e.strerror}): the "
-            "checkpoint root must be on a filesystem every rank sees (shared storage, not a node's own disk)."
-        )
-    parts = distributed.all_gather_objects(described)
-    problems = [part for part in parts if isinstance(part, str)]
-    if problems:
-        raise CheckpointError(problems[0])
+        return describe_files(step_dir, mine)
+
+    parts = distributed.all_gather_objects(attempt(describe_mine))
+    raise_any(parts)
     merged: dict[str, dict[str, Any]] = {}
     for part in parts:
         merged.update(part)  # type: ignore[call-overload]
@@ -68,14 +100,8 @@ def verify_on_every_rank(step_dir: Path, manifest: Manifest) -> None:
     problem any rank found, so none waits for one that failed.
 
     Raises:
-        CheckpointError: a listed file is missing, truncated or altered.
+        CheckpointError: a listed file is missing, truncated or altered, or some rank could not check its share.
     """
     sizes = {name: int(entry["size"]) for name, entry in manifest.files.items()}
-    problem = None
-    try:
-        verify_files(step_dir, manifest, only=set(share(sizes, distributed.rank(), distributed.world_size())))
-    except CheckpointError as e:
-        problem = str(e)
-    problems = [p for p in distributed.all_gather_objects(problem) if isinstance(p, str)]
-    if problems:
-        raise CheckpointError(problems[0])
+    mine = set(share(sizes, distributed.rank(), distributed.world_size()))
+    raise_any(distributed.all_gather_objects(attempt(lambda: verify_files(step_dir, manifest, only=mine))))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .. import distributed
 from ..errors import CheckpointError
 from .extra_state import load_extra_state, require_json, save_extra_state
-from .file_shares import describe_on_every_rank, verify_on_every_rank
+from .file_shares import attempt, describe_on_every_rank, raise_any, verify_on_every_rank
 from .layout import prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
 from .manifest import Manifest, read_manifest
 from .publish import prune_old_steps, publish_step
@@ -110,17 +110,14 @@ def _agreed_step(path: str | Path) -> tuple[Path, Manifest]:
     filesystem lags (attribute caching); megatron likewise agrees on the iteration before loading. A rank that
     cannot read the step's files (a root that is not shared) fails when it checks or loads them.
     """
-    resolved: tuple[str, Manifest] | CheckpointError | None = None
-    if distributed.rank() == 0:
-        try:
-            step_dir = resolve_step_dir(path)
-            resolved = (str(step_dir), read_manifest(step_dir))
-        except CheckpointError as e:
-            resolved = e
-    agreed = distributed.broadcast_object(resolved)
-    if isinstance(agreed, CheckpointError):
-        raise CheckpointError(str(agreed))
-    assert isinstance(agreed, tuple)  # rank 0 sent a step or an error
+
+    def resolve() -> tuple[str, Manifest]:
+        step_dir = resolve_step_dir(path)
+        return str(step_dir), read_manifest(step_dir)
+
+    agreed = distributed.broadcast_object(attempt(resolve) if distributed.rank() == 0 else None)
+    raise_any([agreed])
+    assert isinstance(agreed, tuple)  # rank 0 sent a step or a failure
     return Path(agreed[0]), agreed[1]
 
 

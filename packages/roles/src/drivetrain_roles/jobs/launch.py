@@ -67,7 +67,7 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
     root = run_dir / CHECKPOINT_DIR
     # NOTE: loadable steps only: a save cut short after its manifest leaves a complete temporary directory,
-    # which no resume can load (it is published by renaming) and which the next save of that step replaces.
+    # which no resume can load (it is published by renaming) and which the next save deletes.
     complete = [path.name for _, path in complete_steps(root)]
     if resume and not complete:
         raise CheckpointError(
