@@ -252,16 +252,16 @@ def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypa
 
 def test_a_new_run_regenerates_the_embedded_data_and_model(tmp_path) -> None:
     """The generated data and the untrained embedded model were written once per run folder: a new
-    ``--overwrite`` run with other sizes or another seed silently trained on the old ones."""
+    ``--overwrite`` run with other sizes or another seed silently trained on the old ones. A resumed run keeps
+    the ones it started from."""
     from drivetrain_roles.sft.assets import resolve_data_files, resolve_model_path
     from drivetrain_roles.sft.config import DataConfig
     from safetensors.torch import load_file
 
-    for size in (16, 24):
-        (train,), _ = resolve_data_files(
-            DataConfig(generated_train_size=size, generated_val_size=4), tmp_path, 0
-        )
-        assert len(Path(train).read_text().splitlines()) == size
+    for size, resume, lines in ((16, False, 16), (24, False, 24), (32, True, 24)):
+        config = DataConfig(generated_train_size=size, generated_val_size=4)
+        (train,), _ = resolve_data_files(config, tmp_path, 0, resume=resume)
+        assert len(Path(train).read_text().splitlines()) == lines  # a resumed run keeps what it started from
     weights = []
     for seed in (0, 1, 0):
         model_dir = Path(resolve_model_path("builtin:arithmetic", tmp_path, seed))

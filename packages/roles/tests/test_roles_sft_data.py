@@ -10,7 +10,7 @@ import pytest
 from drivetrain_engine_core.testing import build_tiny_tokenizer
 from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
 from drivetrain_roles.sft.config import DataConfig, load_config
-from drivetrain_roles.sft.data import DataError, load_examples
+from drivetrain_roles.sft.data import DataError, load_examples, tokenize_prompt_response
 from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
 
 ROWS = [{"prompt": "hello ", "response": "world"}, {"prompt": "the answer is ", "response": "42"}]
@@ -33,6 +33,9 @@ def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_pa
         == tokenizer("hello ")["input_ids"]
         == tokenizer.encode("hello ", add_special_tokens=False)
     )
+    # An empty prompt keeps a BOS: the first response token needs a token before it to be scored.
+    empty = tokenize_prompt_response("", "world", tokenizer, where="row 0", columns=("prompt", "response"))
+    assert empty.prompt_ids == [tokenizer.bos_token_id]
     assert first.response_ids == [
         *tokenizer.encode("world", add_special_tokens=False),
         tokenizer.eos_token_id,
@@ -43,7 +46,6 @@ def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_pa
 
 
 def test_a_tokenizer_that_adds_a_bos_keeps_it_in_the_prompt() -> None:
-    from drivetrain_roles.sft.data import tokenize_prompt_response
     from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
 
     tokenizer = build_arithmetic_tokenizer()

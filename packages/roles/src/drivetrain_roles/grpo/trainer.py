@@ -119,7 +119,7 @@ class GRPOTrainer:
         )
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
-            model_path, self.config.data, self.output_dir, self.config.trainer.seed
+            model_path, self.config.data, self.output_dir, self.config.trainer.seed, resume=self.folder.resume
         )
         actor = self.make_actor(model_path)
         reference = self.make_reference(actor, model_path)

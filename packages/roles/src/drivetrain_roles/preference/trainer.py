@@ -170,7 +170,8 @@ class PairTrainer(ABC):
             return list(self.data.train_files), list(self.data.val_files)
         directory = self.output_dir / "data"
         train, val = directory / "train.jsonl", directory / "val.jsonl"
-        if distributed.rank() == 0:
+        # NOTE: written by every new run; a resumed run keeps the pairs it started from.
+        if distributed.rank() == 0 and not (self.folder.resume and train.is_file() and val.is_file()):
             write_arithmetic_pairs(
                 directory,
                 train_size=self.data.generated_train_size,
@@ -186,7 +187,9 @@ class PairTrainer(ABC):
         warm: WarmStartConfig = self.config.warm_start
         model: ModelConfig = self.config.model
         if warm.sft_steps == 0:
-            return resolve_model_path(model.path, self.output_dir, self.engine_config.seed)
+            return resolve_model_path(
+                model.path, self.output_dir, self.engine_config.seed, resume=self.folder.resume
+            )
         directory = self.output_dir / "data"
         sft_train = [str(directory / f"sft_train_{i}.jsonl") for i in range(len(train_files))]
         sft_val = [str(directory / f"sft_val_{i}.jsonl") for i in range(len(val_files))]

@@ -24,7 +24,7 @@ HUB_MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
-def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
+def resolve_model_path(path: str, output_dir: Path, seed: int, *, resume: bool = False) -> str:
     """The local model directory a run trains: ``path``, its Hub snapshot in the Hugging Face cache (fetched
     by :func:`check_model_path` before the run), or for ``builtin:arithmetic`` the embedded untrained model
     under ``<run>/initial_model``.
@@ -35,9 +35,9 @@ def resolve_model_path(path: str, output_dir: Path, seed: int) -> str:
     if path != BUILTIN_MODEL:
         return model_directory(path)
     target = output_dir / INITIAL_MODEL_DIR
-    # NOTE: written by every run (the same bytes for the same seed, so a resumed run finds what it started
-    # from); kept from an earlier run, it ignored a new --overwrite run's engine.seed.
-    if distributed.rank() == 0:
+    # NOTE: written by every new run (kept from an earlier one, it ignored a new --overwrite run's engine.seed);
+    # a resumed run keeps the one it started from.
+    if distributed.rank() == 0 and not (resume and (target / "config.json").is_file()):
         write_model_dir(target, seed=seed)
     distributed.barrier()
     return str(target)
@@ -93,14 +93,17 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> str:
         ) from e
 
 
-def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple[list[str], list[str]]:
-    """Train and held-out files: the configured ones, or the generated arithmetic splits under ``<output_dir>/data``."""
+def resolve_data_files(
+    config: DataConfig, output_dir: Path, seed: int, *, resume: bool = False
+) -> tuple[list[str], list[str]]:
+    """Train and held-out files: the configured ones, or the generated arithmetic splits under ``<output_dir>/data``
+    (written by every new run; a resumed run keeps the ones it started from)."""
     if not config.generated:
         return list(config.train_files), list(config.val_files)
     directory = output_dir / "data"
     train, val = directory / "train.jsonl", directory / "val.jsonl"
-    # NOTE: written by every run, like the embedded model: kept, it ignored new sizes or a new seed.
-    if distributed.rank() == 0:
+    # NOTE: like the embedded model: kept from an earlier run, it ignored a new run's sizes or seed.
+    if distributed.rank() == 0 and not (resume and train.is_file() and val.is_file()):
         write_arithmetic_data(
             directory, train_size=config.generated_train_size, val_size=config.generated_val_size, seed=seed
         )
@@ -109,14 +112,14 @@ def resolve_data_files(config: DataConfig, output_dir: Path, seed: int) -> tuple
 
 
 def load_splits(
-    model_path: str, config: DataConfig, output_dir: Path, seed: int
+    model_path: str, config: DataConfig, output_dir: Path, seed: int, *, resume: bool = False
 ) -> tuple[Any, list[Example], list[Example]]:
     """The model's tokenizer and the tokenised train and held-out examples of ``config`` (the generated
     arithmetic splits for the embedded task); shared by ``sft`` and ``grpo``."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    train_files, val_files = resolve_data_files(config, output_dir, seed)
+    train_files, val_files = resolve_data_files(config, output_dir, seed, resume=resume)
     train = load_examples(train_files, tokenizer, config)
     val = load_examples(val_files, tokenizer, config) if val_files else []
     return tokenizer, train, val

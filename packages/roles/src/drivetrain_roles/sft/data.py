@@ -141,6 +141,9 @@ def tokenize_prompt_response(
     """
     _encode(tokenizer, prompt, f"{where} column {columns[0]!r}")  # refuses unknown characters
     prompt_ids = list(tokenizer(prompt)["input_ids"])
+    if not prompt_ids and tokenizer.bos_token_id is not None:
+        # An empty prompt (completion-only rows): the first response token needs a token before it to be scored.
+        prompt_ids = [tokenizer.bos_token_id]
     response_ids = _encode(tokenizer, response, f"{where} column {columns[1]!r}")
     if tokenizer.eos_token_id is not None:
         response_ids = [*response_ids, tokenizer.eos_token_id]

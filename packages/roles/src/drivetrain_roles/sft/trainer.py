@@ -103,7 +103,9 @@ class SFTTrainer:
             trainer=self.config.trainer,
             batch_field="batch_size",
         )
-        model_path = resolve_model_path(self.config.model.path, self.output_dir, self.config.engine.seed)
+        model_path = resolve_model_path(
+            self.config.model.path, self.output_dir, self.config.engine.seed, resume=self.folder.resume
+        )
         tokenizer, train, val = self._load_data(model_path)
         engine = self._build_engine(model_path)
         sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
@@ -141,7 +143,7 @@ class SFTTrainer:
 
     def _load_data(self, model_path: str) -> tuple[Any, list[Example], list[Example]]:
         tokenizer, train, val = load_splits(
-            model_path, self.config.data, self.output_dir, self.config.trainer.seed
+            model_path, self.config.data, self.output_dir, self.config.trainer.seed, resume=self.folder.resume
         )
         _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
         check_held_out_size(len(val), self.config.engine)
