@@ -140,3 +140,31 @@ def test_a_resumed_run_continues_its_wandb_mlflow_and_tensorboard_runs(tmp_path,
         ("mlflow", None, "mlflow-1"),
         ("tensorboard", 201),
     ]
+
+
+def test_a_stored_run_id_the_service_refuses_starts_a_new_run(tmp_path, monkeypatch, caplog) -> None:
+    """A resumed run whose W&B or MLflow run was deleted raised on the output rank alone (the others then
+    waited in a collective); it now starts a new run there, with a warning."""
+    calls: list[tuple] = []
+
+    def wandb_init(**kwargs):
+        if kwargs["id"] == "gone":
+            raise RuntimeError("run gone was deleted")
+        calls.append(("wandb", kwargs["id"]))
+
+    def start_run(run_name=None, run_id=None):
+        if run_id is not None:
+            raise RuntimeError(f"Run '{run_id}' not found")
+        calls.append(("mlflow", run_name))
+        return types.SimpleNamespace(info=types.SimpleNamespace(run_id="mlflow-2"))
+
+    _fake_module(monkeypatch, "wandb", init=wandb_init)
+    _fake_module(monkeypatch, "mlflow", start_run=start_run, log_params=lambda params: None)
+    (tmp_path / ".wandb_run_id").write_text("gone")
+    (tmp_path / ".mlflow_run_id").write_text("mlflow-1")
+    with caplog.at_level("WARNING"):
+        open_trackers(["wandb", "mlflow"], _run(tmp_path, resume_step=5))
+    new_id = (tmp_path / ".wandb_run_id").read_text()
+    assert calls == [("wandb", new_id), ("mlflow", "sft-x")] and new_id != "gone"
+    assert (tmp_path / ".mlflow_run_id").read_text() == "mlflow-2"
+    assert "did not resume run gone" in caplog.text and "did not resume run mlflow-1" in caplog.text

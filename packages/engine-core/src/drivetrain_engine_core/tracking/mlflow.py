@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .base import RunInfo, Tracker, resumed_run_id, store_run_id
 
+logger = logging.getLogger(__name__)
+
 
 class MlflowTracker(Tracker):
-    """One MLflow run per drivetrain run, named after the run directory, the config flattened into params; a
-    resumed run continues the same MLflow run (its id is kept in the run directory; params are logged once,
-    MLflow refuses to change them)."""
+    """One MLflow run per drivetrain run, named after the run directory, the config flattened into params.
+
+    A resumed run continues the same MLflow run (its id is kept in the run directory; params are logged once,
+    MLflow refuses to change them); the steps between the checkpoint and a crash then hold a second value
+    each. A stored id MLflow no longer knows starts a new run, with a warning.
+    """
 
     def __init__(self, run: RunInfo) -> None:
         import mlflow
@@ -18,8 +24,11 @@ class MlflowTracker(Tracker):
         self._mlflow = mlflow
         run_id = resumed_run_id(run, "mlflow")
         if run_id is not None:
-            mlflow.start_run(run_id=run_id)
-            return
+            try:
+                mlflow.start_run(run_id=run_id)
+                return
+            except Exception as e:
+                logger.warning("MLflow did not resume run %s (%s); starting a new MLflow run.", run_id, e)
         store_run_id(run, "mlflow", mlflow.start_run(run_name=run.name).info.run_id)
         mlflow.log_params(_flatten(run.config))
 
