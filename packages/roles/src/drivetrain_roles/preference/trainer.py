@@ -31,6 +31,7 @@ from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..sft.assets import resolve_model_path
 from ..sft.batches import StepSampler, check_held_out_size
+from ..sft.data import read_rows
 from ..sft.final_model import FINAL_MODEL_DIR
 from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 from ..sft.warm_start import run_warm_start
@@ -121,6 +122,8 @@ class PairTrainer(ABC):
             batch_field="batch_size",
         )
         train_files, val_files = self._pair_files()
+        # Before the warm start: a held-out set too small for the data-parallel ranks fails fast.
+        check_held_out_size(sum(len(read_rows(f)) for f in val_files), self.config.engine, "pairs")
         result = PairResult(output_dir=self.output_dir)
         result.start_model = self._warm_start(train_files, val_files, result)
         from transformers import AutoTokenizer
@@ -128,7 +131,6 @@ class PairTrainer(ABC):
         tokenizer = AutoTokenizer.from_pretrained(result.start_model)
         train = load_pairs(train_files, tokenizer, self.data)
         val = load_pairs(val_files, tokenizer, self.data) if val_files else []
-        check_held_out_size(len(val), self.config.engine, "pairs")
         self.uids = dict(enumerate(train + val))
         model_path = self._start_model(result.start_model)
         engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)
