@@ -270,3 +270,28 @@ def test_policy_and_value_losses_read_nothing_back_from_the_device(monkeypatch) 
     monkeypatch.undo()
     for _, metrics in results:
         assert metrics and all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in metrics.values())
+
+
+@pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
+def test_the_entropy_enters_the_backward_only_with_a_coefficient(entropy_coeff: float) -> None:
+    """With ``entropy_coeff=0`` the entropy is a metric: ``0 * entropy`` in the loss made the backward compute
+    the entropy's gradient through the output projection for nothing. Loss and metric are unchanged."""
+    mask = [[0.0, 1.0, 1.0]]
+    entropy = jagged([[0.0, 1.0, 0.5]], requires_grad=True)
+    batch = TensorDict(
+        {
+            "loss_mask": jagged(mask),
+            "old_log_probs": jagged([[0.0, -1.0, -2.0]]),
+            "advantages": jagged([[0.0, 1.0, -0.5]]),
+        },
+        batch_size=[1],
+    )
+    output = TensorDict(
+        {"log_probs": jagged([[0.0, -1.0, -2.0]], requires_grad=True), "entropy": entropy}, batch_size=[1]
+    )
+    config = PolicyLossConfig(kl_loss_coef=0.0, entropy_coeff=entropy_coeff)
+    loss, metrics = policy_loss_fn(config)(output, batch, context_for(mask))
+    loss.backward()
+    assert float(metrics["entropy"]) == pytest.approx(0.75)
+    assert float(loss.detach()) == pytest.approx(float(metrics["pg_loss"]) - entropy_coeff * 0.75)
+    assert (entropy.grad is None) is (entropy_coeff == 0.0)

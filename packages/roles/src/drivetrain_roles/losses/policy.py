@@ -108,8 +108,12 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
             config,
         )
         pg_loss = aggregate(terms.loss, tokens, context, config.loss_agg_mode)
-        entropy = aggregate(flat_values(model_output["entropy"]), tokens, context, config.loss_agg_mode)
-        loss = pg_loss - config.entropy_coeff * entropy
+        entropy_values = flat_values(model_output["entropy"])
+        if config.entropy_coeff == 0:
+            # NOTE: a metric only; ``0 * entropy`` in the loss ran the entropy's backward for nothing.
+            entropy_values = entropy_values.detach()
+        entropy = aggregate(entropy_values, tokens, context, config.loss_agg_mode)
+        loss = pg_loss - config.entropy_coeff * entropy if config.entropy_coeff else pg_loss
         metrics = {
             "pg_loss": pg_loss.detach(),
             "pg_clipfrac": masked_fraction(terms.clipped, tokens, context),
