@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,11 @@ class JsonlTracker(Tracker):
             if run.resume_step is None
             else [r for r in read_records(self.path) if r["step"] <= run.resume_step]
         )
-        replace_text(self.path, "".join(dumps(r) + "\n" for r in kept))
+        # NOTE: imported here: the checkpoint package imports torch, which the trackers do not need until a
+        # run opens them.
+        from ..checkpoint.durable import write_durably
+
+        write_durably(self.path, "".join(dumps(r) + "\n" for r in kept))
 
     def log(self, step: int, values: dict[str, float]) -> None:
         with self.path.open("a") as handle:
@@ -77,13 +80,3 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             "%s: skipped %d line(s) that are not a metrics record (a write cut short?)", path, skipped
         )
     return records
-
-
-def replace_text(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, flushed to disk, then renamed over it."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
