@@ -19,7 +19,7 @@ The conformance kit (:mod:`drivetrain_engine_core.testing.conformance`) checks t
 from __future__ import annotations
 
 from . import distributed
-from .checkpoint import PEFT_PREFIX, CheckpointMerger, DCPTensorReader
+from .checkpoint import MODEL_DIR, OPTIMIZER_DIR, PEFT_PREFIX, CheckpointMerger, DCPTensorReader
 from .config import (
     DTYPES,
     CheckpointConfig,
@@ -45,6 +45,8 @@ from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, Sequence
 
 __all__ = [
     "DTYPES",
+    "MODEL_DIR",
+    "OPTIMIZER_DIR",
     "PEFT_PREFIX",
     "BatchError",
     "CheckpointConfig",

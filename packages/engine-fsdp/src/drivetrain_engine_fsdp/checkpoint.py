@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -20,9 +21,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-
-MODEL_DIR = "model"
-OPTIMIZER_DIR = "optimizer"
 
 
 def save_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_dir: Path) -> None:

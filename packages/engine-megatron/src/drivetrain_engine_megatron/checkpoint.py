@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR
 from megatron.core import dist_checkpointing
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer.module import MegatronModule
@@ -20,8 +21,6 @@ from .config import MegatronEngineConfig
 from .dist_opt_padding import clip_padding_past_bucket_end
 from .model import BuiltModel
 
-MODEL_DIR = "model"
-OPTIMIZER_DIR = "optimizer"
 FORMAT = "megatron-dist-checkpointing/torch_dist"
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 

@@ -14,9 +14,7 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 
 import torch
-from drivetrain_engine_core.backend import CheckpointMerger, DCPTensorReader
-
-from .checkpoint import MODEL_DIR
+from drivetrain_engine_core.backend import MODEL_DIR, CheckpointMerger, DCPTensorReader
 
 _STACKED_PREFIX = "decoder.layers."
 

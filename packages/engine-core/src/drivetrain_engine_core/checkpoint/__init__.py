@@ -3,6 +3,8 @@
 from .dcp_reader import DCPTensorReader
 from .layout import (
     LATEST_FILE,
+    MODEL_DIR,
+    OPTIMIZER_DIR,
     StepEntry,
     complete_steps,
     prepare_temporary_step_dir,
@@ -22,6 +24,8 @@ __all__ = [
     "AUTO_CLASSES",
     "LATEST_FILE",
     "MANIFEST_FILE",
+    "MODEL_DIR",
+    "OPTIMIZER_DIR",
     "PEFT_PREFIX",
     "PUBLISH_POINTS",
     "CheckpointMerger",

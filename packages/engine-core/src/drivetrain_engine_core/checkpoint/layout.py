@@ -29,6 +29,10 @@ from .manifest import MANIFEST_FILE, read_manifest, verify_files
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest"
+MODEL_DIR = "model"
+"""The part of a step that holds the model state, in every backend's layout."""
+OPTIMIZER_DIR = "optimizer"
+"""The part of a step that holds the optimizer state, in every backend's layout (resuming needs it)."""
 TEMPORARY_PREFIX = ".tmp-"
 ASIDE_PREFIX = ".old-"
 TRASH_PREFIX = ".trash-"

@@ -19,15 +19,12 @@ from .. import distributed
 from ..errors import CheckpointError
 from .extra_state import load_extra_state, require_json, save_extra_state
 from .file_shares import attempt, describe_on_every_rank, raise_any, verify_on_every_rank
-from .layout import prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
+from .layout import OPTIMIZER_DIR, prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
 from .manifest import Manifest, read_manifest
 from .publish import prune_old_steps, publish_step
 
 if TYPE_CHECKING:
     from ..engine import Engine
-
-OPTIMIZER_DIR = "optimizer"
-"""The part of a step that holds the optimizer state, in every backend's layout."""
 
 
 def save_engine_checkpoint(
