@@ -40,7 +40,7 @@ from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateErr
 from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
 from .linear_log_probs import linear_log_probs
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
-from .packed_attention import flash_kernel_supported, packed_causal_attention
+from .packed_attention import flash_kernel_missing, packed_causal_attention
 from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
 
 __all__ = [
@@ -79,7 +79,7 @@ __all__ = [
     "SequenceSplit",
     "TokenLimits",
     "distributed",
-    "flash_kernel_supported",
+    "flash_kernel_missing",
     "host_floats",
     "linear_log_probs",
     "move_batch",

@@ -103,12 +103,12 @@ def _sdpa_causal(
     ).transpose(0, 1)
 
 
-def flash_kernel_supported() -> bool:
-    """Whether torch's flash kernel runs on this machine's GPU: compute capability 8.0 (Ampere) or newer.
-
-    Engines check it when they build (V100 and T4 in float16 would fail inside attention otherwise).
-    """
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+def flash_kernel_missing(device: str, param_dtype: str) -> bool:
+    """Whether packed attention in ``param_dtype`` on ``device`` would take torch's flash kernel on a GPU that
+    cannot run it (compute capability below 8.0, Ampere). Engines refuse that when they build: V100 and T4 in
+    half precision would fail inside attention."""
+    half = getattr(torch, param_dtype, None) in _FLASH_DTYPES
+    return device == "cuda" and half and not torch.cuda.get_device_capability() >= (8, 0)
 
 
 def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float, window: int | None) -> bool:

@@ -14,7 +14,7 @@ transformers passes down to every attention call. Nothing here reads the device.
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import ConfigError, flash_kernel_supported, packed_causal_attention
+from drivetrain_engine_core.backend import ConfigError, flash_kernel_missing, packed_causal_attention
 from transformers import AttentionInterface, PretrainedConfig
 
 VARLEN_ATTENTION = "drivetrain_varlen"
@@ -106,7 +106,7 @@ def check_flash_support(device: str, param_dtype: str) -> None:
         ConfigError: ``device`` is CUDA, ``param_dtype`` half precision, and the GPU predates compute
             capability 8.0.
     """
-    if device == "cuda" and param_dtype in ("bfloat16", "float16") and not flash_kernel_supported():
+    if flash_kernel_missing(device, param_dtype):
         raise ConfigError(
             f"packed attention in {param_dtype} takes torch's flash kernel, which needs compute capability 8.0 "
             f"(Ampere) or newer; this GPU ({torch.cuda.get_device_name()}) has "

@@ -26,7 +26,7 @@ from drivetrain_engine_core.backend import (
     Mode,
     RowPadding,
     TokenLimits,
-    flash_kernel_supported,
+    flash_kernel_missing,
 )
 
 from . import parallel_state
@@ -104,12 +104,7 @@ class MegatronEngine(Engine):
             raise ConfigError(
                 "model.lora is not supported by the megatron backend; use backend 'fsdp' for LoRA."
             )
-        if (
-            config.device == "cuda"
-            and config.param_dtype in ("bfloat16", "float16")
-            and self.model_config.use_remove_padding
-            and not flash_kernel_supported()
-        ):
+        if self.model_config.use_remove_padding and flash_kernel_missing(config.device, config.param_dtype):
             raise ConfigError(
                 f"packed rows in {config.param_dtype} attend through torch's flash kernel, which needs compute "
                 "capability 8.0 (Ampere) or newer; this GPU is older. Set model.use_remove_padding=False (padded "
