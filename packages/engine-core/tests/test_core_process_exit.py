@@ -11,20 +11,16 @@ check that the console script ends without that teardown and that nothing Python
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 
-# A module-level object with a finalizer: it prints only if the interpreter tears its modules down.
-PROBES = textwrap.dedent(
+from drivetrain_engine_core.testing.child_process import TEARDOWN_MARKER, TEARDOWN_PROBE, run_python
+
+# A module-level object with a finalizer (it prints only if the interpreter tears its modules down), then
+# what Python does before that teardown: exit handlers, non-daemon threads, a thread pool, buffered output.
+PROBES = TEARDOWN_PROBE + textwrap.dedent(
     """
     import atexit, sys, threading, time
 
-    class TeardownProbe:
-        def __del__(self, out=sys.stdout):
-            out.write("teardown ran\\n")
-            out.flush()
-
-    probe = TeardownProbe()
     atexit.register(lambda: print("exit handler ran"))
 
     def late_writer():
@@ -41,9 +37,7 @@ PROBES = textwrap.dedent(
 
 
 def run_child(body: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", PROBES + textwrap.dedent(body)], capture_output=True, text=True, timeout=120
-    )
+    return run_python(PROBES + textwrap.dedent(body))
 
 
 def test_exit_process_keeps_what_python_does_before_its_teardown_and_skips_the_teardown() -> None:
@@ -58,7 +52,7 @@ def test_exit_process_keeps_what_python_does_before_its_teardown_and_skips_the_t
     assert "non-daemon thread finished" in result.stdout
     assert "pool task ran" in result.stdout  # and its idle worker did not keep the process alive
     assert "exit handler ran" in result.stdout
-    assert "teardown ran" not in result.stdout
+    assert TEARDOWN_MARKER not in result.stdout
 
 
 def test_exit_statuses_follow_python() -> None:
@@ -72,7 +66,7 @@ def test_exit_statuses_follow_python() -> None:
         result = run_child(f"from drivetrain_engine_core.process_exit import run_then_exit\n{call}\n")
         assert result.returncode == code, (call, result.stderr)
         assert stderr in result.stderr, call
-        assert "teardown ran" not in result.stdout
+        assert TEARDOWN_MARKER not in result.stdout
 
 
 def test_the_drivetrain_console_script_ends_without_the_teardown() -> None:
@@ -86,7 +80,7 @@ def test_the_drivetrain_console_script_ends_without_the_teardown() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "drivetrain, version" in result.stdout
-    assert "teardown ran" not in result.stdout
+    assert TEARDOWN_MARKER not in result.stdout
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "drivetrain"]

@@ -8,22 +8,15 @@ to "terminate called without an active exception" from a gloo thread during that
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 
-CHILD = textwrap.dedent(
+from drivetrain_engine_core.testing.child_process import TEARDOWN_MARKER, TEARDOWN_PROBE, run_python
+
+CHILD = TEARDOWN_PROBE + textwrap.dedent(
     """
-    import sys
     import click
     from drivetrain_engine_core.config import ConfigError
     from drivetrain_roles.jobs.launch import rank_main
-
-    class TeardownProbe:
-        def __del__(self, out=sys.stdout):
-            out.write("teardown ran\\n")
-            out.flush()
-
-    probe = TeardownProbe()
 
     @click.command()
     @click.option("--fail", is_flag=True)
@@ -41,9 +34,7 @@ CHILD = textwrap.dedent(
 
 
 def run_rank(*arguments: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, *arguments], capture_output=True, text=True, timeout=120
-    )
+    return run_python(CHILD, *arguments)
 
 
 def test_a_rank_that_finished_ends_with_zero_and_without_the_teardown() -> None:
@@ -56,7 +47,7 @@ def test_a_rank_user_error_is_one_line_and_exit_code_one() -> None:
     result = run_rank("--fail")
     assert result.returncode == 1
     assert result.stderr == "drivetrain demo: error: trainer.batch_size=3 does not divide over 2 ranks\n"
-    assert "teardown ran" not in result.stdout
+    assert TEARDOWN_MARKER not in result.stdout
 
 
 def test_ctrl_c_ends_a_rank_quietly_with_130() -> None:
