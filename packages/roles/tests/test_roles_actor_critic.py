@@ -11,6 +11,7 @@ from drivetrain_engine_core.factory import create_engine, engine_config_from_dic
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,
+    reference_entropy,
     reference_log_probs,
     reference_values,
 )
@@ -63,7 +64,7 @@ def surrogate(log_probs, batch) -> float:
     return float((-batch["advantages"].values() * ratio)[mask].mean())
 
 
-def test_actor_log_probs_match_hugging_face_and_update_lowers_the_policy_loss(model_dir) -> None:
+def test_actor_log_probs_match_hugging_face_and_update_lowers_the_policy_loss(model_dir, monkeypatch) -> None:
     batch = rollout()
     actor = Actor(
         engine_for(model_dir),
@@ -71,6 +72,7 @@ def test_actor_log_probs_match_hugging_face_and_update_lowers_the_policy_loss(mo
             loss=PolicyLossConfig(clip_ratio_high=0.2), schedule=UpdateSchedule(mini_batch_size=8, epochs=1)
         ),
     )
+    asked_for_entropy = record_entropy_requests(actor, monkeypatch)
     log_probs = actor.compute_log_prob(batch)["log_probs"]
     reference = reference_log_probs(model_dir, batch)
     torch.testing.assert_close(flat(log_probs), flat(reference), atol=1e-5, rtol=1e-5)
@@ -84,12 +86,42 @@ def test_actor_log_probs_match_hugging_face_and_update_lowers_the_policy_loss(mo
     assert first["approx_kl"] == pytest.approx(0.0, abs=1e-5)
     assert first["pg_clipfrac"] == 0.0
     assert first["grad_norm"] > 0 and first["lr"] == pytest.approx(1e-2)
-    assert first["entropy"] > 0
+    # No entropy bonus: the update asks the engine for log-probs alone and reports no entropy.
+    assert "entropy" not in first and asked_for_entropy == [False]
     for _ in range(3):
         metrics = actor.update_policy(batch)
     after = surrogate(actor.compute_log_prob(batch)["log_probs"], batch)
     assert after < before - 0.1, (before, after)
     assert metrics["approx_kl"] != 0.0
+
+
+def record_entropy_requests(actor: Actor, monkeypatch) -> list[bool]:
+    """Whether each of the actor's ``train_batch`` calls asked the engine for the entropy."""
+    asked: list[bool] = []
+    train_batch = actor.engine.train_batch
+
+    def recording(batch, loss_fn, *, options=None):
+        asked.append(options.compute_entropy)
+        return train_batch(batch, loss_fn, options=options)
+
+    monkeypatch.setattr(actor.engine, "train_batch", recording)
+    return asked
+
+
+def test_an_entropy_bonus_makes_the_update_compute_and_report_the_entropy(model_dir, monkeypatch) -> None:
+    """The entropy the update reports is the token mean over response tokens of the policy's entropy, as a
+    plain Hugging Face forward computes it (one optimizer step, so the policy is the one scored)."""
+    batch = rollout()
+    config = ActorConfig(
+        loss=PolicyLossConfig(entropy_coeff=0.01), schedule=UpdateSchedule(mini_batch_size=8)
+    )
+    actor = Actor(engine_for(model_dir), config)
+    batch["old_log_probs"] = actor.compute_log_prob(batch)["log_probs"]
+    asked_for_entropy = record_entropy_requests(actor, monkeypatch)
+    metrics = actor.update_policy(batch)
+    expected = flat(reference_entropy(model_dir, batch))[batch["loss_mask"].values()].mean()
+    assert asked_for_entropy == [True]
+    assert metrics["entropy"] == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_actor_accepts_padded_batches_and_answers_padded(model_dir) -> None:

@@ -88,21 +88,26 @@ def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path):
         RolloutBatch(samples.batch, samples.rollout_log_probs, REWARDS, samples.response_lengths),
     )
     assert metrics["rollout/log_prob_diff_max"] < 1e-5
-    loss, norm = _plain_grpo_first_step(model_dir, batch, advantages)
+    loss, norm, entropy = _plain_grpo_first_step(model_dir, batch, advantages)
     assert metrics["pg_loss"] + KL_COEF * metrics["kl_loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7)
     assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    # The entropy of the rollout's policy over response tokens, from the old-log-prob pass.
+    assert metrics["entropy"] == pytest.approx(entropy, rel=1e-5)
 
 
 def _plain_grpo_first_step(model_dir, batch, advantages):
-    """GRPO's first step written out on the Hugging Face model: ratio 1, PPO clip, k3 KL, token mean."""
+    """GRPO's first step written out on the Hugging Face model: ratio 1, PPO clip, k3 KL, token mean; also the
+    token-mean entropy of the policy over response tokens."""
     model = load_reference_model(model_dir)
     reference = load_reference_model(model_dir)
-    terms, kls, count = [], [], 0
+    terms, kls, entropies, count = [], [], [], 0
     for ids, mask, advantage in zip(
         batch["input_ids"].unbind(), batch["loss_mask"].unbind(), advantages, strict=True
     ):
         logits = model(ids[None]).logits[0, :-1] / TEMPERATURE
-        log_probs = torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0][mask[1:]]
+        log_softmax = torch.log_softmax(logits, -1)
+        log_probs = log_softmax.gather(-1, ids[1:, None])[:, 0][mask[1:]]
+        entropies.append(-(log_softmax.exp() * log_softmax).sum(-1)[mask[1:]].detach())
         with torch.no_grad():
             ref_logits = reference(ids[None]).logits[0, :-1] / TEMPERATURE
             ref = torch.log_softmax(ref_logits, -1).gather(-1, ids[1:, None])[:, 0][mask[1:]]
@@ -113,7 +118,8 @@ def _plain_grpo_first_step(model_dir, batch, advantages):
         count += int(mask.sum())
     loss = (torch.stack(terms).sum() + KL_COEF * torch.stack(kls).sum()) / count
     loss.backward()
-    return float(loss.detach()), grad_norm(list(model.parameters()))
+    entropy = float(torch.cat(entropies).mean())
+    return float(loss.detach()), grad_norm(list(model.parameters())), entropy
 
 
 def test_run_folder_and_resume(tmp_path):

@@ -273,9 +273,11 @@ def test_policy_and_value_losses_read_nothing_back_from_the_device(monkeypatch) 
 
 
 @pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
-def test_the_entropy_enters_the_backward_only_with_a_coefficient(entropy_coeff: float) -> None:
-    """With ``entropy_coeff=0`` the entropy is a metric: ``0 * entropy`` in the loss made the backward compute
-    the entropy's gradient through the output projection for nothing. Loss and metric are unchanged."""
+def test_the_policy_loss_reads_the_entropy_only_with_an_entropy_bonus(entropy_coeff: float) -> None:
+    """With ``entropy_coeff=0`` the loss needs no entropy, so the actor's update can ask the engine for
+    log-probs alone (a fused log-prob kernel computes them without the logits); ``0 * entropy`` in the loss
+    also made the backward compute the entropy's gradient through the output projection for nothing. With a
+    bonus the entropy enters the loss and its backward, and is a metric."""
     mask = [[0.0, 1.0, 1.0]]
     entropy = jagged([[0.0, 1.0, 0.5]], requires_grad=True)
     batch = TensorDict(
@@ -286,12 +288,15 @@ def test_the_entropy_enters_the_backward_only_with_a_coefficient(entropy_coeff: 
         },
         batch_size=[1],
     )
-    output = TensorDict(
-        {"log_probs": jagged([[0.0, -1.0, -2.0]], requires_grad=True), "entropy": entropy}, batch_size=[1]
-    )
+    fields = {"log_probs": jagged([[0.0, -1.0, -2.0]], requires_grad=True)}
+    if entropy_coeff:
+        fields["entropy"] = entropy
     config = PolicyLossConfig(kl_loss_coef=0.0, entropy_coeff=entropy_coeff)
-    loss, metrics = policy_loss_fn(config)(output, batch, context_for(mask))
+    loss, metrics = policy_loss_fn(config)(TensorDict(fields, batch_size=[1]), batch, context_for(mask))
     loss.backward()
-    assert float(metrics["entropy"]) == pytest.approx(0.75)
+    if entropy_coeff:
+        assert float(metrics["entropy"]) == pytest.approx(0.75)
+        assert entropy.grad is not None
+    else:
+        assert "entropy" not in metrics
     assert float(loss.detach()) == pytest.approx(float(metrics["pg_loss"]) - entropy_coeff * 0.75)
-    assert (entropy.grad is None) is (entropy_coeff == 0.0)

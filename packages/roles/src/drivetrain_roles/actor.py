@@ -14,7 +14,7 @@ from .losses.policy import PolicyLossConfig, policy_loss_fn
 from .mini_batches import UpdateSchedule, iterate_mini_batches
 from .update_metrics import UpdateMetrics
 
-POLICY_METRICS: tuple[str, ...] = ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "approx_kl", "entropy")
+POLICY_METRICS: tuple[str, ...] = ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "approx_kl")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -73,19 +73,29 @@ class Actor:
         The batch (this rank's share of a rollout) needs ``old_log_probs``, ``advantages``, ``loss_mask`` and,
         with a KL loss, ``ref_log_prob``.
 
+        The forward computes the entropy only when the loss has an entropy bonus (``entropy_coeff > 0``):
+        otherwise the token outputs need the log-probs alone, which a fused log-prob kernel computes without
+        the logits (the entropy of the rollout's policy comes from :meth:`compute_log_prob` instead).
+
         Returns:
             Means over the optimizer steps of ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``,
-            ``approx_kl``, ``entropy`` (and ``kl_loss``), ``grad_norm``, and the ``lr`` used.
+            ``approx_kl`` (with an entropy bonus ``entropy``, with a KL loss ``kl_loss``), ``grad_norm``, and
+            the ``lr`` used.
         """
         nopad = RoleBatch.wrap(batch).nopad
         required = ["input_ids", "position_ids", "loss_mask", "old_log_probs", "advantages"]
         if self.config.loss.uses_kl:
             required.append("ref_log_prob")
         validate_batch(nopad, required=required)
-        names = (*POLICY_METRICS, "kl_loss") if self.config.loss.uses_kl else POLICY_METRICS
-        loss_fn = policy_loss_fn(self.config.loss)
+        loss = self.config.loss
+        names = (
+            *POLICY_METRICS,
+            *(("entropy",) if loss.uses_entropy else ()),
+            *(("kl_loss",) if loss.uses_kl else ()),
+        )
+        loss_fn = policy_loss_fn(loss)
         metrics = UpdateMetrics(self.engine.data_parallel_group)
-        options = ForwardOptions(temperature=self.config.temperature, compute_entropy=True)
+        options = ForwardOptions(temperature=self.config.temperature, compute_entropy=loss.uses_entropy)
         with self.engine.train_mode():
             for mini_batch in iterate_mini_batches(
                 nopad, self.config.schedule, self.engine.data_parallel_group, self.updates_done

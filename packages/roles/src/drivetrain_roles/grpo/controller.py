@@ -105,7 +105,8 @@ class ColocatedGRPO:
         return score(examples, output, self.tokenizer, self.config)
 
     def update(self, samples: RolloutBatch) -> dict[str, float]:
-        """Old and reference log-probs, one PPO-clip update (the actor's metrics, ``rollout/log_prob_diff_max``)."""
+        """Old and reference log-probs, one PPO-clip update: the actor's metrics, ``entropy`` and
+        ``rollout/log_prob_diff_max`` (see :func:`~.step.update`)."""
         group = self.group
         has_reference = "reference" in group.topologies
         calls = PolicyCalls(
@@ -115,7 +116,8 @@ class ColocatedGRPO:
             else None,
             update_policy=partial(group.call, "actor", "update_policy"),
         )
-        return update_with(calls, samples)
+        metrics, statistics = update_with(calls, samples)
+        return {**metrics, **statistics.metrics()}
 
     def step(self, step: int, examples: Sequence[Example]) -> dict[str, float]:
         """One GRPO step over ``examples``, then the hand-off of version ``step + 1`` inside every worker."""

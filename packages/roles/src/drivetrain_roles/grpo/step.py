@@ -92,22 +92,19 @@ def _batch(examples: Sequence[Example], output: RolloutOutput, advantages: torch
 def update(actor: Actor, reference: Reference | None, samples: RolloutBatch) -> dict[str, float]:
     """Old and reference log-probs, then one PPO-clip update; returns the actor's update metrics.
 
-    The metric ``rollout/log_prob_diff_max`` is the largest gap between the rollout's log-probs and the
-    actor's recomputation of them: a weight hand-off that served stale or partial weights shows up here.
+    Besides the actor's update metrics: ``entropy``, the token-mean entropy of the policy over the step's
+    response tokens before the update (from the old-log-prob pass, as verl reports it, so that the update
+    itself computes no entropy unless the loss has an entropy bonus), and ``rollout/log_prob_diff_max``, the
+    largest gap between the rollout's log-probs and the actor's recomputation of them: a weight hand-off that
+    served stale or partial weights shows up there. Both cover every data-parallel rank's rows.
     """
-    metrics = update_with(
-        PolicyCalls(
-            compute_log_prob=actor.compute_log_prob,
-            compute_ref_log_prob=None if reference is None else reference.compute_ref_log_prob,
-            update_policy=actor.update_policy,
-        ),
-        samples,
+    calls = PolicyCalls(
+        compute_log_prob=actor.compute_log_prob,
+        compute_ref_log_prob=None if reference is None else reference.compute_ref_log_prob,
+        update_policy=actor.update_policy,
     )
-    group = actor.engine.data_parallel_group
-    metrics["rollout/log_prob_diff_max"] = distributed.all_reduce_max(
-        metrics["rollout/log_prob_diff_max"], group
-    )
-    return metrics
+    metrics, statistics = update_with(calls, samples)
+    return {**metrics, **statistics.reduced(actor.engine.data_parallel_group).metrics()}
 
 
 @dataclass(frozen=True)
@@ -115,21 +112,68 @@ class PolicyCalls:
     """Where the update's three calls go: this process's roles, or a worker group's parts.
 
     Attributes:
-        compute_log_prob: the actor's per-token ``log_probs`` of a batch.
+        compute_log_prob: the actor's per-token ``log_probs`` of a batch (and ``entropy`` when called with
+            ``calculate_entropy=True``).
         compute_ref_log_prob: the reference's ``ref_log_prob`` (``None``: no KL penalty).
         update_policy: one actor update; returns its metrics.
     """
 
-    compute_log_prob: Callable[[TensorDict], TensorDict | None]
+    compute_log_prob: Callable[..., TensorDict | None]
     compute_ref_log_prob: Callable[[TensorDict], TensorDict | None] | None
     update_policy: Callable[[TensorDict], dict[str, float]]
 
 
-def update_with(calls: PolicyCalls, samples: RolloutBatch) -> dict[str, float]:
-    """The update of :func:`update` through ``calls``; ``rollout/log_prob_diff_max`` covers only the rows the
-    caller holds (the single-process trainer reduces it over data-parallel ranks, a driver holds them all)."""
+@dataclass(frozen=True)
+class RolloutStatistics:
+    """What the actor's old-log-prob pass says about a step's responses, as host numbers summed over ranks.
+
+    Attributes:
+        log_prob_gap: the largest gap between the actor's and the rollout's log-probs of a response token.
+        entropy_sum: the policy's entropy summed over the response tokens.
+        response_tokens: how many response tokens.
+    """
+
+    log_prob_gap: float
+    entropy_sum: float
+    response_tokens: int
+
+    @classmethod
+    def measure(
+        cls, batch: TensorDict, old: TensorDict, rollout_log_probs: list[torch.Tensor]
+    ) -> RolloutStatistics:
+        """The statistics of the rows held here; one host read of the entropy."""
+        mask = batch["loss_mask"].values()
+        return cls(
+            log_prob_gap=log_prob_gap(batch, old["log_probs"], rollout_log_probs),
+            entropy_sum=float(old["entropy"].values()[mask].sum()),
+            response_tokens=int(mask.sum()),
+        )
+
+    def reduced(self, group: Any) -> RolloutStatistics:
+        """The statistics over every rank of ``group`` (collective)."""
+        entropy_sum, response_tokens = distributed.all_reduce_sums(
+            [self.entropy_sum, self.response_tokens], group
+        )
+        return RolloutStatistics(
+            log_prob_gap=distributed.all_reduce_max(self.log_prob_gap, group),
+            entropy_sum=entropy_sum,
+            response_tokens=int(response_tokens),
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """``entropy`` (token mean) and ``rollout/log_prob_diff_max``."""
+        return {
+            "entropy": self.entropy_sum / max(self.response_tokens, 1),
+            "rollout/log_prob_diff_max": self.log_prob_gap,
+        }
+
+
+def update_with(calls: PolicyCalls, samples: RolloutBatch) -> tuple[dict[str, float], RolloutStatistics]:
+    """The update of :func:`update` through ``calls``: the actor's update metrics, and the statistics of the
+    rows the caller holds (the single-process trainer reduces them over data-parallel ranks, a worker group's
+    driver holds them all)."""
     batch = samples.batch
-    old = calls.compute_log_prob(batch)
+    old = calls.compute_log_prob(batch, calculate_entropy=True)
     if old is None:
         raise RuntimeError(
             "drivetrain grpo needs log-probs on every data-parallel rank (an output rank each)."
@@ -137,9 +181,8 @@ def update_with(calls: PolicyCalls, samples: RolloutBatch) -> dict[str, float]:
     batch["old_log_probs"] = old["log_probs"]
     if calls.compute_ref_log_prob is not None:
         batch["ref_log_prob"] = calls.compute_ref_log_prob(batch)["ref_log_prob"]  # type: ignore[index]
-    metrics = dict(calls.update_policy(batch))
-    metrics["rollout/log_prob_diff_max"] = log_prob_gap(batch, old["log_probs"], samples.rollout_log_probs)
-    return metrics
+    statistics = RolloutStatistics.measure(batch, old, samples.rollout_log_probs)
+    return calls.update_policy(batch), statistics
 
 
 def log_prob_gap(

@@ -55,6 +55,11 @@ class PolicyLossConfig:
     def uses_kl(self) -> bool:
         return self.kl_loss_coef > 0
 
+    @property
+    def uses_entropy(self) -> bool:
+        """Whether the loss has an entropy bonus, so that the model output must carry ``entropy``."""
+        return self.entropy_coeff != 0
+
 
 @dataclass(frozen=True)
 class PolicyTerms:
@@ -93,9 +98,10 @@ def clipped_policy_terms(
 def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
     """A loss function for the actor: batch fields ``old_log_probs``, ``advantages`` (+ ``ref_log_prob``).
 
-    The model output must carry ``entropy`` (the actor sets ``compute_entropy=True``). Metrics are
-    contributions that sum to mini-batch values: ``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``,
-    ``approx_kl`` (mean ``log pi_old - log pi``), ``entropy`` and, with a KL penalty, ``kl_loss``.
+    With an entropy bonus the model output must carry ``entropy`` (the actor then sets
+    ``compute_entropy=True``). Metrics are contributions that sum to mini-batch values: ``pg_loss``,
+    ``pg_clipfrac``, ``pg_clipfrac_lower``, ``approx_kl`` (mean ``log pi_old - log pi``), with an entropy bonus
+    ``entropy`` and with a KL penalty ``kl_loss``.
     """
 
     def loss_fn(model_output: TensorDict, micro_batch: TensorDict, context: LossContext):
@@ -107,20 +113,17 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
             tokens.select(flat_values(micro_batch["advantages"])),
             config,
         )
-        pg_loss = aggregate(terms.loss, tokens, context, config.loss_agg_mode)
-        entropy_values = flat_values(model_output["entropy"])
-        if config.entropy_coeff == 0:
-            # NOTE: a metric only; ``0 * entropy`` in the loss ran the entropy's backward for nothing.
-            entropy_values = entropy_values.detach()
-        entropy = aggregate(entropy_values, tokens, context, config.loss_agg_mode)
-        loss = pg_loss - config.entropy_coeff * entropy if config.entropy_coeff else pg_loss
+        loss = pg_loss = aggregate(terms.loss, tokens, context, config.loss_agg_mode)
         metrics = {
             "pg_loss": pg_loss.detach(),
             "pg_clipfrac": masked_fraction(terms.clipped, tokens, context),
             "pg_clipfrac_lower": masked_fraction(terms.dual_clipped, tokens, context),
             "approx_kl": aggregate(-terms.log_ratio.detach(), tokens, context, "token-mean"),
-            "entropy": entropy.detach(),
         }
+        if config.uses_entropy:
+            entropy = aggregate(flat_values(model_output["entropy"]), tokens, context, config.loss_agg_mode)
+            loss = loss - config.entropy_coeff * entropy
+            metrics["entropy"] = entropy.detach()
         if config.uses_kl:
             per_token_kl = kl_penalty(
                 tokens.select(log_probs),
