@@ -106,7 +106,8 @@ def test_a_resumed_run_continues_its_wandb_mlflow_and_tensorboard_runs(tmp_path,
     """A resumed run started a new W&B and a new MLflow run, and TensorBoard showed the steps the crashed run
     logged after the checkpoint twice. Now the W&B and MLflow run ids are kept in the run directory and a
     resume continues those runs (MLflow params, which cannot change, are logged once), and TensorBoard purges
-    what came after the resumed step."""
+    what came after the resumed step. A new run purges from step 0: event files of an earlier run in the
+    directory (``--overwrite``) mixed into its curves."""
     calls: list[tuple] = []
     _fake_module(
         monkeypatch, "wandb", init=lambda **kwargs: calls.append(("wandb", kwargs["id"], kwargs["resume"]))
@@ -135,7 +136,7 @@ def test_a_resumed_run_continues_its_wandb_mlflow_and_tensorboard_runs(tmp_path,
         ("wandb", new_id, "allow"),
         ("mlflow", "sft-x", None),
         ("mlflow.log_params",),
-        ("tensorboard", None),
+        ("tensorboard", 0),
         ("wandb", new_id, "allow"),
         ("mlflow", None, "mlflow-1"),
         ("tensorboard", 201),

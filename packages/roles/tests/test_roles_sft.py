@@ -236,6 +236,27 @@ def test_a_save_cut_short_before_publication_is_not_a_checkpoint(tmp_path) -> No
     check_run_dir(tmp_path, resume=False, overwrite=False)  # a new run may start here
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_overwrite_clears_the_previous_runs_results_too(tmp_path, overwrite) -> None:
+    """``--overwrite`` deleted the previous run's checkpoints only: its ``summary.json`` and ``final_model/``
+    stayed and described the new run until it finished (for ever, if it crashed). A new run without
+    ``--overwrite`` (allowed where no checkpoint is) deletes nothing."""
+    from drivetrain_roles.jobs.run_folder import RunFolder
+
+    previous = [
+        "checkpoints/global_step_9/model.pt",
+        "final_model/model.safetensors",
+        "summary.json",
+        "data/x",
+    ]
+    for name in previous:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("previous run")
+    RunFolder(path=tmp_path, overwrite=overwrite).prepare({"trainer": {"seed": 1}})
+    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert kept == (["config.yaml", "data/x"] if overwrite else sorted([*previous, "config.yaml"]))
+
+
 def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypatch) -> None:
     """Each data-parallel rank scores a share of the held-out set: with 3 examples on 4 ranks one rank had
     none and failed while the others waited in a collective."""

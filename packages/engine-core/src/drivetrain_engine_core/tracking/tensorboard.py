@@ -6,13 +6,18 @@ from .base import RunInfo, Tracker
 
 
 class TensorBoardTracker(Tracker):
-    """Writes each value as a scalar through torch's ``SummaryWriter``; a resumed run purges what the crashed
-    run logged after the resumed step (it showed those steps twice)."""
+    """Writes each value as a scalar through torch's ``SummaryWriter``.
+
+    A resumed run purges what the crashed run logged after the resumed step (it showed those steps twice); a new
+    run purges from step 0, so that event files an earlier run left in the directory (``--overwrite``, or a run
+    that stopped before its first checkpoint) drop out of TensorBoard's view instead of mixing into the curves.
+    TensorBoard applies a purge when it reads the new event file after the older ones.
+    """
 
     def __init__(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        purge_step = None if run.resume_step is None else run.resume_step + 1
+        purge_step = 0 if run.resume_step is None else run.resume_step + 1
         self._writer = SummaryWriter(log_dir=str(run.run_dir / "tensorboard"), purge_step=purge_step)
 
     def log(self, step: int, values: dict[str, float]) -> None:

@@ -24,6 +24,7 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollo
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..actor import Actor, ActorConfig
+from ..jobs.launch import SUMMARY_FILE
 from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..losses.policy import PolicyLossConfig
@@ -306,4 +307,4 @@ def _write_summary(output_dir: Path, result: GRPOResult, config: dict[str, Any])
         "final_model": str(output_dir / FINAL_MODEL_DIR),
         "config": config,
     }
-    (output_dir / "summary.json").write_text(dumps(summary, indent=2))
+    (output_dir / SUMMARY_FILE).write_text(dumps(summary, indent=2))

@@ -29,6 +29,8 @@ from drivetrain_engine_core.processes import owning_descendants
 
 OUTPUTS_ROOT = Path("outputs")
 CHECKPOINT_DIR = "checkpoints"
+SUMMARY_FILE = "summary.json"
+"""Written last by every job: a run folder with it holds a finished run."""
 ERROR_DIR_ENV = "DRIVETRAIN_ERROR_DIR"
 """Set by :func:`spawn_ranks`: where each rank writes its one-line user error instead of printing it."""
 INTERRUPTED = 130

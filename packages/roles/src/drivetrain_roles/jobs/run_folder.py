@@ -24,7 +24,8 @@ from drivetrain_engine_core.errors import CheckpointError
 
 from ..command_sections import LoopConfig
 from ..sft.batches import check_batch_size
-from .launch import CHECKPOINT_DIR, check_run_dir
+from ..sft.final_model import FINAL_MODEL_DIR
+from .launch import CHECKPOINT_DIR, SUMMARY_FILE, check_run_dir
 
 CONFIG_FILE = "config.yaml"
 
@@ -36,8 +37,8 @@ class RunFolder:
     Attributes:
         path: the run directory.
         resume: continue from the latest checkpoint in ``<path>/checkpoints`` (an error when there is none).
-        overwrite: delete the checkpoints a previous run left in ``path`` and start over (without it, a new
-            run refuses a directory that holds checkpoints).
+        overwrite: delete the checkpoints, final model and summary a previous run left in ``path`` and start
+            over (without it, a new run refuses a directory that holds checkpoints).
         data_order: the config values the data order depends on, by dotted field name (``"trainer.seed"``);
             a checkpoint stores each under its last part (``seed``) and a resumed run must match them.
     """
@@ -52,8 +53,12 @@ class RunFolder:
         return self.path / CHECKPOINT_DIR
 
     def prepare(self, config: Any) -> None:
-        """Check the directory fits the request, clear it for ``overwrite`` and write ``config.yaml``
-        (collective: rank 0 writes once every rank has checked).
+        """Check the directory fits the request, clear the previous run's checkpoints and results for
+        ``overwrite`` and write ``config.yaml`` (collective: rank 0 writes once every rank has checked).
+
+        NOTE: the results go too, since until this run wrote its own, ``summary.json`` and ``final_model/``
+        described another run (and a crash left them looking like this run's). Other files are replaced as
+        the run writes them; TensorBoard's view drops the previous run's events (see the tracker).
 
         Raises:
             CheckpointError: see :func:`~drivetrain_roles.jobs.launch.check_run_dir`.
@@ -64,6 +69,8 @@ class RunFolder:
             self.path.mkdir(parents=True, exist_ok=True)
             if self.overwrite and not self.resume:
                 shutil.rmtree(self.checkpoint_root, ignore_errors=True)
+                shutil.rmtree(self.path / FINAL_MODEL_DIR, ignore_errors=True)
+                (self.path / SUMMARY_FILE).unlink(missing_ok=True)
             (self.path / CONFIG_FILE).write_text(to_yaml(config))
         distributed.barrier()
 

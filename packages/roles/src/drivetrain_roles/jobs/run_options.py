@@ -27,7 +27,7 @@ class RunOptions:
         nproc: ranks to spawn (ignored under an outer launcher).
         output_dir: the run directory as given; ``None`` picks one (see :meth:`launch`).
         resume: continue from the latest checkpoint of the run directory.
-        overwrite: delete the checkpoints a previous run left in the run directory.
+        overwrite: delete the checkpoints, final model and summary a previous run left in the run directory.
 
     Raises:
         click.UsageError: both ``resume`` and ``overwrite``.
@@ -117,6 +117,6 @@ def _options(command: str) -> tuple[Callable[[Callable[..., Any]], Callable[...,
         click.option(
             "--overwrite",
             is_flag=True,
-            help="Delete the checkpoints a previous run left in --output-dir and start over.",
+            help="Delete the checkpoints, final model and summary a previous run left in --output-dir and start over.",
         ),
     )

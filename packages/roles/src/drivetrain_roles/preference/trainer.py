@@ -27,6 +27,7 @@ from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
 from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
 
+from ..jobs.launch import SUMMARY_FILE
 from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..sft.assets import resolve_model_path
@@ -305,7 +306,7 @@ class PairTrainer(ABC):
             "final_model": str(self.output_dir / FINAL_MODEL_DIR),
             "config": to_plain(self.config),
         }
-        (self.output_dir / "summary.json").write_text(dumps(summary, indent=2))
+        (self.output_dir / SUMMARY_FILE).write_text(dumps(summary, indent=2))
 
     # ------------------------------------------------------------------ hooks
 

@@ -26,6 +26,7 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
+from ..jobs.launch import SUMMARY_FILE
 from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..losses.sft import sft_loss_fn
@@ -39,7 +40,6 @@ from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
 HEARTBEAT_DIR = "heartbeat"
-SUMMARY_FILE = "summary.json"
 
 
 @dataclass
