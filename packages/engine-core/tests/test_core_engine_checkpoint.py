@@ -4,6 +4,7 @@ only after publication, and errors that name the broken file."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,24 @@ def test_corrupt_file_is_named(tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=rf"{shard}.*SHA-256.*corrupt"):
         engine.load_checkpoint(step)
+
+
+def test_a_damaged_latest_step_names_the_way_back_to_an_earlier_one(tmp_path: Path) -> None:
+    """The error said only "it is corrupt", leaving a user to find out how to resume from an earlier step; it
+    now names the listing command and the deletion, and following it resumes from the step before."""
+    engine = make_engine()
+    train_step(engine, seed=0)
+    engine.save_checkpoint(tmp_path, global_step=1, extra_state={"data_position": 1})
+    train_step(engine, seed=1)
+    latest = engine.save_checkpoint(tmp_path, global_step=2, extra_state={"data_position": 2})
+    (latest / "model" / "model.pt").write_bytes(b"torn")
+    resumed = make_engine()
+    with pytest.raises(CheckpointError) as failure:
+        resumed.load_checkpoint(tmp_path)
+    assert f"`drivetrain ckpt ls {tmp_path} --check` lists the intact ones" in str(failure.value)
+    assert f"once {latest} is deleted, --resume continues from the newest remaining one" in str(failure.value)
+    shutil.rmtree(latest)
+    assert resumed.load_checkpoint(tmp_path) == {"global_step": 1, "data_position": 1}
 
 
 def test_truncated_file_is_named(tmp_path: Path) -> None:

@@ -121,14 +121,23 @@ def verify_files(
             continue
         path = root / relative
         if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing (listed in {root / MANIFEST_FILE}).")
+            raise _damaged(root, f"checkpoint file {path} is missing (listed in {root / MANIFEST_FILE}).")
         size = path.stat().st_size
         if size != expected["size"]:
-            raise CheckpointError(
-                f"checkpoint file {path} has {size} bytes, the manifest says {expected['size']}: it is truncated "
-                "or was rewritten. Re-save the step or use another one."
+            raise _damaged(
+                root,
+                f"checkpoint file {path} has {size} bytes, the manifest says {expected['size']}: it is "
+                "truncated or was rewritten.",
             )
         if checksums and file_digest(path) != expected["sha256"]:
-            raise CheckpointError(
-                f"checkpoint file {path} does not match its SHA-256 in the manifest: it is corrupt."
+            raise _damaged(
+                root, f"checkpoint file {path} does not match its SHA-256 in the manifest: it is corrupt."
             )
+
+
+def _damaged(step_dir: Path, problem: str) -> CheckpointError:
+    """The error for a damaged step: the problem, and how to go on from another step."""
+    return CheckpointError(
+        f"{problem} Use another step: `drivetrain ckpt ls {step_dir.parent} --check` lists the intact ones, and "
+        f"once {step_dir} is deleted, --resume continues from the newest remaining one."
+    )
