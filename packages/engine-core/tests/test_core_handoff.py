@@ -103,13 +103,33 @@ def test_receiver_refuses_stale_reordered_and_interleaved_streams():
     with pytest.raises(HandoffError, match="bucket 2 of version 1 arrived, but bucket 1 was expected"):
         receiver.accept(_bucket(1, 2, True))
     receiver.accept(_bucket(1, 1, True))
-    assert receiver.version == 1 and not receiver.receiving
+    assert receiver.version is None and not receiver.receiving  # ended, not yet applied
+    with pytest.raises(HandoffError, match="arrived after the last bucket of version 1"):
+        receiver.accept(_bucket(1, 2, False))
+    assert receiver.commit() == 1 and receiver.version == 1
     with pytest.raises(HandoffError, match="stale weights: version 1 arrived after version 1"):
         receiver.accept(_bucket(1, 0, True))
     receiver.accept(_bucket(5, 0, False))
+    with pytest.raises(HandoffError, match="ended before its last bucket"):
+        receiver.commit()
     receiver.abort()
+    with pytest.raises(HandoffError, match="received no bucket"):
+        receiver.commit()
     receiver.accept(_bucket(6, 0, True))
-    assert receiver.version == 6
+    assert receiver.commit() == 6
+
+
+def test_a_stream_that_failed_at_its_last_bucket_leaves_the_previous_version_served():
+    """The version was recorded when the last bucket arrived, before it was applied: a failure applying it left
+    the failed version reported as served, and sending that version again was refused as stale."""
+    receiver = BucketReceiver()
+    receiver.accept(_bucket(1, 0, True))
+    receiver.commit()
+    receiver.accept(_bucket(2, 0, True))
+    receiver.abort()  # applying the bucket failed
+    assert receiver.version == 1
+    receiver.accept(_bucket(2, 0, True))
+    assert receiver.commit() == 2
 
 
 def test_engine_weight_buckets_equal_export_weights():

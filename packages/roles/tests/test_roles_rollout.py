@@ -95,6 +95,32 @@ def test_stale_cut_off_and_asleep_use_is_refused(model_dir):
         create_rollout("vllm", model_path=str(model_dir))
 
 
+def test_a_failed_stream_leaves_nothing_to_the_next_one(model_dir, monkeypatch):
+    """A stream cut off midway kept its cached state dict and covered names: once the model's storage was
+    replaced (sleep/wake on a GPU; a dtype round trip here), the next complete stream copied into the old
+    storage, passed the coverage check and reported its version while the model kept the failed stream's mix.
+    A failure finishing the last bucket left that version reported as served, and its retry was refused."""
+    engine = trained_engine(model_dir)
+    exported = dict(engine.export_weights())
+    rollout = HFRollout(model_path=str(model_dir))
+    with pytest.raises(HandoffError, match="ended before its last bucket"):
+        rollout.update_weights(itertools.islice(engine.weight_buckets(version=3, bucket_bytes=4096), 2))
+    rollout.model.to(torch.float64).to(torch.float32)  # new storage for every parameter
+    finish = rollout._weights.finish
+
+    def failing_finish():
+        raise HandoffError("the finish failed")
+
+    monkeypatch.setattr(rollout._weights, "finish", failing_finish)
+    with pytest.raises(HandoffError, match="the finish failed"):
+        rollout.update_weights(engine.weight_buckets(version=4, bucket_bytes=4096))
+    assert rollout.weights_version is None
+    monkeypatch.setattr(rollout._weights, "finish", finish)
+    assert rollout.update_weights(engine.weight_buckets(version=4, bucket_bytes=4096)) == 4
+    served = rollout.model.state_dict()
+    assert all(torch.equal(served[name], tensor) for name, tensor in exported.items())
+
+
 def test_adapter_hand_off_serves_the_merged_weights_bit_for_bit(model_dir):
     engine = trained_engine(model_dir, lora=LORA)
     merged, adapter = HFRollout(model_path=str(model_dir)), HFRollout(model_path=str(model_dir))

@@ -17,7 +17,7 @@ import torch
 
 from .config import ConfigError
 from .errors import EngineStateError
-from .handoff import BucketReceiver, HandoffError, WeightBucket
+from .handoff import BucketReceiver, WeightBucket
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -108,17 +108,14 @@ class Rollout(ABC):
             for bucket in buckets:
                 self._receiver.accept(bucket)
                 self._load_bucket(bucket)
-            if self._receiver.receiving:
-                raise HandoffError(
-                    "the weight stream ended before its last bucket: the served weights would be partial. Send "
-                    "the whole engine.weight_buckets(...) stream."
-                )
-            version = self._receiver.version
-            if version is None:
-                raise HandoffError("update_weights() received no bucket; pass engine.weight_buckets(...).")
-            self._finish_update()
+            if self._receiver.started and not self._receiver.receiving:
+                self._finish_update()
+            # NOTE: the version is recorded only now, once every bucket is applied: recorded at the last
+            # bucket, a failure applying it left the failed version reported as served (and its retry stale).
+            version = self._receiver.commit()
         except BaseException:
             self._receiver.abort()
+            self._abort_update()
             raise
         self._partial = False
         return version
@@ -168,6 +165,10 @@ class Rollout(ABC):
     @abstractmethod
     def _finish_update(self) -> None:
         """After the last bucket: check that the stream covered the model, apply what was held back."""
+
+    @abstractmethod
+    def _abort_update(self) -> None:
+        """Forget what a failed stream left (what it covered, what it held back): the next stream starts clean."""
 
     @abstractmethod
     def _generate(

@@ -46,6 +46,9 @@ class HFRollout(Rollout):
     def _finish_update(self) -> None:
         self._weights.finish()
 
+    def _abort_update(self) -> None:
+        self._weights.forget_stream()
+
     @torch.no_grad()
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -100,11 +103,13 @@ class HFRollout(Rollout):
         # weights go to host memory so training can use the device.
         if self.device != "cpu":
             self.model.to("cpu")
+            self._weights.move_base("cpu")
             torch.cuda.empty_cache()
 
     def _wake(self) -> None:
         if self.device != "cpu":
             self.model.to(self.device)
+            self._weights.move_base(self.device)
 
 
 def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:

@@ -71,7 +71,21 @@ class ServedWeights:
                     "export must yield every Hugging Face weight."
                 )
         finally:
-            self._seen, self._adapters, self._adapter_config, self._stream = set(), {}, None, None
+            self.forget_stream()
+
+    def forget_stream(self) -> None:
+        """Drop what the current stream covered and held back; after :meth:`finish`, or a stream that failed.
+
+        A failed stream's leftovers used to reach the next one: its covered names passed the next stream's
+        coverage check for tensors it never sent, its adapters were folded in again, and its cached state dict
+        (stale once sleep/wake moved the model) took the next stream's copies away from the model.
+        """
+        self._seen, self._adapters, self._adapter_config, self._stream = set(), {}, None, None
+
+    def move_base(self, device: str) -> None:
+        """Move the base weights kept for adapter folding with the model (``sleep``/``wake``)."""
+        if self._base is not None:
+            self._base = {name: tensor.to(device) for name, tensor in self._base.items()}
 
     def _fold_adapters(self) -> None:
         config = self._adapter_config or {}
