@@ -10,10 +10,21 @@ import pytest
 from drivetrain_engine_core.testing import build_tiny_tokenizer
 from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
 from drivetrain_roles.sft.config import DataConfig, load_config
-from drivetrain_roles.sft.data import DataError, load_examples, tokenize_prompt_response
+from drivetrain_roles.sft.data import DataError, load_examples, read_rows, tokenize_prompt_response
 from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
 
 ROWS = [{"prompt": "hello ", "response": "world"}, {"prompt": "the answer is ", "response": "42"}]
+
+
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path) -> None:
+    """JSON allows U+2028, U+2029 and U+0085 raw inside strings (``ensure_ascii=False`` writes them so); the
+    reader split lines at them too and refused valid files ("Unterminated string")."""
+    rows = [{"prompt": "a\u2028b\u2029c\x85 ", "response": "world"}, *ROWS]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows), encoding="utf-8")
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    assert read_rows(jsonl) == read_rows(parquet) == rows
 
 
 def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_path) -> None:
@@ -51,6 +62,32 @@ def test_a_tokenizer_that_adds_a_bos_keeps_it_in_the_prompt() -> None:
     tokenizer = build_arithmetic_tokenizer()
     example = tokenize_prompt_response("1+2=", "3", tokenizer, where="row 0", columns=("prompt", "response"))
     assert example.prompt_ids == [tokenizer.bos_token_id, *tokenizer.encode("1+2=", add_special_tokens=False)]
+
+
+def test_a_rendered_bos_and_eos_are_not_doubled() -> None:
+    """A prompt already rendered with its BOS (a chat template's text) got a second BOS from ``tokenizer``, and
+    a response already ending with the EOS got a second EOS: training on ``<s><s>`` and on ``</s></s>``, which
+    the model then learnt to produce. TRL appends the EOS only when missing."""
+    tokenizer = build_arithmetic_tokenizer()
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    plain = tokenize_prompt_response("1+2=", "3", tokenizer, where="row", columns=("p", "r"))
+    rendered = tokenize_prompt_response("<s>1+2=", "3</s>", tokenizer, where="row", columns=("p", "r"))
+    assert rendered.prompt_ids == plain.prompt_ids and rendered.prompt_ids[:2] == [bos, plain.prompt_ids[1]]
+    assert rendered.response_ids == plain.response_ids and rendered.response_ids[-2:] != [eos, eos]
+
+
+def test_a_sequences_first_token_is_never_a_loss_token() -> None:
+    """With an empty prompt and a tokenizer without BOS (Qwen) the first response token opened the sequence:
+    nothing precedes it, so it was never trained, yet it counted in the token mean and diluted the loss."""
+    from drivetrain_roles.sft.data import Example
+
+    batch = make_sft_batch(
+        [
+            Example(prompt_ids=[], response_ids=[5, 6, 2], prompt_text="", response_text="ab"),
+            Example(prompt_ids=[1], response_ids=[5, 2], prompt_text="", response_text="a"),
+        ]
+    )
+    assert [m.tolist() for m in batch["loss_mask"].unbind()] == [[False, True, True], [False, True, True]]
 
 
 def test_chat_messages_train_on_the_last_assistant_turn_only(tmp_path) -> None:

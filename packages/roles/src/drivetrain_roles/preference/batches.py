@@ -18,6 +18,7 @@ from drivetrain_engine_core.data.groups import UID
 from tensordict import TensorDict
 
 from ..losses.preference import CHOSEN, REF_LOGP
+from ..sft.batches import response_mask
 from ..sft.data import Example
 from .data import PairExample
 
@@ -42,7 +43,7 @@ def make_pair_batch(
     sequences = [side for pair in pairs for side in (pair.chosen, pair.rejected)]
     if readout_token is None:
         ids = [s.prompt_ids + s.response_ids for s in sequences]
-        masks = [[False] * len(s.prompt_ids) + [True] * len(s.response_ids) for s in sequences]
+        masks = [response_mask(s) for s in sequences]
     else:
         ids = [[*scored_ids(s, eos_token_id), readout_token] for s in sequences]
         masks = [[False] * (len(i) - 1) + [True] for i in ids]

@@ -77,11 +77,19 @@ def make_sft_batch(examples: Sequence[Example]) -> TensorDict:
     from drivetrain_engine_core.data.batch import make_batch
 
     input_ids = [torch.tensor(e.prompt_ids + e.response_ids, dtype=torch.long) for e in examples]
-    loss_mask = [
-        torch.tensor([False] * len(e.prompt_ids) + [True] * len(e.response_ids), dtype=torch.bool)
-        for e in examples
-    ]
+    loss_mask = [torch.tensor(response_mask(e), dtype=torch.bool) for e in examples]
     return make_batch(input_ids, loss_mask=loss_mask)
+
+
+def response_mask(example: Example) -> list[bool]:
+    """The loss mask of ``example``'s tokens: its response tokens, except a first token of the sequence.
+
+    NOTE: a sequence's first token has nothing before it to be predicted from (its log-prob is 0 by
+    convention), so it is never a loss token: with an empty prompt and a tokenizer without BOS (Qwen) it counted
+    in the token mean without being trained, diluting the loss.
+    """
+    mask = [False] * len(example.prompt_ids) + [True] * len(example.response_ids)
+    return [False, *mask[1:]] if mask else mask
 
 
 def check_held_out_size(count: int, engine_config: EngineConfig, what: str = "examples") -> None:

@@ -78,7 +78,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             "re-encode it as UTF-8, e.g. iconv -f latin1 -t utf-8."
         ) from e
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # NOTE: lines end at "\n" only: ``str.splitlines`` also splits at U+2028, U+2029 and U+0085, which JSON
+    # allows raw inside strings (``json.dumps(..., ensure_ascii=False)`` writes them so).
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -137,16 +139,21 @@ def tokenize_prompt_response(
 
     NOTE: the prompt's special tokens are the tokenizer's own (a BOS for Llama, none for Qwen or GPT-2 style
     tokenizers), as TRL tokenizes a prompt and as a user's ``tokenizer(prompt)`` + ``generate`` sees it; a BOS
-    was prepended whenever the tokenizer had one, even where it never adds it.
+    was prepended whenever the tokenizer had one, even where it never adds it. A prompt already rendered with
+    its BOS (a chat template's output) keeps one BOS, not two; a response already ending with the EOS keeps
+    one EOS (TRL appends it only when missing).
     """
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     _encode(tokenizer, prompt, f"{where} column {columns[0]!r}")  # refuses unknown characters
     prompt_ids = list(tokenizer(prompt)["input_ids"])
-    if not prompt_ids and tokenizer.bos_token_id is not None:
+    if bos is not None and prompt_ids[:2] == [bos, bos]:
+        prompt_ids = prompt_ids[1:]
+    if not prompt_ids and bos is not None:
         # An empty prompt (completion-only rows): the first response token needs a token before it to be scored.
-        prompt_ids = [tokenizer.bos_token_id]
+        prompt_ids = [bos]
     response_ids = _encode(tokenizer, response, f"{where} column {columns[1]!r}")
-    if tokenizer.eos_token_id is not None:
-        response_ids = [*response_ids, tokenizer.eos_token_id]
+    if eos is not None and response_ids[-1:] != [eos]:
+        response_ids = [*response_ids, eos]
     return Example(
         prompt_ids=prompt_ids, response_ids=response_ids, prompt_text=prompt, response_text=response
     )
