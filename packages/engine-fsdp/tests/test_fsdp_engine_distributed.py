@@ -1,7 +1,7 @@
 """Two-rank FSDP engine (gloo) against a plain single-process Hugging Face reference.
 
 One launch runs every scenario (plain data parallel, dynamic micro-batches, hybrid sharding, Ulysses, LoRA,
-offload, checkpoint save, weight hand-off in buckets) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
+offload, uneven shares with filler passes, checkpoint save, weight hand-off in buckets) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
 checkpoint on 1 rank.
 """
 
@@ -39,7 +39,11 @@ SCENARIOS = {
     "lora_dp2": {},
     # Parameters parked in host buffers between the modes (each mode block loads and offloads again).
     "dp2_offload": {"param_offload": True, "optimizer_offload": True},
+    # Rank 1 holds one sequence for the group's 5 micro-batches: it runs 4 filler passes (their forwards and
+    # backwards pair FSDP's all-gathers and reduce-scatters with rank 0's); it used to be a BatchError.
+    "dp2_uneven": {"micro_batch": MicroBatchConfig(micro_batch_size=1)},
 }
+UNEVEN_SHARES = ([0, 1, 2, 3, 4], [5])
 
 
 def global_batch(seed=0):
@@ -61,9 +65,13 @@ def build_engine(model_dir, *, lora=None, gradient_checkpointing=False, **engine
     return instance
 
 
-def run_scenario(engine, batch):
+def run_scenario(engine, batch, shares=None):
     """Log-probs before training, then one train step: the numbers the parent checks."""
-    local = shard_data(batch, engine.data_parallel_rank, engine.data_parallel_size, balance=True)
+    rank = engine.data_parallel_rank
+    if shares is None:
+        local = shard_data(batch, rank, engine.data_parallel_size, balance=True)
+    else:
+        local = batch[torch.tensor(shares[rank])]
     with engine.eval_mode():
         outputs = engine.infer_batch(local, options=ForwardOptions(temperature=0.9)).outputs
     with engine.train_mode():
@@ -107,7 +115,8 @@ def two_rank_worker(rank, world_size, model_dir, checkpoint_root):
     batch = global_batch()
     for name, engine_kwargs in SCENARIOS.items():
         lora = LORA if name.startswith("lora") else None
-        results[name] = run_scenario(build_engine(model_dir, lora=lora, **engine_kwargs), batch)
+        shares = UNEVEN_SHARES if name == "dp2_uneven" else None
+        results[name] = run_scenario(build_engine(model_dir, lora=lora, **engine_kwargs), batch, shares)
     engine = build_engine(model_dir)
     with engine.train_mode():
         engine.train_batch(shard_data(batch, rank, world_size), token_mean_nll)
@@ -130,9 +139,12 @@ def launched(tmp_path_factory):
     return model_dir, root / "ckpt", results
 
 
-def restore_order(batch, per_rank_log_probs):
+def restore_order(batch, per_rank_log_probs, shares=None):
     """Global-order log-probs from each data-parallel rank's shard outputs."""
-    indices = shard_indices(batch, len(per_rank_log_probs), balance=True)
+    if shares is None:
+        indices = shard_indices(batch, len(per_rank_log_probs), balance=True)
+    else:
+        indices = [torch.tensor(share) for share in shares]
     restored = [None] * len(batch)
     for rank_indices, rank_values in zip(indices, per_rank_log_probs, strict=True):
         for index, values in zip(rank_indices.tolist(), rank_values, strict=True):
@@ -176,7 +188,8 @@ def test_two_rank_scenario_matches_reference(launched, scenario):
         assert results[1][scenario]["log_probs"] is None
         produced = torch.cat(results[0][scenario]["log_probs"])
     else:
-        produced = restore_order(batch, [r[scenario]["log_probs"] for r in results])
+        shares = UNEVEN_SHARES if scenario == "dp2_uneven" else None
+        produced = restore_order(batch, [r[scenario]["log_probs"] for r in results], shares)
     assert float((produced - reference).abs().max()) < 1e-5
 
 

@@ -204,12 +204,13 @@ class Engine(ABC):
             context=LossContext(
                 global_token_count=tokens,
                 global_sequence_count=sequences,
-                num_micro_batches=len(split.batches),
+                num_micro_batches=split.count,
             ),
             gradient_divisor=self.gradient_divisor,
             keep_outputs=self.is_output_rank,
         )
         sequence_split = self._sequence_split()
+        fillers = [split.filler()] * split.fillers
         micro_batches = [
             MicroBatch.build(
                 micro_batch,
@@ -218,12 +219,14 @@ class Engine(ABC):
                 layout=self.input_layout,
                 round_trip=round_trip,
                 sequence_split=sequence_split,
+                filler=index >= len(split.batches),
             )
-            for index, micro_batch in enumerate(split.batches)
+            for index, micro_batch in enumerate([*split.batches, *fillers])
         ]
         with torch.no_grad() if forward_only else torch.enable_grad():
             results = self._forward_backward_micro_batches(micro_batches, forward_only)
-        output = self._assemble(results, split, loss_fn is not None, self._local_work(batch, forward_only))
+        real = results[: len(split.batches)]  # a filler's result is empty
+        output = self._assemble(real, split, loss_fn is not None, self._local_work(batch, forward_only))
         output.metrics.update(self._speed_metrics(clock))
         return output
 

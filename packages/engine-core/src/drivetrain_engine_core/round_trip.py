@@ -124,6 +124,8 @@ class MicroBatch:
         context: the loss context of this micro-batch.
         round_trip: what every micro-batch of the call shares.
         sequence_split: the sequence-parallel split, or ``None``.
+        filler: a pass that only keeps this rank's collectives paired with the other ranks' (it holds fewer
+            sequences than the agreed micro-batch count): :meth:`finish` calls no loss and returns no result.
     """
 
     batch: TensorDict
@@ -133,6 +135,7 @@ class MicroBatch:
     context: LossContext
     round_trip: RoundTrip
     sequence_split: SequenceSplit | None = None
+    filler: bool = False
 
     @classmethod
     def build(
@@ -144,6 +147,7 @@ class MicroBatch:
         layout: InputLayout,
         round_trip: RoundTrip,
         sequence_split: SequenceSplit | None = None,
+        filler: bool = False,
     ) -> MicroBatch:
         """Move ``batch`` to ``device`` and lay it out as ``layout`` (split over ``sequence_split``'s ranks).
 
@@ -176,6 +180,7 @@ class MicroBatch:
             context=replace(round_trip.context, micro_batch_index=index),
             round_trip=round_trip,
             sequence_split=sequence_split,
+            filler=filler,
         )
 
     @property
@@ -219,11 +224,16 @@ class MicroBatch:
         Returns:
             ``(loss_to_backward, result)``: the loss times the backend's gradient divisor (the one scaling
             rule, see the module docstring), a zero without ``loss_fn``; and the detached outputs (on output
-            ranks), the detached unscaled loss and the metrics.
+            ranks), the detached unscaled loss and the metrics. A filler's loss is zero but reaches every
+            field, so its backward runs through the model (and its collectives) and adds nothing; its result
+            is empty.
 
         Raises:
             TypeError: ``loss_fn`` did not return a scalar tensor.
         """
+        if self.filler:
+            touched = torch.stack([values.sum() for values in per_position.values()]).sum()
+            return touched * 0.0, MicroBatchResult(outputs=None)
         outputs = TensorDict(
             {name: self.to_tokens(values) for name, values in per_position.items()},
             batch_size=[self.num_sequences],

@@ -6,8 +6,11 @@ Fixed batching takes consecutive chunks of ``micro_batch_size`` sequences. Dynam
 ``cap_repair`` has moved or swapped sequences out of over-cap groups, takes the maximum of that count over the
 data-parallel group (every rank must run the same number of forward/backward passes, or collectives inside
 the model would pair up wrongly), and partitions at that count. Both modes all-reduce the count, so ranks
-holding different numbers of sequences still agree; a rank that then holds fewer sequences than
-micro-batches gets a clear error, because an empty micro-batch has nothing to run.
+holding different numbers of sequences still agree. A rank that holds fewer sequences (groups) than the agreed
+count runs each in its own micro-batch and makes up the difference with *filler* passes
+(:attr:`MicroBatches.fillers`): the engine runs its first sequence again so that every collective inside the
+model pairs up, and drops the filler's outputs, loss and metrics (held-out sets and reference passes rarely
+split evenly over ranks; verl pads such data to a multiple of the ranks instead).
 
 Sequences that share a ``uid`` (:mod:`.groups`) stay in one micro-batch: both modes then place whole groups
 (a group's tokens, or its number of sequences, against the limit), and a group larger than the limit is one
@@ -36,7 +39,7 @@ from .groups import describe_group, expand_groups, group_totals, sequence_fields
 from .jagged import offsets_of
 from .merge import is_identity, merge_outputs
 from .partition import estimate_workload, karmarkar_karp
-from .rows import select_groups
+from .rows import select_groups, slice_rows
 
 EXTRA_COUNTS_TRIED = 4
 """How many counts above the token lower bound are tried for a balanced partition before bin packing."""
@@ -64,12 +67,6 @@ class MicroBatchCountRule:
         """The smallest accepted count that is at least ``count``."""
         return math.ceil(max(count, self.minimum) / self.multiple_of) * self.multiple_of
 
-    def describe(self) -> str:
-        """How the rule changes counts, for error messages (empty for the default rule)."""
-        if self == MicroBatchCountRule():
-            return ""
-        return f" (the backend needs at least {self.minimum} micro-batches, a multiple of {self.multiple_of})"
-
 
 @dataclass
 class MicroBatches:
@@ -83,12 +80,24 @@ class MicroBatches:
             very tensor so they combine with the original batch's fields (``log_probs * loss_mask``).
         carried: the original batch's per-sequence non-tensor fields (``uid``, ``data_source``), returned
             with the restored outputs so callers can match results to their sequences.
+        fillers: passes to run after ``batches`` whose results are dropped (see the module docstring);
+            ``len(batches) + fillers`` is the count every rank agreed on.
     """
 
     batches: list[TensorDict]
     indices: list[Tensor]
     offsets: Tensor | None = None
     carried: dict[str, Any] = field(default_factory=dict)
+    fillers: int = 0
+
+    @property
+    def count(self) -> int:
+        """Passes this rank runs, fillers included (the same on every rank of the group)."""
+        return len(self.batches) + self.fillers
+
+    def filler(self) -> TensorDict:
+        """What a filler pass runs: the batch's first sequence (so its fields have the batch's shapes)."""
+        return slice_rows(self.batches[0], 0, 1)
 
     def restore(self, outputs: Sequence[TensorDict]) -> TensorDict:
         """Concatenate per-micro-batch outputs and reorder them into the original sequence order.
@@ -135,23 +144,26 @@ def split_micro_batches(
         rule: the counts the backend's schedule accepts.
 
     Returns:
-        The micro-batches, their original indices and the batch's per-sequence non-tensor fields.
+        The micro-batches, their original indices, the batch's per-sequence non-tensor fields and the filler
+        passes this rank adds to reach the agreed count.
 
     Raises:
-        BatchError: on every rank, when some rank holds a sequence (or a group) over the limit or fewer
-            sequences (groups) than the agreed count.
+        BatchError: on every rank, when some rank holds a sequence (or a group) over the limit, or no sequence.
     """
+    if batch.batch_size[0] == 0:
+        raise BatchError("micro-batching: the batch holds no sequence; give every rank at least one.")
     groups = sequence_groups(batch)
     if config.max_tokens is not None:
-        indices = _dynamic_indices(batch, groups, config.max_tokens, rule, dp_group)
+        indices, count = _dynamic_indices(batch, groups, config.max_tokens, rule, dp_group)
     else:
         assert config.micro_batch_size is not None  # MicroBatchConfig sets exactly one of the two limits
-        indices = _fixed_indices(batch, groups, config.micro_batch_size, rule, dp_group)
+        indices, count = _fixed_indices(batch, groups, config.micro_batch_size, rule, dp_group)
     return MicroBatches(
         batches=cut_batch(batch, indices),
         indices=indices,
         offsets=offsets_of(batch[INPUT_IDS]),
         carried=sequence_fields(batch),
+        fillers=count - len(indices),
     )
 
 
@@ -161,8 +173,9 @@ def _dynamic_indices(
     max_tokens: int,
     rule: MicroBatchCountRule,
     dp_group: ProcessGroup | None,
-) -> list[Tensor]:
-    """Micro-batches under the token cap, placing groups (their summed tokens and workloads) as units."""
+) -> tuple[list[Tensor], int]:
+    """Micro-batches under the token cap, placing groups (their summed tokens and workloads) as units; and the
+    agreed count."""
     lengths = sequence_lengths(batch)
     workloads = estimate_workload(lengths)
     if groups is not None:
@@ -170,10 +183,10 @@ def _dynamic_indices(
     with agreed_checks(dp_group):
         _require_within_budget(lengths, max_tokens, _namer(batch, groups))
     local_count, parts = plan_micro_batches(lengths, max_tokens, workloads)
-    count = agree_on_count(local_count, len(lengths), rule, dp_group, unit=_unit(groups))
+    count = agree_on_count(local_count, rule, dp_group)
     if count != local_count:
-        parts = partition_micro_batches(lengths, max_tokens, count, workloads)
-    return expand_groups(parts, groups)
+        parts = partition_micro_batches(lengths, max_tokens, min(count, len(lengths)), workloads)
+    return expand_groups(parts, groups), count
 
 
 def _fixed_indices(
@@ -182,18 +195,19 @@ def _fixed_indices(
     micro_batch_size: int,
     rule: MicroBatchCountRule,
     dp_group: ProcessGroup | None,
-) -> list[Tensor]:
-    """Consecutive micro-batches of ``micro_batch_size`` sequences; with groups, of whole groups up to it."""
+) -> tuple[list[Tensor], int]:
+    """Consecutive micro-batches of ``micro_batch_size`` sequences; with groups, of whole groups up to it; and
+    the agreed count."""
     n = batch.batch_size[0]
     if groups is None:
-        count = agree_on_count(math.ceil(n / micro_batch_size), n, rule, dp_group)
-        return fixed_indices(n, micro_batch_size, count)
+        count = agree_on_count(math.ceil(n / micro_batch_size), rule, dp_group)
+        return fixed_indices(n, micro_batch_size, min(count, n)), count
     sizes = torch.tensor([len(g) for g in groups])
     with agreed_checks(dp_group):
         _require_within_budget(sizes, micro_batch_size, _namer(batch, groups), option="micro_batch_size")
     parts = _consecutive_parts(sizes.tolist(), micro_batch_size)
-    count = agree_on_count(len(parts), len(groups), rule, dp_group, unit="groups")
-    return expand_groups(_split_to_count(parts, count), groups)
+    count = agree_on_count(len(parts), rule, dp_group)
+    return expand_groups(_split_to_count(parts, min(count, len(groups))), groups), count
 
 
 def _consecutive_parts(sizes: list[int], cap: int) -> list[list[int]]:
@@ -219,10 +233,6 @@ def _split_to_count(parts: list[list[int]], count: int) -> list[list[int]]:
     return parts
 
 
-def _unit(groups: list[list[int]] | None) -> str:
-    return "sequences" if groups is None else "groups (sequences sharing a uid)"
-
-
 def _namer(batch: TensorDict, groups: list[list[int]] | None) -> Callable[[int], str]:
     """How an error names unit ``i``: a sequence, or a group by its ``uid``."""
     if groups is None:
@@ -230,31 +240,10 @@ def _namer(batch: TensorDict, groups: list[list[int]] | None) -> Callable[[int],
     return lambda i: f"the group of {describe_group(batch, groups[i])}"
 
 
-def agree_on_count(
-    local_count: int,
-    num_sequences: int,
-    rule: MicroBatchCountRule,
-    dp_group: ProcessGroup | None,
-    *,
-    unit: str = "sequences",
-) -> int:
-    """The count every rank of ``dp_group`` runs: the maximum of the ranks' own counts, under ``rule``.
-
-    One all-reduce carries both the count and the fewest sequences any rank holds, so a rank that cannot
-    fill every micro-batch fails all ranks with the same error instead of leaving the others waiting.
-
-    Raises:
-        BatchError: some rank holds fewer sequences than the agreed count.
-    """
-    highest, negated_fewest = distributed.all_reduce_maxes([local_count, -num_sequences], dp_group)
-    count, fewest = rule.apply(int(highest)), -int(negated_fewest)
-    if fewest < count:
-        raise BatchError(
-            f"micro-batching: a data-parallel rank holds {fewest} {unit} (this rank {num_sequences}) but the "
-            f"group runs {count} micro-batches{rule.describe()} and a micro-batch cannot be empty; give every "
-            f"rank at least {count} {unit} (e.g. balance with shard_data) or use fewer micro-batches."
-        )
-    return count
+def agree_on_count(local_count: int, rule: MicroBatchCountRule, dp_group: ProcessGroup | None) -> int:
+    """The count every rank of ``dp_group`` runs: the maximum of the ranks' own counts, under ``rule``
+    (one all-reduce). A rank with fewer sequences than that runs filler passes (:class:`MicroBatches`)."""
+    return rule.apply(int(distributed.all_reduce_max(local_count, dp_group)))
 
 
 def cut_batch(batch: TensorDict, indices: Sequence[Tensor]) -> list[TensorDict]:
