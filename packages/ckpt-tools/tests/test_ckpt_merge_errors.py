@@ -72,7 +72,7 @@ def test_failure_while_writing_removes_the_staging_directory(synthetic_step, tmp
     """A merge that fails after it started writing (here: the source config vanished) leaves no partial output."""
     import drivetrain_ckpt_tools.merge as merge_module
 
-    def broken(merger, directory):
+    def broken(merger, directory, dtype):
         (directory / "partial.bin").write_bytes(b"x")
         raise CheckpointError("config went away")
 

@@ -34,6 +34,37 @@ def test_full_model_merge_matches_source_logits_and_copies_side_files(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf"]
 
 
+def test_the_config_keeps_the_sources_format_and_names_the_dtype_written(
+    tmp_path, source_dir, source_model, write_step
+):
+    """The merge re-saved the config through transformers 5, which moves ``rope_theta`` into ``rope_parameters``:
+    transformers 4 then used the default RoPE base (10,000 instead of Qwen2's 1,000,000). And float32 weights
+    went out under the source's ``torch_dtype: bfloat16``, so ``dtype="auto"`` rounded them on load."""
+    import shutil
+
+    from safetensors import safe_open
+
+    source = tmp_path / "v4_source"
+    shutil.copytree(source_dir, source)
+    config = json.loads((source / "config.json").read_text())
+    rope = config.pop("rope_parameters", None) or {}
+    config.pop("dtype", None)
+    config.update(rope_theta=rope.get("rope_theta", 1e6), torch_dtype="bfloat16")
+    (source / "config.json").write_text(json.dumps(config))
+    step = write_step(tmp_path / "ckpt", 1, source_model, model_path=source)
+    for dtype, written in ((None, torch.float32), ("bfloat16", torch.bfloat16)):
+        target = tmp_path / f"merged_{dtype}"
+        merge_checkpoint(step, target, MergeOptions(dtype=dtype))
+        merged = json.loads((target / "config.json").read_text())
+        assert merged["torch_dtype"] == str(written).removeprefix("torch.")
+        assert "rope_parameters" not in merged and "dtype" not in merged
+        assert {k: v for k, v in merged.items() if k != "torch_dtype"} == {
+            k: v for k, v in config.items() if k != "torch_dtype"
+        }
+        with safe_open(target / "model.safetensors", "pt") as handle:
+            assert {handle.get_tensor(k).dtype for k in handle.keys()} == {written}
+
+
 def test_merge_from_root_follows_latest(tmp_path, source_dir, source_model, write_step):
     root = tmp_path / "ckpt"
     write_step(root, 1, source_model, model_path=source_dir)

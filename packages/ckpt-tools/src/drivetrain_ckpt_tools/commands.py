@@ -51,8 +51,20 @@ def ls_command(root: str, check: bool, as_json: bool) -> None:
 @click.option(
     "--no-checksums", is_flag=True, help="Check file sizes only, not SHA-256 (faster on huge steps)."
 )
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "bfloat16", "float16"]),
+    default=None,
+    help="Cast the weights (e.g. bfloat16 for the source model's size); default: as the checkpoint holds them.",
+)
 def merge_command(
-    src: str, dst: str, merge_lora: bool, overwrite: bool, max_shard_size: str, no_checksums: bool
+    src: str,
+    dst: str,
+    merge_lora: bool,
+    overwrite: bool,
+    max_shard_size: str,
+    no_checksums: bool,
+    dtype: str | None,
 ):
     """Merge checkpoint step SRC (or the latest step of a root) into a Hugging Face directory DST."""
     from drivetrain_engine_core.errors import DrivetrainError
@@ -66,6 +78,7 @@ def merge_command(
             overwrite=overwrite,
             max_shard_bytes=parse_size(max_shard_size),
             verify_checksums=not no_checksums,
+            dtype=dtype,
         )
         result = merge_checkpoint(src, dst, options)
     except (DrivetrainError, ValueError) as e:

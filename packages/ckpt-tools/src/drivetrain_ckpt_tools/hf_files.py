@@ -1,7 +1,10 @@
 """The non-weight files of a merged Hugging Face directory: config, tokenizer, generation config.
 
-The config is re-written for the merged model's head (a value model becomes a token-classification model
-with one label); the tokenizer files, chat template and generation config of the source model directory are
+The config is the source's ``config.json`` edited as JSON for the merged model: its head (a value model
+becomes a token-classification model with one label) and the dtype of the weights written. Editing the file
+rather than re-saving a loaded ``AutoConfig`` keeps the source's format: transformers 5 re-saves a config in
+its own layout (``rope_theta`` moved into ``rope_parameters``, ``torch_dtype`` renamed ``dtype``), which
+transformers 4 (pinned by many vLLM/SGLang/verl environments) reads as the default RoPE base; the tokenizer files, chat template and generation config of the source model directory are
 copied as is, so the merged directory loads and tokenizes exactly like the source. Only those named files
 are copied (an allow-list), only regular files, and only up to a size cap: a merge must not carry whatever
 else sits in the source directory (keys, notes, caches) into a model that gets published. A symlink is
@@ -12,12 +15,13 @@ skipped with a warning.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
 
+import torch
 from drivetrain_engine_core.checkpoint import CheckpointMerger
-from drivetrain_engine_core.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -45,27 +49,27 @@ MAX_SIDE_FILE_BYTES = 64 << 20
 """Largest side file copied (the biggest tokenizer.json files are about 35 MB)."""
 
 
-def write_model_config(merger: CheckpointMerger, directory: Path) -> None:
-    """Write ``config.json`` for the merged model: the source config with the merged model's architecture.
+DTYPE_KEYS = ("torch_dtype", "dtype")
+"""Where a ``config.json`` names its weights' dtype: transformers 4 reads ``torch_dtype``, 5 ``dtype``."""
+
+
+def write_model_config(merger: CheckpointMerger, directory: Path, dtype: torch.dtype) -> None:
+    """Write ``config.json`` for the merged model: the source config with the merged model's architecture (one
+    label for a value model) and ``dtype``, the dtype of the weights written.
 
     Raises:
-        CheckpointError: the source config cannot be loaded by transformers.
+        CheckpointError: the source config cannot be read (see ``CheckpointMerger.source_config``).
     """
-    from transformers import AutoConfig
-
-    source = Path(merger.manifest.model_path)
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(
-            f"cannot load the config of {source}, the model this checkpoint was trained from (manifest "
-            "model_path); restore that directory."
-        ) from e
-    config.architectures = [merger.architecture]
+    config = merger.source_config()
+    config["architectures"] = [merger.architecture]
     if merger.manifest.model_type == "value_model":
-        # verl's critic convention: one score per token.
-        config.num_labels = 1
-    config.save_pretrained(directory)
+        # verl's critic convention: one score per token (transformers derives num_labels from id2label).
+        config.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+        config.pop("num_labels", None)
+    name = str(dtype).removeprefix("torch.")
+    for key in [k for k in DTYPE_KEYS if k in config] or ["torch_dtype"]:
+        config[key] = name
+    (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def copy_side_files(source: Path | str, directory: Path) -> list[str]:

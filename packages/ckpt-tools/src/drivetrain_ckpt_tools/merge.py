@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from drivetrain_engine_core.checkpoint import (
     CheckpointMerger,
     read_manifest,
@@ -26,6 +28,9 @@ from .hf_files import copy_side_files, write_model_config
 from .lora import merged_base_tensors, write_adapter_dir
 from .writer import DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter
 
+MERGE_DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a merge may cast the weights to."""
+
 
 @dataclass(kw_only=True, frozen=True)
 class MergeOptions:
@@ -37,16 +42,22 @@ class MergeOptions:
         overwrite: replace an existing destination.
         max_shard_bytes: safetensors shard size; a larger model gets several shards and an index.
         verify_checksums: check every file's SHA-256 against the manifest (sizes are always checked).
+        dtype: cast the floating weights to ``float32``, ``bfloat16`` or ``float16``; ``None`` writes them as
+            the checkpoint holds them (FSDP: the float32 master weights). ``config.json`` names the dtype
+            written either way.
     """
 
     merge_lora: bool = False
     overwrite: bool = False
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     verify_checksums: bool = True
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_shard_bytes <= 0:
             raise ValueError(f"max_shard_bytes must be positive, got {self.max_shard_bytes}.")
+        if self.dtype is not None and self.dtype not in MERGE_DTYPES:
+            raise ValueError(f"dtype must be one of {list(MERGE_DTYPES)} (or unset), got {self.dtype!r}.")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -133,14 +144,22 @@ def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> 
     if merger.is_lora and not options.merge_lora:
         write_adapter_dir(merger, directory)
         return "adapter"
-    write_model_config(merger, directory)
     tensors = merged_base_tensors(merger) if merger.is_lora else merger.base_tensors()
     writer = ShardedSafetensorsWriter(directory, max_shard_bytes=options.max_shard_bytes)
     skipped = _tied_names(merger)
+    cast = None if options.dtype is None else getattr(torch, options.dtype)
+    elements: Counter[torch.dtype] = Counter()
     for name, tensor in tensors:
-        if name not in skipped:
-            writer.add(name, tensor)
+        if name in skipped:
+            continue
+        if tensor.is_floating_point():
+            tensor = tensor if cast is None else tensor.to(cast)
+            elements[tensor.dtype] += tensor.numel()
+        writer.add(name, tensor)
     writer.close()
+    # NOTE: the config names the dtype of most weights, as save_pretrained names the model's: FSDP merges
+    # wrote float32 weights under the source's bfloat16, so a loader's dtype="auto" silently rounded them.
+    write_model_config(merger, directory, elements.most_common(1)[0][0] if elements else torch.float32)
     return "model"
 
 
