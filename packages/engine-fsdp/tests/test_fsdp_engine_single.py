@@ -147,6 +147,14 @@ def test_lora_disable_adapter_and_merged_export(model_dirs):
     assert max_diff(adapted, reference_log_probs(merged_dir, batch)) < 1e-5
 
 
+def test_lora_on_a_layer_that_is_not_linear_is_refused(model_dirs):
+    """PEFT adapts an embedding with ``lora_embedding_A/B`` (no ``.weight``): export raised a KeyError and a
+    checkpoint merge wrote the adapters as junk base weights, never folded in. Refused when the model is built."""
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=("embed_tokens", "q_proj"))
+    with pytest.raises(ConfigError, match=r"not plain linear layers: \['model.embed_tokens \(Embedding\)'\]"):
+        make_engine(model_dirs["qwen2"], lora=lora)
+
+
 def test_bad_configs_name_the_fix(model_dirs, tmp_path):
     with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size"):
         FSDPEngineConfig(ulysses_sequence_parallel_size=0)

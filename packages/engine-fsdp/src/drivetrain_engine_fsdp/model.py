@@ -94,6 +94,9 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
     """Wrap ``model`` with PEFT LoRA adapters; the base weights are frozen.
 
     A value model also trains its (fresh) value head in full, through PEFT's ``modules_to_save``.
+
+    Raises:
+        ConfigError: a target is not a plain linear layer (see :func:`_refuse_non_linear_targets`).
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
@@ -106,7 +109,34 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
         bias="none",
         modules_to_save=[VALUE_HEAD] if value_model else None,
     )
-    return get_peft_model(model, peft_config)
+    wrapped = get_peft_model(model, peft_config)
+    _refuse_non_linear_targets(wrapped, lora)
+    return wrapped
+
+
+def _refuse_non_linear_targets(model: Any, lora: LoraConfig) -> None:
+    """Every adapted module must be a LoRA ``Linear`` without ``fan_in_fan_out``.
+
+    NOTE: export, the weight hand-off and ``drivetrain ckpt merge`` fold ``B @ A`` into ``<module>.weight`` and
+    name adapters ``lora_A/lora_B.weight``; PEFT's embedding adapters (``lora_embedding_A``, no ``.weight``)
+    were written as junk base weights and never folded, and GPT-2's Conv1D layers need a transpose no path made.
+    """
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    refused = sorted(
+        f"{name} ({type(module.get_base_layer()).__name__})"
+        for name, module in model.get_base_model().named_modules()
+        if isinstance(module, LoraLayer)
+        and (not isinstance(module, LoraLinear) or getattr(module, "fan_in_fan_out", False))
+    )
+    if refused:
+        raise ConfigError(
+            f"model.lora.target_modules={list(lora.target_modules)} adapts layers that are not plain linear "
+            f"layers: {refused[:3]}{' ...' if len(refused) > 3 else ''}. drivetrain exports, hands off and merges "
+            "LoRA for nn.Linear projections only; target those (e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, "
+            "up_proj, down_proj)."
+        )
 
 
 def decoder_layers(model: Any) -> list[nn.Module]:
