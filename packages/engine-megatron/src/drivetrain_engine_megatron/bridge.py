@@ -91,8 +91,29 @@ class _DrivetrainBridgeMixin:
             "position_embedding_type": "none",
         }
 
+    def _weight_to_hf_format(
+        self, mcore_weights_name: str, mcore_weights: torch.Tensor
+    ) -> tuple[list[str], list[torch.Tensor]]:
+        if self._is_value_head(mcore_weights_name):
+            # NOTE: mbridge trims any ``output_layer.weight`` to the vocabulary (asserting the padded size
+            # first); the value head has one row, so a padded vocabulary failed every export.
+            return [_VALUE_HEAD_MAPPING[mcore_weights_name]], [mcore_weights]
+        return super()._weight_to_hf_format(mcore_weights_name, mcore_weights)  # type: ignore[misc]
+
+    def _weight_to_mcore_format(
+        self, mcore_weights_name: str, hf_weights: list[torch.Tensor]
+    ) -> torch.Tensor:
+        if self._is_value_head(mcore_weights_name):
+            # NOTE: not padded to the vocabulary either (see ``_weight_to_hf_format``); in the model's dtype.
+            dtype = getattr(self, "dtype", None)
+            return hf_weights[0] if dtype is None else hf_weights[0].to(dtype)
+        return super()._weight_to_mcore_format(mcore_weights_name, hf_weights)  # type: ignore[misc]
+
+    def _is_value_head(self, mcore_weights_name: str) -> bool:
+        return self.value_head and mcore_weights_name in _VALUE_HEAD_MAPPING
+
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
-        if self.value_head and mcore_weights_name in _VALUE_HEAD_MAPPING:
+        if self._is_value_head(mcore_weights_name):
             return [_VALUE_HEAD_MAPPING[mcore_weights_name]]
         for suffix, hf_name in _NORM_MAPPING.items():
             if mcore_weights_name.startswith("decoder.layers.") and mcore_weights_name.endswith(suffix):
