@@ -95,6 +95,20 @@ def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path):
     assert metrics["entropy"] == pytest.approx(entropy, rel=1e-5)
 
 
+def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front(tmp_path):
+    """The longest prompt plus ``rollout.max_new_tokens`` over the model's positions or the micro-batch budget
+    failed with a BatchError at the first step whose sample grew that long, possibly hours in."""
+    from drivetrain_engine_core.config import ConfigError
+
+    model_dir = write_model_dir(tmp_path / "model", seed=3)
+    config = _config(model_dir, "rollout.max_new_tokens=100000")
+    with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=100000 is \d+ tokens, over the model's"):
+        GRPOTrainer(config, tmp_path / "run").run()
+    config = _config(model_dir, "engine.micro_batch.micro_batch_size=null", "engine.micro_batch.max_tokens=8")
+    with pytest.raises(ConfigError, match=r"over engine.micro_batch.max_tokens=8"):
+        GRPOTrainer(config, tmp_path / "run2").run()
+
+
 def _plain_grpo_first_step(model_dir, batch, advantages):
     """GRPO's first step written out on the Hugging Face model: ratio 1, PPO clip, k3 KL, token mean; also the
     token-mean entropy of the policy over response tokens."""

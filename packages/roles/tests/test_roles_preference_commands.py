@@ -221,6 +221,35 @@ def test_a_batch_the_ranks_cannot_split_is_refused_before_the_warm_start(
     assert not (tmp_path / "run").exists()  # nothing written either
 
 
+def test_pair_data_the_steps_cannot_use_is_refused_before_the_warm_start(tmp_path, monkeypatch) -> None:
+    """A file without the rejected column, or one pair per micro-batch impossible (``micro_batch_size=1``), was
+    refused only after the SFT warm start (250 steps by default); the missing column even as a bare KeyError on
+    rank 0 alone, while the other ranks waited for it to write the warm start's rows."""
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_roles.preference import trainer as pair_trainer
+
+    monkeypatch.setattr(pair_trainer, "run_warm_start", lambda *a, **k: pytest.fail("the warm start ran"))
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps({"prompt": "1+2=", "chosen": "3"}) + "\n")
+    config = load_dpo_config(None, [*TINY, f"data.train_files=[{missing}]", "data.val_files=[]"])
+    with pytest.raises(DataError, match=r"missing.jsonl row 0 has no column 'rejected'"):
+        DPOTrainer(config, tmp_path / "run").run()
+    config = load_dpo_config(None, [*TINY, "engine.micro_batch.micro_batch_size=1"])
+    with pytest.raises(ConfigError, match=r"micro_batch_size=1, but the chosen and rejected sides"):
+        DPOTrainer(config, tmp_path / "run2").run()
+
+
+def test_a_pair_over_the_token_budget_is_refused_when_the_pairs_load(tmp_path) -> None:
+    """With dynamic batching a pair longer than ``max_tokens`` failed at the step that drew it."""
+    config = load_dpo_config(
+        None, [*TINY, "warm_start.sft_steps=0", "engine.micro_batch.max_tokens=12", "data.max_length=12"]
+    )
+    with pytest.raises(
+        DataError, match=r"a pair has \d+ tokens .* engine.micro_batch.max_tokens=12; raise it"
+    ):
+        DPOTrainer(config, tmp_path / "run").run()
+
+
 def test_a_rank_without_pairs_in_the_last_precompute_chunk_still_joins_the_forward(monkeypatch) -> None:
     """257 pairs on 2 ranks left rank 1 without a pair in the last chunk of 256: it raised "input_ids is
     empty" while rank 0 waited in the collective forward. It now scores the chunk's first pair and keeps

@@ -19,6 +19,7 @@ from typing import Any
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.command_config import to_plain
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 from drivetrain_engine_core.tracking.jsonl import dumps
@@ -122,6 +123,7 @@ class GRPOTrainer:
         tokenizer, train, val = load_splits(
             model_path, self.config.data, self.output_dir, self.config.trainer.seed, resume=self.folder.resume
         )
+        check_rollout_length(train + val, config, model_path)
         actor = self.make_actor(model_path)
         reference = self.make_reference(actor, model_path)
         rollout = create_rollout(config.rollout.name, model_path=model_path, device=config.engine.device)
@@ -296,6 +298,31 @@ class _Loop:
         self.result.evaluations.append({"step": step, **values})
         if rank == 0:
             bar.write(f"[step {step}] {format_record(values)}")
+
+
+def check_rollout_length(examples: list[Example], config: GRPOConfig, model_path: str) -> None:
+    """The longest prompt plus ``rollout.max_new_tokens`` must fit the model's positions and, with dynamic
+    batching, one micro-batch: checked when the prompts load, not at the step whose sample first grows that
+    long (a ``BatchError`` hours into a run).
+
+    Raises:
+        ConfigError: the longest possible sequence exceeds either limit (names both settings).
+    """
+    from transformers import AutoConfig
+
+    longest = max((len(e.prompt_ids) for e in examples), default=0) + config.rollout.max_new_tokens
+    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    budget = config.engine.micro_batch.max_tokens
+    for limit, setting in (
+        (positions, f"the model's max_position_embeddings={positions}"),
+        (budget, f"engine.micro_batch.max_tokens={budget}"),
+    ):
+        if limit is not None and longest > limit:
+            raise ConfigError(
+                f"the longest prompt plus rollout.max_new_tokens={config.rollout.max_new_tokens} is {longest} "
+                f"tokens, over {setting}; lower rollout.max_new_tokens or data.max_length (which bounds the "
+                "prompts), or raise the limit."
+            )
 
 
 def _write_summary(output_dir: Path, result: GRPOResult, config: dict[str, Any]) -> None:

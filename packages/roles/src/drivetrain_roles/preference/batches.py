@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from drivetrain_engine_core.config import ConfigError, MicroBatchConfig
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.data.groups import UID
 from tensordict import TensorDict
 
 from ..losses.preference import CHOSEN, REF_LOGP
 from ..sft.batches import response_mask
-from ..sft.data import Example
+from ..sft.data import DataError, Example
 from .data import PairExample
 
 
@@ -58,6 +59,39 @@ def make_pair_batch(
         loss_mask=[torch.tensor(m, dtype=torch.bool) for m in masks],
         **fields,  # type: ignore[arg-type]  # dense per-sequence fields
     )
+
+
+def check_pair_micro_batches(micro_batch: MicroBatchConfig) -> None:
+    """A pair's two sequences share one micro-batch, so a fixed micro-batch holds at least two sequences.
+
+    Checked before the SFT warm start (core refused it only at the first pairwise step, after the warm start).
+
+    Raises:
+        ConfigError: ``micro_batch_size`` is 1.
+    """
+    if micro_batch.micro_batch_size is not None and micro_batch.micro_batch_size < 2:
+        raise ConfigError(
+            f"engine.micro_batch.micro_batch_size={micro_batch.micro_batch_size}, but the chosen and rejected "
+            "sides of a pair always share one micro-batch; set it to at least 2 (one pair per micro-batch)."
+        )
+
+
+def check_pair_token_budget(pairs: Sequence[PairExample], micro_batch: MicroBatchConfig) -> None:
+    """With dynamic batching both sides of every pair must fit one micro-batch's token budget (a hard cap);
+    checked when the pairs are loaded, not at the step that draws the longest one.
+
+    Raises:
+        DataError: the longest pair has more tokens than ``max_tokens``.
+    """
+    if micro_batch.max_tokens is None or not pairs:
+        return
+    longest = max(pair.chosen.length + pair.rejected.length for pair in pairs)
+    if longest > micro_batch.max_tokens:
+        raise DataError(
+            f"a pair has {longest} tokens (chosen + rejected, which share a micro-batch) but "
+            f"engine.micro_batch.max_tokens={micro_batch.max_tokens}; raise it to at least {longest} (twice "
+            "data.max_length covers every pair), or lower data.max_length."
+        )
 
 
 def scored_ids(example: Example, eos_token_id: int | None = None) -> list[int]:

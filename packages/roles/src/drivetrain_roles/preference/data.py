@@ -86,6 +86,32 @@ def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *
     return PairExample(chosen=sides[0], rejected=sides[1])
 
 
+def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
+    """Check that every row of ``files`` holds a pair's columns (texts, or conversations with ``data.chat``);
+    returns how many rows there are.
+
+    Run on every rank before the SFT warm start: a missing column used to surface after it (minutes to hours),
+    or as a bare ``KeyError`` on rank 0 alone while it wrote the warm start's rows and the others waited.
+
+    Raises:
+        DataError: a row lacks a column, or a text column holds something else (names the row and option).
+    """
+    keys = [(config.chosen_key, "data.chosen_key"), (config.rejected_key, "data.rejected_key")]
+    if not config.chat:
+        keys.insert(0, (config.prompt_key, "data.prompt_key"))
+    count = 0
+    for path in files:
+        for index, row in enumerate(read_rows(path)):
+            for key, option in keys:
+                where = f"{path} row {index}"
+                if config.chat:
+                    column(row, key, where, option)
+                else:
+                    text_value(row, key, where, option)
+            count += 1
+    return count
+
+
 def write_sft_rows(pairs_file: str | Path, target: Path, config: PairDataConfig) -> Path:
     """The chosen side of every pair of ``pairs_file`` as SFT rows (``prompt``/``response`` or ``messages``), each
     distinct row once (a prompt paired with several rejected answers is one SFT example)."""

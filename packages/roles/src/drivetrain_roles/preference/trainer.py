@@ -32,12 +32,12 @@ from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
 from ..sft.assets import resolve_model_path
 from ..sft.batches import StepSampler, check_held_out_size
-from ..sft.data import read_rows
 from ..sft.final_model import FINAL_MODEL_DIR
 from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 from ..sft.warm_start import run_warm_start
+from .batches import check_pair_micro_batches, check_pair_token_budget
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
-from .data import PairExample, load_pairs, write_sft_rows
+from .data import PairExample, check_pair_rows, load_pairs, write_sft_rows
 from .default_pairs import write_arithmetic_pairs
 from .warm_start import warm_start_config
 
@@ -123,8 +123,10 @@ class PairTrainer(ABC):
             batch_field="batch_size",
         )
         train_files, val_files = self._pair_files()
-        # Before the warm start: a held-out set too small for the data-parallel ranks fails fast.
-        check_held_out_size(sum(len(read_rows(f)) for f in val_files), self.config.engine, "pairs")
+        # Before the warm start: pair data the pairwise steps could not use fails fast, on every rank.
+        check_pair_micro_batches(self.engine_config.micro_batch)
+        check_pair_rows(train_files, self.data)
+        check_held_out_size(check_pair_rows(val_files, self.data), self.config.engine, "pairs")
         result = PairResult(output_dir=self.output_dir)
         result.start_model = self._warm_start(train_files, val_files, result)
         from transformers import AutoTokenizer
@@ -132,6 +134,7 @@ class PairTrainer(ABC):
         tokenizer = AutoTokenizer.from_pretrained(result.start_model)
         train = load_pairs(train_files, tokenizer, self.data)
         val = load_pairs(val_files, tokenizer, self.data) if val_files else []
+        check_pair_token_budget(train + val, self.engine_config.micro_batch)
         self.uids = dict(enumerate(train + val))
         model_path = self._start_model(result.start_model)
         engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)
