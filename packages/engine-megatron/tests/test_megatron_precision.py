@@ -36,7 +36,12 @@ def model_dir(tmp_path_factory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("qwen2"), arch="qwen2")
 
 
-def _engine(model_dir: Path, param_dtype: str, use_distributed_optimizer: bool = True):
+def _engine(
+    model_dir: Path,
+    param_dtype: str,
+    use_distributed_optimizer: bool = True,
+    optimizer: OptimizerConfig = OPTIMIZER,
+):
     from drivetrain_engine_megatron import MegatronEngine, MegatronEngineConfig
 
     engine = MegatronEngine(
@@ -47,7 +52,7 @@ def _engine(model_dir: Path, param_dtype: str, use_distributed_optimizer: bool =
             use_distributed_optimizer=use_distributed_optimizer,
             micro_batch=MicroBatchConfig(micro_batch_size=2),
         ),
-        optimizer_config=OPTIMIZER,
+        optimizer_config=optimizer,
     )
     engine.initialize()
     return engine
@@ -93,6 +98,22 @@ def test_low_precision_resume_is_bit_exact(model_dir, tmp_path, param_dtype, use
     resumed_weights = dict(resumed.export_weights())
     for name, tensor in engine.export_weights():
         assert torch.equal(resumed_weights[name], tensor), f"{name} differs after resuming"
+
+
+def test_a_step_loaded_without_its_optimizer_state_trains_from_the_loaded_weights(model_dir, tmp_path):
+    """In bf16 megatron's optimizer keeps float32 main copies of the weights, taken when it was built: loading
+    a step with ``load_optimizer=False`` changed the model only, and the next step (here at lr 0) wrote the
+    starting weights back over the loaded ones."""
+    engine = _engine(model_dir, "bfloat16")
+    train_history(engine, _batches(model_dir, range(1)), token_mean_nll)
+    engine.save_checkpoint(tmp_path, global_step=1)
+    saved = dict(engine.export_weights())
+    fresh = _engine(model_dir, "bfloat16", optimizer=OptimizerConfig(lr=0.0, weight_decay=0.0))
+    fresh.load_checkpoint(tmp_path, load_optimizer=False)
+    with fresh.train_mode():
+        fresh.train_batch(_batches(model_dir, range(1, 2))[0], token_mean_nll)
+    for name, tensor in fresh.export_weights():
+        assert torch.equal(tensor, saved[name]), f"{name} lost the loaded weights"
 
 
 def _overflowing(model_output, batch, context):

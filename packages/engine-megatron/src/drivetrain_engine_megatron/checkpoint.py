@@ -56,14 +56,25 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
         _save(clip_padding_past_bucket_end(optimizer_state), step_dir / OPTIMIZER_DIR)
 
 
-def load_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: MegatronOptimizer | None) -> None:
-    """Read what :func:`save_model_and_optimizer` wrote into the live model (and optimizer)."""
+def load_model_and_optimizer(
+    step_dir: Path, model: BuiltModel, optimizer: MegatronOptimizer | None, *, load_optimizer: bool
+) -> None:
+    """Read what :func:`save_model_and_optimizer` wrote into the live model (and, with ``load_optimizer``,
+    the optimizer).
+
+    Without ``load_optimizer`` the optimizer's float32 main weights are refreshed from the loaded model
+    (megatron's ``reload_model_params``, as Megatron-LM does under ``--no-load-optim``): in bf16/fp16 they are
+    copies taken when the optimizer was built, so the next step updated the starting weights and wrote them
+    back over the loaded ones.
+    """
     with torch.no_grad():
         model_state = _model_sharded_state_dict(model)
         loaded = dist_checkpointing.load(model_state, str(step_dir / MODEL_DIR))
         for i, chunk in enumerate(model.unwrapped):
             chunk.load_state_dict(loaded[f"model{i}"], strict=True)
-        if optimizer is not None:
+        if optimizer is not None and not load_optimizer:
+            optimizer.reload_model_params()
+        elif optimizer is not None:
             _allocate_adam_state(optimizer)
             model_state = _model_sharded_state_dict(model)
             optimizer_state = clip_padding_past_bucket_end(

@@ -280,7 +280,7 @@ class MegatronEngine(Engine):
     def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
         from .checkpoint import load_model_and_optimizer
 
-        load_model_and_optimizer(step_dir, self._model, self._optimizer if load_optimizer else None)
+        load_model_and_optimizer(step_dir, self._model, self._optimizer, load_optimizer=load_optimizer)
 
     def _checkpoint_backend_info(self) -> dict[str, Any]:
         from .checkpoint import backend_info
