@@ -64,6 +64,15 @@ def test_bad_dpo_settings_name_the_field(override, message) -> None:
         load_dpo_config(overrides=[override])
 
 
+@pytest.mark.parametrize(("load", "embedded_steps"), [(load_dpo_config, 250), (load_rm_config, 800)])
+def test_only_the_embedded_model_gets_an_sft_warm_start_unless_asked(load, embedded_steps) -> None:
+    """A user's model (an instruct model, from TRL) went through the embedded job's SFT warm start, a full
+    fine-tune at lr 5e-3, before DPO or reward modelling; GRPO already warmed up the embedded model only."""
+    assert load(None, []).warm_start.sft_steps == embedded_steps
+    assert load(None, ["model.path=/models/instruct"]).warm_start.sft_steps == 0
+    assert load(None, ["model.path=/models/instruct", "warm_start.sft_steps=7"]).warm_start.sft_steps == 7
+
+
 def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
     tokenizer = build_arithmetic_tokenizer()
     text = tmp_path / "pairs.jsonl"

@@ -22,7 +22,12 @@ from drivetrain_engine_core.config import (
 
 from ..command_sections import builtin_model
 from ..losses.preference import DPOLossConfig
-from ..preference.config import PairDataConfig, PairTrainerConfig, WarmStartConfig
+from ..preference.config import (
+    PairDataConfig,
+    PairTrainerConfig,
+    WarmStartConfig,
+    warm_start_follows_the_model,
+)
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -95,8 +100,11 @@ class DPOConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """The LR schedule spans the DPO steps unless set."""
-        return {"optimizer": {"total_steps": config.trainer.total_steps}}
+        """Unless set: the LR schedule spans the DPO steps; only the embedded model warms up."""
+        return {
+            "optimizer": {"total_steps": config.trainer.total_steps},
+            **warm_start_follows_the_model(config),
+        }
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> DPOConfig:

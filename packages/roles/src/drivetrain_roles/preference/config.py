@@ -7,10 +7,15 @@ core's; loading, checking and messages are core's command config layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import ConfigError
 
 from ..command_sections import BatchLoopConfig
+from ..sft.default_assets import BUILTIN_MODEL
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -70,7 +75,9 @@ class WarmStartConfig:
     ``<run>/warm_start``; its ``final_model`` is where the pairwise training starts.
 
     Attributes:
-        sft_steps: SFT steps; 0 starts from ``model.path`` as it is.
+        sft_steps: SFT steps; 0 starts from ``model.path`` as it is. Unless set, only the embedded
+            ``builtin:arithmetic`` model warms up (an untrained model); any other model starts as it is
+            (usually an SFT or instruct model already, which a full fine-tune at ``lr`` would overwrite).
         batch_size: SFT sequences per step.
         lr: SFT learning rate (cosine schedule over ``sft_steps``).
     """
@@ -85,6 +92,15 @@ class WarmStartConfig:
                 f"warm_start needs sft_steps >= 0, batch_size >= 1 and lr > 0, got {self.sft_steps}, "
                 f"{self.batch_size}, {self.lr}."
             )
+
+
+def warm_start_follows_the_model(config: DictConfig) -> dict[str, Any]:
+    """The derived ``warm_start.sft_steps``: 0 for any model but the embedded one (GRPO's rule too).
+
+    NOTE: a user's model (a TRL user's instruct model) went through the embedded job's SFT warm start, a
+    full fine-tune at lr 5e-3, before DPO, and the DPO reference became that model.
+    """
+    return {} if config.model.path == BUILTIN_MODEL else {"warm_start": {"sft_steps": 0}}
 
 
 @dataclass(kw_only=True, frozen=True)

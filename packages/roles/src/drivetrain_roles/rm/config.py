@@ -20,7 +20,12 @@ from drivetrain_engine_core.config import (
 )
 
 from ..command_sections import builtin_model
-from ..preference.config import PairDataConfig, PairTrainerConfig, WarmStartConfig
+from ..preference.config import (
+    PairDataConfig,
+    PairTrainerConfig,
+    WarmStartConfig,
+    warm_start_follows_the_model,
+)
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -82,9 +87,13 @@ class RMConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """The LR schedule spans the reward-model steps and warms up for 200 of them (at most a fifth) unless set."""
+        """Unless set: the LR schedule spans the reward-model steps and warms up for 200 of them (at most a
+        fifth); only the embedded model has an SFT warm start."""
         steps = config.trainer.total_steps
-        return {"optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)}}
+        return {
+            "optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)},
+            **warm_start_follows_the_model(config),
+        }
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> RMConfig:
