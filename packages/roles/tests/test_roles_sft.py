@@ -122,6 +122,30 @@ def test_a_new_run_refuses_a_directory_with_checkpoints_and_resume_needs_one(ful
     assert sorted(p.name for p in (overwritten / "checkpoints").iterdir()) == ["global_step_1", "latest"]
 
 
+def test_resume_starts_from_the_runs_own_config(full_run) -> None:
+    """``--resume`` built the config from the defaults and the resume command's overrides alone: the run went
+    on with other data sizes, model and learning rate on the first part's checkpoint, and its config.yaml was
+    rewritten to say so. It now starts from the run's config.yaml; overrides go on top."""
+    import click
+    from drivetrain_engine_core.command_config import config_options
+    from drivetrain_roles.jobs.run_options import run_options
+
+    full_dir, _ = full_run
+    seen = []
+
+    @click.command()
+    @config_options("drivetrain_roles.sft.config:SFTConfig")
+    @run_options("sft")
+    def probe(config_file, run, overrides):
+        seen.append((load_config(config_file, overrides), run.output_dir))
+
+    result = CliRunner().invoke(probe, ["--resume", "--output-dir", str(full_dir), "trainer.total_steps=12"])
+    assert result.exit_code == 0, result.output
+    config, output_dir = seen[0]
+    assert config.data.generated_train_size == 128 and config.trainer.batch_size == 16  # the run's (SMALL)
+    assert config.trainer.total_steps == 12 and output_dir == str(full_dir)
+
+
 @pytest.mark.slow
 def test_cli_with_two_spawned_ranks_trains_like_one_rank(full_run, tmp_path) -> None:
     _, full = full_run

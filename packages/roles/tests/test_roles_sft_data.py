@@ -125,6 +125,38 @@ def test_step_order_depends_on_seed_and_step_only_and_ranks_split_it() -> None:
     assert sampler.local_indices(3, 0, 2) + sampler.local_indices(3, 1, 2) == step3[0::2] + step3[1::2]
 
 
+def test_a_resolved_config_file_keeps_its_derived_values_following(tmp_path) -> None:
+    """``--print-config`` output and a run's config.yaml hold every derived value; read back with ``--config``
+    each counted as set, so ``trainer.total_steps=400`` on top left the cosine schedule at the old length.
+    A value that equals what the file alone derives follows again; one set apart from it stays."""
+    from drivetrain_engine_core.command_config import to_yaml
+
+    derived = tmp_path / "derived.yaml"
+    derived.write_text(to_yaml(load_config(None, ["trainer.total_steps=50"])))
+    longer = load_config(derived, ["trainer.total_steps=400"])
+    assert (
+        longer.optimizer.total_steps
+        == 400
+        == load_config(None, ["trainer.total_steps=400"]).optimizer.total_steps
+    )
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(to_yaml(load_config(None, ["trainer.total_steps=50", "optimizer.total_steps=30"])))
+    assert load_config(pinned, ["trainer.total_steps=400"]).optimizer.total_steps == 30
+
+
+def test_a_pinned_cpu_device_beside_a_gpu_is_warned_about(monkeypatch, caplog) -> None:
+    """A config printed on a machine without a GPU holds ``engine.device: cpu``; read on a GPU node it kept
+    the engine on the CPU without a word."""
+    from drivetrain_engine_core.command_config import build
+
+    monkeypatch.setattr(build, "machine_device", lambda: "cuda")
+    with caplog.at_level("WARNING"):
+        assert load_config(None, []).engine.device == "cuda"
+        assert not caplog.text
+        assert load_config(None, ["engine.device=cpu"]).engine.device == "cpu"
+    assert "engine.device=cpu is set" in caplog.text and "Drop engine.device to use the GPU" in caplog.text
+
+
 def test_overrides_parse_numbers_and_micro_batch_limits_exclude_each_other() -> None:
     config = load_config(
         None, ["optimizer.lr=5e-3", "engine.micro_batch.micro_batch_size=4", "data.train_files=[a.jsonl]"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
     from ..plugins import DrivetrainPlugins
 
+logger = logging.getLogger(__name__)
+
 ConfigT = TypeVar("ConfigT")
 Derive = Callable[["DictConfig"], dict[str, Any]]
 """``derived_values(config) -> {section: {key: value}}``: values that follow others unless the user set them."""
@@ -37,6 +40,7 @@ def build_config(
     *,
     where: str = "",
     plugins: DrivetrainPlugins | None = None,
+    file_layers: int = 0,
 ) -> ConfigT:
     """The dataclass ``cls`` from its defaults and ``layers`` (later layers win), fully checked.
 
@@ -46,6 +50,10 @@ def build_config(
         layers: plain nested mappings (a YAML file, then each override).
         where: the dotted prefix that names ``cls``'s fields in messages (``engine``), empty for a command.
         plugins: where backend config classes are looked up; default: the process-wide plugins.
+        file_layers: how many of the first ``layers`` are YAML files. A file may be a resolved config
+            (``--print-config``, a run's ``config.yaml``), which holds every derived value: one that equals
+            what ``derived_values`` computes from that file alone was derived when it was written, so it keeps
+            following (``trainer.total_steps=400`` on top of such a file moves the LR schedule too).
 
     Raises:
         ConfigError: an unknown key (with the close match), a value that does not fit its annotation, or one
@@ -68,8 +76,15 @@ def build_config(
             # not in a section whose value follows it (trainer.total_steps=-1 read as optimizer.warmup_steps=-1).
             OmegaConf.to_object(typed)
             machine = {name: {"device": machine_device()} for name in backends}
+            _warn_cpu_beside_a_gpu(plain, machine)
             derived = derive(typed) if derive is not None else {}  # type: ignore[arg-type]
-            follow = [_unset_only(values, plain) for values in (machine, derived)]
+            written = [
+                _without_echoes(layer, derive(OmegaConf.merge(_schema(cls, backends), layer)))  # type: ignore[arg-type]
+                if derive is not None and index < file_layers
+                else layer
+                for index, layer in enumerate(plain)
+            ]
+            follow = [_unset_only(machine, plain), _unset_only(derived, written)]
             typed = OmegaConf.merge(typed, *follow)
         return OmegaConf.to_object(typed)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
@@ -155,6 +170,33 @@ def _unset_only(
         if isinstance(value, Mapping):
             kept[key] = _unset_only(value, layers, path)
         elif not lookup(layers, path)[0]:
+            kept[key] = value
+    return kept
+
+
+def _warn_cpu_beside_a_gpu(layers: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> None:
+    """Warn where a layer pins ``<engine>.device=cpu`` on a machine with a GPU: a config printed or saved on a
+    machine without one (a login node's ``--print-config``, a run's config.yaml) holds ``device: cpu``."""
+    for name, values in machine.items():
+        found, device = lookup(layers, (name, "device"))
+        if found and device == "cpu" and values["device"] == "cuda":
+            logger.warning(
+                "%s.device=cpu is set (by --config or an override) though a GPU is visible: the engine trains on "
+                "the CPU. Drop %s.device to use the GPU (a config printed or saved on a machine without one pins "
+                "cpu).",
+                name,
+                name,
+            )
+
+
+def _without_echoes(layer: Mapping[str, Any], derived: Mapping[str, Any]) -> dict[str, Any]:
+    """``layer`` without the leaf values equal to ``derived``'s at the same key (derived when it was written)."""
+    kept: dict[str, Any] = {}
+    for key, value in layer.items():
+        echo = derived.get(key) if isinstance(derived, Mapping) else None
+        if isinstance(value, Mapping) and isinstance(echo, Mapping):
+            kept[key] = _without_echoes(value, echo)
+        elif echo is None or echo != value:
             kept[key] = value
     return kept
 

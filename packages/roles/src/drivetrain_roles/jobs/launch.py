@@ -29,6 +29,8 @@ from drivetrain_engine_core.processes import owning_descendants
 
 OUTPUTS_ROOT = Path("outputs")
 CHECKPOINT_DIR = "checkpoints"
+CONFIG_FILE = "config.yaml"
+"""The run's resolved config; a ``--resume`` without ``--config`` starts from it."""
 SUMMARY_FILE = "summary.json"
 """Written last by every job: a run folder with it holds a finished run."""
 ERROR_DIR_ENV = "DRIVETRAIN_ERROR_DIR"

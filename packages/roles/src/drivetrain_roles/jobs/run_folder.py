@@ -25,9 +25,7 @@ from drivetrain_engine_core.errors import CheckpointError
 from ..command_sections import LoopConfig
 from ..sft.batches import check_batch_size
 from ..sft.final_model import FINAL_MODEL_DIR
-from .launch import CHECKPOINT_DIR, SUMMARY_FILE, check_run_dir
-
-CONFIG_FILE = "config.yaml"
+from .launch import CHECKPOINT_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -8,6 +8,7 @@ when asked).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Sequence
@@ -44,6 +45,30 @@ class RunOptions:
             raise click.UsageError(
                 "--resume continues a run and --overwrite deletes its checkpoints: pass one."
             )
+
+    def resumed(self, config_file: str | None) -> tuple[RunOptions, str | None]:
+        """For ``--resume`` without ``--config``: these options pinned to the run directory, and the run's own
+        ``config.yaml`` as the config file (the overrides go on top of it); else both unchanged.
+
+        NOTE: a resumed run was built from the defaults plus the resume command's overrides alone, so
+        ``drivetrain sft --resume`` continued another run's model, data and learning rate on the first's
+        checkpoint (a user model resumed as the embedded one failed with a size mismatch) and rewrote its
+        ``config.yaml`` to say so.
+
+        Raises:
+            click.UsageError: ``--resume`` without ``--output-dir`` and no run to continue.
+        """
+        from .launch import CONFIG_FILE, resolve_output_dir
+
+        if not self.resume or config_file is not None:
+            return self, config_file
+        try:
+            run_dir = resolve_output_dir(self.output_dir, self.resume, self.command)
+        except FileNotFoundError as e:
+            raise click.UsageError(str(e)) from e
+        saved = run_dir / CONFIG_FILE
+        pinned = dataclasses.replace(self, output_dir=str(run_dir))
+        return pinned, str(saved) if saved.is_file() else None
 
     def launch(self, config_file: str | None, overrides: Sequence[str]) -> Path:
         """The run directory this process runs in: ``--output-dir``; else with ``--resume`` the newest
@@ -91,6 +116,7 @@ def run_options(command: str) -> Callable[[Callable[..., Any]], Callable[..., An
             run = RunOptions(
                 command=command, nproc=nproc, output_dir=output_dir, resume=resume, overwrite=overwrite
             )
+            run, kwargs["config_file"] = run.resumed(kwargs["config_file"])
             return function(run=run, **kwargs)
 
         for option in reversed(_options(command)):
