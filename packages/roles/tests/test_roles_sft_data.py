@@ -157,6 +157,18 @@ def test_a_pinned_cpu_device_beside_a_gpu_is_warned_about(monkeypatch, caplog) -
     assert "engine.device=cpu is set" in caplog.text and "Drop engine.device to use the GPU" in caplog.text
 
 
+def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path) -> None:
+    """transformers 5 loads an empty tokenizer from a directory without tokenizer files: every example became
+    the bare EOS and a run "trained" with loss 0, then saved that tokenizer with the model."""
+    from drivetrain_engine_core.testing import make_tiny_model_dir
+    from drivetrain_roles.sft.assets import ModelPathError, load_tokenizer
+
+    bare = make_tiny_model_dir(tmp_path / "bare", arch="qwen2", with_tokenizer=False)
+    with pytest.raises(ModelPathError, match=r"encodes no text .* has no tokenizer files"):
+        load_tokenizer(str(bare))
+    assert load_tokenizer(str(make_tiny_model_dir(tmp_path / "full", arch="qwen2")))("a b")["input_ids"]
+
+
 def test_overrides_parse_numbers_and_micro_batch_limits_exclude_each_other() -> None:
     config = load_config(
         None, ["optimizer.lr=5e-3", "engine.micro_batch.micro_batch_size=4", "data.train_files=[a.jsonl]"]

@@ -90,10 +90,11 @@ class ColocatedGRPO:
     @classmethod
     def start(cls, config: GRPOConfig, *, world_size: int, **group_options: Any) -> Self:
         """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
-        from transformers import AutoTokenizer
+        from ..sft.assets import load_tokenizer
 
         spec = colocated_spec(config)
-        tokenizer = AutoTokenizer.from_pretrained(spec.parts["actor"].model_config.path)
+        actor = spec.parts["actor"].model_config
+        tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
         return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
 
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:

@@ -121,7 +121,12 @@ class GRPOTrainer:
         )
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
-            model_path, self.config.data, self.output_dir, self.config.trainer.seed, resume=self.folder.resume
+            model_path,
+            self.config.data,
+            self.output_dir,
+            self.config.trainer.seed,
+            resume=self.folder.resume,
+            trust_remote_code=config.model.trust_remote_code,
         )
         check_rollout_length(train + val, config, model_path)
         actor = self.make_actor(model_path)
@@ -311,7 +316,8 @@ def check_rollout_length(examples: list[Example], config: GRPOConfig, model_path
     from transformers import AutoConfig
 
     longest = max((len(e.prompt_ids) for e in examples), default=0) + config.rollout.max_new_tokens
-    positions = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+    positions = getattr(model_config, "max_position_embeddings", None)
     budget = config.engine.micro_batch.max_tokens
     for limit, setting in (
         (positions, f"the model's max_position_embeddings={positions}"),

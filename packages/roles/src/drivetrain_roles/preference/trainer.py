@@ -30,7 +30,7 @@ from tensordict import TensorDict
 from ..jobs.launch import SUMMARY_FILE
 from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
-from ..sft.assets import resolve_model_path
+from ..sft.assets import load_tokenizer, resolve_model_path
 from ..sft.batches import StepSampler, check_held_out_size
 from ..sft.final_model import FINAL_MODEL_DIR
 from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
@@ -129,9 +129,7 @@ class PairTrainer(ABC):
         check_held_out_size(check_pair_rows(val_files, self.data), self.config.engine, "pairs")
         result = PairResult(output_dir=self.output_dir)
         result.start_model = self._warm_start(train_files, val_files, result)
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(result.start_model)
+        tokenizer = load_tokenizer(result.start_model, trust_remote_code=self.config.model.trust_remote_code)
         train = load_pairs(train_files, tokenizer, self.data)
         val = load_pairs(val_files, tokenizer, self.data) if val_files else []
         check_pair_token_budget(train + val, self.engine_config.micro_batch)

@@ -65,13 +65,16 @@ def export_reward_model(engine: Engine, model_path: str, tokenizer: Any, target:
     """
     weights = gather_weights(engine)
     if weights is not None:
-        model = reward_model(model_path, weights, tokenizer)
+        trust = engine.model_config.trust_remote_code
+        model = reward_model(model_path, weights, tokenizer, trust_remote_code=trust)
         model.save_pretrained(target, safe_serialization=True)
         tokenizer.save_pretrained(target)
     distributed.barrier()
 
 
-def reward_model(model_path: str, weights: dict[str, torch.Tensor], tokenizer: Any) -> Any:
+def reward_model(
+    model_path: str, weights: dict[str, torch.Tensor], tokenizer: Any, *, trust_remote_code: bool = False
+) -> Any:
     """A ``*ForSequenceClassification`` model holding the value model's ``weights``."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -82,11 +85,13 @@ def reward_model(model_path: str, weights: dict[str, torch.Tensor], tokenizer: A
             "head has none, so the export would shift every score. Train from a start whose config sets "
             "token_classification_bias: false (drivetrain rm's initial_model does)."
         )
-    config = AutoConfig.from_pretrained(model_path, num_labels=1)
+    config = AutoConfig.from_pretrained(model_path, num_labels=1, trust_remote_code=trust_remote_code)
     config.pad_token_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
-    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    model = AutoModelForSequenceClassification.from_config(
+        config, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
     result = model.load_state_dict(weights, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise DrivetrainError(

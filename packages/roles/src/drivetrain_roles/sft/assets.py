@@ -17,9 +17,10 @@ INITIAL_MODEL_DIR = "initial_model"
 """Where the embedded model is written before training (random weights: the run's starting point)."""
 
 
-HUB_MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
-"""What a run needs of a Hub repository: config, weights and their index, tokenizer and chat template files
-(not the ``.bin``/``.pth``/``.gguf`` copies many repositories also carry)."""
+HUB_MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py")
+"""What a run needs of a Hub repository: config, weights and their index, tokenizer and chat template files,
+and the modeling code of a ``model.trust_remote_code`` model (not the ``.bin``/``.pth``/``.gguf`` copies
+many repositories also carry)."""
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
@@ -111,14 +112,37 @@ def resolve_data_files(
     return [str(train)], [str(val)] if config.generated_val_size else []
 
 
+def load_tokenizer(model_path: str, *, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of the model directory ``model_path``.
+
+    Raises:
+        ModelPathError: the tokenizer encodes no text: the directory has no tokenizer files. transformers 5
+            then returns an empty tokenizer, every example became the bare EOS, and a run "trained" with loss 0.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    if not tokenizer("a b c", add_special_tokens=False)["input_ids"]:
+        raise ModelPathError(
+            f"the tokenizer of {model_path} encodes no text ({len(tokenizer)} tokens): the directory has no "
+            "tokenizer files (tokenizer.json, tokenizer_config.json, vocab/merges); copy them from the model it "
+            "was made from."
+        )
+    return tokenizer
+
+
 def load_splits(
-    model_path: str, config: DataConfig, output_dir: Path, seed: int, *, resume: bool = False
+    model_path: str,
+    config: DataConfig,
+    output_dir: Path,
+    seed: int,
+    *,
+    resume: bool = False,
+    trust_remote_code: bool = False,
 ) -> tuple[Any, list[Example], list[Example]]:
     """The model's tokenizer and the tokenised train and held-out examples of ``config`` (the generated
     arithmetic splits for the embedded task); shared by ``sft`` and ``grpo``."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
     train_files, val_files = resolve_data_files(config, output_dir, seed, resume=resume)
     train = load_examples(train_files, tokenizer, config)
     val = load_examples(val_files, tokenizer, config) if val_files else []

@@ -30,7 +30,8 @@ def gather_weights(engine: Engine) -> dict[str, torch.Tensor] | None:
 def gather_hf_model(engine: Engine, model_path: str) -> Any | None:
     """The engine's current weights in a Hugging Face model on rank 0 (``None`` elsewhere); collective."""
     weights = gather_weights(engine)
-    return None if weights is None else _hf_model(model_path, weights)
+    trust = engine.model_config.trust_remote_code
+    return None if weights is None else _hf_model(model_path, weights, trust_remote_code=trust)
 
 
 def save_final_model(
@@ -57,11 +58,11 @@ def save_final_model(
     distributed.barrier()
 
 
-def _hf_model(model_path: str, weights: dict[str, torch.Tensor]) -> Any:
+def _hf_model(model_path: str, weights: dict[str, torch.Tensor], *, trust_remote_code: bool) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
     result = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     missing = sorted(set(result.missing_keys) - tied)

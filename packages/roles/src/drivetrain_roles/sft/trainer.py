@@ -143,7 +143,12 @@ class SFTTrainer:
 
     def _load_data(self, model_path: str) -> tuple[Any, list[Example], list[Example]]:
         tokenizer, train, val = load_splits(
-            model_path, self.config.data, self.output_dir, self.config.trainer.seed, resume=self.folder.resume
+            model_path,
+            self.config.data,
+            self.output_dir,
+            self.config.trainer.seed,
+            resume=self.folder.resume,
+            trust_remote_code=self.config.model.trust_remote_code,
         )
         _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
         check_held_out_size(len(val), self.config.engine)
