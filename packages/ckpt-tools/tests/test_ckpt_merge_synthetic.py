@@ -62,7 +62,7 @@ def test_the_config_keeps_the_sources_format_and_names_the_dtype_written(
             k: v for k, v in config.items() if k != "torch_dtype"
         }
         with safe_open(target / "model.safetensors", "pt") as handle:
-            assert {handle.get_tensor(k).dtype for k in handle.keys()} == {written}
+            assert {handle.get_tensor(k).dtype for k in handle.keys()} == {written}  # noqa: SIM118
 
 
 def test_merge_from_root_follows_latest(tmp_path, source_dir, source_model, write_step):

@@ -169,6 +169,23 @@ def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path) -> None:
     assert load_tokenizer(str(make_tiny_model_dir(tmp_path / "full", arch="qwen2")))("a b")["input_ids"]
 
 
+def test_none_unsets_an_optional_field_as_its_help_says() -> None:
+    """The fields' help says "``None`` disables clipping" and TRL users type None; it was refused with "write
+    a number", and ``model.lora=None`` failed with an OmegaConf merge error."""
+    from drivetrain_engine_core.config import ConfigError
+
+    config = load_config(None, ["optimizer.clip_grad=None", "model.lora=None", "trainer.cpu_threads=null"])
+    assert (
+        config.optimizer.clip_grad is None
+        and config.model.lora is None
+        and config.trainer.cpu_threads is None
+    )
+    with pytest.raises(
+        ConfigError, match=r"write a number, e.g. optimizer.clip_grad=0.5, or null to unset it"
+    ):
+        load_config(None, ["optimizer.clip_grad=abc"])
+
+
 def test_overrides_parse_numbers_and_micro_batch_limits_exclude_each_other() -> None:
     config = load_config(
         None, ["optimizer.lr=5e-3", "engine.micro_batch.micro_batch_size=4", "data.train_files=[a.jsonl]"]

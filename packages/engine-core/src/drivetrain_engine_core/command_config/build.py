@@ -250,6 +250,8 @@ def _annotation_at(cls: type, path: tuple[str, ...], backends: Mapping[str, type
 
 def _how_to_write(annotation: Any, name: str) -> str:
     shown = type_name(annotation)
+    if shown.endswith("| None"):
+        return f"{_how_to_write(shown.removesuffix(' | None'), name).removesuffix('.')}, or null to unset it."
     if shown.startswith("bool"):
         return f"write true or false, e.g. {name}=false."
     if shown.startswith(("tuple", "list")):

@@ -58,7 +58,10 @@ def parse_override(override: str) -> dict[str, Any]:
 
 
 def _number_or_value(value: Any) -> Any:
-    """YAML 1.1 reads ``5e-3`` as a string (it wants ``5.0e-3``); users mean the number."""
+    """YAML 1.1 reads ``5e-3`` as a string (it wants ``5.0e-3``); users mean the number. ``None`` (Python's
+    spelling, what the fields' help says and TRL users type) is YAML's ``null``."""
+    if value == "None":
+        return None
     if isinstance(value, str):
         try:
             return float(value) if any(c in value for c in ".eE") else value
