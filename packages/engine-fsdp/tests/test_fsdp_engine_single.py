@@ -155,6 +155,19 @@ def test_lora_on_a_layer_that_is_not_linear_is_refused(model_dirs):
         make_engine(model_dirs["qwen2"], lora=lora)
 
 
+def test_lora_targets_name_the_models_linear_layers_and_take_all_linear(model_dirs):
+    """A target that matches nothing (Phi-3's ``qkv_proj`` on a Qwen2) ended in PEFT's traceback; the error now
+    lists the model's linear layer names. TRL's ``all-linear`` adapts every projection but the output layer."""
+    with pytest.raises(ConfigError, match=r"matches no module .* named \['down_proj', 'gate_proj', 'k_proj'"):
+        make_engine(model_dirs["qwen2"], lora=LoraConfig(rank=4, alpha=8.0, target_modules=("qkv_proj",)))
+    engine = make_engine(
+        model_dirs["qwen2"], lora=LoraConfig(rank=4, alpha=8.0, target_modules=("all-linear",))
+    )
+    buckets = engine.weight_buckets(version=1, lora="adapter")
+    adapted = {name.split(".")[-3] for b in buckets for name, _ in b.tensors() if "lora_A" in name}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
 def test_bad_configs_name_the_fix(model_dirs, tmp_path):
     with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size"):
         FSDPEngineConfig(ulysses_sequence_parallel_size=0)

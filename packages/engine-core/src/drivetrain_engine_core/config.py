@@ -40,7 +40,8 @@ class LoraConfig:
     Attributes:
         rank: adapter rank ``r``.
         alpha: scaling numerator; the adapter output is scaled by ``alpha / rank``.
-        target_modules: module-name suffixes that receive adapters.
+        target_modules: module-name suffixes that receive adapters (linear layers); ``[all-linear]`` adapts
+            every linear layer but the output layer, as in PEFT and TRL.
         dropout: adapter dropout; keep 0 where results must be reproducible.
     """
 

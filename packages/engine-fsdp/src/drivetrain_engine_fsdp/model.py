@@ -104,14 +104,33 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
     peft_config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int but scales by alpha / r
-        target_modules=list(lora.target_modules),
+        # NOTE: TRL's and PEFT's "all-linear" (every linear layer but the output layer) is a string to PEFT.
+        target_modules=ALL_LINEAR if lora.target_modules == (ALL_LINEAR,) else list(lora.target_modules),
         lora_dropout=lora.dropout,
         bias="none",
         modules_to_save=[VALUE_HEAD] if value_model else None,
     )
-    wrapped = get_peft_model(model, peft_config)
+    linear_names = _linear_suffixes(model)
+    try:
+        wrapped = get_peft_model(model, peft_config)
+    except ValueError as e:  # PEFT's NoMatchingPeftModuleError when a target matches no module
+        raise ConfigError(
+            f"model.lora.target_modules={list(lora.target_modules)} matches no module of {type(model).__name__} "
+            f"({e}); its linear layers are named {linear_names}, or write [{ALL_LINEAR}]."
+        ) from e
     _refuse_non_linear_targets(wrapped, lora)
     return wrapped
+
+
+ALL_LINEAR = "all-linear"
+"""``model.lora.target_modules=[all-linear]``: every linear layer but the output layer (PEFT's option)."""
+
+
+def _linear_suffixes(model: nn.Module) -> list[str]:
+    """The distinct last name parts of the model's linear layers (what ``target_modules`` matches)."""
+    return sorted(
+        {name.rpartition(".")[2] for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    )
 
 
 def _refuse_non_linear_targets(model: Any, lora: LoraConfig) -> None:
