@@ -61,7 +61,9 @@ LAYOUTS = {
     "pp2-tied": (
         "qwen2-tied",
         {"pipeline_model_parallel_size": 2},
-        False,
+        # The value model of a tied model: its last stage's output layer is the value head, not the embedding
+        # (tied, its gradient was all-reduced with the embedding's and it was checkpointed under its key).
+        True,
     ),
 }
 
@@ -161,11 +163,13 @@ def _assert_hand_off_equals_export(language: dict) -> None:
     ]
 
 
-def _value_checks(path: str, layout: dict, vocab_size: int) -> dict:
+def _value_checks(path: str, layout: dict, vocab_size: int, root: str) -> dict:
     batches = _batches(vocab_size, with_returns=True)[:2]
     engine = _engine(path, layout, model_type="value_model")
     result = {"exported": dict(engine.export_weights()), "values": _infer(engine, batches[0], ("values",))}
     result["history"] = train_history(engine, batches, value_mse)
+    engine.save_checkpoint(root, global_step=len(batches))
+    result["exported_at_save"] = dict(engine.export_weights())
     return result
 
 
@@ -193,7 +197,7 @@ def _worker(
     if layout.get("virtual_pipeline_model_parallel_size"):
         result["odd_counts"] = _odd_count_checks(paths["language_model"], layout, vocab_size)
     if with_value:
-        result["value"] = _value_checks(paths["value_model"], layout, vocab_size)
+        result["value"] = _value_checks(paths["value_model"], layout, vocab_size, f"{root}/value")
     result["rank"] = rank
     return result
 
@@ -215,7 +219,12 @@ def model_dirs(tmp_path_factory) -> dict[str, dict[str, str]]:
     # With its pad token (seeds 2 and 3 hold it): the tied row trains through the pad token's logit only.
     tied = tmp_path_factory.mktemp("qwen2-tied") / "language_model"
     dirs["qwen2-tied"] = {
-        "language_model": str(make_tiny_model_dir(tied, arch="qwen2", tie_word_embeddings=True))
+        model_type: str(
+            make_tiny_model_dir(
+                tied.parent / model_type, arch="qwen2", tie_word_embeddings=True, model_type=model_type
+            )
+        )
+        for model_type in ("language_model", "value_model")
     }
     return dirs
 
@@ -280,6 +289,9 @@ def test_megatron_layout_matches_hugging_face(layout_name, model_dirs, tmp_path)
     )
     if with_value:
         _check_value_model(results, paths["value_model"], vocab_size)
+        _assert_merged_equal_export(
+            tmp_path / "value" / "global_step_2", results[0]["value"]["exported_at_save"]
+        )
 
 
 def _assert_merged_equal_export(step_dir: Path, exported: dict[str, torch.Tensor]) -> None:

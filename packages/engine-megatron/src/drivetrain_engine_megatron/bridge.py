@@ -194,9 +194,17 @@ def make_bridge(
 ) -> Bridge:
     """A bridge for ``hf_config`` whose ``TransformerConfig`` carries ``transformer_overrides``.
 
+    A value model's output layer is its own value head, never the embedding: the bridge sees the config
+    untied (verl builds critics with ``share_embeddings_and_output_weights=False`` too). Tied, a pipeline's
+    last stage all-reduced the one-row head's gradient with the first stage's embedding gradient (a size
+    mismatch: a hang or a crash at the first step) and checkpointed the head under the embedding's key.
+
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
     refuse_sliding_window(hf_config)
+    if value_model and getattr(hf_config, "tie_word_embeddings", False):
+        hf_config = copy.deepcopy(hf_config)
+        hf_config.tie_word_embeddings = False
     cls = bridge_class(hf_config, value_model=value_model)
     return cls(
         hf_config,
