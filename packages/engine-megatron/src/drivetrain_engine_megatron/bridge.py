@@ -5,8 +5,8 @@ transformers 4. Rather than patching it, :func:`make_bridge` subclasses the regi
 :class:`_DrivetrainBridgeMixin`, which
 
 - builds the local (non-Transformer-Engine) layer spec with drivetrain's SDPA core attention
-  (:mod:`.attention`), whose norms are separate modules (``input_layernorm``, ``pre_mlp_layernorm``), and
-  maps those names onto the Hugging Face norm weights;
+  (:mod:`.attention`), whose norms are separate modules (``input_layernorm``, ``pre_mlp_layernorm``, torch
+  norms marked for sequence parallelism: :mod:`.norm`), and maps those names onto the Hugging Face norm weights;
 - reads ``rope_theta`` from ``rope_parameters`` (transformers 5), refuses RoPE scaling it cannot map, and
   hands the base to the core attention, which rotates query and key itself (:mod:`.rope`: megatron's unfused
   packed-row rotation reads ``cu_seqlens`` on the host in every layer), so ``GPTModel`` has no position
@@ -32,6 +32,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import PretrainedConfig
 
 from .attention import SdpaCoreAttention
+from .norm import DrivetrainNorm
 
 _NORM_MAPPING = {
     "input_layernorm.weight": "model.layers.{layer}.input_layernorm.weight",
@@ -82,6 +83,9 @@ class _DrivetrainBridgeMixin:
         attention = ModuleSpec(module=SdpaCoreAttention, params={"rotary_base": rope_theta(self.hf_config)})
         for layer_spec in spec.layer_specs:
             layer_spec.submodules.self_attention.submodules.core_attention = attention
+            layer_spec.submodules.input_layernorm = DrivetrainNorm
+            layer_spec.submodules.pre_mlp_layernorm = DrivetrainNorm
+        spec.layer_norm = DrivetrainNorm
         return spec
 
     def _get_gptmodel_args(self) -> dict[str, Any]:

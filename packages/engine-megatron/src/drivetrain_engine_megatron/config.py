@@ -26,7 +26,7 @@ class MegatronEngineConfig(EngineConfig):
         virtual_pipeline_model_parallel_size: model chunks per pipeline rank (interleaved schedule), or
             ``None``; needs ``pipeline_model_parallel_size > 1`` and layers divisible by PP x VPP.
         context_parallel_size: ranks that split each sequence (CP); needs Transformer Engine attention.
-        sequence_parallel: shard activations along the sequence in TP regions; needs CUDA and TP > 1.
+        sequence_parallel: shard activations along the sequence in TP regions (needs TP > 1 and packed rows).
         use_distributed_optimizer: shard optimizer state over data-parallel ranks (megatron's
             DistributedOptimizer); checkpoints store it ``dp_reshardable``.
         make_vocab_size_divisible_by: pad the vocabulary to a multiple of this times TP (``None``: no padding).

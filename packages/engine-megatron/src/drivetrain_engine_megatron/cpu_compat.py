@@ -8,8 +8,9 @@ without CUDA (tests, CI) these shims make the same code run on CPU over gloo:
 1. ``_CpuDeviceMode`` (a ``TorchFunctionMode``): rewrites ``device="cuda"`` / ``cuda:N`` / integer ordinals
    in tensor factories and ``.to()`` to ``cpu``; makes ``Tensor.cuda()`` a no-op; makes the no-argument
    ``Tensor.type()`` report ``torch.cuda.<Type>`` so that megatron's dtype checks accept CPU tensors.
-2. ``torch.cuda`` stubs: ``current_device`` returns 0 (only ever used as a device argument, which shim 1
-   redirects), ``synchronize`` and ``empty_cache`` do nothing, ``current_stream`` / ``Stream`` / ``Event``
+2. ``torch.cuda`` stubs: ``current_device`` returns the CPU device (megatron uses it only as a device
+   argument; an ordinal would need shim 1, which is off while a backward runs megatron's autograd functions:
+   a mode is disabled inside its own handler), ``synchronize`` and ``empty_cache`` do nothing, ``current_stream`` / ``Stream`` / ``Event``
    hand out inert objects.
 3. ``_CpuRNGStatesTracker``: megatron's tensor-parallel RNG tracker with CPU generator states, installed as
    megatron's global tracker (weights are loaded from Hugging Face afterwards, and dropout is off in the
@@ -82,7 +83,7 @@ def _null_stream(*args: Any, **kwargs: Any) -> Iterator[None]:
 
 def _stub_torch_cuda() -> None:
     """Shim 2: CUDA runtime calls that megatron makes for placement and stream bookkeeping only."""
-    torch.cuda.current_device = lambda: 0
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment, return-value]
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.empty_cache = lambda: None
     # The shim deliberately returns a stand-in, not a torch.cuda.Stream (one cannot be built without CUDA).

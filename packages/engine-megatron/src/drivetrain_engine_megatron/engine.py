@@ -115,11 +115,6 @@ class MegatronEngine(Engine):
                 "engine.sequence_parallel=True splits packed rows along the tokens; set "
                 "model.use_remove_padding=True (packed rows), or sequence_parallel=False for padded rows."
             )
-        if config.device != "cuda" and config.sequence_parallel:
-            raise ConfigError(
-                f"engine.sequence_parallel=True needs CUDA (its fused kernels and NCCL collectives); the engine "
-                f"device is {config.device!r}. Set sequence_parallel=False."
-            )
         if config.device != "cuda" and config.context_parallel_size > 1:
             raise ConfigError(
                 f"engine.context_parallel_size={config.context_parallel_size} needs Transformer Engine attention "
