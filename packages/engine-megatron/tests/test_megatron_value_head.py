@@ -67,6 +67,38 @@ def test_value_model_starts_from_a_language_model_checkpoint(tmp_path, tied):
     torch.testing.assert_close(values, reference_values(reference_dir, batch).values(), atol=1e-5, rtol=1e-5)
 
 
+def test_a_reward_model_saved_without_a_score_bias_starts_its_bias_at_zero(tmp_path):
+    """A ``*ForSequenceClassification`` reward model has ``score.weight`` and no bias, while its config need not
+    say ``token_classification_bias: false``: every head parameter was read once ``score.weight`` existed, and
+    the load failed ("Weights {'score.bias'} not found"). The missing bias starts at zero, as transformers
+    starts it; the weight loads."""
+    from drivetrain_engine_megatron import MegatronEngine, MegatronEngineConfig
+
+    start = value_start(make_tiny_model_dir(tmp_path / "lm", arch="qwen2"), tmp_path / "rm")
+    config = json.loads((start / "config.json").read_text())
+    config.pop("token_classification_bias")
+    (start / "config.json").write_text(json.dumps(config))
+    weights = load_file(start / "model.safetensors")
+    weights.pop("lm_head.weight", None)
+    score = torch.randn(1, config["hidden_size"], generator=torch.Generator().manual_seed(5)) * 0.1
+    save_file({**weights, "score.weight": score}, start / "model.safetensors")
+
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=str(start), model_type="value_model"),
+        engine_config=MegatronEngineConfig(seed=SEED, micro_batch=MicroBatchConfig(micro_batch_size=2)),
+    )
+    engine.initialize()
+    exported = dict(engine.export_weights())
+    torch.testing.assert_close(exported["score.weight"], score, atol=0, rtol=0)
+    assert torch.equal(exported["score.bias"], torch.zeros(1))
+    batch = random_batch(
+        vocab_size=config["vocab_size"], prompt_lengths=[3, 5], response_lengths=[4, 2], seed=0
+    )
+    with engine.eval_mode():
+        values = engine.infer_batch(batch).outputs["values"].values()
+    torch.testing.assert_close(values, reference_values(start, batch).values(), atol=1e-5, rtol=1e-5)
+
+
 TOKENS, HIDDEN = 6, 5
 
 

@@ -11,7 +11,6 @@ and the fusions are off because their kernels need CUDA (and the local layer spe
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from .bridge import build_model_chunks, load_hf_weights, make_bridge
 from .config import MegatronEngineConfig
 from .head import check_output_layer
 from .padding_row import freeze_padding_lookups
-from .value_head import SCORE_WEIGHT, attach_value_head, value_head_hidden
+from .value_head import attach_value_head, fresh_head_parameters, head_parameters_hidden
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -117,12 +116,12 @@ def build_model(
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     if not model_config.from_config_only:
-        fresh_head = (
-            value_model
-            and last_stage
-            and SCORE_WEIGHT not in read_checkpoint_index(Path(model_config.path)).shapes
+        fresh = (
+            fresh_head_parameters(chunks[-1], read_checkpoint_index(Path(model_config.path)).shapes)
+            if value_model and last_stage
+            else []
         )
-        with value_head_hidden(chunks[-1]) if fresh_head else nullcontext():
+        with head_parameters_hidden(chunks[-1], fresh):
             load_hf_weights(bridge, chunks, model_config.path)
     if trainable:
         chunks = [_wrap_ddp(chunk, index, bridge.config, engine_config) for index, chunk in enumerate(chunks)]

@@ -14,7 +14,7 @@ from the same head (megatron's DDP does not broadcast parameters).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -22,8 +22,8 @@ import torch.distributed as dist
 from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 from transformers import PretrainedConfig
 
-SCORE_WEIGHT = "score.weight"
-"""The head's weight in a Hugging Face value-model checkpoint."""
+SCORE_PREFIX = "score."
+"""The head's parameters in a Hugging Face value-model checkpoint: ``score.weight``, ``score.bias``."""
 
 
 class ValueHead(torch.nn.Linear):
@@ -88,12 +88,29 @@ def attach_value_head(
     chunk.output_layer = head
 
 
+def fresh_head_parameters(chunk: torch.nn.Module, checkpoint_names: Collection[str]) -> list[str]:
+    """The head parameters of the last-stage ``chunk`` that the checkpoint lacks: all of them for a language
+    model's checkpoint, ``bias`` for a reward model saved without one (a ``*ForSequenceClassification`` head
+    has none, while the config may not say ``token_classification_bias: false``)."""
+    return [
+        name
+        for name, _ in chunk.get_submodule("output_layer").named_parameters()
+        if SCORE_PREFIX + name not in checkpoint_names
+    ]
+
+
 @contextmanager
-def value_head_hidden(chunk: torch.nn.Module) -> Iterator[None]:
-    """Inside the block ``chunk`` has no output layer: loading a checkpoint without a ``score`` head skips
-    the head (mbridge reads a name for every parameter it finds) and it keeps its initial values."""
-    head = chunk._modules.pop("output_layer")
+def head_parameters_hidden(chunk: torch.nn.Module, names: Collection[str]) -> Iterator[None]:
+    """Inside the block the head of ``chunk`` lacks the parameters ``names``: loading the checkpoint skips them
+    (mbridge reads a name for every parameter it finds) and they keep their initial values, as transformers
+    starts a missing ``score`` weight or bias.
+
+    NOTE: every head parameter used to be read once ``score.weight`` existed, so a reward model without
+    ``score.bias`` failed with mbridge's "Weights {'score.bias'} not found".
+    """
+    head = chunk.get_submodule("output_layer")
+    hidden = {name: head._parameters.pop(name) for name in names}
     try:
         yield
     finally:
-        chunk._modules["output_layer"] = head
+        head._parameters.update(hidden)
