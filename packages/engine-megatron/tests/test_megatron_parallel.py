@@ -61,6 +61,8 @@ LAYOUTS = {
     ),
     # Tied output layer on a last stage without the embedding: megatron's own copy of it; with the distributed
     # optimizer, whose bucket there ends inside alignment padding (dist_opt_padding.py).
+    # A tied Llama-family model (SmolLM2): LLaMABridge read the last stage's output layer from lm_head.weight.
+    "pp2-llama-tied": ("llama-tied", {"pipeline_model_parallel_size": 2}, False),
     "pp2-tied": (
         "qwen2-tied",
         {"pipeline_model_parallel_size": 2},
@@ -150,16 +152,18 @@ HAND_OFF_BOUND = 4096
 
 def _hand_off(engine) -> dict:
     """What a bucket receiver gets of the trained weights (gathered over TP and PP one tensor at a time)."""
-    received, buckets = {}, []
+    received, buckets, names = {}, [], []
     for bucket in engine.weight_buckets(version=SAVE_AT, bucket_bytes=HAND_OFF_BOUND):
         buckets.append((bucket.nbytes, len(bucket.specs), bucket.index, bucket.last))
+        names += [name for name, _ in bucket.tensors()]
         received.update((name, tensor.clone()) for name, tensor in bucket.tensors())
-    return {"received": received, "buckets": buckets}
+    return {"received": received, "buckets": buckets, "names": names}
 
 
 def _assert_hand_off_equals_export(language: dict) -> None:
     received, exported = language["hand_off"]["received"], language["exported_at_save"]
     assert list(received) == list(exported)
+    assert language["hand_off"]["names"] == list(received)  # each tensor sent once (tied PP sent one twice)
     for name, tensor in exported.items():
         assert torch.equal(received[name], tensor), name
     buckets = language["hand_off"]["buckets"]
@@ -221,6 +225,10 @@ def model_dirs(tmp_path_factory) -> dict[str, dict[str, str]]:
     deep = tmp_path_factory.mktemp("qwen2-4-layers") / "language_model"
     dirs["qwen2-4-layers"] = {
         "language_model": str(make_tiny_model_dir(deep, arch="qwen2", num_hidden_layers=4))
+    }
+    llama_tied = tmp_path_factory.mktemp("llama-tied") / "language_model"
+    dirs["llama-tied"] = {
+        "language_model": str(make_tiny_model_dir(llama_tied, arch="llama", tie_word_embeddings=True))
     }
     # With its pad token (seeds 2 and 3 hold it): the tied row trains through the pad token's logit only.
     tied = tmp_path_factory.mktemp("qwen2-tied") / "language_model"

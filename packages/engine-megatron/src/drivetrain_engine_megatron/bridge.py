@@ -119,6 +119,12 @@ class _DrivetrainBridgeMixin:
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
         if self._is_value_head(mcore_weights_name):
             return [_VALUE_HEAD_MAPPING[mcore_weights_name]]
+        if mcore_weights_name == "output_layer.weight" and getattr(
+            self.hf_config, "tie_word_embeddings", False
+        ):
+            # NOTE: a pipeline's last stage holds its own copy of a tied output layer, read from the embedding;
+            # LLaMABridge mapped it to ``lm_head.weight``, which a tied checkpoint lacks (Qwen2Bridge remaps it).
+            return super()._weight_name_mapping_mcore_to_hf("embedding.word_embeddings.weight")  # type: ignore[misc]
         for suffix, hf_name in _NORM_MAPPING.items():
             if mcore_weights_name.startswith("decoder.layers.") and mcore_weights_name.endswith(suffix):
                 return [hf_name.format(layer=mcore_weights_name.split(".")[2])]
@@ -253,7 +259,14 @@ def load_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module], model_path: s
 
 
 def export_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full tensor)`` for every weight, gathered over tensor and pipeline ranks (collective)."""
+    """Yield ``(hf_name, full tensor)`` for every weight, gathered over tensor and pipeline ranks (collective).
+
+    Each name once: with tied embeddings over several pipeline stages the last stage's copy of the embedding
+    (its output layer) maps to the embedding's name too, and a hand-off sent the largest tensor twice.
+    """
+    seen: set[str] = set()
     with torch.no_grad():
         for name, tensor in bridge.export_weights(chunks):
-            yield name, tensor.detach().clone()
+            if name not in seen:
+                seen.add(name)
+                yield name, tensor.detach().clone()

@@ -108,6 +108,9 @@ def head_parameters_hidden(chunk: torch.nn.Module, names: Collection[str]) -> It
     NOTE: every head parameter used to be read once ``score.weight`` existed, so a reward model without
     ``score.bias`` failed with mbridge's "Weights {'score.bias'} not found".
     """
+    if not names:  # a language model, a first stage, or a head the checkpoint holds whole
+        yield
+        return
     head = chunk.get_submodule("output_layer")
     hidden = {name: head._parameters.pop(name) for name in names}
     try:
