@@ -116,6 +116,21 @@ def test_a_step_loaded_without_its_optimizer_state_trains_from_the_loaded_weight
         assert torch.equal(tensor, saved[name]), f"{name} lost the loaded weights"
 
 
+def test_optimizer_state_of_another_layout_is_refused_with_the_way_out(model_dir, tmp_path):
+    """Resuming with another optimizer layout (here the plain optimizer after the distributed one; TP or PP
+    changes likewise) failed inside dist_checkpointing with a KeyError over megatron's state keys."""
+    from drivetrain_engine_core.errors import CheckpointError
+
+    engine = _engine(model_dir, "float32", use_distributed_optimizer=True)
+    train_history(engine, _batches(model_dir, range(1)), token_mean_nll)
+    engine.save_checkpoint(tmp_path, global_step=1)
+    plain = _engine(model_dir, "float32", use_distributed_optimizer=False)
+    with pytest.raises(CheckpointError, match=r"saved with use_distributed_optimizer=True; this engine has "):
+        plain.load_checkpoint(tmp_path)
+    assert plain.load_checkpoint(tmp_path, load_optimizer=False) == {"global_step": 1}
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain.export_weights(), engine.export_weights()))
+
+
 def _overflowing(model_output, batch, context):
     loss, metrics = token_mean_nll(model_output, batch, context)
     return loss * float("inf"), metrics

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR
+from drivetrain_engine_core.checkpoint import read_manifest
+from drivetrain_engine_core.errors import CheckpointError
 from megatron.core import dist_checkpointing
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer.module import MegatronModule
@@ -54,6 +56,35 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
             _model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA
         )
         _save(clip_padding_past_bucket_end(optimizer_state), step_dir / OPTIMIZER_DIR)
+
+
+OPTIMIZER_LAYOUT = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "use_distributed_optimizer",
+)
+"""The settings an optimizer state is saved for: megatron's ``dp_reshardable`` format reshards across
+data-parallel ranks only."""
+
+
+def check_optimizer_layout(step_dir: Path, config: MegatronEngineConfig) -> None:
+    """Refuse to load the optimizer state of ``step_dir`` into another layout (on every rank, before reading).
+
+    Raises:
+        CheckpointError: a setting of :data:`OPTIMIZER_LAYOUT` differs from the step's manifest (it failed
+            inside dist_checkpointing with a ``KeyError`` over megatron's state-dict keys).
+    """
+    saved = read_manifest(step_dir).backend_info
+    changed = [key for key in OPTIMIZER_LAYOUT if key in saved and saved[key] != getattr(config, key)]
+    if changed:
+        raise CheckpointError(
+            f"{step_dir} holds optimizer state saved with "
+            f"{', '.join(f'{key}={saved[key]}' for key in changed)}; this engine has "
+            f"{', '.join(f'{key}={getattr(config, key)}' for key in changed)}, and megatron's optimizer state "
+            "reshards across data-parallel ranks only. Resume with the saved settings, or start from the weights "
+            f"alone: load_optimizer=False, or `drivetrain ckpt merge {step_dir} OUT` and model.path=OUT."
+        )
 
 
 def load_model_and_optimizer(

@@ -273,8 +273,10 @@ class MegatronEngine(Engine):
         save_model_and_optimizer(step_dir, self._model, self._optimizer if save_optimizer else None)
 
     def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
-        from .checkpoint import load_model_and_optimizer
+        from .checkpoint import check_optimizer_layout, load_model_and_optimizer
 
+        if load_optimizer and self._optimizer is not None:
+            check_optimizer_layout(step_dir, self.engine_config)
         load_model_and_optimizer(step_dir, self._model, self._optimizer, load_optimizer=load_optimizer)
 
     def _checkpoint_backend_info(self) -> dict[str, Any]:
