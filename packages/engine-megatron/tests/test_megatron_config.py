@@ -58,7 +58,7 @@ def test_megatron_plugin_registers_both_model_types_and_the_merger():
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"context_parallel_size": 2}, "context_parallel_size=2 needs Transformer Engine"),
+        ({"context_parallel_size": 2}, "context_parallel_size=2 needs Transformer Engine attention, which"),
         ({"param_offload": True}, "param_offload / optimizer_offload are not implemented"),
         # A ConfigError (one line from the CLI), not a ValueError traceback: TP2 on one rank.
         (

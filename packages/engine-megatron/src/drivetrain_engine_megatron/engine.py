@@ -115,10 +115,11 @@ class MegatronEngine(Engine):
                 "engine.sequence_parallel=True splits packed rows along the tokens; set "
                 "model.use_remove_padding=True (packed rows), or sequence_parallel=False for padded rows."
             )
-        if config.device != "cuda" and config.context_parallel_size > 1:
+        if config.context_parallel_size > 1:
             raise ConfigError(
-                f"engine.context_parallel_size={config.context_parallel_size} needs Transformer Engine attention "
-                f"on CUDA; the engine device is {config.device!r}. Set context_parallel_size=1."
+                f"engine.context_parallel_size={config.context_parallel_size} needs Transformer Engine attention, "
+                "which drivetrain's layer spec does not build (its SDPA attention has no context-parallel path); "
+                "set context_parallel_size=1 (long sequences: sequence_parallel=True with TP, or FSDP's Ulysses)."
             )
         if config.param_offload or config.optimizer_offload:
             raise ConfigError(
