@@ -109,6 +109,26 @@ def test_chat_messages_train_on_the_last_assistant_turn_only(tmp_path) -> None:
     assert tokenizer.decode(example.prompt_ids).endswith("<|im_start|>assistant\n")
 
 
+def test_prompt_response_columns_can_be_rendered_with_the_chat_template(tmp_path) -> None:
+    """verl's SFT dataset and RL prompts render a prompt column with the chat template; its parquet files used
+    on an instruct model trained without the chat format. ``data.apply_chat_template`` renders each row as a
+    user turn and an assistant turn, exactly as the same conversation in a messages column."""
+    from drivetrain_engine_core.config import ConfigError
+
+    tokenizer = build_tiny_tokenizer()
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "hello", "response": "world"}) + "\n")
+    chat = tmp_path / "chat.jsonl"
+    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    chat.write_text(json.dumps({"messages": conversation}) + "\n")
+    (rendered,) = load_examples([path], tokenizer, DataConfig(apply_chat_template=True, max_length=256))
+    (expected,) = load_examples([chat], tokenizer, DataConfig(messages_key="messages", max_length=256))
+    assert rendered == expected
+    assert tokenizer.decode(rendered.prompt_ids).endswith("<|im_start|>assistant\n")
+    with pytest.raises(ConfigError, match="set one of them"):
+        DataConfig(apply_chat_template=True, messages_key="messages")
+
+
 def test_chat_messages_must_end_with_the_assistant(tmp_path) -> None:
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hello"}]}) + "\n")

@@ -40,6 +40,9 @@ class DataConfig:
         prompt_key, response_key: columns of prompt/response pairs (loss on the response).
         messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the last
             assistant turn); when set, prompt/response columns are not read.
+        apply_chat_template: render each prompt/response pair as a user turn and an assistant turn with the
+            tokenizer's chat template (what verl's SFT dataset and RL prompts do with a prompt column; for an
+            instruct model); off, the prompt is ``tokenizer(prompt)`` as written (TRL's prompt/completion).
         max_length: token budget of one example (prompt + response); longer examples are an error.
         generated_train_size, generated_val_size: sizes of the generated arithmetic splits.
     """
@@ -49,6 +52,7 @@ class DataConfig:
     prompt_key: str = "prompt"
     response_key: str = "response"
     messages_key: str | None = None
+    apply_chat_template: bool = False
     max_length: int = 32
     generated_train_size: int = 2000
     generated_val_size: int = 200
@@ -56,6 +60,11 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.max_length < 2:
             raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}.")
+        if self.apply_chat_template and self.messages_key is not None:
+            raise ConfigError(
+                "data.apply_chat_template renders prompt/response columns, but data.messages_key reads chat "
+                "messages (always rendered with the chat template); set one of them."
+            )
         if self.generated_train_size < 1 or self.generated_val_size < 0:
             raise ConfigError("data.generated_train_size must be >= 1 and data.generated_val_size >= 0.")
 

@@ -126,6 +126,9 @@ def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, whe
         )
     prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
     response = text_value(row, config.response_key, where, "data.response_key")
+    if config.apply_chat_template:
+        conversation = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        return tokenize_messages(conversation, tokenizer, where)
     return tokenize_prompt_response(
         prompt, response, tokenizer, where=where, columns=(config.prompt_key, config.response_key)
     )
