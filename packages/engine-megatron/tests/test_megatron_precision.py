@@ -128,7 +128,22 @@ def test_optimizer_state_of_another_layout_is_refused_with_the_way_out(model_dir
     with pytest.raises(CheckpointError, match=r"saved with use_distributed_optimizer=True; this engine has "):
         plain.load_checkpoint(tmp_path)
     assert plain.load_checkpoint(tmp_path, load_optimizer=False) == {"global_step": 1}
-    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain.export_weights(), engine.export_weights()))
+    exported = [dict(plain.export_weights()), dict(engine.export_weights())]
+    assert all(torch.equal(exported[0][name], tensor) for name, tensor in exported[1].items())
+
+
+def test_an_export_stopped_early_leaves_gradients_on(model_dir):
+    """The export generator held ``torch.no_grad()`` across its yields; one closed late (a consumer that stops
+    early: zip over two exports) restored the grad mode it saw when it entered, False, and every later step of
+    the process built no graph ("element 0 of tensors does not require grad")."""
+    engine = _engine(model_dir, "float32")
+    first, second = engine.export_weights(), engine.export_weights()
+    next(first), next(second), next(first)
+    del first, second
+    import gc
+
+    gc.collect()
+    assert torch.is_grad_enabled()
 
 
 def _overflowing(model_output, batch, context):

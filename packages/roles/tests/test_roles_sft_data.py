@@ -11,7 +11,7 @@ from drivetrain_engine_core.testing import build_tiny_tokenizer
 from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
 from drivetrain_roles.sft.config import DataConfig, load_config
 from drivetrain_roles.sft.data import DataError, load_examples, read_rows, tokenize_prompt_response
-from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
+from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer, write_model_dir
 
 ROWS = [{"prompt": "hello ", "response": "world"}, {"prompt": "the answer is ", "response": "42"}]
 
@@ -184,9 +184,12 @@ def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path) -> None:
     from drivetrain_roles.sft.assets import ModelPathError, load_tokenizer
 
     bare = make_tiny_model_dir(tmp_path / "bare", arch="qwen2", with_tokenizer=False)
-    with pytest.raises(ModelPathError, match=r"encodes no text .* has no tokenizer files"):
+    with pytest.raises(
+        ModelPathError, match=r"knows 1 token\(s\) and encodes no text: .* no tokenizer files"
+    ):
         load_tokenizer(str(bare))
     assert load_tokenizer(str(make_tiny_model_dir(tmp_path / "full", arch="qwen2")))("a b")["input_ids"]
+    assert load_tokenizer(str(write_model_dir(tmp_path / "arithmetic", seed=0)))("1+2=")["input_ids"]
 
 
 def test_none_unsets_an_optional_field_as_its_help_says() -> None:

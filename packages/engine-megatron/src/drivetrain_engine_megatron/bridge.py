@@ -265,8 +265,17 @@ def export_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module]) -> Iterator
     (its output layer) maps to the embedding's name too, and a hand-off sent the largest tensor twice.
     """
     seen: set[str] = set()
-    with torch.no_grad():
-        for name, tensor in bridge.export_weights(chunks):
-            if name not in seen:
-                seen.add(name)
-                yield name, tensor.detach().clone()
+    weights = bridge.export_weights(chunks)
+    while True:
+        # NOTE: no_grad around each step only, never across a yield: grad mode is thread state, so a generator
+        # suspended inside ``torch.no_grad()`` that is closed late (a consumer that stops early, such as zip over
+        # two exports) restored the grad mode it saw when it entered: training silently lost its gradients.
+        with torch.no_grad():
+            item = next(weights, None)
+            if item is not None:
+                item = (item[0], item[1].detach().clone())
+        if item is None:
+            return
+        if item[0] not in seen:
+            seen.add(item[0])
+            yield item

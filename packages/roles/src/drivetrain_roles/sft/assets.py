@@ -116,17 +116,18 @@ def load_tokenizer(model_path: str, *, trust_remote_code: bool = False) -> Any:
     """The tokenizer of the model directory ``model_path``.
 
     Raises:
-        ModelPathError: the tokenizer encodes no text: the directory has no tokenizer files. transformers 5
-            then returns an empty tokenizer, every example became the bare EOS, and a run "trained" with loss 0.
+        ModelPathError: the tokenizer knows at most one token: the directory has no tokenizer files.
+            transformers 5 then builds an empty tokenizer (its EOS alone), every example became the bare EOS,
+            and a run "trained" with loss 0.
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    if not tokenizer("a b c", add_special_tokens=False)["input_ids"]:
+    if len(tokenizer) <= 1:
         raise ModelPathError(
-            f"the tokenizer of {model_path} encodes no text ({len(tokenizer)} tokens): the directory has no "
-            "tokenizer files (tokenizer.json, tokenizer_config.json, vocab/merges); copy them from the model it "
-            "was made from."
+            f"the tokenizer of {model_path} knows {len(tokenizer)} token(s) and encodes no text: the directory has "
+            "no tokenizer files (tokenizer.json, tokenizer_config.json, vocab/merges); copy them from the model "
+            "it was made from."
         )
     return tokenizer
 
