@@ -168,6 +168,55 @@ def test_lora_targets_name_the_models_linear_layers_and_take_all_linear(model_di
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
+def test_a_value_model_trains_without_dropout_before_its_head(tmp_path):
+    """Qwen2/Llama configs name neither ``classifier_dropout`` nor ``hidden_dropout``, so transformers' token
+    classification head applied ``Dropout(0.1)``: a critic trained on noisy values (train-mode values differed
+    from eval-mode ones, and from the Megatron head's). In train mode the values now equal eval mode's."""
+    path = make_tiny_model_dir(tmp_path / "critic", arch="qwen2", model_type="value_model")
+    config = json.loads((path / "config.json").read_text())
+    for key in ("classifier_dropout", "hidden_dropout"):
+        config.pop(key, None)
+    (path / "config.json").write_text(json.dumps(config))
+    engine = FSDPEngine(
+        model_config=ModelConfig(path=str(path), model_type="value_model"),
+        engine_config=FSDPEngineConfig(
+            device=device_under_test(), micro_batch=MicroBatchConfig(micro_batch_size=2)
+        ),
+        optimizer_config=OPTIMIZER,
+    )
+    engine.initialize()
+    batch = make_batch()
+    with engine.eval_mode():
+        evaluated = engine.infer_batch(batch).outputs["values"]
+    with engine.train_mode():
+        trained = engine.forward_backward_batch(batch, forward_only=True).outputs["values"]
+    assert max_diff(trained, evaluated) == 0.0
+
+
+def test_a_forward_only_pass_leaves_every_parameter_sharded(model_dirs):
+    """FSDP2 reshards its root (embeddings, final norm, head; kept gathered for backward) only in backward: after
+    an inference pass they stayed gathered (an inference-only engine held them for good) and ``parameters()``
+    gave plain tensors, so a step after it clipped without their gradients and the next forward used the
+    weights from before the step. Here: forward/backward, an inference pass, then the step, equal the same
+    without the inference pass."""
+    from torch.distributed.tensor import DTensor
+
+    def step(with_inference: bool) -> tuple[float, dict]:
+        engine = make_engine(model_dirs["qwen2"], optimizer=dataclasses.replace(OPTIMIZER, clip_grad=0.01))
+        with engine.train_mode():
+            engine.optimizer_zero_grad()
+            engine.forward_backward_batch(make_batch(seed=1), token_mean_nll)
+            if with_inference:
+                engine.forward_backward_batch(make_batch(seed=2), forward_only=True)
+                assert all(isinstance(p, DTensor) for p in engine.module.parameters())
+            norm = engine.optimizer_step()
+        return norm, exported_on_cpu(engine)
+
+    (norm, weights), (expected_norm, expected) = step(True), step(False)
+    assert norm == pytest.approx(expected_norm, rel=1e-6)
+    assert all(torch.equal(weights[name], tensor) for name, tensor in expected.items())
+
+
 def test_bad_configs_name_the_fix(model_dirs, tmp_path):
     with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size"):
         FSDPEngineConfig(ulysses_sequence_parallel_size=0)

@@ -23,6 +23,7 @@ from drivetrain_engine_core.backend import (
     Mode,
     TokenLimits,
 )
+from torch.distributed.fsdp import FSDPModule
 
 from . import checkpoint
 from .attention import check_flash_support, check_soft_capping, register_varlen_attention
@@ -168,7 +169,21 @@ class FSDPEngine(Engine):
             if not forward_only:
                 loss.backward()
             results.append(result)
+        if forward_only:
+            self._reshard()
         return results
+
+    def _reshard(self) -> None:
+        """Free every gathered parameter after a forward-only pass.
+
+        NOTE: FSDP2 reshards the root (kept gathered for backward, see ``wrap.shard_model``) only in backward: a
+        forward-only pass left the embeddings, final norm and head gathered (an inference-only engine held them
+        for good), and ``parameters()`` then gave plain tensors, not the sharded DTensors: gradient clipping
+        after it missed their gradients and the next step's forward used the weights from before the step.
+        """
+        for module in self.module.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def _sync_gradients_after(self, *, last: bool) -> None:
         """Whether the next backward reduces its gradients (see ``defer_gradient_sync``).

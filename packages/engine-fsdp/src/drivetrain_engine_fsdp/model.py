@@ -42,12 +42,26 @@ def auto_class(model_config: ModelConfig) -> Any:
     return AutoModelForTokenClassification
 
 
+VALUE_MODEL_CONFIG = {"num_labels": 1, "classifier_dropout": 0.0}
+"""What a value model's config gets: one label (a scalar per token) and no dropout before the head.
+
+NOTE: transformers' token-classification head falls back to ``Dropout(0.1)`` when the config names neither
+``classifier_dropout`` nor ``hidden_dropout`` (Qwen2, Llama, Mistral, Gemma): a critic trained with dropout on
+the hidden states its values come from (noisy value loss, shrunk predictions), unlike its eval-mode values and
+the Megatron backend's head. verl's critics set it to 0 too."""
+
+
 def hf_config(model_config: ModelConfig) -> Any:
-    """The model's transformers config; a value model gets one label (a scalar per token)."""
-    extra = {"num_labels": 1} if model_config.model_type == "value_model" else {}
-    return AutoConfig.from_pretrained(
-        model_config.path, trust_remote_code=model_config.trust_remote_code, **extra
-    )
+    """The model's transformers config; a value model's as :data:`VALUE_MODEL_CONFIG` sets it.
+
+    NOTE: set as attributes after loading: transformers 5 drops keyword arguments its config class does not
+    declare (``classifier_dropout`` on a Qwen2 config).
+    """
+    config = AutoConfig.from_pretrained(model_config.path, trust_remote_code=model_config.trust_remote_code)
+    if model_config.model_type == "value_model":
+        for name, value in VALUE_MODEL_CONFIG.items():
+            setattr(config, name, value)
+    return config
 
 
 def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> Any:
@@ -75,8 +89,9 @@ def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: in
     if model_config.from_config_only:
         model = auto_class(model_config).from_config(hf_config(model_config), **common)
     else:
-        extra = {"num_labels": 1} if model_config.model_type == "value_model" else {}
-        model = auto_class(model_config).from_pretrained(model_config.path, **extra, **common)
+        model = auto_class(model_config).from_pretrained(
+            model_config.path, config=hf_config(model_config), **common
+        )
     return add_training_wrappers(model, model_config)
 
 
