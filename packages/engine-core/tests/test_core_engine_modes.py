@@ -165,6 +165,29 @@ def test_modes_are_reentrant_and_offload_only_at_the_outermost_exit() -> None:
     ]
 
 
+def test_a_train_block_inside_an_eval_block_loads_the_optimizer_state() -> None:
+    """Only the outermost block loaded: ``eval_mode`` loads the parameters alone, so a ``train_mode`` (or a
+    checkpoint load) inside it stepped with the optimizer state still on the host."""
+    engine = make_engine(param_offload=True, optimizer_offload=True)
+    engine.calls.clear()
+    with engine.eval_mode():
+        with engine.train_mode():
+            pass
+        with engine.train_mode():
+            pass
+    assert engine.calls == [
+        ("load", "params=True", "optimizer=False"),
+        ("set_mode", "eval"),
+        ("load", "params=False", "optimizer=True"),
+        ("set_mode", "train"),
+        ("set_mode", "eval"),
+        ("load", "params=False", "optimizer=True"),
+        ("set_mode", "train"),
+        ("set_mode", "eval"),
+        ("offload", "params=True", "optimizer=True"),
+    ]
+
+
 def test_mode_is_left_even_when_the_block_raises() -> None:
     engine = make_engine()
     with pytest.raises(RuntimeError, match="boom"), engine.train_mode():

@@ -147,6 +147,10 @@ class Engine(ABC):
         outermost = not self._mode_stack
         if outermost:
             self._load(params=True, optimizer=mode == "train")
+        elif mode == "train" and "train" not in self._mode_stack:
+            # NOTE: an eval block loaded the parameters only: a train block inside it needs the optimizer state
+            # too (it stayed on the host, and the step failed on mixed devices).
+            self._load(params=False, optimizer=True)
         previous = self.mode
         self._mode_stack.append(mode)
         if previous != mode:
@@ -442,10 +446,8 @@ class Engine(ABC):
 
     @contextmanager
     def _loaded(self) -> Iterator[None]:
-        """Hold offloaded state on the device for the duration of the block (loading a checkpoint)."""
-        if self._mode_stack:
-            yield
-            return
+        """Hold offloaded state on the device for the duration of the block (loading a checkpoint); inside an
+        eval block as well, which loaded the parameters alone."""
         with self.train_mode() if self.optimizer_config is not None else self.eval_mode():
             yield
 
