@@ -105,6 +105,9 @@ def test_compute_errors_name_the_fix() -> None:
         engine.disable_adapter().__enter__()
     with pytest.raises(ValueError, match=r"engine.to\('meta'\).*\['cpu'\]"):
         engine.to("meta")
+    # A gradient must live on its parameter's device (FSDP assigned host gradients to GPU parameters).
+    with pytest.raises(ValueError, match=r"gradients move with the model; pass model=True"):
+        engine.to("cpu", model=False, grad=True)
     with pytest.raises(
         BatchError, match=r"'temprature' is not a tensor.*ForwardOptions.*Did you mean 'temperature'"
     ):

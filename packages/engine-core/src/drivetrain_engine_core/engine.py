@@ -321,11 +321,20 @@ class Engine(ABC):
     # ------------------------------------------------------------------ placement and adapters
 
     def to(self, device: str, *, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
-        """Move parameters, optimizer state and/or gradients to ``device`` (``"cpu"`` or the engine device)."""
+        """Move parameters, optimizer state and/or gradients to ``device`` (``"cpu"`` or the engine device).
+
+        Gradients live on their parameters' device, so they move with the model: ``grad=True`` without
+        ``model`` is refused (assigning a host gradient to a GPU parameter failed inside torch).
+        """
         self._require_initialized("to()")
         allowed = {"cpu", self.engine_config.device}
         if device not in allowed:
             raise ValueError(f"engine.to({device!r}): the device must be one of {sorted(allowed)}.")
+        if grad and not model:
+            raise ValueError(
+                f"engine.to({device!r}, model=False, grad=True): a gradient lives on its parameter's device, so "
+                "gradients move with the model; pass model=True, or grad=False to move the optimizer state alone."
+            )
         self._to(device, model=model, optimizer=optimizer, grad=grad)
 
     @contextmanager

@@ -110,13 +110,6 @@ def _parking(buffers: HostBuffers) -> Callable[[torch.Tensor], torch.Tensor]:
     return park
 
 
-def move_gradients(module: nn.Module, device: str) -> None:
-    """Move only the gradients to ``device`` (parameters stay where they are)."""
-    for param in module.parameters():
-        if param.grad is not None:
-            param.grad = param.grad.to(device)
-
-
 def move_optimizer_state(
     optimizer: torch.optim.Optimizer, device: str, buffers: HostBuffers | None = None
 ) -> int:

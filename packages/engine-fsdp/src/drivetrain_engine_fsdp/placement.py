@@ -95,11 +95,10 @@ class Placement:
         """``engine.to()``: move what is asked, synchronously, and remember where it is."""
         self.await_optimizer_state()
         on_cpu = device == "cpu" and self.home_device != "cpu"
+        del grad  # core allows it only with ``model``: gradients move with their parameters
         if model:
             offload.move_parameters(self.module, device)
             self.params_on_cpu = on_cpu
-        elif grad:
-            offload.move_gradients(self.module, device)
         if optimizer and self.optimizer is not None:
             offload.move_optimizer_state(self.optimizer, device)
             self.optimizer_on_cpu = on_cpu
