@@ -4,13 +4,14 @@ The config is the source's ``config.json`` edited as JSON for the merged model: 
 becomes a token-classification model with one label) and the dtype of the weights written. Editing the file
 rather than re-saving a loaded ``AutoConfig`` keeps the source's format: transformers 5 re-saves a config in
 its own layout (``rope_theta`` moved into ``rope_parameters``, ``torch_dtype`` renamed ``dtype``), which
-transformers 4 (pinned by many vLLM/SGLang/verl environments) reads as the default RoPE base; the tokenizer files, chat template and generation config of the source model directory are
-copied as is, so the merged directory loads and tokenizes exactly like the source. Only those named files
-are copied (an allow-list), only regular files, and only up to a size cap: a merge must not carry whatever
-else sits in the source directory (keys, notes, caches) into a model that gets published. A symlink is
-followed only where the Hugging Face cache puts one: a snapshot's file pointing into its own repository's
-``blobs/`` (``models--org--name/snapshots/<rev>/tokenizer.json -> ../../blobs/<hash>``); any other link is
-skipped with a warning.
+transformers 4 (pinned by many vLLM/SGLang/verl environments) reads as the default RoPE base. The tokenizer
+files, chat template and generation config of the source model directory are copied as is, so the merged
+directory loads and tokenizes exactly like the source. Only those named files are copied (an allow-list),
+only regular files, and only up to a size cap: a merge must not carry whatever else sits in the source
+directory (keys, notes, caches) into a model that gets published. A symlink is followed only where the
+Hugging Face cache puts one: a snapshot's file pointing into its own repository's ``blobs/``
+(``models--org--name/snapshots/<rev>/tokenizer.json -> ../../blobs/<hash>``); any other link is skipped with
+a warning.
 """
 
 from __future__ import annotations

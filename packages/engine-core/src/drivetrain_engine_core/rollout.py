@@ -108,7 +108,7 @@ class Rollout(ABC):
             for bucket in buckets:
                 self._receiver.accept(bucket)
                 self._load_bucket(bucket)
-            if self._receiver.started and not self._receiver.receiving:
+            if self._receiver.ended:
                 self._finish_update()
             # NOTE: the version is recorded only now, once every bucket is applied: recorded at the last
             # bucket, a failure applying it left the failed version reported as served (and its retry stale).

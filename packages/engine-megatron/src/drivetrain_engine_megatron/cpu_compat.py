@@ -10,8 +10,8 @@ without CUDA (tests, CI) these shims make the same code run on CPU over gloo:
    ``Tensor.type()`` report ``torch.cuda.<Type>`` so that megatron's dtype checks accept CPU tensors.
 2. ``torch.cuda`` stubs: ``current_device`` returns the CPU device (megatron uses it only as a device
    argument; an ordinal would need shim 1, which is off while a backward runs megatron's autograd functions:
-   a mode is disabled inside its own handler), ``synchronize`` and ``empty_cache`` do nothing, ``current_stream`` / ``Stream`` / ``Event``
-   hand out inert objects.
+   a mode is disabled inside its own handler), ``synchronize`` and ``empty_cache`` do nothing,
+   ``current_stream`` / ``Stream`` / ``Event`` hand out inert objects.
 3. ``_CpuRNGStatesTracker``: megatron's tensor-parallel RNG tracker with CPU generator states, installed as
    megatron's global tracker (weights are loaded from Hugging Face afterwards, and dropout is off in the
    tests, so only the bookkeeping matters).

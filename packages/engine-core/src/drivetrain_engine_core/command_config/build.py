@@ -250,8 +250,13 @@ def _annotation_at(cls: type, path: tuple[str, ...], backends: Mapping[str, type
 
 def _how_to_write(annotation: Any, name: str) -> str:
     shown = type_name(annotation)
-    if shown.endswith("| None"):
-        return f"{_how_to_write(shown.removesuffix(' | None'), name).removesuffix('.')}, or null to unset it."
+    if shown.endswith(" | None"):
+        return f"{_hint(shown.removesuffix(' | None'), name).removesuffix('.')}, or null to unset it."
+    return _hint(shown, name)
+
+
+def _hint(shown: str, name: str) -> str:
+    """How to write a value of the type named ``shown`` for the field ``name``."""
     if shown.startswith("bool"):
         return f"write true or false, e.g. {name}=false."
     if shown.startswith(("tuple", "list")):

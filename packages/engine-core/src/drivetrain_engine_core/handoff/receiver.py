@@ -33,9 +33,9 @@ class BucketReceiver:
         return self._pending is not None and not self._ended
 
     @property
-    def started(self) -> bool:
-        """Whether a bucket of a stream not yet committed or aborted arrived."""
-        return self._pending is not None
+    def ended(self) -> bool:
+        """Whether a stream's last bucket arrived and the stream is not yet committed or aborted."""
+        return self._pending is not None and self._ended
 
     def accept(self, bucket: WeightBucket) -> None:
         """Check ``bucket`` against the stream; call before applying it.

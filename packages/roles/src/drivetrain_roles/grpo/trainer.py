@@ -20,6 +20,7 @@ from typing import Any
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 from drivetrain_engine_core.tracking.jsonl import dumps
@@ -316,8 +317,8 @@ def check_rollout_length(examples: list[Example], config: GRPOConfig, model_path
     from transformers import AutoConfig
 
     longest = max((len(e.prompt_ids) for e in examples), default=0) + config.rollout.max_new_tokens
-    model_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-    positions = getattr(model_config, "max_position_embeddings", None)
+    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+    positions = TokenLimits.from_hf_config(hf_config, model_path).max_positions
     budget = config.engine.micro_batch.max_tokens
     for limit, setting in (
         (positions, f"the model's max_position_embeddings={positions}"),

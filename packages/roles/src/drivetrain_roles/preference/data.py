@@ -102,8 +102,8 @@ def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
     count = 0
     for path in files:
         for index, row in enumerate(read_rows(path)):
+            where = f"{path} row {index}"
             for key, option in keys:
-                where = f"{path} row {index}"
                 if config.chat:
                     column(row, key, where, option)
                 else:
