@@ -1,4 +1,4 @@
-"""SFT data loading: parquet and JSONL read the same, chat messages are masked to the last assistant turn."""
+"""SFT data loading: parquet and JSONL read the same, chat messages are masked to their assistant turns."""
 
 from __future__ import annotations
 
@@ -90,23 +90,63 @@ def test_a_sequences_first_token_is_never_a_loss_token() -> None:
     assert [m.tolist() for m in batch["loss_mask"].unbind()] == [[False, True, True], [False, True, True]]
 
 
-def test_chat_messages_train_on_the_last_assistant_turn_only(tmp_path) -> None:
-    tokenizer = build_tiny_tokenizer()
-    messages = [
-        {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "world"},
-        {"role": "user", "content": "the answer"},
-        {"role": "assistant", "content": "is 42"},
-    ]
+CONVERSATION = [
+    {"role": "user", "content": "hello"},
+    {"role": "assistant", "content": "world"},
+    {"role": "user", "content": "the answer"},
+    {"role": "assistant", "content": "is 42"},
+]
+
+
+def _chat_example(tmp_path, tokenizer, **data):
     path = tmp_path / "chat.jsonl"
-    path.write_text(json.dumps({"messages": messages}) + "\n")
-    (example,) = load_examples(
-        [path], tokenizer, DataConfig(train_files=(str(path),), messages_key="messages", max_length=256)
+    path.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    config = DataConfig(train_files=(str(path),), messages_key="messages", max_length=256, **data)
+    (example,) = load_examples([path], tokenizer, config)
+    return example
+
+
+def _trained_text(tokenizer, example) -> str:
+    (ids,) = make_sft_batch([example])["input_ids"].unbind()
+    (mask,) = make_sft_batch([example])["loss_mask"].unbind()
+    return tokenizer.decode(ids[mask].tolist())
+
+
+def test_chat_messages_train_on_every_assistant_turn(tmp_path) -> None:
+    """verl's multi-turn SFT dataset and TRL's ``assistant_only_loss`` train every assistant turn; only the last
+    one was trained. The loss tokens are each assistant turn's content and end-of-turn, written out here from
+    the ChatML template, and nothing of the user turns."""
+    tokenizer = build_tiny_tokenizer()
+    example = _chat_example(tmp_path, tokenizer)
+    assert tokenizer.decode(example.prompt_ids + example.response_ids) == tokenizer.apply_chat_template(
+        CONVERSATION, tokenize=False
     )
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
-    assert tokenizer.decode(example.prompt_ids + example.response_ids) == full
     assert tokenizer.decode(example.response_ids) == "is 42<|im_end|>\n"
     assert tokenizer.decode(example.prompt_ids).endswith("<|im_start|>assistant\n")
+    assert _trained_text(tokenizer, example) == "world<|im_end|>\nis 42<|im_end|>\n"
+
+
+def test_chat_messages_can_train_on_the_last_assistant_turn_only(tmp_path) -> None:
+    tokenizer = build_tiny_tokenizer()
+    example = _chat_example(tmp_path, tokenizer, assistant_turns="last")
+    assert example.earlier_turn_spans == ()
+    assert _trained_text(tokenizer, example) == "is 42<|im_end|>\n"
+
+
+def test_a_template_that_rewrites_earlier_turns_names_the_way_out(tmp_path) -> None:
+    """Qwen3's template drops the reasoning of earlier assistant turns, so a turn renders differently once later
+    turns follow it and its tokens are not in the conversation: refused with the options, not trained off-place."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}...{% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(DataError, match=r"assistant turn 1 .*data.assistant_turns=last"):
+        _chat_example(tmp_path, tokenizer)
+    assert _trained_text(tokenizer, _chat_example(tmp_path, tokenizer, assistant_turns="last")) == (
+        "is 42<|im_end|>\n"
+    )
 
 
 def test_prompt_response_columns_can_be_rendered_with_the_chat_template(tmp_path) -> None:

@@ -82,13 +82,16 @@ def make_sft_batch(examples: Sequence[Example]) -> TensorDict:
 
 
 def response_mask(example: Example) -> list[bool]:
-    """The loss mask of ``example``'s tokens: its response tokens, except a first token of the sequence.
+    """The loss mask of ``example``'s tokens: its response tokens and earlier assistant turns, except a first
+    token of the sequence.
 
     NOTE: a sequence's first token has nothing before it to be predicted from (its log-prob is 0 by
     convention), so it is never a loss token: with an empty prompt and a tokenizer without BOS (Qwen) it counted
     in the token mean without being trained, diluting the loss.
     """
     mask = [False] * len(example.prompt_ids) + [True] * len(example.response_ids)
+    for start, end in example.earlier_turn_spans:
+        mask[start:end] = [True] * (end - start)
     return [False, *mask[1:]] if mask else mask
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -38,8 +38,10 @@ class DataConfig:
         val_files: held-out files; empty with generated data uses the generated held-out split, empty with
             user files disables held-out evaluation.
         prompt_key, response_key: columns of prompt/response pairs (loss on the response).
-        messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the last
-            assistant turn); when set, prompt/response columns are not read.
+        messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the assistant
+            turns that ``assistant_turns`` picks); when set, prompt/response columns are not read.
+        assistant_turns: which assistant turns of chat messages carry loss: ``all`` (verl's multi-turn SFT
+            dataset, TRL's ``assistant_only_loss``) or ``last`` (the final one, as a prompt/response pair).
         apply_chat_template: render each prompt/response pair as a user turn and an assistant turn with the
             tokenizer's chat template (what verl's SFT dataset and RL prompts do with a prompt column; for an
             instruct model); off, the prompt is ``tokenizer(prompt)`` as written (TRL's prompt/completion).
@@ -52,6 +54,7 @@ class DataConfig:
     prompt_key: str = "prompt"
     response_key: str = "response"
     messages_key: str | None = None
+    assistant_turns: Literal["all", "last"] = "all"
     apply_chat_template: bool = False
     max_length: int = 32
     generated_train_size: int = 2000

@@ -25,12 +25,18 @@ class DataError(DrivetrainError, ValueError):
 
 @dataclass(frozen=True)
 class Example:
-    """One tokenised example: the prompt tokens (no loss) followed by the response tokens (loss)."""
+    """One tokenised example: the prompt tokens (no loss) followed by the response tokens (loss).
+
+    ``earlier_turn_spans`` are the ``[start, end)`` ranges of ``prompt_ids`` that hold the earlier assistant turns
+    of a multi-turn conversation, trained on as well (``data.assistant_turns=all``); the response is always the
+    last assistant turn, which evaluation, GRPO prompts and preference pairs read.
+    """
 
     prompt_ids: list[int]
     response_ids: list[int]
     prompt_text: str
     response_text: str
+    earlier_turn_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def length(self) -> int:
@@ -119,10 +125,14 @@ def load_examples(files: Sequence[str | Path], tokenizer: Any, config: DataConfi
 
 
 def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, where: str) -> Example:
-    """Tokenise one row: chat ``messages`` (loss on the last assistant turn) or a prompt/response pair."""
+    """Tokenise one row: chat ``messages`` (loss on the assistant turns ``data.assistant_turns`` picks) or a
+    prompt/response pair."""
     if config.messages_key is not None:
         return tokenize_messages(
-            column(row, config.messages_key, where, "data.messages_key"), tokenizer, where
+            column(row, config.messages_key, where, "data.messages_key"),
+            tokenizer,
+            where,
+            earlier_turns=config.assistant_turns == "all",
         )
     prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
     response = text_value(row, config.response_key, where, "data.response_key")
@@ -200,8 +210,13 @@ def _encode(tokenizer: Any, text: str, where: str) -> list[int]:
     )
 
 
-def tokenize_messages(messages: Any, tokenizer: Any, where: str) -> Example:
-    """Prompt = the chat template of every turn before the last (with the generation prompt); response = the rest."""
+def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turns: bool = False) -> Example:
+    """Prompt = the chat template of every turn before the last (with the generation prompt); response = the rest.
+
+    With ``earlier_turns``, the earlier assistant turns inside the prompt are marked for loss too (verl's
+    multi-turn SFT dataset, TRL's ``assistant_only_loss``): each turn's tokens are what rendering the conversation
+    through that turn adds to rendering the turns before it with the generation prompt.
+    """
     if not isinstance(messages, list) or not messages or messages[-1].get("role") != "assistant":
         raise DataError(
             f"{where}: messages must be a non-empty list of {{'role', 'content'}} dicts ending with an assistant "
@@ -221,7 +236,36 @@ def tokenize_messages(messages: Any, tokenizer: Any, where: str) -> Example:
         response_ids=full_ids[len(prompt_ids) :],
         prompt_text=tokenizer.decode(prompt_ids),
         response_text=str(messages[-1].get("content", "")),
+        earlier_turn_spans=_earlier_turn_spans(tokenizer, messages, prompt_ids, where)
+        if earlier_turns
+        else (),
     )
+
+
+def _earlier_turn_spans(
+    tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: list[int], where: str
+) -> tuple[tuple[int, int], ...]:
+    """The ``[start, end)`` token ranges of ``prompt_ids`` holding the assistant turns before the last one.
+
+    Raises:
+        DataError: the template renders an earlier turn differently once later turns follow it (Qwen3's template
+            drops the reasoning of earlier turns), so its tokens cannot be located in the conversation.
+    """
+    spans = []
+    for index, message in enumerate(messages[:-1]):
+        if message.get("role") != "assistant":
+            continue
+        before = _template_ids(tokenizer, messages[:index], add_generation_prompt=True) if index else []
+        through = _template_ids(tokenizer, messages[: index + 1], add_generation_prompt=False)
+        if through[: len(before)] != before or prompt_ids[: len(through)] != through:
+            raise DataError(
+                f"{where}: the chat template renders assistant turn {index} differently once later turns follow it "
+                "(e.g. it drops their reasoning), so that turn cannot be trained on in place; set "
+                "data.assistant_turns=last to train on the last assistant turn only, or split the conversation "
+                "into one row per assistant turn."
+            )
+        spans.append((len(before), len(through)))
+    return tuple(spans)
 
 
 def _template_ids(
