@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
@@ -134,8 +135,8 @@ def test_resume_starts_from_the_runs_own_config(full_run) -> None:
     seen = []
 
     @click.command()
-    @config_options("drivetrain_roles.sft.config:SFTConfig")
     @run_options("sft")
+    @config_options("drivetrain_roles.sft.config:SFTConfig")
     def probe(config_file, run, overrides):
         seen.append((load_config(config_file, overrides), run.output_dir))
 
@@ -144,6 +145,13 @@ def test_resume_starts_from_the_runs_own_config(full_run) -> None:
     config, output_dir = seen[0]
     assert config.data.generated_train_size == 128 and config.trainer.batch_size == 16  # the run's (SMALL)
     assert config.trainer.total_steps == 12 and output_dir == str(full_dir)
+    # --print-config shows what the resumed run would use, not the defaults
+    printed = CliRunner().invoke(
+        drivetrain_cli,
+        ["sft", "--print-config", "--resume", "--output-dir", str(full_dir), "trainer.total_steps=12"],
+    )
+    assert printed.exit_code == 0, printed.output
+    assert yaml.safe_load(printed.output)["data"]["generated_train_size"] == 128
 
 
 @pytest.mark.slow

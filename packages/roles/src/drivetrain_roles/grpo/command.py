@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 
 @click.command("grpo", context_settings={"show_default": True})
-@config_options("drivetrain_roles.grpo.config:GRPOConfig")
 @run_options("grpo")
+@config_options("drivetrain_roles.grpo.config:GRPOConfig")
 def grpo(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
     """GRPO; with no arguments, the arithmetic model is warmed up by SFT, then learns from exact-answer rewards.
 

@@ -3,7 +3,8 @@
 
 ``@run_options("sft")`` adds the options; the command receives them as one :class:`RunOptions` ``run`` and
 calls :meth:`RunOptions.launch` for the run directory of this process (after spawning ``--nproc`` ranks
-when asked).
+when asked). It goes above ``@config_options``, so ``--print-config --resume`` shows the config the resumed run
+would use (the run's ``config.yaml`` and the overrides), not the defaults.
 """
 
 from __future__ import annotations

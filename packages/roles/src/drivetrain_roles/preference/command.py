@@ -28,8 +28,8 @@ def pair_command(
     """
 
     @click.command(name, context_settings={"show_default": True}, help=doc)
-    @config_options(config)
     @run_options(name)
+    @config_options(config)
     def command(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
         from ..sft.assets import check_model_path
 

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 
 @click.command("sft", context_settings={"show_default": True})
-@config_options("drivetrain_roles.sft.config:SFTConfig")
 @run_options("sft")
+@config_options("drivetrain_roles.sft.config:SFTConfig")
 def sft(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
     """Supervised fine-tuning; with no arguments, a tiny model learns addition on CPU in about a minute.
 
