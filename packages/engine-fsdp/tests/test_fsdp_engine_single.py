@@ -339,3 +339,18 @@ def test_gradients_stay_sharded_between_micro_batches_unless_deferred(model_dirs
         engine.train_batch(make_batch(), counting_loss)
     assert with_grad[0] == 0 and len(with_grad) == 2  # two micro-batches of two sequences
     assert (with_grad[1] == len(parameters)) is not defer
+
+
+def test_each_sequence_parallel_group_keeps_its_own_attention(monkeypatch) -> None:
+    """The Ulysses attention read one process-global group, so a second engine in the process (a critic beside
+    the actor) with another sequence-parallel size switched the first engine's attention to its group. Each
+    registration now binds its group: the first name still splits over its own size (3), not the last (5)."""
+    from drivetrain_engine_fsdp import ulysses
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    monkeypatch.setattr(ulysses.dist, "get_world_size", lambda group: group)  # a fake group is its size
+    first, second = ulysses.register_ulysses_attention(3), ulysses.register_ulysses_attention(5)
+    query = torch.zeros(1, 4, 2, 8)
+    for name, size in ((first, 3), (second, 5)):
+        with pytest.raises(ValueError, match=f"ulysses_sequence_parallel_size={size}"):
+            ALL_ATTENTION_FUNCTIONS[name](torch.nn.Module(), query, query, query, None)

@@ -18,6 +18,8 @@ the engine's ``gradient_divisor`` (core's one loss-scaling rule).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from .attention import varlen_attention_forward
 
 ULYSSES_ATTENTION = "drivetrain_ulysses"
-_GROUP: dist.ProcessGroup | None = None
+_REGISTRATIONS = itertools.count()
 
 
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
@@ -77,6 +79,7 @@ def gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
 
 
 def ulysses_attention_forward(
+    group: dist.ProcessGroup,
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -89,13 +92,8 @@ def ulysses_attention_forward(
     """Sequence-parallel attention: heads are split across the SP group, tokens gathered, then split back.
 
     ``query``/``key``/``value`` are ``(1, heads, local_tokens, head_dim)``; ``cu_seq_lens_q`` in ``kwargs``
-    describes the full (padded) row.
+    describes the full (padded) row; ``group`` is bound by :func:`register_ulysses_attention`.
     """
-    group = _GROUP
-    if group is None:
-        raise RuntimeError(
-            "Ulysses attention ran without a sequence-parallel group; call register_ulysses_attention."
-        )
     size = dist.get_world_size(group)
     heads, kv_heads = query.shape[1], key.shape[1]
     if heads % size:
@@ -113,15 +111,17 @@ def ulysses_attention_forward(
 
 
 def register_ulysses_attention(group: dist.ProcessGroup) -> str:
-    """Register the Ulysses attention for ``group`` and return its ``attn_implementation`` name.
+    """Register the Ulysses attention bound to ``group`` under a name of its own and return that name (the
+    model's ``attn_implementation``).
 
-    The group is process-global because activation checkpointing re-runs attention during backward, outside
-    any forward-time context; a process therefore runs one sequence-parallel layout at a time.
+    NOTE: the group is bound to the registered function, not held in a context, because activation
+    checkpointing re-runs attention during backward, outside any forward-time context. It was one
+    process-global group, so a second engine in the process (a critic beside the actor) with another
+    sequence-parallel size switched the first one's attention to its group.
     """
-    global _GROUP
-    _GROUP = group
-    AttentionInterface.register(ULYSSES_ATTENTION, ulysses_attention_forward)
-    return ULYSSES_ATTENTION
+    name = f"{ULYSSES_ATTENTION}_{next(_REGISTRATIONS)}"
+    AttentionInterface.register(name, functools.partial(ulysses_attention_forward, group))
+    return name
 
 
 def local_slice(row: torch.Tensor, rank: int, size: int) -> torch.Tensor:
