@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.data.batch import validate_batch
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine
@@ -82,11 +83,12 @@ class Actor:
             ``approx_kl`` (with an entropy bonus ``entropy``, with a KL loss ``kl_loss``), ``grad_norm``, and
             the ``lr`` used.
         """
-        nopad = RoleBatch.wrap(batch).nopad
         required = ["input_ids", "position_ids", "loss_mask", "old_log_probs", "advantages"]
         if self.config.loss.uses_kl:
             required.append("ref_log_prob")
-        validate_batch(nopad, required=required)
+        with agreed_checks(self.engine.data_parallel_group):  # a bad share fails every rank, none waits
+            nopad = RoleBatch.wrap(batch).nopad
+            validate_batch(nopad, required=required)
         loss = self.config.loss
         names = (
             *POLICY_METRICS,

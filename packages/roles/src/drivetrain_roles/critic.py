@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.data.batch import validate_batch
 from drivetrain_engine_core.engine import Engine
 from tensordict import TensorDict
@@ -56,8 +57,9 @@ class Critic:
         Returns:
             Means over the optimizer steps of ``vf_loss``, ``vf_clipfrac``, ``grad_norm``, and the ``lr``.
         """
-        nopad = RoleBatch.wrap(batch).nopad
-        validate_batch(nopad, required=["input_ids", "position_ids", "loss_mask", "values", "returns"])
+        with agreed_checks(self.engine.data_parallel_group):  # a bad share fails every rank, none waits
+            nopad = RoleBatch.wrap(batch).nopad
+            validate_batch(nopad, required=["input_ids", "position_ids", "loss_mask", "values", "returns"])
         loss_fn = value_loss_fn(self.config.loss)
         metrics = UpdateMetrics(self.engine.data_parallel_group)
         with self.engine.train_mode():

@@ -2,7 +2,7 @@
 
 The number of mini-batches comes from the *global* sequence count (all-reduced over data-parallel ranks),
 so every rank runs the same number of optimizer steps even when core's balanced sharding gave the ranks
-different numbers of sequences; a rank with fewer sequences than mini-batches is an error, never a hang.
+different numbers of sequences; a rank with fewer sequences than mini-batches is an error on every rank, never a hang.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.distributed import ProcessGroup
+from drivetrain_engine_core.errors import BatchError
 from tensordict import TensorDict
 
 
@@ -44,16 +46,18 @@ def count_mini_batches(local_size: int, mini_batch_size: int, dp_group: ProcessG
     """Mini-batches per epoch: global sequences / ``mini_batch_size``, rounded up, equal on every rank.
 
     Raises:
-        ValueError: this rank holds fewer sequences than that (some mini-batch would be empty).
+        BatchError: on every rank, when a rank holds fewer sequences than that (some mini-batch would be
+            empty); it was raised on that rank alone while the others waited in the first step's collectives.
     """
     global_size = int(distributed.all_reduce_sum(local_size, dp_group))
     count = math.ceil(global_size / mini_batch_size)
-    if local_size < count:
-        raise ValueError(
-            f"this data-parallel rank holds {local_size} sequences but the update needs {count} mini-batches "
-            f"({global_size} sequences / mini_batch_size={mini_batch_size}); raise mini_batch_size or send "
-            "more sequences per rank."
-        )
+    with agreed_checks(dp_group):
+        if local_size < count:
+            raise BatchError(
+                f"this data-parallel rank holds {local_size} sequences but the update needs {count} mini-batches "
+                f"({global_size} sequences / mini_batch_size={mini_batch_size}); raise mini_batch_size or send "
+                "more sequences per rank."
+            )
     return count
 
 
