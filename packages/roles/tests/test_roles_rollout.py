@@ -74,6 +74,22 @@ def test_rollout_log_probs_equal_the_actors_after_a_hand_off(model_dir):
     assert len(greedy.responses) == len(PROMPTS)
 
 
+def test_log_probs_never_hold_every_steps_logits_at_once(model_dir, monkeypatch):
+    """The sampled log-probs took one log-softmax over every step's logits stacked, in float32 on the host
+    (rows x steps x vocab, ~300 GB at GRPO sizes); now each step's ``rows x vocab`` alone."""
+    rollout = create_rollout("hf", model_path=str(model_dir))
+    vocab = rollout.model.config.vocab_size
+    sizes, log_softmax = [], torch.log_softmax
+
+    def recording(x, *args, **kwargs):
+        sizes.append(x.numel())
+        return log_softmax(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "log_softmax", recording)
+    output = rollout.generate(PROMPTS, SamplingConfig(n=4, temperature=TEMPERATURE, max_new_tokens=6, seed=3))
+    assert max(len(r) for r in output.responses) > 1 and max(sizes) <= len(PROMPTS) * 4 * vocab
+
+
 def test_stale_cut_off_and_asleep_use_is_refused(model_dir):
     engine = trained_engine(model_dir)
     rollout = HFRollout(model_path=str(model_dir))

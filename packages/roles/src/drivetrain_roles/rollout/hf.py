@@ -67,10 +67,10 @@ class HFRollout(Rollout):
                 attention_mask=attention_mask.to(self.device),
                 generation_config=self._generation_config(sampling),
             )
-        tokens = output.sequences[:, width:].cpu()
-        temperature = sampling.temperature or 1.0
-        logits = torch.stack(output.logits, dim=1).float().cpu() / temperature
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        sampled = output.sequences[:, width:]
+        log_probs = sampled_log_probs(output.logits, sampled, sampling.temperature or 1.0).cpu()
+        del output  # the per-step logits
+        tokens = sampled.cpu()
         lengths = [self._length(row) for row in tokens]
         return (
             [row[:length].clone() for row, length in zip(tokens, lengths, strict=True)],
@@ -121,3 +121,21 @@ def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:
             if token not in ids:
                 ids.append(int(token))
     return tuple(ids)
+
+
+def sampled_log_probs(
+    step_logits: Sequence[torch.Tensor], tokens: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``(rows, steps)`` log-probs of the sampled ``tokens`` under the per-step logits at ``temperature``.
+
+    NOTE: one step at a time on the logits' device: stacking every step's logits and taking the log-softmax
+    of the whole in float32 on the host made about three host copies of ``rows x steps x vocab`` floats (some
+    300 GB at 512 rows, 1,024 steps and a 152k vocabulary) beside a stacked one on the device.
+    """
+    return torch.stack(
+        [
+            torch.log_softmax(step.float() / temperature, dim=-1).gather(-1, tokens[:, t, None]).squeeze(-1)
+            for t, step in enumerate(step_logits)
+        ],
+        dim=1,
+    )
