@@ -187,6 +187,27 @@ def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path):
         _config(model_dir, "algorithm.ppo_mini_batches=4", "trainer.prompts_per_step=3", "rollout.n=3")
 
 
+def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_front(tmp_path):
+    """A rank sampling fewer sequences than ``ppo_mini_batches`` failed at the first update (after the warm
+    start and a rollout); the colocated controller's mini-batches, sized for ``trainer.prompts_per_step``, made
+    another number of optimizer steps for another prompt count; ``epsilon=0`` made equal-reward groups NaN."""
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.errors import BatchError
+    from drivetrain_roles.grpo.config import check_mini_batch_share
+    from drivetrain_roles.grpo.controller import ColocatedGRPO
+
+    model_dir = write_model_dir(tmp_path / "model", seed=3)
+    config = _config(model_dir, "trainer.prompts_per_step=2", "rollout.n=2", "algorithm.ppo_mini_batches=4")
+    check_mini_batch_share(config, world_size=1)  # 4 sequences on one rank: 4 steps of one
+    with pytest.raises(ConfigError, match=r"ranks samples 2 sequences .* algorithm.ppo_mini_batches=4 .* <= 2\."):
+        check_mini_batch_share(config, world_size=2)
+    examples = [Example(prompt_ids=[1], response_ids=[], prompt_text="", response_text="")] * 3
+    with pytest.raises(BatchError, match=r"got 3 prompts, but trainer.prompts_per_step=2"):
+        ColocatedGRPO(None, config, None).sample(0, examples)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"algorithm.epsilon must be > 0"):
+        _config(model_dir, "algorithm.epsilon=0")
+
+
 def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -> None:
     """The embedded job's SFT warm start ran once per run folder: a new ``--overwrite`` run with other warm-start
     steps, seed or data silently started from the old one, and one cut short after writing ``config.json``

@@ -83,6 +83,9 @@ class AlgorithmConfig:
         for name in ("ppo_mini_batches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}.")
+        if not self.epsilon > 0:
+            # NOTE: a group whose rewards are all equal (common with exact-match rewards) has std 0: 0/0 = NaN.
+            raise ConfigError(f"algorithm.epsilon must be > 0 (1e-6 is the default), got {self.epsilon}.")
         if not 0 < self.clip_ratio < 1:
             raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
         if self.kl_loss_coef < 0:
@@ -168,6 +171,24 @@ class GRPOConfig:
                 f"step, trainer.prompts_per_step x rollout.n = {self.trainer.prompts_per_step} x {self.rollout.n} "
                 f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
             )
+
+
+def check_mini_batch_share(config: GRPOConfig, world_size: int) -> None:
+    """Every data-parallel rank's share of a step must fill each of the update's mini-batches; checked on every
+    rank before the warm start (the update refused it after the warm start and a rollout).
+
+    Raises:
+        ConfigError: a rank samples fewer sequences per step than ``algorithm.ppo_mini_batches``.
+    """
+    dp_size = config.engine.data_parallel_size(world_size)
+    prompts, n, count = config.trainer.prompts_per_step, config.rollout.n, config.algorithm.ppo_mini_batches
+    local = prompts // dp_size * n
+    if local < count:
+        raise ConfigError(
+            f"each of the {dp_size} data-parallel ranks samples {local} sequences per step (trainer.prompts_per_step"
+            f"={prompts} / {dp_size} x rollout.n={n}), fewer than algorithm.ppo_mini_batches={count} optimizer "
+            f"steps; raise trainer.prompts_per_step or rollout.n, or set algorithm.ppo_mini_batches <= {local}."
+        )
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> GRPOConfig:

@@ -23,11 +23,12 @@ from functools import partial
 from typing import Any, Self
 
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import BatchError
 
 from ..sft.assets import model_directory
 from ..sft.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
-from .config import GRPOConfig
+from .config import GRPOConfig, check_mini_batch_share
 from .step import SEED_STRIDE, PolicyCalls, RolloutBatch, sampling_config, score, update_with
 from .trainer import actor_config
 
@@ -92,13 +93,27 @@ class ColocatedGRPO:
         """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
         from ..sft.assets import load_tokenizer
 
+        check_mini_batch_share(config, world_size)
         spec = colocated_spec(config)
         actor = spec.parts["actor"].model_config
         tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
         return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
 
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
-        """Sample and score ``examples`` on the workers' rollouts; seeds follow the trainer's (seed, step, rank)."""
+        """Sample and score ``examples`` on the workers' rollouts; seeds follow the trainer's (seed, step, rank).
+
+        Raises:
+            BatchError: not ``trainer.prompts_per_step`` examples: the actor's mini-batch size is set for that
+                many, so another count would take another number of optimizer steps than
+                ``algorithm.ppo_mini_batches``.
+        """
+        expected = self.config.trainer.prompts_per_step
+        if len(examples) != expected:
+            raise BatchError(
+                f"a GRPO step got {len(examples)} prompts, but trainer.prompts_per_step={expected} (the actor's "
+                f"mini-batches are sized for it); pass {expected} prompts per step or set "
+                f"trainer.prompts_per_step={len(examples)}."
+            )
         seed = self.config.trainer.seed + SEED_STRIDE * step
         output = self.group.generate(
             [e.prompt_ids for e in examples], sampling_config(self.config, seed=seed)

@@ -38,7 +38,7 @@ from ..sft.batches import StepSampler
 from ..sft.data import Example
 from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
 from ..sft.metrics import MetricsWriter, format_record, plot_curves
-from .config import GRPOConfig
+from .config import GRPOConfig, check_mini_batch_share
 from .rewards import exact_match
 from .step import SEED_STRIDE, hand_off, sample, update
 from .warm_start import start_model
@@ -120,6 +120,7 @@ class GRPOTrainer:
         begin_run(
             self.folder, config, engine=config.engine, trainer=config.trainer, batch_field="prompts_per_step"
         )
+        check_mini_batch_share(config, distributed.world_size())
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
             model_path,
