@@ -199,7 +199,9 @@ def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     config = _config(model_dir, "trainer.prompts_per_step=2", "rollout.n=2", "algorithm.ppo_mini_batches=4")
     check_mini_batch_share(config, world_size=1)  # 4 sequences on one rank: 4 steps of one
-    with pytest.raises(ConfigError, match=r"ranks samples 2 sequences .* algorithm.ppo_mini_batches=4 .* <= 2\."):
+    with pytest.raises(
+        ConfigError, match=r"ranks samples 2 sequences .* algorithm.ppo_mini_batches=4 .* <= 2\."
+    ):
         check_mini_batch_share(config, world_size=2)
     examples = [Example(prompt_ids=[1], response_ids=[], prompt_text="", response_text="")] * 3
     with pytest.raises(BatchError, match=r"got 3 prompts, but trainer.prompts_per_step=2"):

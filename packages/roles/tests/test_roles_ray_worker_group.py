@@ -46,7 +46,7 @@ def test_dispatch_shards_by_dp_rank_and_gathers_in_original_order() -> None:
     )
     batch["row"] = torch.arange(6)
     plan = DispatchPlan.for_batch(batch, workers)
-    shards = plan.shards(batch)
+    shards = plan.shards()
     assert torch.equal(shards[0]["row"], shards[1]["row"]) and torch.equal(shards[2]["row"], shards[3]["row"])
     assert sorted(torch.cat([shards[0]["row"], shards[2]["row"]]).tolist()) == list(range(6))
     assert shards[0]["row"].tolist() != [0, 1, 2], "balanced sharding should not be contiguous for this batch"
@@ -58,6 +58,32 @@ def test_dispatch_shards_by_dp_rank_and_gathers_in_original_order() -> None:
     assert plan.gather(answers)["y"].tolist() == [0, 10, 20, 30, 40, 50]
     metrics = [{"loss": float(w.rank)} for w in workers]
     assert plan.gather(metrics) == {"loss": 0.0}
+
+
+def test_a_padded_batch_is_dispatched_without_padding_and_answered_padded() -> None:
+    """The roles take verl's padded (B, L) batches in-process, but a worker group's dispatch read jagged
+    offsets and failed on them (AttributeError). Shards travel in no-padding form; per-token answers come
+    back as (B, L) with zeros at padding, as the roles answer in-process."""
+    workers = [WorkerTopology(rank=r, dp_rank=r, dp_size=2, is_output_rank=True) for r in range(2)]
+    input_ids = torch.tensor(
+        [[0, 0, 5, 6, 7, 0], [0, 8, 9, 10, 11, 12], [13, 14, 15, 0, 0, 0], [0, 0, 0, 16, 17, 18]]
+    )
+    attention_mask = input_ids > 0
+    batch = TensorDict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": attention_mask},
+        batch_size=[4],
+    )
+    plan = DispatchPlan.for_batch(batch, workers)
+    shards = plan.shards()
+    assert sorted(len(shard) for shard in shards) == [2, 2]
+    answers = [
+        TensorDict(
+            {"y": jagged(shard["input_ids"].values() * 10, shard["input_ids"].offsets())},
+            batch_size=[len(shard)],
+        )
+        for shard in shards
+    ]
+    assert torch.equal(plan.gather(answers)["y"], input_ids * 10 * attention_mask)
 
 
 def test_dispatch_errors_name_the_problem() -> None:

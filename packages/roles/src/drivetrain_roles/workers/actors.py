@@ -171,7 +171,7 @@ class RayActors(ABC, Generic[SpecT]):
     ) -> Any:
         """Shard ``batch`` over ``topology``, ``submit(actor, shard)`` on every worker, gather the answers."""
         plan = DispatchPlan.for_batch(batch, topology, balance=self.balance)
-        refs = [submit(actor, shard) for actor, shard in zip(self._actors, plan.shards(batch), strict=True)]
+        refs = [submit(actor, shard) for actor, shard in zip(self._actors, plan.shards(), strict=True)]
         return plan.gather(self._wait(refs, what))
 
     def shutdown(self) -> None:

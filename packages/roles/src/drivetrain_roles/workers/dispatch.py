@@ -16,6 +16,8 @@ from drivetrain_engine_core.errors import BatchError
 from tensordict import TensorDict
 from torch import Tensor
 
+from ..batch_inputs import RoleBatch
+
 
 @dataclass(kw_only=True, frozen=True)
 class WorkerTopology:
@@ -63,28 +65,38 @@ def check_topology(workers: Sequence[WorkerTopology]) -> int:
 class DispatchPlan:
     """Which rows of a global batch each worker receives, and how to put the answers back in order.
 
+    A padded batch (the roles' other input form, see :mod:`..batch_inputs`) travels in no-padding form and
+    per-token answers come back padded, as the roles themselves answer in-process.
+
     Attributes:
         indices: original row indices of each data-parallel rank's shard.
         workers: the group's topology, one entry per worker in rank order.
+        batch: the global batch in no-padding form, and the caller's padding.
     """
 
     indices: list[Tensor]
     workers: list[WorkerTopology]
+    batch: RoleBatch
 
     @classmethod
     def for_batch(
         cls, batch: TensorDict, workers: Sequence[WorkerTopology], *, balance: bool = True
     ) -> DispatchPlan:
-        """Plan the dispatch of ``batch`` over ``workers``.
+        """Plan the dispatch of ``batch`` (no-padding or padded) over ``workers``.
 
         Raises:
-            BatchError: the batch does not split evenly over the data-parallel size.
+            BatchError: the batch does not split evenly over the data-parallel size, or is padded without
+                an ``attention_mask``.
         """
         dp_size = check_topology(workers)
-        return cls(indices=shard_indices(batch, dp_size, balance), workers=list(workers))
+        role_batch = RoleBatch.wrap(batch)
+        return cls(
+            indices=shard_indices(role_batch.nopad, dp_size, balance), workers=list(workers), batch=role_batch
+        )
 
-    def shards(self, batch: TensorDict) -> list[TensorDict]:
+    def shards(self) -> list[TensorDict]:
         """Each worker's shard, in worker rank order (peers of one data-parallel rank get the same rows)."""
+        batch = self.batch.nopad
         by_dp_rank = [
             batch[index if batch.device is None else index.to(batch.device)] for index in self.indices
         ]
@@ -93,7 +105,8 @@ class DispatchPlan:
     def gather(self, results: Sequence[Any]) -> Any:
         """Merge the per-worker results of one call.
 
-        TensorDict results from the output ranks are put back into the global batch's order; anything else
+        TensorDict results from the output ranks are put back into the global batch's order (and form: padded
+        per-token outputs for a padded batch); anything else
         (e.g. update metrics, already reduced over data-parallel ranks) is taken from the first output rank.
 
         Args:
@@ -110,7 +123,7 @@ class DispatchPlan:
         ordered = [by_dp_rank[r] for r in range(len(self.indices))]
         kinds = {isinstance(result, TensorDict) for result in ordered}
         if kinds == {True}:
-            return unshard_data(ordered, self.indices)
+            return self.batch.restore(unshard_data(ordered, self.indices))
         if True in kinds:
             raise BatchError(
                 "gather: some output ranks returned a TensorDict and others did not "
