@@ -32,9 +32,11 @@ reset before each: engines reset it at the start of every step too, so a longer 
 last step against the bare loops' whole run, initialisation included), plus the
 first step's loss (engine and bare losses should agree to bf16 noise: same seed, same weights).
 
-On a GPU (about 3-4 minutes on one H100)::
+On a GPU (3-4 minutes on one H100 for the variants of the first measured run; every compiled variant now
+compiles afresh, so allow more, or split the run with ``--only``; ``--out`` keeps each variant's result as it
+finishes, for a run a time limit may stop)::
 
-    uv run --all-packages --locked python benchmarks/gpu_step_benchmark.py
+    uv run --all-packages --locked python benchmarks/gpu_step_benchmark.py --out results.json
 
 Measured on one H100 80GB (torch 2.11, transformers 5.17, Liger-Kernel 0.8.5): ``results/gpu_step_h100.json``
 (and ``results/gpu_step_h100_padded.json``, the run with the padded variants, one commit earlier).
@@ -427,6 +429,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default=None, help="compute dtype (default bfloat16; float32 with --tiny)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="overrides the peak table for MFU")
     parser.add_argument("--only", nargs="*", default=None, help="variant names to run (default: all)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the report so far to this JSON file after each variant",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(
@@ -448,6 +456,25 @@ def main() -> None:
     shape = TransformerShape.from_hf_config(AutoConfig.from_pretrained(model_dir))
     assert shape is not None  # a dense Qwen2 config
     results: dict[str, dict] = {}
+
+    def report() -> dict[str, Any]:
+        return {
+            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+            "cpu_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "dtype": args.dtype,
+            "model": args.work.model,
+            "sequences": len(lengths),
+            "tokens": sum(lengths),
+            "loss_tokens": int(batch[LOSS_MASK].values().sum()),
+            "max_tokens_per_micro_batch": args.work.max_tokens,
+            "peak_tflops": args.peak,
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "variants": results,
+            "ratios": ratios(results),
+        }
+
     for name, build, backward in variants(args, model_dir, batch):
         if args.only and name not in args.only:
             continue
@@ -457,23 +484,18 @@ def main() -> None:
             continue
         flops = shape.step_flops(lengths, backward=backward)
         results[name] = run_variant(args, name, build, flops, sum(lengths))
-    report = {
-        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "dtype": args.dtype,
-        "model": args.work.model,
-        "sequences": len(lengths),
-        "tokens": sum(lengths),
-        "loss_tokens": int(batch[LOSS_MASK].values().sum()),
-        "max_tokens_per_micro_batch": args.work.max_tokens,
-        "peak_tflops": args.peak,
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "variants": results,
-        "ratios": ratios(results),
-    }
-    print(json.dumps(report, indent=2))
+        if args.out is not None:
+            write_partial(args.out, report())
+    print(json.dumps(report(), indent=2))
+
+
+def write_partial(path: Path, report: dict[str, Any]) -> None:
+    """The report so far, replaced atomically after every variant: a run stopped by a time limit keeps what
+    it measured."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(path.suffix + ".tmp")
+    partial.write_text(json.dumps(report, indent=2))
+    partial.replace(path)
 
 
 if __name__ == "__main__":
