@@ -60,6 +60,24 @@ def _group_without_cpu_backend() -> str:
     return "accepted"
 
 
+def _cpu_group_for_a_cuda_engine() -> str:
+    """A group made for the CPU (a CPU test or job first), then an engine on CUDA in the same process."""
+    dist.destroy_process_group()
+    dist.init_process_group(
+        backend=distributed.backend_for("cpu"),
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    distributed.require_device = lambda device: None  # as if a GPU were visible
+    try:
+        distributed.init_distributed("cuda")
+    except ConfigError as e:
+        return str(e)
+    return "accepted"
+
+
 def _rank_main(rank: int, world_size: int) -> dict[str, object]:
     calls: list[int] = []
     dist.all_reduce = _count_all_reduces(calls)  # type: ignore[assignment]
@@ -77,6 +95,7 @@ def _rank_main(rank: int, world_size: int) -> dict[str, object]:
         "all_reduce_calls": len(calls),
         "agreed": _agreed_failure(rank),
         "foreign_group": _group_without_cpu_backend() if rank == 0 else "",
+        "cpu_group_for_cuda": _cpu_group_for_a_cuda_engine() if rank == 0 else "",
     }
 
 
@@ -94,6 +113,7 @@ def test_groups_collectives_and_agreed_errors_on_two_ranks() -> None:
         assert result["agreed"] == "rank 1 (of failing ranks 1): input_ids of sequence 3 is empty"
     assert "backend 'cuda:gloo', which has no CPU backend" in per_rank[0]["foreign_group"]
     assert "init_process_group(backend='cpu:gloo,cuda:nccl')" in per_rank[0]["foreign_group"]
+    assert "backend 'cpu:gloo', which has no CUDA backend" in per_rank[0]["cpu_group_for_cuda"]
 
 
 def test_a_device_this_process_cannot_see_is_one_error_naming_the_fix(monkeypatch) -> None:

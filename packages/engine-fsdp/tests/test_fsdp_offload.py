@@ -93,7 +93,7 @@ def test_offloaded_state_of_a_cuda_mesh_stays_in_its_host_buffer():
     moved the buffer straight back to the mesh's device, so the optimizer offload freed nothing on a GPU).
     Runs on CPU: the mesh only names cuda (no backend) and the moment is rewrapped as
     ``move_optimizer_state`` does after stashing it."""
-    init_distributed("cpu", 60.0)  # the mesh needs a default group (a one-rank group here)
+    init_distributed(device_under_test(), 60.0)  # a one-rank default group, as later engines of the run need
     mesh = DeviceMesh("cuda", [0], _init_backend=False)
     moment = DTensor.from_local(torch.zeros(4, device="meta"), mesh, [Shard(0)], run_check=False)
     buffer = HostBuffers().stash((0, "exp_avg"), torch.arange(4.0))

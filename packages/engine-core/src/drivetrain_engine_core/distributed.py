@@ -49,15 +49,16 @@ def init_distributed(device: str = "cpu", timeout_s: float = 600.0) -> None:
 
     Under torchrun (``WORLD_SIZE`` set) the group joins the launched world through its environment; on CUDA
     each rank first selects ``cuda:LOCAL_RANK``. A process that was not launched gets a one-rank group over an
-    in-memory store. A group that already exists is kept, provided it can reduce host tensors.
+    in-memory store. A group that already exists is kept, provided it can reduce host tensors and ``device``'s.
 
     Raises:
         ConfigError: this process sees no ``device`` (or fewer than its local rank needs), or an existing default
-            group has no CPU backend (e.g. ``init_process_group("nccl")``).
+            group has no CPU backend (e.g. ``init_process_group("nccl")``) or none for ``device`` (a group made
+            for the CPU, then an engine on CUDA).
     """
     require_device(device)
     if dist.is_initialized():
-        check_host_backend()
+        check_group_backends(device)
         return
     timeout = datetime.timedelta(seconds=timeout_s)
     atexit.register(_destroy_at_exit)
@@ -110,19 +111,23 @@ def require_device(device: str) -> None:
         )
 
 
-def check_host_backend() -> None:
-    """Fail clearly when the default group cannot reduce CPU tensors (see :func:`backend_for`).
+def check_group_backends(device: str) -> None:
+    """Fail clearly when the default group cannot reduce CPU tensors (see :func:`backend_for`) or ``device``'s.
+
+    NOTE: a group created for the CPU (``cpu:gloo``) kept by a later CUDA engine failed in FSDP2's first
+    collective with "No backend type associated with device type cuda".
 
     Raises:
-        ConfigError: the group's backends do not cover the ``cpu`` device type.
+        ConfigError: the group's backends do not cover the ``cpu`` device type, or ``device``.
     """
     config = dist.get_backend_config()
     device_types = {pair.split(":")[0] for pair in config.split(",") if ":" in pair}
-    if "cpu" not in device_types:
+    missing = [d for d in dict.fromkeys(("cpu", device)) if d not in device_types]
+    if missing:
         raise ConfigError(
-            f"the default process group was created with backend {config!r}, which has no CPU backend; "
-            "drivetrain reduces host scalars over the CPU: create it with "
-            "init_process_group(backend='cpu:gloo,cuda:nccl') or let drivetrain create it "
+            f"the default process group was created with backend {config!r}, which has no {missing[0].upper()} "
+            f"backend; drivetrain reduces host scalars over the CPU and engine.device={device!r} tensors on its "
+            "own: create it with init_process_group(backend='cpu:gloo,cuda:nccl') or let drivetrain create it "
             "(drivetrain_engine_core.distributed.init_distributed)."
         )
 
