@@ -162,3 +162,24 @@ def test_moving_state_to_the_host_waits_for_the_compute_device(monkeypatch):
         "cpu", model=False, optimizer=True, grad=False
     )
     assert waited == ["cuda"]
+
+
+def test_waking_an_engine_under_the_cpu_offload_policy_keeps_its_state_on_the_host(monkeypatch):
+    """Under FSDP2's CPU offload policy parameters and optimizer state live on the host during compute; a
+    wake-up ``engine.to("cuda")`` moved them to the GPU (FSDP2 then re-pinned the parameters to the host
+    beside CUDA moments and gradients: the next step failed on mixed devices). The compute device means the
+    home device. Runs on CPU: the placement only names cuda; the moves are recorded."""
+    from drivetrain_engine_fsdp.placement import Placement
+
+    module = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(module.parameters())
+    moves = []
+    monkeypatch.setattr(offload, "move_parameters", lambda module, device: moves.append(("params", device)))
+    monkeypatch.setattr(
+        offload, "move_optimizer_state", lambda optimizer, device: moves.append(("optimizer", device))
+    )
+    monkeypatch.setattr(offload, "synchronize", lambda device: None)
+    placement = Placement(module, optimizer, device="cuda", home_device="cpu")
+    placement.to("cuda", model=True, optimizer=True, grad=False)
+    assert moves == [("params", "cpu"), ("optimizer", "cpu")]
+    assert not placement.params_on_cpu and not placement.optimizer_on_cpu  # at home, not offloaded

@@ -92,8 +92,15 @@ class Placement:
         self._record("offload", move)
 
     def to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
-        """``engine.to()``: move what is asked, synchronously, and remember where it is."""
+        """``engine.to()``: move what is asked, synchronously, and remember where it is.
+
+        The compute device means the home device: under FSDP2's CPU offload policy the state lives on the host
+        during compute, and a wake-up ``to("cuda")`` that moved it there left host parameters (FSDP2 re-pins
+        them) beside CUDA moments and gradients, so the next step failed on mixed devices.
+        """
         self.await_optimizer_state()
+        if device == self.device:
+            device = self.home_device
         on_cpu = device == "cpu" and self.home_device != "cpu"
         del grad  # core allows it only with ``model``: gradients move with their parameters
         if model:
