@@ -57,6 +57,9 @@ def test_pad_token_trains_like_hugging_face(tmp_path, tied):
     batches = _batches(model_dir)
     history = train_history(engine, batches, token_mean_nll)
     reference = reference_train_losses(model_dir, batches, OPTIMIZER, token_mean_nll)
+    # CUDA against the CPU reference rounds differently through AdamW (the conformance kit's 1e-5); the bug
+    # moved the grad norm by 3%.
+    rel = 1e-5 if device_under_test() == "cuda" else 1e-6
     for (loss, norm), (ref_loss, ref_norm) in zip(history, reference, strict=True):
-        assert loss == pytest.approx(ref_loss, rel=1e-6)
-        assert norm == pytest.approx(ref_norm, rel=2e-6)
+        assert loss == pytest.approx(ref_loss, rel=rel)
+        assert norm == pytest.approx(ref_norm, rel=2 * rel)
