@@ -192,7 +192,8 @@ def test_reference_on_actor_base_needs_adapters(model_dir) -> None:
 
 def test_a_resumed_actor_shuffles_its_mini_batches_as_the_uninterrupted_one(model_dir, tmp_path) -> None:
     # Two shuffled mini-batches per update: the order of update k is seeded by k, so an actor restored from a
-    # checkpoint after one update must continue from updates_done=1, or its second update differs.
+    # checkpoint after one update must continue from updates_done=1, or its second update differs. The role's
+    # own checkpoint holds the count (a role in a Ray worker had no way to restore it).
     config = ActorConfig(schedule=UpdateSchedule(mini_batch_size=4, epochs=1, shuffle=True, seed=7))
     batch = rollout(seed=3)
     batch["old_log_probs"] = jagged(
@@ -200,9 +201,9 @@ def test_a_resumed_actor_shuffles_its_mini_batches_as_the_uninterrupted_one(mode
     )
     actor = Actor(engine_for(model_dir), config)
     actor.update_policy(batch)
-    actor.engine.save_checkpoint(tmp_path, global_step=1)
+    actor.save_checkpoint(tmp_path, global_step=1, extra_state={"epoch": 3})
     expected = actor.update_policy(batch)
     resumed = Actor(engine_for(model_dir), config)
-    resumed.engine.load_checkpoint(tmp_path)
-    resumed.updates_done = 1
+    assert resumed.load_checkpoint(tmp_path) == {"global_step": 1, "epoch": 3, "updates_done": 1}
+    assert resumed.updates_done == 1
     assert resumed.update_policy(batch) == expected

@@ -14,6 +14,7 @@ from .batch_inputs import RoleBatch
 from .losses.policy import PolicyLossConfig, policy_loss_fn
 from .mini_batches import UpdateSchedule, iterate_mini_batches
 from .update_metrics import UpdateMetrics
+from .updating_role import UpdatingRole
 
 POLICY_METRICS: tuple[str, ...] = ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "approx_kl")
 
@@ -37,7 +38,7 @@ class ActorConfig:
             raise ValueError(f"actor temperature must be > 0, got {self.temperature}.")
 
 
-class Actor:
+class Actor(UpdatingRole):
     """Policy role over any :class:`~drivetrain_engine_core.engine.Engine` with an optimizer.
 
     Batches may be no-padding (jagged) or left-right padded; outputs come back in the same form.
@@ -48,12 +49,8 @@ class Actor:
     """
 
     def __init__(self, engine: Engine, config: ActorConfig | None = None) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.config = config or ActorConfig()
-        self.updates_done = 0
-        """Policy updates so far; seeds each update's mini-batch shuffle. A trainer that resumes from a
-        checkpoint sets it to the number of updates the checkpoint holds, so a resumed run shuffles exactly
-        as the uninterrupted one did."""
 
     def compute_log_prob(self, batch: TensorDict, *, calculate_entropy: bool = False) -> TensorDict | None:
         """Per-token ``log_probs`` (and ``entropy``) of the batch's tokens under the current policy.

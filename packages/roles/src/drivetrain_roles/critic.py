@@ -13,6 +13,7 @@ from .batch_inputs import RoleBatch
 from .losses.value import ValueLossConfig, value_loss_fn
 from .mini_batches import UpdateSchedule, iterate_mini_batches
 from .update_metrics import UpdateMetrics
+from .updating_role import UpdatingRole
 
 VALUE_METRICS: tuple[str, ...] = ("vf_loss", "vf_clipfrac")
 
@@ -30,7 +31,7 @@ class CriticConfig:
     schedule: UpdateSchedule = field(default_factory=UpdateSchedule)
 
 
-class Critic:
+class Critic(UpdatingRole):
     """Value role over any value-model :class:`~drivetrain_engine_core.engine.Engine`.
 
     Args:
@@ -39,10 +40,8 @@ class Critic:
     """
 
     def __init__(self, engine: Engine, config: CriticConfig | None = None) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.config = config or CriticConfig()
-        self.updates_done = 0
-        """Value updates so far; seeds each update's mini-batch shuffle (a resumed trainer restores it)."""
 
     def compute_values(self, batch: TensorDict) -> TensorDict | None:
         """Per-token ``values`` (ARCHITECTURE §7.1 alignment) in the batch's form, on the output rank."""
