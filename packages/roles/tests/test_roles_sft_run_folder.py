@@ -112,3 +112,35 @@ def test_metrics_report_step_time_and_tokens(run) -> None:
     assert first["perf/tokens_per_s"] == pytest.approx(first["perf/tokens"] / first["perf/step_time_s"])
     assert first["perf/tflops_per_device"] > 0
     assert "perf/mfu" not in first, "no MFU on CPU without a configured peak"
+
+
+def test_checkpoints_hold_the_training_datas_fingerprint(run) -> None:
+    _, output_dir, _ = run
+    states = [json.loads(p.read_text()) for p in (output_dir / "checkpoints").glob("global_step_*/**/*.json")]
+    fingerprints = {state.get("extra_state", {}).get("data_fingerprint") for state in states} - {None}
+    assert len(fingerprints) == 1 and len(fingerprints.pop()) == 16
+
+
+def test_a_resume_on_other_data_is_warned_about(tmp_path, caplog) -> None:
+    """Batches are drawn by position from the step, the seed and the data's size, so a resumed run on changed
+    data silently trained on other batches than the uninterrupted run's. Each checkpoint stores the data's
+    fingerprint; a resume on other data goes on (fixing the data is a reason to) but is warned about."""
+    from types import SimpleNamespace
+
+    from drivetrain_roles.jobs.run_folder import RunFolder, data_fingerprint
+
+    data, edited = [[1, 5, 6], [1, 7]], [[1, 5, 6], [1, 8]]
+    assert data_fingerprint(data) == data_fingerprint([list(s) for s in data]) != data_fingerprint(edited)
+    assert data_fingerprint([[1, 2], [3]]) != data_fingerprint([[1], [2, 3]])  # sequence bounds count
+    saved: dict = {}
+    engine = SimpleNamespace(
+        save_checkpoint=lambda root, step, extra_state: saved.update(extra_state, global_step=step),
+        load_checkpoint=lambda root: dict(saved),
+    )
+    RunFolder(path=tmp_path).for_data(data).save(engine, 4)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING"):
+        assert RunFolder(path=tmp_path, resume=True).for_data(data).start_step(engine) == 4  # type: ignore[arg-type]
+        assert not caplog.text
+        assert RunFolder(path=tmp_path, resume=True).for_data(edited).start_step(engine) == 4  # type: ignore[arg-type]
+    assert "the training data differ from those the checkpoint" in caplog.text
+    assert data_fingerprint(data) in caplog.text and data_fingerprint(edited) in caplog.text

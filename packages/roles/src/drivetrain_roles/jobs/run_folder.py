@@ -3,14 +3,20 @@
 Every job's batches are a function of the step and a few config values (the seed, the batch size: see
 :class:`~drivetrain_roles.sft.batches.StepSampler`). Each checkpoint stores those values next to its step, and
 a resumed run with other values is refused; with the model, optimizer, LR schedule and RNG state the engine
-restores, a resumed run therefore reproduces the uninterrupted one exactly. :func:`begin_run` is what every
-job does first, the run directory's preparation last.
+restores, a resumed run therefore reproduces the uninterrupted one exactly, provided the data are the same:
+each checkpoint also stores a fingerprint of the tokenised training data, and a resumed run on other data is
+warned about (it goes on: a fixed typo is a reason to). :func:`begin_run` is what every job does first, the run
+directory's preparation last.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import logging
 import shutil
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,9 @@ from ..sft.batches import check_batch_size
 from ..sft.final_model import FINAL_MODEL_DIR
 from .launch import CHECKPOINT_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir
 
+logger = logging.getLogger(__name__)
+DATA_FINGERPRINT_KEY = "data_fingerprint"
+
 
 @dataclass(kw_only=True, frozen=True)
 class RunFolder:
@@ -39,12 +48,18 @@ class RunFolder:
             over (without it, a new run refuses a directory that holds checkpoints).
         data_order: the config values the data order depends on, by dotted field name (``"trainer.seed"``);
             a checkpoint stores each under its last part (``seed``) and a resumed run must match them.
+        data_fingerprint: the training data's :func:`data_fingerprint` once loaded (:meth:`for_data`).
     """
 
     path: Path
     resume: bool = False
     overwrite: bool = False
     data_order: Mapping[str, int] = field(default_factory=dict)
+    data_fingerprint: str | None = None
+
+    def for_data(self, sequences: Iterable[Sequence[int]]) -> RunFolder:
+        """This folder knowing the training data (their token ids), whose fingerprint its checkpoints store."""
+        return dataclasses.replace(self, data_fingerprint=data_fingerprint(sequences))
 
     @property
     def checkpoint_root(self) -> Path:
@@ -89,12 +104,34 @@ class RunFolder:
                     f"the checkpoint in {self.checkpoint_root} was trained with {name}={saved}, this run has "
                     f"{value}; resume with the same value or start a new --output-dir."
                 )
+        self._compare_data(state.get(DATA_FINGERPRINT_KEY))
         return int(state["global_step"])
 
     def save(self, engine: Engine, step: int) -> None:
         """Checkpoint ``engine`` after ``step`` steps, with the data position (collective)."""
         position = {"next_step": step, **{_state_key(name): v for name, v in self.data_order.items()}}
+        if self.data_fingerprint is not None:
+            position[DATA_FINGERPRINT_KEY] = self.data_fingerprint
         engine.save_checkpoint(self.checkpoint_root, step, extra_state=position)
+
+    def _compare_data(self, saved: str | None) -> None:
+        """Warn (rank 0) when the checkpoint was trained on other data than this run loaded.
+
+        NOTE: the batches are drawn by position from the step, the seed and the data's size, so a changed,
+        added or removed example (or another tokenizer) silently gave the resumed run other batches than the
+        uninterrupted one's; it is allowed (fixing the data is a reason to resume), but said.
+        """
+        if saved is None or self.data_fingerprint is None or saved == self.data_fingerprint:
+            return
+        if distributed.rank() == 0:
+            logger.warning(
+                "the training data differ from those the checkpoint in %s was trained on (data fingerprint %s, "
+                "now %s: a changed, added or removed example, or another tokenizer); the resumed run goes on, but "
+                "its batches are not the uninterrupted run's. Resume with the original data to reproduce it.",
+                self.checkpoint_root,
+                saved,
+                self.data_fingerprint,
+            )
 
 
 def begin_run(
@@ -118,3 +155,12 @@ def begin_run(
 def _state_key(name: str) -> str:
     # The last part of the field name, as checkpoints written before the fields were named in full hold it.
     return name.rpartition(".")[2]
+
+
+def data_fingerprint(sequences: Iterable[Sequence[int]]) -> str:
+    """A short hash of tokenised data (each sequence's token ids, in order): equal data, equal fingerprint."""
+    digest = hashlib.sha256()
+    for ids in sequences:
+        digest.update(len(ids).to_bytes(8, "little"))
+        digest.update(array("q", ids).tobytes())
+    return digest.hexdigest()[:16]
