@@ -163,6 +163,35 @@ def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp
     assert float((chosen > rejected).float().mean()) == last["val/accuracy"]
 
 
+def test_the_reward_models_start_is_rebuilt_from_this_runs_model(tmp_path) -> None:
+    """Files a previous run left in ``initial_model`` were kept (only config.json was rewritten), so a run in
+    the same folder with another ``model.path`` (after --overwrite, or a crash before its first checkpoint)
+    trained the previous model's weights and tokenizer under the new config."""
+    from drivetrain_roles.rm.export import write_value_model_start
+
+    sources = {}
+    for name in ("a", "b"):
+        source = tmp_path / name
+        source.mkdir()
+        (source / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": len(name) * 8}))
+        (source / "model.safetensors").write_text(f"weights of {name}")
+        (source / "tokenizer.json").write_text(f"tokenizer of {name}")
+        (source / f"only_in_{name}.txt").write_text(name)
+        sources[name] = source
+    target = tmp_path / "run" / "initial_model"
+    write_value_model_start(str(sources["a"]), target)
+    write_value_model_start(str(sources["b"]), target)
+    assert (target / "model.safetensors").resolve() == (sources["b"] / "model.safetensors").resolve()
+    assert (target / "tokenizer.json").read_text() == "tokenizer of b"
+    assert sorted(p.name for p in target.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "only_in_b.txt",
+        "tokenizer.json",
+    ]
+    assert json.loads((target / "config.json").read_text())["num_labels"] == 1
+
+
 def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path) -> None:
     common = [*TINY, "warm_start.sft_steps=0", "trainer.total_steps=2"]
     precomputed = DPOTrainer(load_dpo_config(overrides=common), tmp_path / "pre").run()

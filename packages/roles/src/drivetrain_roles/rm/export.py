@@ -37,13 +37,17 @@ def write_value_model_start(source: str, target: Path) -> str:
     config with one label, no score bias and no head dropout (rank 0 writes); returns ``target``.
 
     NOTE: the small files are copied because a checkpoint merge copies the tokenizer only from regular files
-    (a symlink may point anywhere): with links, a merged reward model came out without its tokenizer.
+    (a symlink may point anywhere): with links, a merged reward model came out without its tokenizer. The
+    folder is rebuilt every time: files a previous run left there were kept, so a run in the same folder
+    with another ``model.path`` (after ``--overwrite``, or a crash before its first checkpoint) trained the
+    previous model's weights under the new config.
     """
     if distributed.rank() == 0:
-        target.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
         for entry in Path(source).iterdir():
             destination = target / entry.name
-            if entry.name == "config.json" or destination.exists() or destination.is_symlink():
+            if entry.name == "config.json":
                 continue
             if entry.name.endswith(WEIGHT_SUFFIXES) or not entry.is_file():
                 os.symlink(entry.resolve(), destination)
