@@ -103,6 +103,36 @@ def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
         load_pairs([chat], tokenizer, PairDataConfig(chat=True))
 
 
+def test_trls_explicit_prompt_chat_pairs_take_their_prompt_turns_from_the_prompt_column(tmp_path) -> None:
+    """TRL's conversational format with an explicit prompt (``prompt`` a list of messages, chosen/rejected the
+    assistant turns alone) passed the checks, then failed in transformers on an empty conversation, naming no
+    row. The prompt turns now lead each side, exactly as the same pair with whole conversations (implicit)."""
+    from drivetrain_engine_core.testing import build_tiny_tokenizer
+    from drivetrain_roles.preference.data import check_pair_rows, write_sft_rows
+
+    tokenizer = build_tiny_tokenizer()
+    user = {"role": "user", "content": "hello"}
+    good, bad = {"role": "assistant", "content": "world"}, {"role": "assistant", "content": "the"}
+    explicit, implicit, text_prompt = (tmp_path / f"{n}.jsonl" for n in ("explicit", "implicit", "text"))
+    explicit.write_text(json.dumps({"prompt": [user], "chosen": [good], "rejected": [bad]}) + "\n")
+    implicit.write_text(json.dumps({"chosen": [user, good], "rejected": [user, bad]}) + "\n")
+    text_prompt.write_text(json.dumps({"prompt": "hello", "chosen": [good], "rejected": [bad]}) + "\n")
+    config = PairDataConfig(chat=True, max_length=256)
+    expected = load_pairs([implicit], tokenizer, config)
+    assert (
+        load_pairs([explicit], tokenizer, config) == load_pairs([text_prompt], tokenizer, config) == expected
+    )
+    assert check_pair_rows([explicit], config) == 1
+    sft_rows = write_sft_rows(explicit, tmp_path / "sft.jsonl", config).read_text()
+    assert json.loads(sft_rows) == {"messages": [user, good]}
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"chosen": [good], "rejected": [bad]}) + "\n")
+    with pytest.raises(
+        DataError, match=r"row 0 column 'chosen' holds only assistant turns .* no prompt column"
+    ):
+        check_pair_rows([bare], config)
+
+
 def test_generated_pairs_give_training_questions_several_near_misses_and_hold_out_other_questions(
     tmp_path,
 ) -> None:

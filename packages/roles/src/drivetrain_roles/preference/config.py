@@ -27,10 +27,12 @@ class PairDataConfig:
             sum chosen, a wrong one rejected).
         val_files: held-out pairs; empty with generated data uses the generated held-out split, empty with
             user files disables held-out evaluation.
-        prompt_key: column of the prompt text (not read with ``chat``).
+        prompt_key: column of the prompt text; with ``chat``, read only for sides that hold assistant turns
+            alone (TRL's explicit prompt: a list of messages, or a text taken as one user turn).
         chosen_key, rejected_key: columns of the preferred and the dispreferred response.
         chat: the chosen/rejected columns hold chat conversations (lists of role/content messages ending with
-            the assistant turn, rendered with the tokenizer's chat template) instead of response texts.
+            the assistant turn, rendered with the tokenizer's chat template) instead of response texts; their
+            prompt turns are in them or in the prompt column.
         max_length: token budget of one sequence (prompt + response); longer pairs are an error.
         generated_train_size, generated_val_size: questions in the generated arithmetic splits (one pair per
             held-out question).

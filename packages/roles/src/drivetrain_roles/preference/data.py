@@ -64,10 +64,8 @@ def load_pairs(files: Sequence[str | Path], tokenizer: Any, config: PairDataConf
 def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *, where: str) -> PairExample:
     """Tokenise one row: prompt + chosen/rejected texts, or two chat conversations sharing their prompt turns."""
     if config.chat:
-        chosen = tokenize_messages(column(row, config.chosen_key, where, "data.chosen_key"), tokenizer, where)
-        rejected = tokenize_messages(
-            column(row, config.rejected_key, where, "data.rejected_key"), tokenizer, where
-        )
+        chosen = tokenize_messages(chat_side(row, config.chosen_key, config, where), tokenizer, where)
+        rejected = tokenize_messages(chat_side(row, config.rejected_key, config, where), tokenizer, where)
         if chosen.prompt_ids != rejected.prompt_ids:
             raise DataError(
                 f"{where}: the chosen and rejected conversations differ before their last assistant turn; a pair "
@@ -84,6 +82,37 @@ def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *
             )
         )
     return PairExample(chosen=sides[0], rejected=sides[1])
+
+
+def chat_side(row: dict[str, Any], key: str, config: PairDataConfig, where: str) -> Any:
+    """The whole conversation of one side of a chat pair (``data.chat``).
+
+    A side that holds only assistant turns takes its prompt turns from the ``data.prompt_key`` column, as TRL's
+    explicit-prompt conversational format has it (a list of messages, or a text read as one user turn); a side
+    with other turns is the whole conversation (TRL's implicit prompt) and the prompt column is not read.
+
+    NOTE: explicit-prompt rows passed the checks and then failed in transformers ("Cannot apply chat template
+    to an empty conversation"), naming no row.
+
+    Raises:
+        DataError: the row lacks the side's column, or an assistant-only side has no prompt column.
+    """
+    option = "data.chosen_key" if key == config.chosen_key else "data.rejected_key"
+    side = column(row, key, where, option)
+    if not isinstance(side, list) or any(not _is_assistant_turn(m) for m in side):
+        return side
+    if config.prompt_key not in row:
+        raise DataError(
+            f"{where} column {key!r} holds only assistant turns and the row has no prompt column "
+            f"{config.prompt_key!r}; give the prompt turns in a prompt column (TRL's explicit prompt; "
+            "data.prompt_key=<column>) or in both conversations."
+        )
+    prompt = row[config.prompt_key]
+    return [*([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt), *side]
+
+
+def _is_assistant_turn(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant"
 
 
 def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
@@ -105,7 +134,7 @@ def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
             where = f"{path} row {index}"
             for key, option in keys:
                 if config.chat:
-                    column(row, key, where, option)
+                    chat_side(row, key, config, where)
                 else:
                     text_value(row, key, where, option)
             count += 1
@@ -118,7 +147,7 @@ def write_sft_rows(pairs_file: str | Path, target: Path, config: PairDataConfig)
     rows = []
     for row in read_rows(pairs_file):
         if config.chat:
-            rows.append({"messages": row[config.chosen_key]})
+            rows.append({"messages": chat_side(row, config.chosen_key, config, str(pairs_file))})
         else:
             rows.append({"prompt": row[config.prompt_key], "response": row[config.chosen_key]})
     lines = dict.fromkeys(json.dumps(r) + "\n" for r in rows)
