@@ -109,7 +109,10 @@ class RunFolder:
 
     def save(self, engine: Engine, step: int) -> None:
         """Checkpoint ``engine`` after ``step`` steps, with the data position (collective)."""
-        position = {"next_step": step, **{_state_key(name): v for name, v in self.data_order.items()}}
+        position: dict[str, Any] = {
+            "next_step": step,
+            **{_state_key(name): v for name, v in self.data_order.items()},
+        }
         if self.data_fingerprint is not None:
             position[DATA_FINGERPRINT_KEY] = self.data_fingerprint
         engine.save_checkpoint(self.checkpoint_root, step, extra_state=position)
