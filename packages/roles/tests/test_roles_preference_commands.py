@@ -220,6 +220,10 @@ def test_the_reward_models_start_is_rebuilt_from_this_runs_model(tmp_path) -> No
         "tokenizer.json",
     ]
     assert json.loads((target / "config.json").read_text())["num_labels"] == 1
+    # The embedded model's untrained start is written to the folder itself: kept, given the reward config.
+    write_value_model_start(str(target), target)
+    assert (target / "tokenizer.json").read_text() == "tokenizer of b"
+    assert json.loads((target / "config.json").read_text())["hidden_size"] == 8
 
 
 def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path) -> None:

@@ -40,24 +40,31 @@ def write_value_model_start(source: str, target: Path) -> str:
     (a symlink may point anywhere): with links, a merged reward model came out without its tokenizer. The
     folder is rebuilt every time: files a previous run left there were kept, so a run in the same folder
     with another ``model.path`` (after ``--overwrite``, or a crash before its first checkpoint) trained the
-    previous model's weights under the new config.
+    previous model's weights under the new config. The embedded model's untrained start is written to
+    ``target`` itself; it is only given the reward model's config.
     """
     if distributed.rank() == 0:
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        for entry in Path(source).iterdir():
-            destination = target / entry.name
-            if entry.name == "config.json":
-                continue
-            if entry.name.endswith(WEIGHT_SUFFIXES) or not entry.is_file():
-                os.symlink(entry.resolve(), destination)
-            else:
-                shutil.copyfile(entry, destination)
         config = json.loads((Path(source) / "config.json").read_text())
+        if Path(source).resolve() != target.resolve():
+            _link_and_copy(Path(source), target)
         config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
         (target / "config.json").write_text(json.dumps(config, indent=2))
     distributed.barrier()
     return str(target)
+
+
+def _link_and_copy(source: Path, target: Path) -> None:
+    """``target`` afresh: ``source``'s weights linked, its other files but the config copied."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for entry in source.iterdir():
+        destination = target / entry.name
+        if entry.name == "config.json":
+            continue
+        if entry.name.endswith(WEIGHT_SUFFIXES) or not entry.is_file():
+            os.symlink(entry.resolve(), destination)
+        else:
+            shutil.copyfile(entry, destination)
 
 
 def export_reward_model(engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
