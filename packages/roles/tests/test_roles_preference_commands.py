@@ -73,6 +73,24 @@ def test_only_the_embedded_model_gets_an_sft_warm_start_unless_asked(load, embed
     assert load(None, ["model.path=/models/instruct", "warm_start.sft_steps=7"]).warm_start.sft_steps == 7
 
 
+@pytest.mark.parametrize(
+    ("command", "embedded", "user"),
+    [("sft", 3e-3, 1e-5), ("dpo", 1e-4, 1e-6), ("rm", 2e-3, 1e-5), ("grpo", 2e-4, 1e-6)],
+)
+def test_a_users_model_gets_the_learning_rate_its_users_know(command, embedded, user) -> None:
+    """The embedded job's learning rates applied to a user's model too: ``drivetrain sft model.path=<a real
+    model>`` ran a full fine-tune at 3e-3 (DPO at 1e-4 with beta 0.5), which ruins a real model. Another model
+    gets verl's and TRL's defaults unless the rate is set."""
+    from importlib import import_module
+
+    load = import_module(f"drivetrain_roles.{command}.config").load_config
+    assert load(None, []).optimizer.lr == embedded
+    assert load(None, ["model.path=/models/instruct"]).optimizer.lr == user
+    assert load(None, ["model.path=/models/instruct", "optimizer.lr=3e-6"]).optimizer.lr == 3e-6
+    if command == "dpo":
+        assert load(None, []).dpo.beta == 0.5 and load(None, ["model.path=/models/instruct"]).dpo.beta == 0.1
+
+
 def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
     tokenizer = build_arithmetic_tokenizer()
     text = tmp_path / "pairs.jsonl"

@@ -9,16 +9,45 @@ entry replaces its base's where the command means something more specific.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig
 
 from .sft.default_assets import BUILTIN_MODEL
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 
 def builtin_model() -> ModelConfig:
     """The default ``model`` section of every command: the embedded tiny arithmetic model."""
     return ModelConfig(path=BUILTIN_MODEL)
+
+
+def for_a_user_model(
+    config: DictConfig, values: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Derived values (``{section: {key: value}}``) that hold for any model but the embedded one, whose
+    defaults are tuned for its few thousand parameters; each applies unless set.
+
+    NOTE: the embedded job's learning rates (SFT 3e-3, RM 2e-3, GRPO 2e-4, DPO 1e-4 with beta 0.5) applied to a
+    user's model too, so ``drivetrain sft model.path=Qwen/Qwen2.5-0.5B`` ran a full fine-tune at 3e-3, which
+    ruins a real model within steps. A user's model gets the values its users know instead (verl, TRL).
+    """
+    if config.model.path == BUILTIN_MODEL:
+        return {}
+    return {section: dict(entries) for section, entries in values.items()}
+
+
+def merged_sections(*parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The union of several ``{section: {key: value}}`` mappings (later keys win)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for section, entries in part.items():
+            merged.setdefault(section, {}).update(entries)
+    return merged
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -20,7 +20,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import builtin_model
+from ..command_sections import builtin_model, for_a_user_model, merged_sections
 from ..losses.preference import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
@@ -57,6 +57,12 @@ class DPOSection(DPOLossConfig):
 
 def _default_engine() -> EngineConfig:
     return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=2048))
+
+
+USER_MODEL_LR = 1e-6
+"""The DPO learning rate of any model but the embedded one (TRL's ``DPOConfig`` default)."""
+USER_MODEL_BETA = 0.1
+"""The DPO beta of any model but the embedded one (TRL's default)."""
 
 
 def _default_optimizer() -> OptimizerConfig:
@@ -100,11 +106,13 @@ class DPOConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: the LR schedule spans the DPO steps; only the embedded model warms up."""
-        return {
-            "optimizer": {"total_steps": config.trainer.total_steps},
-            **warm_start_follows_the_model(config),
-        }
+        """Unless set: the LR schedule spans the DPO steps; only the embedded model warms up; another model
+        trains at TRL's ``DPOConfig`` defaults (lr 1e-6, beta 0.1)."""
+        return merged_sections(
+            {"optimizer": {"total_steps": config.trainer.total_steps}},
+            warm_start_follows_the_model(config),
+            for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}, "dpo": {"beta": USER_MODEL_BETA}}),
+        )
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> DPOConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -20,10 +21,13 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import LoopConfig, builtin_model
+from ..command_sections import LoopConfig, builtin_model, for_a_user_model
 from ..losses.aggregation import AGGREGATION_MODES
 from ..losses.kl import canonical_estimator
 from ..sft.config import DataConfig
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -128,6 +132,10 @@ def _default_engine() -> EngineConfig:
     return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=4096))
 
 
+USER_MODEL_LR = 1e-6
+"""The GRPO learning rate of any model but the embedded one (verl's actor default, TRL's ``GRPOConfig``)."""
+
+
 def _default_optimizer() -> OptimizerConfig:
     return OptimizerConfig(lr=2e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
 
@@ -161,6 +169,11 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @staticmethod
+    def derived_values(config: DictConfig) -> dict[str, Any]:
+        """Unless set: another model than the embedded one trains at lr 1e-6 (verl's actor, TRL's GRPO)."""
+        return for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}})
 
     def __post_init__(self) -> None:
         sequences = self.trainer.prompts_per_step * self.rollout.n

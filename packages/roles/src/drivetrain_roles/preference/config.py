@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import ConfigError
 
-from ..command_sections import BatchLoopConfig
-from ..sft.default_assets import BUILTIN_MODEL
+from ..command_sections import BatchLoopConfig, for_a_user_model
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -102,7 +101,7 @@ def warm_start_follows_the_model(config: DictConfig) -> dict[str, Any]:
     NOTE: a user's model (a TRL user's instruct model) went through the embedded job's SFT warm start, a
     full fine-tune at lr 5e-3, before DPO, and the DPO reference became that model.
     """
-    return {} if config.model.path == BUILTIN_MODEL else {"warm_start": {"sft_steps": 0}}
+    return for_a_user_model(config, {"warm_start": {"sft_steps": 0}})
 
 
 @dataclass(kw_only=True, frozen=True)

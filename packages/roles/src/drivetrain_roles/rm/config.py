@@ -19,7 +19,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import builtin_model
+from ..command_sections import builtin_model, for_a_user_model, merged_sections
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 WARMUP_STEPS = 200
 """Linear LR warm-up of the reward-model steps (measured with lr 2e-3; the head starts random)."""
+USER_MODEL_LR = 1e-5
+"""The reward-model learning rate of any model but the embedded one (TRL's and OpenRLHF's examples)."""
 
 
 def _default_engine() -> EngineConfig:
@@ -88,12 +90,13 @@ class RMConfig:
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: the LR schedule spans the reward-model steps and warms up for 200 of them (at most a
-        fifth); only the embedded model has an SFT warm start."""
+        fifth); only the embedded model has an SFT warm start; another model trains at lr 1e-5."""
         steps = config.trainer.total_steps
-        return {
-            "optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)},
-            **warm_start_follows_the_model(config),
-        }
+        return merged_sections(
+            {"optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)}},
+            warm_start_follows_the_model(config),
+            for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}}),
+        )
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> RMConfig:

@@ -22,7 +22,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import BatchLoopConfig, builtin_model
+from ..command_sections import BatchLoopConfig, builtin_model, for_a_user_model, merged_sections
 from ..losses.aggregation import AGGREGATION_MODES
 
 if TYPE_CHECKING:
@@ -117,6 +117,10 @@ def _default_engine() -> EngineConfig:
     )
 
 
+USER_MODEL_LR = 1e-5
+"""The SFT learning rate of any model but the embedded one (verl's SFT trainer default; TRL's is 2e-5)."""
+
+
 def _default_optimizer() -> OptimizerConfig:
     schedule = schedule_length(TrainerConfig().total_steps)
     return OptimizerConfig(
@@ -157,8 +161,12 @@ class SFTConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Values that follow others unless the user sets them: the LR schedule follows the run length."""
-        return {"optimizer": schedule_length(config.trainer.total_steps)}
+        """Values that follow others unless the user sets them: the LR schedule follows the run length; another
+        model than the embedded one trains at lr 1e-5 (verl's SFT default)."""
+        return merged_sections(
+            {"optimizer": schedule_length(config.trainer.total_steps)},
+            for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}}),
+        )
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> SFTConfig:
