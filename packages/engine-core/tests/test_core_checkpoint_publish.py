@@ -113,6 +113,35 @@ def test_interrupted_prune_leaves_no_step_that_looks_complete(tmp_path, kill_at)
     assert names(tmp_path) == ["global_step_3", "latest"]
 
 
+def test_a_prune_that_cannot_delete_keeps_training_and_retries_at_the_next_save(
+    tmp_path, monkeypatch, caplog
+):
+    """Deleting a pruned step is housekeeping after publication; a failure there (NFS: "Directory not empty")
+    raised on rank 0 alone after a good save, and every later save failed at the same leftover."""
+    import errno
+    import shutil
+
+    from drivetrain_engine_core.checkpoint import publish
+
+    real = shutil.rmtree
+
+    def busy(path, *args, **kwargs):
+        raise OSError(errno.ENOTEMPTY, "Directory not empty", str(path))
+
+    engine = make_engine(keep=1)
+    engine.save_checkpoint(tmp_path, 1)
+    monkeypatch.setattr(publish.shutil, "rmtree", busy)
+    with caplog.at_level(logging.WARNING):
+        engine.save_checkpoint(tmp_path, 2)
+        engine.save_checkpoint(tmp_path, 3)
+    assert complete_steps(tmp_path) == [(3, tmp_path / "global_step_3")]
+    assert resolve_step_dir(tmp_path) == tmp_path / "global_step_3"
+    assert "could not delete" in caplog.text and "Directory not empty" in caplog.text
+    monkeypatch.setattr(publish.shutil, "rmtree", real)
+    engine.save_checkpoint(tmp_path, 4)
+    assert names(tmp_path) == ["global_step_4", "latest"]  # the leftovers went at the next save
+
+
 def test_pruning_keeps_the_step_just_published_whatever_its_number(tmp_path):
     old_run = make_engine()
     for step in (100, 200):

@@ -9,6 +9,7 @@ the step just published. Each stage passes a named point (:mod:`.points`) where 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -26,6 +27,8 @@ from .layout import (
 )
 from .manifest import MANIFEST_FILE, Manifest, write_manifest
 from .points import reach
+
+logger = logging.getLogger(__name__)
 
 
 def publish_step(
@@ -125,7 +128,22 @@ def _sweep(root: Path) -> None:
 
 
 def _delete(path: Path) -> None:
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path)
+    """Delete an invalidated entry (trash, or a temporary step), best effort.
+
+    NOTE: it is housekeeping after the save is published: a failure (NFS keeps ``.nfsXXXX`` files of a step
+    still open elsewhere: "Directory not empty") raised on rank 0 alone, killed a run whose save had succeeded
+    while the other ranks waited, and failed every later save at the same leftover. It is logged and retried
+    at the next save; what stays cannot be loaded (it has no step name).
+    """
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path)
+    except OSError as e:
+        logger.warning(
+            "could not delete %s (%s: %s); the next save tries again, or delete it by hand.",
+            path,
+            type(e).__name__,
+            e,
+        )
