@@ -44,9 +44,23 @@ def under_launcher() -> bool:
 
 
 def new_output_dir(command: str, root: Path = OUTPUTS_ROOT) -> Path:
-    """``outputs/<command>-<UTC timestamp>``: a fresh run directory."""
+    """``outputs/<command>-<UTC timestamp>``, claimed by creating it: a launch in the same second gets
+    ``-2``, ``-3``, ... (two jobs of a sweep started together shared one folder: each other's config,
+    metrics and checkpoints). A rank other than 0 of an outer launcher only names it (rank 0's claim is the
+    run's: :func:`agreed_output_dir`)."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
-    return root / f"{command}-{stamp}"
+    base = root / f"{command}-{stamp}"
+    if os.environ.get("RANK", "0") != "0":
+        return base
+    root.mkdir(parents=True, exist_ok=True)
+    candidate, number = base, 1
+    while True:
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            number += 1
+            candidate = base.with_name(f"{base.name}-{number}")
 
 
 def latest_output_dir(command: str, root: Path = OUTPUTS_ROOT) -> Path | None:
