@@ -279,6 +279,7 @@ def test_overwrite_clears_the_previous_runs_results_too(tmp_path, overwrite) -> 
         "checkpoints/global_step_9/model.pt",
         "final_model/model.safetensors",
         "summary.json",
+        "metrics.jsonl",
         "data/x",
     ]
     for name in previous:
@@ -287,6 +288,15 @@ def test_overwrite_clears_the_previous_runs_results_too(tmp_path, overwrite) -> 
     RunFolder(path=tmp_path, overwrite=overwrite).prepare({"trainer": {"seed": 1}})
     kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert kept == (["config.yaml", "data/x"] if overwrite else sorted([*previous, "config.yaml"]))
+
+
+def test_a_resume_without_the_jsonl_tracker_reads_no_stale_metrics(tmp_path) -> None:
+    """A resumed run read ``metrics.jsonl`` even without the jsonl tracker, so a file an earlier run left in
+    the folder fed its evaluations into the new run's summary and loss curve."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "val/loss": 9.99}\n{"step": 2, "val/loss": 8.88}\n')
+    assert MetricsWriter(tmp_path, enabled=True, report_to=(), resume_step=2).earlier_evaluations() == []
+    with_jsonl = MetricsWriter(tmp_path, enabled=True, report_to=("jsonl",), resume_step=2)
+    assert with_jsonl.earlier_evaluations() == [{"step": 0, "val/loss": 9.99}, {"step": 2, "val/loss": 8.88}]
 
 
 def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypatch) -> None:

@@ -27,6 +27,7 @@ from drivetrain_engine_core.command_config import to_yaml
 from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.tracking import METRICS_FILE
 
 from ..command_sections import LoopConfig
 from ..sft.batches import check_batch_size
@@ -69,8 +70,8 @@ class RunFolder:
         """Check the directory fits the request, clear the previous run's checkpoints and results for
         ``overwrite`` and write ``config.yaml`` (collective: rank 0 writes once every rank has checked).
 
-        NOTE: the results go too, since until this run wrote its own, ``summary.json`` and ``final_model/``
-        described another run (and a crash left them looking like this run's). Other files are replaced as
+        NOTE: the results go too, since until this run wrote its own, ``summary.json``, ``metrics.jsonl`` and
+        ``final_model/`` described another run (and a crash left them looking like this run's). Other files are replaced as
         the run writes them; TensorBoard's view drops the previous run's events (see the tracker).
 
         Raises:
@@ -84,6 +85,7 @@ class RunFolder:
                 shutil.rmtree(self.checkpoint_root, ignore_errors=True)
                 shutil.rmtree(self.path / FINAL_MODEL_DIR, ignore_errors=True)
                 (self.path / SUMMARY_FILE).unlink(missing_ok=True)
+                (self.path / METRICS_FILE).unlink(missing_ok=True)
             (self.path / CONFIG_FILE).write_text(to_yaml(config))
         distributed.barrier()
 

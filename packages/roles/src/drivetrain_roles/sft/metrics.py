@@ -44,7 +44,9 @@ class MetricsWriter:
         self._trackers = []
         if not enabled:
             return
-        if resume_step is not None:
+        if resume_step is not None and "jsonl" in report_to:
+            # NOTE: without the jsonl tracker the file is not this run's (a stale one from an earlier run in the
+            # folder fed its evaluations into summary.json and the loss curve).
             self.records = [r for r in read_records(output_dir / METRICS_FILE) if r["step"] <= resume_step]
         run = RunInfo(run_dir=output_dir, name=output_dir.name, config=config or {}, resume_step=resume_step)
         self._trackers = open_trackers(report_to, run)
