@@ -83,6 +83,7 @@ def load_engine_checkpoint(
     if engine._lr_schedule is not None and "lr_schedule" in state:
         engine._lr_schedule.load_state_dict(state["lr_schedule"])
     engine.skipped_steps = int(state.get("skipped_steps", 0))
+    engine._consecutive_skips = int(state.get("consecutive_skips", 0))
     return {"global_step": manifest.global_step, **state["extra_state"]}
 
 
@@ -119,8 +120,14 @@ def _agreed_step(path: str | Path) -> tuple[Path, Manifest]:
 
 
 def _core_state(engine: Engine, caller_state: dict[str, Any]) -> dict[str, Any]:
-    """What core saves beside the backend's state: caller state, skipped steps, LR schedule."""
-    state: dict[str, Any] = {"extra_state": caller_state, "skipped_steps": engine.skipped_steps}
+    """What core saves beside the backend's state: caller state, skipped steps (the run's and the current
+    streak, so that ``optimizer.max_consecutive_skips`` counts across a resume: a run that crashed and resumed
+    in a loop restarted the streak each time), LR schedule."""
+    state: dict[str, Any] = {
+        "extra_state": caller_state,
+        "skipped_steps": engine.skipped_steps,
+        "consecutive_skips": engine._consecutive_skips,
+    }
     if engine._lr_schedule is not None:
         state["lr_schedule"] = engine._lr_schedule.state_dict()
     return state
