@@ -154,6 +154,9 @@ def test_run_folder_and_resume(tmp_path):
         "checkpoints/latest",
     ):
         assert (run / name).exists(), name
+    # The loop beats (a collective timeout names the ranks behind, as in sft); it ended saving step 2.
+    beat = json.loads((run / "heartbeat" / "rank0.json").read_text())
+    assert (beat["step"], beat["phase"]) == (2, "save")
     longer = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, total_steps=3))
     resumed = GRPOTrainer(longer, run, resume=True).run()
     assert resumed.start_step == 2 and len(resumed.rewards) == 1

@@ -192,6 +192,9 @@ def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp
     assert {"val/loss", "val/accuracy", "val/margin", "val/scores/chosen"} <= set(last)
     records = read_records(run / "metrics.jsonl")
     assert {"train/rm_loss", "train/accuracy", "train/grad_norm"} <= set(records[1])
+    # The loop beats (a collective timeout names the ranks behind, as in sft); it ended saving step 4.
+    beat = json.loads((run / "heartbeat" / "rank0.json").read_text())
+    assert (beat["step"], beat["phase"]) == (4, "save")
     # The start's weights are linked, its tokenizer copied: a checkpoint merge copies only regular side files
     # (regression: every file was a link, so `drivetrain ckpt merge` wrote a reward model without tokenizer).
     start = run / "initial_model"

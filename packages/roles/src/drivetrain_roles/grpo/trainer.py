@@ -22,6 +22,7 @@ from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 from drivetrain_engine_core.tracking.jsonl import dumps
 
@@ -148,8 +149,10 @@ class GRPOTrainer:
         )
         loop = _Loop(self, actor, reference, rollout, tokenizer, train, val, writer, result)
         started = time.perf_counter()
+        heartbeat = self.folder.heartbeat()
         try:
-            loop.run()
+            with heartbeat.naming_laggards():
+                loop.run(heartbeat)
         finally:
             writer.close()
         result.seconds = time.perf_counter() - started
@@ -228,13 +231,15 @@ class _Loop:
     writer: MetricsWriter
     result: GRPOResult
 
-    def run(self) -> None:
+    def run(self, heartbeat: Heartbeat) -> None:
         config = self.trainer.config.trainer
         sampler = StepSampler(len(self.train), config.prompts_per_step, config.seed)
         bar = progress_bar("grpo", config.total_steps, self.result.start_step, enabled=config.progress_bar)
         if self.result.start_step == 0:
+            heartbeat.beat(0, "eval")
             self._evaluate(0, bar)
         for step in range(self.result.start_step, config.total_steps):
+            heartbeat.beat(step + 1, "train")
             values = self._step(step, sampler)
             self.result.rewards.append(values["train/reward"])
             self.writer.write(step + 1, values)
@@ -247,8 +252,10 @@ class _Loop:
             bar.update(1)
             last = step + 1 == config.total_steps
             if last or (config.eval_every and (step + 1) % config.eval_every == 0):
+                heartbeat.beat(step + 1, "eval")
                 self._evaluate(step + 1, bar)
             if last or (config.save_every and (step + 1) % config.save_every == 0):
+                heartbeat.beat(step + 1, "save")
                 self.trainer.folder.save(self.actor.engine, step + 1)
         bar.close()
 

@@ -27,6 +27,7 @@ from drivetrain_engine_core.command_config import to_yaml
 from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking import METRICS_FILE
 
 from ..command_sections import LoopConfig
@@ -36,6 +37,7 @@ from .launch import CHECKPOINT_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir
 
 logger = logging.getLogger(__name__)
 DATA_FINGERPRINT_KEY = "data_fingerprint"
+HEARTBEAT_DIR = "heartbeat"
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -57,6 +59,11 @@ class RunFolder:
     overwrite: bool = False
     data_order: Mapping[str, int] = field(default_factory=dict)
     data_fingerprint: str | None = None
+
+    def heartbeat(self) -> Heartbeat:
+        """This rank's heartbeat in ``<run>/heartbeat``: a job loop beats at its phases and runs inside
+        ``naming_laggards``, so a collective timeout names the ranks behind instead of a bare transport error."""
+        return Heartbeat(self.path / HEARTBEAT_DIR, distributed.rank(), distributed.world_size())
 
     def for_data(self, sequences: Iterable[Sequence[int]]) -> RunFolder:
         """This folder knowing the training data (their token ids), whose fingerprint its checkpoints store."""

@@ -23,6 +23,7 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
 from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
@@ -150,16 +151,19 @@ class PairTrainer(ABC):
             resume_step=result.start_step if self.folder.resume else None,
         )
         result.evaluations = writer.earlier_evaluations()
+        heartbeat = self.folder.heartbeat()
         try:
-            self._train(
-                engine,
-                tokenizer,
-                model_path,
-                len(train),
-                list(range(len(train), len(train) + len(val))),
-                writer,
-                result,
-            )
+            with heartbeat.naming_laggards():
+                self._train(
+                    engine,
+                    tokenizer,
+                    model_path,
+                    len(train),
+                    list(range(len(train), len(train) + len(val))),
+                    writer,
+                    result,
+                    heartbeat,
+                )
         finally:
             writer.close()
         self._save_final(engine, model_path, tokenizer, self.output_dir / FINAL_MODEL_DIR)
@@ -240,14 +244,17 @@ class PairTrainer(ABC):
         val_uids: list[int],
         writer: MetricsWriter,
         result: PairResult,
+        heartbeat: Heartbeat,
     ) -> None:
         sampler = StepSampler(num_train, self.trainer.batch_size, self.trainer.seed)
         bar = progress_bar(
             self.command, self.trainer.total_steps, result.start_step, enabled=self.trainer.progress_bar
         )
         if result.start_step == 0:
+            heartbeat.beat(0, "eval")
             self._record_eval(engine, tokenizer, model_path, val_uids, 0, writer, result, bar)
         for step in range(result.start_step, self.trainer.total_steps):
+            heartbeat.beat(step + 1, "train")
             local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
             started = time.perf_counter()
             batch = self._batch(engine, local)
@@ -267,8 +274,10 @@ class PairTrainer(ABC):
             bar.update(1)
             last = step + 1 == self.trainer.total_steps
             if last or (self.trainer.eval_every and (step + 1) % self.trainer.eval_every == 0):
+                heartbeat.beat(step + 1, "eval")
                 self._record_eval(engine, tokenizer, model_path, val_uids, step + 1, writer, result, bar)
             if last or (self.trainer.save_every and (step + 1) % self.trainer.save_every == 0):
+                heartbeat.beat(step + 1, "save")
                 self.folder.save(engine, step + 1)
         bar.close()
 

@@ -39,7 +39,6 @@ from .final_model import FINAL_MODEL_DIR, save_final_model
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
 
 logger = logging.getLogger(__name__)
-HEARTBEAT_DIR = "heartbeat"
 
 
 @dataclass
@@ -122,7 +121,7 @@ class SFTTrainer:
             output_dir=self.output_dir, start_step=start_step, evaluations=writer.earlier_evaluations()
         )
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
-        heartbeat = Heartbeat(self.output_dir / HEARTBEAT_DIR, distributed.rank(), distributed.world_size())
+        heartbeat = self.folder.heartbeat()
         try:
             with heartbeat.naming_laggards():
                 self._train(engine, sampler, train, evaluate, writer, result, heartbeat)
