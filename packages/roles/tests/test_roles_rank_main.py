@@ -7,8 +7,13 @@ to "terminate called without an active exception" from a gloo thread during that
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 from drivetrain_engine_core.testing.child_process import TEARDOWN_MARKER, TEARDOWN_PROBE, run_python
 
@@ -21,7 +26,12 @@ CHILD = TEARDOWN_PROBE + textwrap.dedent(
     @click.command()
     @click.option("--fail", is_flag=True)
     @click.option("--interrupt", is_flag=True)
-    def demo(fail, interrupt):
+    @click.option("--ready-file", default=None)
+    def demo(fail, interrupt, ready_file):
+        if ready_file:
+            import pathlib, time
+            pathlib.Path(ready_file).write_text("ready")
+            time.sleep(120)
         if interrupt:
             raise KeyboardInterrupt
         if fail:
@@ -54,3 +64,44 @@ def test_ctrl_c_ends_a_rank_quietly_with_130() -> None:
     result = run_rank("--interrupt")
     # click ends the ^C line with a newline; nothing else is said.
     assert (result.returncode, result.stdout, result.stderr) == (130, "", "\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status
+
+
+def test_a_rank_dies_with_its_launcher(tmp_path) -> None:
+    """torch's launcher starts each rank in its own session: a launcher killed outright (kill -9, the OOM
+    killer) left its ranks running, training and saving beside the --resume the user started next."""
+    ready = tmp_path / "ready"
+    launcher_code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        rank = subprocess.Popen([sys.executable, "-c", {CHILD!r}, "--ready-file", {str(ready)!r}],
+                                start_new_session=True)
+        print(rank.pid, flush=True)
+        time.sleep(120)
+        """
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", launcher_code], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    rank_pid = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready.exists() and _alive(rank_pid)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while _alive(rank_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(rank_pid)
+    finally:
+        if _alive(rank_pid):
+            os.kill(rank_pid, signal.SIGKILL)
+        launcher.kill()

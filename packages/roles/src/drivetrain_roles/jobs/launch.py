@@ -192,9 +192,16 @@ def _first_user_error(directory: Path) -> str | None:
 def rank_main(command: click.Command, name: str) -> NoReturn:
     """Run one spawned rank of ``drivetrain <name>``: a user error is one line handed to the launcher, not a
     traceback; Ctrl-C ends the rank quietly. The rank ends without the interpreter's teardown, where torch's
-    gloo threads can abort a rank whose work is done (core's ``process_exit``)."""
-    from drivetrain_engine_core.process_exit import run_then_exit
+    gloo threads can abort a rank whose work is done (core's ``process_exit``).
 
+    NOTE: the rank dies with its launcher: torch's launcher starts each rank in its own session, so a launcher
+    killed outright (kill -9, the OOM killer) left its ranks training, saving and pruning in the run folder,
+    beside the ``--resume`` the user started next.
+    """
+    from drivetrain_engine_core.process_exit import run_then_exit
+    from drivetrain_engine_core.processes import die_with_parent
+
+    die_with_parent()
     run_then_exit(lambda: _run_rank(command, name))
 
 
