@@ -151,6 +151,48 @@ def test_trls_explicit_prompt_chat_pairs_take_their_prompt_turns_from_the_prompt
         check_pair_rows([bare], config)
 
 
+def test_a_margin_column_is_trained_as_trls_reward_trainer(tmp_path) -> None:
+    """TRL's RewardTrainer trains ``-log sigmoid(r_chosen - r_rejected - margin)`` when the data has a margin;
+    the column was dropped without a word. ``data.margin_key`` names it (reward models only)."""
+    import torch.nn.functional as F
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.data.batch import jagged
+    from drivetrain_engine_core.outputs import LossContext
+    from drivetrain_engine_core.testing import build_tiny_tokenizer
+    from drivetrain_roles.losses.preference import bradley_terry_loss_fn
+    from drivetrain_roles.preference.batches import make_pair_batch
+    from tensordict import TensorDict
+
+    tokenizer = build_tiny_tokenizer()
+    path = tmp_path / "pairs.jsonl"
+    rows = [
+        {"prompt": "hello ", "chosen": "world", "rejected": "the", "score_gap": 0.5},
+        {"prompt": "the answer ", "chosen": "is 42", "rejected": "is", "score_gap": 2},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = load_pairs([path], tokenizer, PairDataConfig(margin_key="score_gap", max_length=256))
+    assert [p.margin for p in pairs] == [0.5, 2.0]
+    batch = make_pair_batch(
+        pairs, [0, 1], readout_token=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id
+    )
+    offsets = batch["input_ids"].offsets()
+    values = torch.randn(int(offsets[-1]), generator=torch.Generator().manual_seed(0))
+    output = TensorDict({"values": jagged(values, offsets)}, batch_size=[4])
+    loss, _ = bradley_terry_loss_fn()(
+        output, batch, LossContext(global_token_count=4, global_sequence_count=4)
+    )
+    scores = values[
+        offsets[1:] - 1
+    ]  # the readout token ends each sequence: chosen, rejected, chosen, rejected
+    expected = -F.logsigmoid(scores[0::2] - scores[1::2] - torch.tensor([0.5, 2.0])).mean()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    path.write_text(json.dumps({**rows[0], "score_gap": "big"}) + "\n")
+    with pytest.raises(DataError, match=r"row 0 column 'score_gap' holds 'big', not a finite number"):
+        load_pairs([path], tokenizer, PairDataConfig(margin_key="score_gap", max_length=256))
+    with pytest.raises(ConfigError, match=r"data\.margin_key='score_gap' is a reward-model option"):
+        load_dpo_config(overrides=["data.margin_key=score_gap"])
+
+
 def test_generated_pairs_give_training_questions_several_near_misses_and_hold_out_other_questions(
     tmp_path,
 ) -> None:

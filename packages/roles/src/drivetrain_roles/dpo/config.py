@@ -104,6 +104,13 @@ class DPOConfig:
     trainer: PairTrainerConfig = field(default_factory=_default_trainer)
     dpo: DPOSection = field(default_factory=_default_dpo)
 
+    def __post_init__(self) -> None:
+        if self.data.margin_key is not None:
+            raise ConfigError(
+                f"data.margin_key={self.data.margin_key!r} is a reward-model option (TRL's RewardTrainer margin); "
+                "DPO has no margin: drop it, or train a reward model with drivetrain rm."
+            )
+
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: the LR schedule spans the DPO steps; only the embedded model warms up; another model

@@ -31,6 +31,9 @@ CHOSEN = "chosen"
 """Dense per-sequence bool field: true for the chosen response of a pair."""
 REF_LOGP = "ref_logp"
 """Dense per-sequence float field: the reference model's summed log-prob of the sequence's loss tokens."""
+MARGIN = "margin"
+"""Optional dense per-sequence float field (both sides of a pair alike): by how much the chosen score should
+exceed the rejected one (TRL's ``RewardTrainer`` margin)."""
 DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "ipo")
 
 
@@ -150,7 +153,8 @@ def dpo_loss_fn(config: DPOLossConfig) -> LossFn:
 
 
 def bradley_terry_loss_fn() -> LossFn:
-    """The Bradley-Terry loss of a reward (value-model) engine; the score is ``values`` at the loss-mask token.
+    """The Bradley-Terry loss of a reward (value-model) engine; the score is ``values`` at the loss-mask token:
+    ``-log sigmoid(score_chosen - score_rejected - margin)`` per pair, the margin 0 unless the batch has one.
 
     Metrics (mini-batch means once summed): ``rm_loss``, ``accuracy`` (chosen scored higher),
     ``margin``, ``scores/chosen``, ``scores/rejected``.
@@ -161,7 +165,8 @@ def bradley_terry_loss_fn() -> LossFn:
         scores = sequence_scores(model_output, micro_batch)
         margin = scores[winners] - scores[losers]
         pairs = max(context.global_sequence_count // 2, 1)
-        loss = -F.logsigmoid(margin).sum() / pairs
+        required = micro_batch[MARGIN][winners].to(margin) if MARGIN in micro_batch else 0.0
+        loss = -F.logsigmoid(margin - required).sum() / pairs
         detached = margin.detach()
         metrics = {
             "rm_loss": loss.detach(),

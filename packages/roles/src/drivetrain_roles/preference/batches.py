@@ -18,7 +18,7 @@ from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.data.groups import UID
 from tensordict import TensorDict
 
-from ..losses.preference import CHOSEN, REF_LOGP
+from ..losses.preference import CHOSEN, MARGIN, REF_LOGP
 from ..sft.batches import response_mask
 from ..sft.data import DataError, Example
 from .data import PairExample
@@ -54,6 +54,8 @@ def make_pair_batch(
     }
     if ref_logps is not None:
         fields[REF_LOGP] = ref_logps.float()
+    if readout_token is not None:
+        fields[MARGIN] = torch.tensor([pair.margin for pair in pairs for _ in range(2)], dtype=torch.float32)
     return make_batch(
         [torch.tensor(i, dtype=torch.long) for i in ids],
         loss_mask=[torch.tensor(m, dtype=torch.bool) for m in masks],

@@ -32,6 +32,8 @@ class PairDataConfig:
         chat: the chosen/rejected columns hold chat conversations (lists of role/content messages ending with
             the assistant turn, rendered with the tokenizer's chat template) instead of response texts; their
             prompt turns are in them or in the prompt column.
+        margin_key: column of a per-pair margin (a number) by which the chosen score should exceed the rejected
+            one, as TRL's ``RewardTrainer`` reads a ``margin`` column (``drivetrain rm`` only); ``None``: no margin.
         max_length: token budget of one sequence (prompt + response); longer pairs are an error.
         generated_train_size, generated_val_size: questions in the generated arithmetic splits (one pair per
             held-out question).
@@ -45,6 +47,7 @@ class PairDataConfig:
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
     chat: bool = False
+    margin_key: str | None = None
     max_length: int = 32
     generated_train_size: int = 2000
     generated_val_size: int = 200

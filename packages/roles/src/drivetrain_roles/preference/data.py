@@ -9,6 +9,7 @@ training and reported once with the file, row and fix.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ class PairExample:
 
     chosen: Example
     rejected: Example
+    margin: float = 0.0
+    """By how much the chosen score should exceed the rejected one (``data.margin_key``; reward models)."""
 
 
 def load_pairs(files: Sequence[str | Path], tokenizer: Any, config: PairDataConfig) -> list[PairExample]:
@@ -71,7 +74,7 @@ def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *
                 f"{where}: the chosen and rejected conversations differ before their last assistant turn; a pair "
                 "must share its prompt."
             )
-        return PairExample(chosen=chosen, rejected=rejected)
+        return PairExample(chosen=chosen, rejected=rejected, margin=margin_value(row, config, where))
     prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
     sides = []
     for key, option in ((config.chosen_key, "data.chosen_key"), (config.rejected_key, "data.rejected_key")):
@@ -81,7 +84,24 @@ def tokenize_pair(row: dict[str, Any], tokenizer: Any, config: PairDataConfig, *
                 prompt, response, tokenizer, where=where, columns=(config.prompt_key, key)
             )
         )
-    return PairExample(chosen=sides[0], rejected=sides[1])
+    return PairExample(chosen=sides[0], rejected=sides[1], margin=margin_value(row, config, where))
+
+
+def margin_value(row: dict[str, Any], config: PairDataConfig, where: str) -> float:
+    """The pair's margin from ``data.margin_key`` (0 without one).
+
+    Raises:
+        DataError: the row lacks the column, or it holds something other than a finite number.
+    """
+    if config.margin_key is None:
+        return 0.0
+    value = column(row, config.margin_key, where, "data.margin_key")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise DataError(
+            f"{where} column {config.margin_key!r} holds {value!r}, not a finite number; fix the row, or unset "
+            "data.margin_key."
+        )
+    return float(value)
 
 
 def chat_side(row: dict[str, Any], key: str, config: PairDataConfig, where: str) -> Any:
@@ -137,6 +157,7 @@ def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
                     chat_side(row, key, config, where)
                 else:
                     text_value(row, key, where, option)
+            margin_value(row, config, where)
             count += 1
     return count
 
