@@ -30,7 +30,7 @@ def for_a_user_model(
     config: DictConfig, values: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """Derived values (``{section: {key: value}}``) that hold for any model but the embedded one, whose
-    defaults are tuned for its few thousand parameters; each applies unless set.
+    defaults are tuned for that tiny model; each applies unless set.
 
     NOTE: the embedded job's learning rates (SFT 3e-3, RM 2e-3, GRPO 2e-4, DPO 1e-4 with beta 0.5) applied to a
     user's model too, so ``drivetrain sft model.path=Qwen/Qwen2.5-0.5B`` ran a full fine-tune at 3e-3, which
