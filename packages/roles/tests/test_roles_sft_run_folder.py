@@ -144,3 +144,26 @@ def test_a_resume_on_other_data_is_warned_about(tmp_path, caplog) -> None:
         assert RunFolder(path=tmp_path, resume=True).for_data(edited).start_step(engine) == 4  # type: ignore[arg-type]
     assert "the training data differ from those the checkpoint" in caplog.text
     assert data_fingerprint(data) in caplog.text and data_fingerprint(edited) in caplog.text
+
+
+def test_a_kill_while_config_yaml_is_written_leaves_the_previous_one_whole(tmp_path, monkeypatch) -> None:
+    """``--resume`` builds the run from its config.yaml; written in place, a kill mid-write left it torn (or
+    empty: the resumed run then started from the defaults). It is replaced whole or not at all."""
+    from pathlib import Path
+
+    from drivetrain_roles.jobs.run_folder import RunFolder
+
+    previous = "trainer:\n  seed: 1\n"
+    (tmp_path / "config.yaml").write_text(previous)
+    real = Path.write_text
+
+    def killed_midway(self, text, *args, **kwargs):
+        real(self, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt  # the process dies with half the text written
+
+    monkeypatch.setattr("drivetrain_roles.jobs.run_folder.check_run_dir", lambda *args, **kwargs: None)
+    monkeypatch.setattr(Path, "write_text", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        RunFolder(path=tmp_path, resume=True).prepare({"trainer": {"seed": 1, "batch_size": 16}})
+    monkeypatch.setattr(Path, "write_text", real)
+    assert (tmp_path / "config.yaml").read_text() == previous

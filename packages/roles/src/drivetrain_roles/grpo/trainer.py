@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
@@ -350,4 +351,4 @@ def _write_summary(output_dir: Path, result: GRPOResult, config: dict[str, Any])
         "final_model": str(output_dir / FINAL_MODEL_DIR),
         "config": config,
     }
-    (output_dir / SUMMARY_FILE).write_text(dumps(summary, indent=2))
+    write_durably(output_dir / SUMMARY_FILE, dumps(summary, indent=2))

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_yaml
 from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.engine import Engine
@@ -93,7 +94,9 @@ class RunFolder:
                 shutil.rmtree(self.path / FINAL_MODEL_DIR, ignore_errors=True)
                 (self.path / SUMMARY_FILE).unlink(missing_ok=True)
                 (self.path / METRICS_FILE).unlink(missing_ok=True)
-            (self.path / CONFIG_FILE).write_text(to_yaml(config))
+            # NOTE: replaced whole or not at all: a torn config.yaml (a kill mid-write) made --resume build the
+            # run from whatever it still held, or from the defaults when it was empty.
+            write_durably(self.path / CONFIG_FILE, to_yaml(config))
         distributed.barrier()
 
     def start_step(self, engine: Engine) -> int:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.engine import Engine
@@ -319,7 +320,7 @@ class PairTrainer(ABC):
             "final_model": str(self.output_dir / FINAL_MODEL_DIR),
             "config": to_plain(self.config),
         }
-        (self.output_dir / SUMMARY_FILE).write_text(dumps(summary, indent=2))
+        write_durably(self.output_dir / SUMMARY_FILE, dumps(summary, indent=2))
 
     # ------------------------------------------------------------------ hooks
 

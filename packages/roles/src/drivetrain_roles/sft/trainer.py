@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
@@ -287,7 +288,9 @@ def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) 
         "final_model": str(output_dir / FINAL_MODEL_DIR),
         "config": config,
     }
-    (output_dir / SUMMARY_FILE).write_text(dumps(summary, indent=2))
+    write_durably(
+        output_dir / SUMMARY_FILE, dumps(summary, indent=2)
+    )  # whole or not at all: warm starts read it
 
 
 def _speed_postfix(values: dict[str, float]) -> dict[str, str]:
