@@ -2,7 +2,8 @@
 
 The number of mini-batches comes from the *global* sequence count (all-reduced over data-parallel ranks),
 so every rank runs the same number of optimizer steps even when core's balanced sharding gave the ranks
-different numbers of sequences; a rank with fewer sequences than mini-batches is an error on every rank, never a hang.
+different numbers of sequences; a rank with fewer sequences than mini-batches is an error on every rank,
+never a hang.
 """
 
 from __future__ import annotations

@@ -79,8 +79,8 @@ class RunFolder:
         ``overwrite`` and write ``config.yaml`` (collective: rank 0 writes once every rank has checked).
 
         NOTE: the results go too, since until this run wrote its own, ``summary.json``, ``metrics.jsonl`` and
-        ``final_model/`` described another run (and a crash left them looking like this run's). Other files are replaced as
-        the run writes them; TensorBoard's view drops the previous run's events (see the tracker).
+        ``final_model/`` described another run (and a crash left them looking like this run's). Other files are
+        replaced as the run writes them; TensorBoard's view drops the previous run's events (see the tracker).
 
         Raises:
             CheckpointError: see :func:`~drivetrain_roles.jobs.launch.check_run_dir`.

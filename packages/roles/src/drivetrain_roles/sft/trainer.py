@@ -288,9 +288,8 @@ def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) 
         "final_model": str(output_dir / FINAL_MODEL_DIR),
         "config": config,
     }
-    write_durably(
-        output_dir / SUMMARY_FILE, dumps(summary, indent=2)
-    )  # whole or not at all: warm starts read it
+    # Whole or not at all: a warm start's reuse reads it.
+    write_durably(output_dir / SUMMARY_FILE, dumps(summary, indent=2))
 
 
 def _speed_postfix(values: dict[str, float]) -> dict[str, str]:

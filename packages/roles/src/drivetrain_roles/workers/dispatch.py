@@ -106,8 +106,8 @@ class DispatchPlan:
         """Merge the per-worker results of one call.
 
         TensorDict results from the output ranks are put back into the global batch's order (and form: padded
-        per-token outputs for a padded batch); anything else
-        (e.g. update metrics, already reduced over data-parallel ranks) is taken from the first output rank.
+        per-token outputs for a padded batch); anything else (e.g. update metrics, already reduced over
+        data-parallel ranks) is taken from the first output rank.
 
         Args:
             results: one result per worker, in worker rank order.
