@@ -133,7 +133,7 @@ class GRPOTrainer:
             trust_remote_code=config.model.trust_remote_code,
         )
         check_rollout_length(train + val, config, model_path)
-        self.folder = self.folder.for_data(e.prompt_ids + e.response_ids for e in train)
+        self.folder = self.folder.for_data(e.token_ids for e in train)
         actor = self.make_actor(model_path)
         reference = self.make_reference(actor, model_path)
         rollout = create_rollout(config.rollout.name, model_path=model_path, device=config.engine.device)

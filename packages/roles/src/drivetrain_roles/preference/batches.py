@@ -43,7 +43,7 @@ def make_pair_batch(
     """
     sequences = [side for pair in pairs for side in (pair.chosen, pair.rejected)]
     if readout_token is None:
-        ids = [s.prompt_ids + s.response_ids for s in sequences]
+        ids = [s.token_ids for s in sequences]
         masks = [response_mask(s) for s in sequences]
     else:
         ids = [[*scored_ids(s, eos_token_id), readout_token] for s in sequences]

@@ -134,7 +134,7 @@ class PairTrainer(ABC):
         tokenizer = load_tokenizer(result.start_model, trust_remote_code=self.config.model.trust_remote_code)
         train = load_pairs(train_files, tokenizer, self.data)
         self.folder = self.folder.for_data(
-            side.prompt_ids + side.response_ids for pair in train for side in (pair.chosen, pair.rejected)
+            side.token_ids for pair in train for side in (pair.chosen, pair.rejected)
         )
         val = load_pairs(val_files, tokenizer, self.data) if val_files else []
         check_pair_token_budget(train + val, self.engine_config.micro_batch)

@@ -76,7 +76,7 @@ def make_sft_batch(examples: Sequence[Example]) -> TensorDict:
     """A no-padding batch whose ``loss_mask`` selects the response tokens."""
     from drivetrain_engine_core.data.batch import make_batch
 
-    input_ids = [torch.tensor(e.prompt_ids + e.response_ids, dtype=torch.long) for e in examples]
+    input_ids = [torch.tensor(e.token_ids, dtype=torch.long) for e in examples]
     loss_mask = [torch.tensor(response_mask(e), dtype=torch.bool) for e in examples]
     return make_batch(input_ids, loss_mask=loss_mask)
 

@@ -39,6 +39,11 @@ class Example:
     earlier_turn_spans: tuple[tuple[int, int], ...] = ()
 
     @property
+    def token_ids(self) -> list[int]:
+        """The whole sequence: prompt, then response."""
+        return self.prompt_ids + self.response_ids
+
+    @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 

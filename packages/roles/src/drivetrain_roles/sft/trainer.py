@@ -107,7 +107,7 @@ class SFTTrainer:
             self.config.model.path, self.output_dir, self.config.engine.seed, resume=self.folder.resume
         )
         tokenizer, train, val = self._load_data(model_path)
-        self.folder = self.folder.for_data(e.prompt_ids + e.response_ids for e in train)
+        self.folder = self.folder.for_data(e.token_ids for e in train)
         engine = self._build_engine(model_path)
         sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
         start_step = self.folder.start_step(engine)
