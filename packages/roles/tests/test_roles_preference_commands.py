@@ -91,6 +91,19 @@ def test_a_users_model_gets_the_learning_rate_its_users_know(command, embedded, 
         assert load(None, []).dpo.beta == 0.5 and load(None, ["model.path=/models/instruct"]).dpo.beta == 0.1
 
 
+@pytest.mark.parametrize(
+    ("command", "disabled"), [("sft", False), ("dpo", True), ("rm", True), ("grpo", False)]
+)
+def test_pairwise_commands_build_their_models_without_dropout(command, disabled) -> None:
+    """TRL's DPO and reward trainers turn dropout off by default (``disable_dropout=True``), its SFT and GRPO
+    trainers do not; a user's model keeps the command's choice, and the option overrides it."""
+    from importlib import import_module
+
+    load = import_module(f"drivetrain_roles.{command}.config").load_config
+    assert load(None, ["model.path=/models/instruct"]).model.disable_dropout is disabled
+    assert load(None, [f"model.disable_dropout={not disabled}"]).model.disable_dropout is not disabled
+
+
 def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
     tokenizer = build_arithmetic_tokenizer()
     text = tmp_path / "pairs.jsonl"

@@ -69,6 +69,8 @@ class ModelConfig:
         lora: adapters to train instead of the full model; ``None`` trains every parameter.
         gradient_checkpointing: recompute activations in backward to save memory.
         use_remove_padding: run packed no-padding rows (``True``) or padded rows (``False``); results match.
+        disable_dropout: build the model with every dropout probability 0 (TRL's ``disable_dropout``; the
+            config's ``*dropout``/``*pdrop`` fields and every ``nn.Dropout``); exports keep the original config.
     """
 
     path: str
@@ -78,6 +80,7 @@ class ModelConfig:
     lora: LoraConfig | None = None
     gradient_checkpointing: bool = False
     use_remove_padding: bool = True
+    disable_dropout: bool = False
 
     def __post_init__(self) -> None:
         _require(bool(self.path), "model.path must name a local Hugging Face model directory.")

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.config import ConfigError, LoraConfig, ModelConfig
+from drivetrain_engine_core.dropout import disable_dropout_in_config, disable_dropout_modules
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -52,7 +53,8 @@ the Megatron backend's head. verl's critics set it to 0 too."""
 
 
 def hf_config(model_config: ModelConfig) -> Any:
-    """The model's transformers config; a value model's as :data:`VALUE_MODEL_CONFIG` sets it.
+    """The model's transformers config; a value model's as :data:`VALUE_MODEL_CONFIG` sets it, without dropout
+    under ``model.disable_dropout``.
 
     NOTE: set as attributes after loading: transformers 5 drops keyword arguments its config class does not
     declare (``classifier_dropout`` on a Qwen2 config).
@@ -61,6 +63,8 @@ def hf_config(model_config: ModelConfig) -> Any:
     if model_config.model_type == "value_model":
         for name, value in VALUE_MODEL_CONFIG.items():
             setattr(config, name, value)
+    if model_config.disable_dropout:
+        disable_dropout_in_config(config)
     return config
 
 
@@ -96,7 +100,10 @@ def build_model(model_config: ModelConfig, *, attn_implementation: str, seed: in
 
 
 def add_training_wrappers(model: Any, model_config: ModelConfig) -> Any:
-    """Activation checkpointing and LoRA adapters, as ``model_config`` asks; returns the module to shard."""
+    """Dropout modules off, activation checkpointing and LoRA adapters, as ``model_config`` asks; returns the
+    module to shard. LoRA's own dropout (``lora.dropout``) stays as asked."""
+    if model_config.disable_dropout:
+        disable_dropout_modules(model)
     if model_config.gradient_checkpointing:
         # Non-reentrant checkpointing composes with FSDP2's hooks and with frozen (LoRA) base weights.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

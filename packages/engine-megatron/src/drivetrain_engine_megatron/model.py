@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from drivetrain_engine_core.backend import read_checkpoint_index
 from drivetrain_engine_core.config import ModelConfig
+from drivetrain_engine_core.dropout import disable_dropout_in_config
 from mbridge.core.bridge import Bridge
 from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel
@@ -87,6 +88,9 @@ def build_model(
     hf_config = AutoConfig.from_pretrained(
         model_config.path, trust_remote_code=model_config.trust_remote_code
     )
+    if model_config.disable_dropout:
+        # mbridge derives the layers' hidden and attention dropout from these fields.
+        disable_dropout_in_config(hf_config)
     value_model = model_config.model_type == "value_model"
     dtype = _DTYPES[engine_config.param_dtype]
     overrides = transformer_overrides(engine_config)

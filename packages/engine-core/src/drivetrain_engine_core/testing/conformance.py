@@ -229,6 +229,22 @@ class EngineConformanceTests:
         assert output.metrics["lr"] == pytest.approx(lr_at_step(OPTIMIZER, 0))
         self.assert_speed_metrics(output, batch)
 
+    def test_disable_dropout_trains_as_the_eval_mode_reference(self, tmp_path: Path) -> None:
+        """``model.disable_dropout``: a model whose config asks for dropout trains as the dropout-free
+        reference; without it the same step differs (the control shows the dropout is live)."""
+        model_dir = make_tiny_model_dir(
+            tmp_path / "with_dropout", arch=self.arch, attention_dropout=0.5, hidden_dropout=0.5
+        )
+        batch = self.make_batch(model_dir)
+        expected = reference_loss_and_grad_norm(model_dir, batch, token_mean_nll)
+        outputs = {}
+        for disable in (True, False):
+            engine = self.make_engine(model_dir, disable_dropout=disable)
+            with engine.train_mode():
+                outputs[disable] = engine.train_batch(batch, token_mean_nll)
+        self.assert_loss_and_grad_norm(outputs[True], expected)
+        assert outputs[False].loss != pytest.approx(expected[0], rel=1e-3), "the control step had no dropout"
+
     @staticmethod
     def assert_speed_metrics(output: Any, batch: TensorDict) -> None:
         """Every step reports its time, tokens, tokens/s and achieved TFLOP/s (core's ``perf/*`` metrics)."""

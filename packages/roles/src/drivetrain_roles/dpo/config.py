@@ -20,12 +20,13 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import builtin_model, for_a_user_model, merged_sections
+from ..command_sections import for_a_user_model, merged_sections
 from ..losses.preference import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,
     WarmStartConfig,
+    pairwise_model,
     warm_start_follows_the_model,
 )
 
@@ -95,7 +96,7 @@ class DPOConfig:
         dpo: the loss and the reference.
     """
 
-    model: ModelConfig = field(default_factory=builtin_model)
+    model: ModelConfig = field(default_factory=pairwise_model)
     engine: EngineConfig = field(default_factory=_default_engine)
     optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))

@@ -6,15 +6,22 @@ core's; loading, checking and messages are core's command config layer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.config import ConfigError, ModelConfig
 
-from ..command_sections import BatchLoopConfig, for_a_user_model
+from ..command_sections import BatchLoopConfig, builtin_model, for_a_user_model
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+
+def pairwise_model() -> ModelConfig:
+    """The default ``model`` section of ``dpo`` and ``rm``: the embedded model, built without dropout (TRL's
+    ``disable_dropout=True`` for DPO and reward training; ``model.disable_dropout=false`` keeps it)."""
+    return dataclasses.replace(builtin_model(), disable_dropout=True)
 
 
 @dataclass(kw_only=True, frozen=True)
