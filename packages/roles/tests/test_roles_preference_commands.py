@@ -172,7 +172,7 @@ def test_a_margin_column_is_trained_as_trls_reward_trainer(tmp_path) -> None:
     from drivetrain_engine_core.data.batch import jagged
     from drivetrain_engine_core.outputs import LossContext
     from drivetrain_engine_core.testing import build_tiny_tokenizer
-    from drivetrain_roles.losses.preference import bradley_terry_loss_fn
+    from drivetrain_roles.losses.preference import RewardLossConfig, bradley_terry_loss_fn
     from drivetrain_roles.preference.batches import make_pair_batch
     from tensordict import TensorDict
 
@@ -199,6 +199,14 @@ def test_a_margin_column_is_trained_as_trls_reward_trainer(tmp_path) -> None:
     ]  # the readout token ends each sequence: chosen, rejected, chosen, rejected
     expected = -F.logsigmoid(scores[0::2] - scores[1::2] - torch.tensor([0.5, 2.0])).mean()
     assert float(loss) == pytest.approx(float(expected), rel=1e-6)
+    centred, _ = bradley_terry_loss_fn(RewardLossConfig(center_rewards_coefficient=0.01))(
+        output, batch, LossContext(global_token_count=4, global_sequence_count=4)
+    )
+    # TRL's RewardTrainer: loss + coefficient * mean((r_chosen + r_rejected)^2)
+    centring = 0.01 * ((scores[0::2] + scores[1::2]) ** 2).mean()
+    assert float(centred) == pytest.approx(float(expected + centring), rel=1e-6)
+    with pytest.raises(ConfigError, match=r"rm\.center_rewards_coefficient must be >= 0, got -0\.1"):
+        load_rm_config(overrides=["rm.center_rewards_coefficient=-0.1"])
     path.write_text(json.dumps({**rows[0], "score_gap": "big"}) + "\n")
     with pytest.raises(DataError, match=r"row 0 column 'score_gap' holds 'big', not a finite number"):
         load_pairs([path], tokenizer, PairDataConfig(margin_key="score_gap", max_length=256))

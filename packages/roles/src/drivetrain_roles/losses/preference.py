@@ -152,13 +152,37 @@ def dpo_loss_fn(config: DPOLossConfig) -> LossFn:
     return loss_fn
 
 
-def bradley_terry_loss_fn() -> LossFn:
-    """The Bradley-Terry loss of a reward (value-model) engine; the score is ``values`` at the loss-mask token:
-    ``-log sigmoid(score_chosen - score_rejected - margin)`` per pair, the margin 0 unless the batch has one.
+@dataclass(kw_only=True, frozen=True)
+class RewardLossConfig:
+    """Settings of the reward-model loss.
 
-    Metrics (mini-batch means once summed): ``rm_loss``, ``accuracy`` (chosen scored higher),
+    Attributes:
+        center_rewards_coefficient: weight of ``(score_chosen + score_rejected)^2`` per pair added to the loss,
+            which pulls the scores towards mean zero (Eisenstein et al. 2023; TRL's ``RewardConfig`` option of
+            the same name, where 0.01 is suggested); 0 adds nothing.
+    """
+
+    center_rewards_coefficient: float = 0.0
+
+    def __post_init__(self) -> None:
+        from drivetrain_engine_core.config import ConfigError
+
+        if not self.center_rewards_coefficient >= 0:
+            raise ConfigError(
+                f"rm.center_rewards_coefficient must be >= 0, got {self.center_rewards_coefficient}."
+            )
+
+
+def bradley_terry_loss_fn(config: RewardLossConfig | None = None) -> LossFn:
+    """The Bradley-Terry loss of a reward (value-model) engine; the score is ``values`` at the loss-mask token:
+    ``-log sigmoid(score_chosen - score_rejected - margin)`` per pair, the margin 0 unless the batch has one,
+    plus ``center_rewards_coefficient * (score_chosen + score_rejected)^2`` when that is set.
+
+    Metrics (mini-batch means once summed): ``rm_loss`` (the Bradley-Terry term), ``accuracy`` (chosen scored higher),
     ``margin``, ``scores/chosen``, ``scores/rejected``.
     """
+
+    centring = (config or RewardLossConfig()).center_rewards_coefficient
 
     def loss_fn(model_output: TensorDict, micro_batch: TensorDict, context: LossContext):
         winners, losers = pair_indices(micro_batch)
@@ -175,6 +199,8 @@ def bradley_terry_loss_fn() -> LossFn:
             "scores/chosen": scores[winners].detach().sum() / pairs,
             "scores/rejected": scores[losers].detach().sum() / pairs,
         }
+        if centring > 0:
+            loss = loss + centring * (scores[winners] + scores[losers]).square().sum() / pairs
         return loss, metrics
 
     return loss_fn

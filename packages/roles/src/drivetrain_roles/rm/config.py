@@ -20,6 +20,7 @@ from drivetrain_engine_core.config import (
 )
 
 from ..command_sections import for_a_user_model, merged_sections
+from ..losses.preference import RewardLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,
@@ -77,6 +78,7 @@ class RMConfig:
         data: preference pairs.
         warm_start: the SFT run before reward modelling (``warm_start.sft_steps=0`` starts from ``model.path``).
         trainer: the reward-model loop.
+        rm: the loss (reward centring).
     """
 
     model: ModelConfig = field(default_factory=pairwise_model)
@@ -87,6 +89,7 @@ class RMConfig:
     # A fully trained SFT start (the SFT job's 800 steps) gives the reward model features of a correct sum.
     warm_start: WarmStartConfig = field(default_factory=lambda: WarmStartConfig(sft_steps=800))
     trainer: PairTrainerConfig = field(default_factory=_default_trainer)
+    rm: RewardLossConfig = field(default_factory=RewardLossConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:

@@ -33,7 +33,7 @@ class RMTrainer(PairTrainer):
         )
 
     def _loss_fn(self) -> LossFn:
-        return bradley_terry_loss_fn()
+        return bradley_terry_loss_fn(self.config.rm)
 
     def _batch(self, engine: Engine, uids: list[int]) -> TensorDict:
         return make_pair_batch(
