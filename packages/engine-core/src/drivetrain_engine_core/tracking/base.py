@@ -44,5 +44,9 @@ class Tracker(ABC):
     def log(self, step: int, values: dict[str, float]) -> None:
         """Record ``values`` (metric name -> number) at ``step``."""
 
+    def sync(self) -> None:  # noqa: B027 - services keep what they received themselves
+        """Make what was logged so far durable on local storage; called before a checkpoint is saved, so a
+        checkpoint that survives a power loss is not missing metric lines of steps before it."""
+
     def close(self) -> None:  # noqa: B027 - most trackers have nothing to release
         """Flush and release what the tracker holds."""

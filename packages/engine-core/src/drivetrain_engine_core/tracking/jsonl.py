@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ class JsonlTracker(Tracker):
     def log(self, step: int, values: dict[str, float]) -> None:
         with self.path.open("a") as handle:
             handle.write(dumps({"step": step, **values}) + "\n")
+
+    def sync(self) -> None:
+        """``fsync`` the file (the appends above reach the page cache only)."""
+        with self.path.open("a") as handle:
+            os.fsync(handle.fileno())
 
 
 def dumps(value: Any, **kwargs: Any) -> str:

@@ -257,7 +257,7 @@ class _Loop:
                 self._evaluate(step + 1, bar)
             if last or (config.save_every and (step + 1) % config.save_every == 0):
                 heartbeat.beat(step + 1, "save")
-                self.trainer.folder.save(self.actor.engine, step + 1)
+                self.trainer.folder.save(self.actor.engine, step + 1, self.writer)
         bar.close()
 
     def _step(self, step: int, sampler: StepSampler) -> dict[str, float]:

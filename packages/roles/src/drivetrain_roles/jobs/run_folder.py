@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from drivetrain_engine_core import distributed
@@ -35,6 +35,9 @@ from ..command_sections import LoopConfig
 from ..sft.batches import check_batch_size
 from ..sft.final_model import FINAL_MODEL_DIR
 from .launch import CHECKPOINT_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir
+
+if TYPE_CHECKING:
+    from ..sft.metrics import MetricsWriter
 
 logger = logging.getLogger(__name__)
 DATA_FINGERPRINT_KEY = "data_fingerprint"
@@ -119,8 +122,10 @@ class RunFolder:
         self._compare_data(state.get(DATA_FINGERPRINT_KEY))
         return int(state["global_step"])
 
-    def save(self, engine: Engine, step: int) -> None:
-        """Checkpoint ``engine`` after ``step`` steps, with the data position (collective)."""
+    def save(self, engine: Engine, step: int, metrics: MetricsWriter) -> None:
+        """Checkpoint ``engine`` after ``step`` steps, with the data position (collective); the metric records
+        up to ``step`` are made durable first, so a checkpoint never outlives the lines of its steps."""
+        metrics.sync()
         position: dict[str, Any] = {
             "next_step": step,
             **{_state_key(name): v for name, v in self.data_order.items()},

@@ -279,7 +279,7 @@ class PairTrainer(ABC):
                 self._record_eval(engine, tokenizer, model_path, val_uids, step + 1, writer, result, bar)
             if last or (self.trainer.save_every and (step + 1) % self.trainer.save_every == 0):
                 heartbeat.beat(step + 1, "save")
-                self.folder.save(engine, step + 1)
+                self.folder.save(engine, step + 1, writer)
         bar.close()
 
     def _record_eval(

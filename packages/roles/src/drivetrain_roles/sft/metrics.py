@@ -66,6 +66,11 @@ class MetricsWriter:
         kept = [r for r in self.records if len(r) > 1 and all(k == "step" or k.startswith("val/") for k in r)]
         return cast(list[dict[str, float]], distributed.broadcast_object(kept))
 
+    def sync(self) -> None:
+        """Make every tracker's records so far durable (before a checkpoint is saved)."""
+        for tracker in self._trackers:
+            tracker.sync()
+
     def close(self) -> None:
         for tracker in self._trackers:
             tracker.close()

@@ -223,7 +223,7 @@ class SFTTrainer:
             self._record_eval(evaluate, step, writer, result, bar)
         if last or (trainer.save_every and step % trainer.save_every == 0):
             heartbeat.beat(step, "save")
-            self.folder.save(engine, step)
+            self.folder.save(engine, step, writer)
 
     def _record_eval(
         self, evaluate: _Evaluator, step: int, writer: MetricsWriter, result: SFTResult, bar: Any
