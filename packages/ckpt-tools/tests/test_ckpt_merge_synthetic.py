@@ -103,6 +103,28 @@ def test_lora_step_becomes_a_peft_adapter_dir_and_a_merged_model(
     assert not any("lora" in name or "base_layer" in name for name in plain.state_dict())
 
 
+def test_an_all_linear_adapter_loads_in_peft(tmp_path, source_dir, probe_ids, write_step):
+    """``lora.target_modules=[all-linear]`` was written as the list ``["all-linear"]``, which PEFT reads as a
+    module of that name ("Target modules {'all-linear'} not found"); PEFT expands only the bare string."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float32),
+        LoraConfig(r=4, lora_alpha=8.0, target_modules="all-linear"),
+    )
+    with torch.no_grad():  # PEFT starts lora_B at zero: a wrongly loaded adapter would not show
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.1, generator=torch.Generator().manual_seed(len(name)))
+    lora = {"rank": 4, "alpha": 8.0, "target_modules": ["all-linear"], "dropout": 0.0}
+    step = write_step(tmp_path / "ckpt", 2, model.eval(), model_path=source_dir, lora=lora)
+    merge_checkpoint(step, tmp_path / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(source_dir, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        assert _max_diff(loaded(input_ids=probe_ids).logits, model(input_ids=probe_ids).logits) < TOLERANCE
+
+
 def test_value_model_with_lora_and_trained_head(
     tmp_path, value_source_dir, probe_ids, value_lora_model, write_step
 ):

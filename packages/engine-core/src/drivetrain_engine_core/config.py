@@ -33,6 +33,10 @@ def _require_choice(value: str, choices: tuple[str, ...], field_name: str) -> No
         raise ConfigError(f"{field_name}={value!r} is not supported; choose one of {list(choices)}.{hint}")
 
 
+ALL_LINEAR = "all-linear"
+"""``model.lora.target_modules=[all-linear]``: every linear layer but the output layer (PEFT's option)."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class LoraConfig:
     """Low-rank adapters (PEFT LoRA) applied to the model before sharding.

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.config import ConfigError, LoraConfig, ModelConfig
+from drivetrain_engine_core.config import ALL_LINEAR, ConfigError, LoraConfig, ModelConfig
 from drivetrain_engine_core.dropout import disable_dropout_in_config, disable_dropout_modules
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
@@ -142,10 +142,6 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
         ) from e
     _refuse_non_linear_targets(wrapped, lora)
     return wrapped
-
-
-ALL_LINEAR = "all-linear"
-"""``model.lora.target_modules=[all-linear]``: every linear layer but the output layer (PEFT's option)."""
 
 
 def _linear_suffixes(model: nn.Module) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..config import ALL_LINEAR
+
 PEFT_PREFIX = "base_model.model."
 """Prefix PEFT puts in front of every name of the wrapped model."""
 
@@ -76,9 +78,16 @@ def peft_adapter_config(
         "r": lora["rank"],
         "lora_alpha": lora["alpha"],
         "lora_dropout": lora.get("dropout", 0.0),
-        "target_modules": sorted(lora["target_modules"]),
+        "target_modules": _peft_target_modules(lora["target_modules"]),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
         "modules_to_save": list(modules_to_save) or None,
     }
+
+
+def _peft_target_modules(target_modules: Sequence[str]) -> str | list[str]:
+    """``target_modules`` as PEFT reads it: its ``all-linear`` shorthand is expanded only as a bare string (in a
+    list it names a module called ``all-linear``, and loading the adapter fails)."""
+    modules = list(target_modules)
+    return ALL_LINEAR if modules == [ALL_LINEAR] else sorted(modules)
