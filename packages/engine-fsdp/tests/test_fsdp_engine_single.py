@@ -155,6 +155,24 @@ def test_lora_on_a_layer_that_is_not_linear_is_refused(model_dirs):
         make_engine(model_dirs["qwen2"], lora=lora)
 
 
+def test_lora_on_an_output_layer_tied_to_the_embeddings_is_refused(tmp_path):
+    """A merged model holds one matrix for a tied ``lm_head`` and ``embed_tokens``: ``ckpt merge --merge-lora``
+    folded the adapter into ``lm_head`` and then skipped it as the tied copy, so the merged model silently lost
+    the adapter's update (verify: 3.96 off). Refused when the model is built; untied models keep the option."""
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "lm_head"))
+    tied = make_tiny_model_dir(tmp_path / "tied", tie_word_embeddings=True)
+    with pytest.raises(
+        ConfigError, match=r"adapts the output layer, which this model ties to its input embed"
+    ):
+        make_engine(tied, lora=lora)
+    untied = make_engine(make_tiny_model_dir(tmp_path / "untied"), lora=lora)
+    assert any(
+        "lm_head.lora_A" in name
+        for b in untied.weight_buckets(version=1, lora="adapter")
+        for name, _ in b.tensors()
+    )
+
+
 def test_lora_targets_name_the_models_linear_layers_and_take_all_linear(model_dirs):
     """A target that matches nothing (Phi-3's ``qkv_proj`` on a Qwen2) ended in PEFT's traceback; the error now
     lists the model's linear layer names. TRL's ``all-linear`` adapts every projection but the output layer."""

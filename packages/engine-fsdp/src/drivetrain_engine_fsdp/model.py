@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from drivetrain_engine_core.checkpoint.peft import peft_target_modules
 from drivetrain_engine_core.config import ALL_LINEAR, ConfigError, LoraConfig, ModelConfig
 from drivetrain_engine_core.dropout import disable_dropout_in_config, disable_dropout_modules
 from torch import nn
@@ -126,8 +127,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
     peft_config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int but scales by alpha / r
-        # NOTE: TRL's and PEFT's "all-linear" (every linear layer but the output layer) is a string to PEFT.
-        target_modules=ALL_LINEAR if lora.target_modules == (ALL_LINEAR,) else list(lora.target_modules),
+        target_modules=peft_target_modules(lora.target_modules),
         lora_dropout=lora.dropout,
         bias="none",
         modules_to_save=[VALUE_HEAD] if value_model else None,
@@ -141,6 +141,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, *, value_model: bool) -> Any:
             f"({e}); its linear layers are named {linear_names}, or write [{ALL_LINEAR}]."
         ) from e
     _refuse_non_linear_targets(wrapped, lora)
+    _refuse_tied_output_adapter(wrapped, lora)
     return wrapped
 
 
@@ -173,6 +174,26 @@ def _refuse_non_linear_targets(model: Any, lora: LoraConfig) -> None:
             f"layers: {refused[:3]}{' ...' if len(refused) > 3 else ''}. drivetrain exports, hands off and merges "
             "LoRA for nn.Linear projections only; target those (e.g. q_proj, k_proj, v_proj, o_proj, gate_proj, "
             "up_proj, down_proj)."
+        )
+
+
+def _refuse_tied_output_adapter(model: Any, lora: LoraConfig) -> None:
+    """No adapter on an output layer tied to the input embeddings.
+
+    NOTE: a merged model holds one matrix for both (``tie_word_embeddings``), so folding the adapter's update
+    into ``lm_head`` either changed the embeddings too or, as ``ckpt merge`` and the hand-off wrote it, was
+    dropped with the tied copy: the merged model silently lost what the adapter learnt there.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    if getattr(base.config, "tie_word_embeddings", False) and isinstance(
+        base.get_output_embeddings(), LoraLayer
+    ):
+        raise ConfigError(
+            f"model.lora.target_modules={list(lora.target_modules)} adapts the output layer, which this model "
+            "ties to its input embeddings (tie_word_embeddings=true): a merged model keeps one matrix for both and "
+            "the adapter's update to it would be lost. Drop the output layer (lm_head) from lora.target_modules."
         )
 
 

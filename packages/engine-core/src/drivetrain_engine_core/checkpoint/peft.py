@@ -78,7 +78,7 @@ def peft_adapter_config(
         "r": lora["rank"],
         "lora_alpha": lora["alpha"],
         "lora_dropout": lora.get("dropout", 0.0),
-        "target_modules": _peft_target_modules(lora["target_modules"]),
+        "target_modules": peft_target_modules(lora["target_modules"]),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -86,7 +86,7 @@ def peft_adapter_config(
     }
 
 
-def _peft_target_modules(target_modules: Sequence[str]) -> str | list[str]:
+def peft_target_modules(target_modules: Sequence[str]) -> str | list[str]:
     """``target_modules`` as PEFT reads it: its ``all-linear`` shorthand is expanded only as a bare string (in a
     list it names a module called ``all-linear``, and loading the adapter fails)."""
     modules = list(target_modules)
