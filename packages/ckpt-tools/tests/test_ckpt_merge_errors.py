@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from drivetrain_ckpt_tools.hf_files import SIDE_FILES
 from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
 from drivetrain_engine_core.errors import CheckpointError
@@ -142,3 +143,27 @@ def test_side_files_of_a_hugging_face_cache_snapshot_travel(write_step, source_d
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(result.files)
     assert "generation_config.json" not in result.files
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (source_dir / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("where", ["a later probe sequence", "the entropy"])
+def test_verify_fails_a_merged_model_with_nan_outputs(synthetic_step, tmp_path, monkeypatch, where):
+    """Python's ``max`` keeps only a NaN that comes first, so NaN in the second or third probe sequence, or in
+    the entropy (compared after the log-probs), passed verification with a difference of 0."""
+    import drivetrain_ckpt_tools.verify as verify
+
+    def zeros(sequences):
+        return {key: [torch.zeros(len(s)) for s in sequences] for key in ("log_probs", "entropy")}
+
+    def merged_outputs(directory, merger, sequences, device):
+        outputs = zeros(sequences)
+        if where == "the entropy":
+            outputs["entropy"][0][:] = float("nan")
+        else:
+            outputs["log_probs"][1][3] = float("nan")
+        return outputs
+
+    monkeypatch.setattr(verify, "reference_outputs", merged_outputs)
+    monkeypatch.setattr(verify, "engine_outputs", lambda merger, sequences, device, plugins: zeros(sequences))
+    merge_checkpoint(synthetic_step, tmp_path / "merged")
+    result = verify.verify_merged(tmp_path / "merged", synthetic_step)
+    assert result.max_abs_diff == float("inf") and not result.passed

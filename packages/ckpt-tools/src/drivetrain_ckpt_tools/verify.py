@@ -8,6 +8,7 @@ down the whole next-token distribution), values for value models.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -78,15 +79,28 @@ def verify_merged(
     sequences = probe_sequences(_vocab_size(merger))
     expected = reference_outputs(destination, merger, sequences, device=device)
     actual = engine_outputs(merger, sequences, device=device, plugins=plugins)
-    per_output = {}
-    for key, values in expected.items():
-        per_output[key] = max(float((a - e).abs().max()) for a, e in zip(actual[key], values, strict=True))
+    per_output = {key: _largest_difference(actual[key], values) for key, values in expected.items()}
     return VerifyResult(
         max_abs_diff=max(per_output.values()),
         per_output=per_output,
         tolerance=tolerance,
         num_tokens=sum(len(s) for s in sequences),
     )
+
+
+def _largest_difference(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    """The largest absolute difference of two lists of per-sequence outputs; infinite when either side holds a
+    non-finite value.
+
+    NOTE: Python's ``max`` over floats keeps the first NaN only (``nan > x`` is false), so a merged model with
+    NaN in a later probe sequence, or in its entropy (an fp16 merge that overflowed a weight), passed.
+    """
+    worst = 0.0
+    for a, e in zip(actual, expected, strict=True):
+        if not (torch.isfinite(a).all() and torch.isfinite(e).all()):
+            return math.inf
+        worst = max(worst, float((a - e).abs().max()))
+    return worst
 
 
 def engine_outputs(
