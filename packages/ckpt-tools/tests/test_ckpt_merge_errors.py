@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -120,9 +121,32 @@ def test_only_allow_listed_regular_side_files_travel(write_step, source_dir, sou
 def test_destination_that_contains_the_checkpoint_is_refused(synthetic_step, tmp_path):
     run = synthetic_step.parent.parent
     for destination in (run, synthetic_step.parent, synthetic_step):
-        with pytest.raises(CheckpointError, match=r"contains the checkpoint .* being merged"):
+        with pytest.raises(CheckpointError, match=r"contains the checkpoint, .* writing there would delete it"):
             merge_checkpoint(synthetic_step.parent, destination, MergeOptions(overwrite=True))
     assert (synthetic_step / "manifest.json").is_file()
+
+
+def test_destination_that_holds_the_source_model_is_refused(write_step, source_dir, source_model, tmp_path):
+    """``ckpt merge lora-ckpts/ /models/Qwen --overwrite`` replaced the base model (which every step of the run
+    needs to be merged and loaded) with the merge's output."""
+    model = tmp_path / "models" / "base"
+    shutil.copytree(source_dir, model)
+    step = write_step(tmp_path / "ckpt", 5, source_model, model_path=model)
+    for destination in (model, model.parent):
+        with pytest.raises(CheckpointError, match=r"contains the model the checkpoint starts from"):
+            merge_checkpoint(step, destination, MergeOptions(overwrite=True))
+    assert sorted(p.name for p in model.iterdir()) == sorted(p.name for p in source_dir.iterdir())
+
+
+def test_a_killed_merges_staging_copy_is_removed_by_the_next_merge(synthetic_step, tmp_path):
+    """A merge writes ``.<dst>.tmp-<pid>`` and renames it; a killed merge left the full-size hidden copy behind,
+    and every later merge used another pid."""
+    dead = tmp_path / ".hf.tmp-999999999"  # beyond any pid_max
+    live = tmp_path / f".hf.tmp-{os.getppid()}"
+    dead.mkdir()
+    live.mkdir()
+    merge_checkpoint(synthetic_step, tmp_path / "hf")
+    assert not dead.exists() and live.exists()
 
 
 def test_side_files_of_a_hugging_face_cache_snapshot_travel(write_step, source_dir, source_model, tmp_path):

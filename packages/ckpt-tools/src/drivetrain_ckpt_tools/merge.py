@@ -7,6 +7,7 @@ leaves nothing behind and an interrupted one never looks finished.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from collections import Counter
@@ -20,6 +21,7 @@ from drivetrain_engine_core.checkpoint import (
     resolve_step_dir,
     verify_files,
 )
+from drivetrain_engine_core.checkpoint.durable import fsync_dir, fsync_tree
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.plugins import DrivetrainPlugins
 from drivetrain_engine_core.plugins import plugins as default_plugins
@@ -106,19 +108,24 @@ def merge_checkpoint(
     """
     options = options or MergeOptions()
     destination = Path(dst)
-    _refuse_destination_holding(destination, Path(src))
+    _refuse_destination_holding(destination, Path(src), "the checkpoint")
     if destination.exists() and not options.overwrite:
         raise CheckpointError(
             f"destination {destination} already exists; choose another path or pass --overwrite to replace it."
         )
     merger = open_merger(src, verify_checksums=options.verify_checksums, plugins=plugins)
+    _refuse_destination_holding(
+        destination, Path(merger.manifest.model_path), "the model the checkpoint starts from"
+    )
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.parent / f".{destination.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    _sweep_staging(destination)
+    staging = destination.parent / f"{_STAGING_PREFIX.format(name=destination.name)}{os.getpid()}"
     staging.mkdir()
     try:
         kind = _write(merger, staging, options)
+        fsync_tree(staging)
         _replace(staging, destination)
+        fsync_dir(destination.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -127,15 +134,40 @@ def merge_checkpoint(
     )
 
 
-def _refuse_destination_holding(destination: Path, source: Path) -> None:
-    """A destination that is, contains or lies inside the source: ``--overwrite`` would delete checkpoint data."""
-    target, checkpoint = destination.resolve(), source.resolve()
-    if checkpoint == target or target in checkpoint.parents or checkpoint in target.parents:
+def _refuse_destination_holding(destination: Path, source: Path, what: str) -> None:
+    """A destination that is, contains or lies inside ``source`` (the checkpoint, or the model its steps need to
+    be merged and loaded): ``--overwrite`` would delete it."""
+    target, kept = destination.resolve(), source.resolve()
+    if kept == target or target in kept.parents or kept in target.parents:
         raise CheckpointError(
-            f"destination {destination} contains the checkpoint {source} being merged (or lies inside it); "
-            "writing there would delete checkpoint data. Choose a destination outside it, e.g. a new directory "
-            "beside the run."
+            f"destination {destination} contains {what}, {source} (or lies inside it); writing there would "
+            "delete it. Choose a destination outside it, e.g. a new directory beside the run."
         )
+
+
+_STAGING_PREFIX = ".{name}.tmp-"
+"""A merge is written into ``.<dst>.tmp-<pid>`` beside ``dst`` and renamed into place when complete."""
+
+
+def _sweep_staging(destination: Path) -> None:
+    """Remove staging directories of earlier merges into ``destination`` whose process is gone (a killed merge
+    left a full-size hidden copy, and the next one used another pid)."""
+    prefix = _STAGING_PREFIX.format(name=destination.name)
+    for leftover in destination.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = leftover.name.removeprefix(prefix)
+        if pid.isdigit() and not _process_exists(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (signal 0 checks without sending)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> str:
