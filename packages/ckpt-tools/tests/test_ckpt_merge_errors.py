@@ -121,7 +121,9 @@ def test_only_allow_listed_regular_side_files_travel(write_step, source_dir, sou
 def test_destination_that_contains_the_checkpoint_is_refused(synthetic_step, tmp_path):
     run = synthetic_step.parent.parent
     for destination in (run, synthetic_step.parent, synthetic_step):
-        with pytest.raises(CheckpointError, match=r"contains the checkpoint, .* writing there would delete it"):
+        with pytest.raises(
+            CheckpointError, match=r"contains the checkpoint, .* writing there would delete it"
+        ):
             merge_checkpoint(synthetic_step.parent, destination, MergeOptions(overwrite=True))
     assert (synthetic_step / "manifest.json").is_file()
 
@@ -191,3 +193,24 @@ def test_verify_fails_a_merged_model_with_nan_outputs(synthetic_step, tmp_path, 
     merge_checkpoint(synthetic_step, tmp_path / "merged")
     result = verify.verify_merged(tmp_path / "merged", synthetic_step)
     assert result.max_abs_diff == float("inf") and not result.passed
+
+
+def test_a_checkpoint_whose_model_moved_merges_with_model_path(
+    write_step, source_dir, source_model, tmp_path
+):
+    """The manifest records the source model's absolute path; a checkpoint copied to another machine could not
+    be merged, and the error suggested pointing the merge at a copy with no option to do so (verl's merger has
+    ``--hf_model_path``)."""
+    from transformers import AutoModelForCausalLM
+
+    trained_from = tmp_path / "cluster_a" / "model"
+    shutil.copytree(source_dir, trained_from)
+    step = write_step(tmp_path / "ckpt", 5, source_model, model_path=trained_from)
+    moved = tmp_path / "cluster_b" / "model"
+    shutil.move(trained_from, moved)
+    with pytest.raises(CheckpointError, match=r"pass a copy of it with `--model-path DIR`"):
+        merge_checkpoint(step, tmp_path / "hf")
+    merge_checkpoint(step, tmp_path / "hf", MergeOptions(model_path=str(moved)))
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
+    assert all(torch.equal(merged[name], value) for name, value in source_model.state_dict().items())

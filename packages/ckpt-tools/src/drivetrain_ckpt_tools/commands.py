@@ -57,6 +57,12 @@ def ls_command(root: str, check: bool, as_json: bool) -> None:
     default=None,
     help="Cast the weights (e.g. bfloat16 for the source model's size); default: as the checkpoint holds them.",
 )
+@click.option(
+    "--model-path",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="The model the checkpoint starts from, when it has moved since training (default: the manifest's).",
+)
 def merge_command(
     src: str,
     dst: str,
@@ -65,6 +71,7 @@ def merge_command(
     max_shard_size: str,
     no_checksums: bool,
     dtype: str | None,
+    model_path: str | None,
 ):
     """Merge checkpoint step SRC (or the latest step of a root) into a Hugging Face directory DST."""
     from drivetrain_engine_core.errors import DrivetrainError
@@ -79,6 +86,7 @@ def merge_command(
             max_shard_bytes=parse_size(max_shard_size),
             verify_checksums=not no_checksums,
             dtype=dtype,
+            model_path=model_path,
         )
         result = merge_checkpoint(src, dst, options)
     except (DrivetrainError, ValueError) as e:
@@ -97,14 +105,20 @@ def merge_command(
 )
 @click.option("--tolerance", default=1e-5, show_default=True, help="Largest allowed absolute difference.")
 @click.option("--device", default="cpu", show_default=True, help="Device to run both models on.")
-def verify_command(dst: str, src: str, tolerance: float, device: str) -> None:
+@click.option(
+    "--model-path",
+    default=None,
+    type=click.Path(exists=True, file_okay=False),
+    help="The model the checkpoint starts from, when it has moved since training (default: the manifest's).",
+)
+def verify_command(dst: str, src: str, tolerance: float, device: str, model_path: str | None) -> None:
     """Compare DST (loaded by transformers) with the engine's own outputs from checkpoint SRC."""
     from drivetrain_engine_core.errors import DrivetrainError
 
     from .verify import verify_merged
 
     try:
-        result = verify_merged(dst, src, tolerance=tolerance, device=device)
+        result = verify_merged(dst, src, tolerance=tolerance, device=device, model_path=model_path)
     except DrivetrainError as e:
         _fail(e)
     details = ", ".join(f"{key} {diff:.3e}" for key, diff in result.per_output.items())

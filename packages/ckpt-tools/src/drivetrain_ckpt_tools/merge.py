@@ -7,7 +7,9 @@ leaves nothing behind and an interrupted one never looks finished.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import logging
 import os
 import shutil
 from collections import Counter
@@ -33,6 +35,8 @@ from .writer import DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter
 MERGE_DTYPES = ("float32", "bfloat16", "float16")
 """The dtypes a merge may cast the weights to."""
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(kw_only=True, frozen=True)
 class MergeOptions:
@@ -47,6 +51,8 @@ class MergeOptions:
         dtype: cast the floating weights to ``float32``, ``bfloat16`` or ``float16``; ``None`` writes them as
             the checkpoint holds them (FSDP: the float32 master weights). ``config.json`` names the dtype
             written either way.
+        model_path: the model the checkpoint starts from, when it is no longer where the manifest says (a
+            checkpoint copied to another machine); ``None`` uses the manifest's ``model_path``.
     """
 
     merge_lora: bool = False
@@ -54,6 +60,7 @@ class MergeOptions:
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     verify_checksums: bool = True
     dtype: str | None = None
+    model_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_shard_bytes <= 0:
@@ -79,8 +86,15 @@ class MergeResult:
     files: list[str] = field(default_factory=list)
 
 
-def open_merger(src: Path | str, *, verify_checksums: bool = True, plugins: DrivetrainPlugins | None = None):
-    """Resolve ``src`` to a complete step, verify its files and build the merger of the backend that wrote it.
+def open_merger(
+    src: Path | str,
+    *,
+    verify_checksums: bool = True,
+    model_path: str | None = None,
+    plugins: DrivetrainPlugins | None = None,
+):
+    """Resolve ``src`` to a complete step, verify its files and build the merger of the backend that wrote it;
+    ``model_path`` stands in for the manifest's source model (verl's ``--hf_model_path``).
 
     Raises:
         CheckpointError: no complete step, or a file is missing, truncated or corrupt (the message names it).
@@ -89,6 +103,8 @@ def open_merger(src: Path | str, *, verify_checksums: bool = True, plugins: Driv
     step_dir = resolve_step_dir(src)
     manifest = read_manifest(step_dir)
     verify_files(step_dir, manifest, checksums=verify_checksums)
+    if model_path is not None:
+        manifest = dataclasses.replace(manifest, model_path=str(Path(model_path).resolve()))
     merger_cls = (plugins or default_plugins()).mergers.get(manifest.backend)
     return merger_cls(step_dir, manifest)
 
@@ -113,7 +129,9 @@ def merge_checkpoint(
         raise CheckpointError(
             f"destination {destination} already exists; choose another path or pass --overwrite to replace it."
         )
-    merger = open_merger(src, verify_checksums=options.verify_checksums, plugins=plugins)
+    merger = open_merger(
+        src, verify_checksums=options.verify_checksums, model_path=options.model_path, plugins=plugins
+    )
     _refuse_destination_holding(
         destination, Path(merger.manifest.model_path), "the model the checkpoint starts from"
     )
@@ -172,6 +190,13 @@ def _process_exists(pid: int) -> bool:
 
 def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> str:
     """Fill ``directory``; returns ``model`` or ``adapter``."""
+    if not Path(merger.manifest.model_path).is_dir():
+        # An adapter needs no base weights to be written, but its tokenizer files come from there.
+        logger.warning(
+            "%s, the model this checkpoint starts from, is not there: the output has no tokenizer files and "
+            "names that path as its base model. Pass --model-path with a copy of it.",
+            merger.manifest.model_path,
+        )
     copy_side_files(merger.manifest.model_path, directory)
     if merger.is_lora and not options.merge_lora:
         write_adapter_dir(merger, directory)

@@ -62,9 +62,11 @@ def verify_merged(
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     device: str = "cpu",
+    model_path: str | None = None,
     plugins: DrivetrainPlugins | None = None,
 ) -> VerifyResult:
-    """Compare the merged directory ``dst`` with the checkpoint step ``src`` on a probe batch.
+    """Compare the merged directory ``dst`` with the checkpoint step ``src`` on a probe batch; ``model_path``
+    stands in for the model the checkpoint starts from when it has moved (see ``open_merger``).
 
     Raises:
         CheckpointError: ``dst`` is not a merged model or adapter directory, or ``src`` is not a complete step.
@@ -75,7 +77,7 @@ def verify_merged(
             f"{destination} has neither config.json nor {ADAPTER_CONFIG}; merge first with "
             "`drivetrain ckpt merge SRC DST`."
         )
-    merger = open_merger(src, plugins=plugins)
+    merger = open_merger(src, model_path=model_path, plugins=plugins)
     sequences = probe_sequences(_vocab_size(merger))
     expected = reference_outputs(destination, merger, sequences, device=device)
     actual = engine_outputs(merger, sequences, device=device, plugins=plugins)

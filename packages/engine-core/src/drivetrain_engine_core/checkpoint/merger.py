@@ -72,7 +72,8 @@ class CheckpointMerger(ABC):
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(
                 f"cannot read {path}, the config of the model this checkpoint was trained from (manifest "
-                f"model_path). Restore that directory, or point the merge at a copy of it."
+                f"model_path). Restore that directory, or pass a copy of it with `--model-path DIR` (ckpt merge and "
+                "verify)."
             ) from e
 
     @property
