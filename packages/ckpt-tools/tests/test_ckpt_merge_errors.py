@@ -214,3 +214,38 @@ def test_a_checkpoint_whose_model_moved_merges_with_model_path(
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).state_dict()
     assert all(torch.equal(merged[name], value) for name, value in source_model.state_dict().items())
+
+
+def test_the_remote_code_the_configs_name_travels(write_step, source_dir, source_model, tmp_path):
+    """A ``trust_remote_code`` model's config keeps its ``auto_map``, but its ``modeling_*.py`` files stayed
+    behind (``save_pretrained`` copies them), so the merged directory did not load. Only the modules the
+    ``auto_map`` entries name travel, and none from another repository (``repo--module.Class``)."""
+    import json
+
+    planted = tmp_path / "model"
+    shutil.copytree(source_dir, planted)
+    config = json.loads((planted / "config.json").read_text())
+    config["auto_map"] = {
+        "AutoConfig": "configuration_tiny.TinyConfig",
+        "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM",
+        "AutoModel": "org/other--modeling_other.OtherModel",
+    }
+    (planted / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((planted / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": ["tokenization_tiny.TinyTokenizer", None]}
+    (planted / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    for name in (
+        "configuration_tiny.py",
+        "modeling_tiny.py",
+        "tokenization_tiny.py",
+        "modeling_other.py",
+        "x.py",
+    ):
+        (planted / name).write_text("# code\n")
+    step = write_step(tmp_path / "ckpt", 5, source_model, model_path=planted)
+    files = set(merge_checkpoint(step, tmp_path / "hf").files)
+    assert {f for f in files if f.endswith(".py")} == {
+        "configuration_tiny.py",
+        "modeling_tiny.py",
+        "tokenization_tiny.py",
+    }

@@ -74,7 +74,8 @@ def write_model_config(merger: CheckpointMerger, directory: Path, dtype: torch.d
 
 
 def copy_side_files(source: Path | str, directory: Path) -> list[str]:
-    """Copy the allow-listed tokenizer, chat-template and generation-config files of ``source``.
+    """Copy the allow-listed tokenizer, chat-template and generation-config files of ``source``, and the remote
+    code its configs name (:func:`remote_code_files`).
 
     Symlinks and files over :data:`MAX_SIDE_FILE_BYTES` are skipped with a warning.
 
@@ -82,7 +83,7 @@ def copy_side_files(source: Path | str, directory: Path) -> list[str]:
         The names of the copied files.
     """
     copied = []
-    for name in sorted(SIDE_FILES):
+    for name in sorted(SIDE_FILES | remote_code_files(Path(source))):
         path = Path(source) / name
         if path.is_symlink() and not _hf_cache_blob(path):
             logger.warning(
@@ -104,6 +105,29 @@ def copy_side_files(source: Path | str, directory: Path) -> list[str]:
     return copied
 
 
+def remote_code_files(source: Path) -> set[str]:
+    """The Python files the ``auto_map`` of ``config.json`` and ``tokenizer_config.json`` names: a model loaded with
+    ``trust_remote_code`` needs them beside its config (``save_pretrained`` copies them; without them the
+    merged directory does not load).
+
+    ``auto_map`` values are ``module.Class``, ``repo--module.Class`` (code in another repository: nothing to
+    copy) or, for tokenizers, a list of such names.
+    """
+    files = set()
+    for config_name in ("config.json", "tokenizer_config.json"):
+        try:
+            auto_map = json.loads((source / config_name).read_text()).get("auto_map", {})
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        for value in auto_map.values():
+            for reference in value if isinstance(value, list) else [value]:
+                if isinstance(reference, str) and "--" not in reference and "." in reference:
+                    module = reference.rsplit(".", 1)[0]
+                    if module.isidentifier():
+                        files.add(f"{module}.py")
+    return files
+
+
 def _hf_cache_blob(link: Path) -> bool:
     """Whether ``link`` is a Hugging Face cache snapshot file: ``<repo>/snapshots/<rev>/<name>`` pointing at a
     regular file in ``<repo>/blobs/``."""
@@ -114,4 +138,4 @@ def _hf_cache_blob(link: Path) -> bool:
     return target.is_file() and target.parent == snapshot.parent.parent / "blobs"
 
 
-__all__ = ["MAX_SIDE_FILE_BYTES", "SIDE_FILES", "copy_side_files", "write_model_config"]
+__all__ = ["MAX_SIDE_FILE_BYTES", "SIDE_FILES", "copy_side_files", "remote_code_files", "write_model_config"]
