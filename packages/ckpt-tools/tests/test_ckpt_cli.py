@@ -38,6 +38,26 @@ def test_ls_lists_complete_and_incomplete_steps(synthetic_step, tmp_path):
     assert "complete*" in table.output and "BROKEN" in table.output
 
 
+def test_ls_skips_a_step_a_running_job_moves_while_it_is_read(synthetic_step, monkeypatch):
+    """Publishing renames ``.tmp-`` steps into place and pruning moves old ones aside; ``ls`` under ``watch``
+    beside a running job met a step that vanished between the listing and its ``stat`` and printed a traceback."""
+    from drivetrain_ckpt_tools import inspect
+
+    root = synthetic_step.parent
+    shutil.copytree(synthetic_step, root / "global_step_3")
+    real = inspect._describe
+
+    def pruned_meanwhile(entry, *args):
+        if entry.global_step == 3:
+            shutil.rmtree(entry.path)
+        return real(entry, *args)
+
+    monkeypatch.setattr(inspect, "_describe", pruned_meanwhile)
+    listed = _run("ls", str(root), "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [s["global_step"] for s in json.loads(listed.output)] == [5]
+
+
 def test_ls_check_finds_a_corrupt_file(synthetic_step):
     shard = next((synthetic_step / "model").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-1])

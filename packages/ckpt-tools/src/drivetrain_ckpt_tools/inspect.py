@@ -68,10 +68,15 @@ def list_steps(root: Path | str, *, check_files: bool = False) -> list[StepInfo]
         raise CheckpointError(f"checkpoint root {root} is not a directory.")
     latest, _ = read_latest(root)
     loadable = {path for _, path in complete_steps(root)}
-    return [
-        _describe(entry, entry.path.name == latest, entry.path in loadable, check_files)
-        for entry in step_entries(root)
-    ]
+    described = []
+    for entry in step_entries(root):
+        try:
+            described.append(_describe(entry, entry.path.name == latest, entry.path in loadable, check_files))
+        except FileNotFoundError:
+            # NOTE: a running job renamed or pruned the step while it was read (publish renames `.tmp-` steps
+            # into place, pruning moves old ones to `.trash-`): it is no longer there to describe.
+            continue
+    return described
 
 
 def _describe(entry: StepEntry, latest: bool, loadable: bool, check_files: bool) -> StepInfo:
