@@ -55,3 +55,12 @@ def test_every_trainer_field_has_help_and_a_command_can_say_more(command) -> Non
     assert trainer["trainer.cpu_threads"].startswith("intra-op threads per rank")
     if command == "grpo":
         assert trainer["trainer.total_steps"].startswith("policy updates")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_held_out_files_without_training_files_are_refused(command) -> None:
+    """With no ``data.train_files`` every command trains and evaluates on its generated data, and
+    ``data.val_files`` (even a file that does not exist) was never opened while the run exited 0."""
+    with pytest.raises(ConfigError, match=r"data.val_files=\['held_out.jsonl'\] is set without data.train_files"):
+        _load(command, "data.val_files=[held_out.jsonl]")
+    assert _load(command, "data.train_files=[t.jsonl]", "data.val_files=[held_out.jsonl]").data.val_files

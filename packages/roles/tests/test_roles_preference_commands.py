@@ -55,6 +55,8 @@ def test_example_files_hold_the_defaults() -> None:
         ),
         ("dpo.reference=other", r"dpo.reference='other' is not supported"),
         ("dpo.beta=0", r"dpo.beta must be > 0"),
+        # Failed with a traceback after the whole SFT warm start, when the reference was built.
+        ("dpo.reference=lora_base", r"dpo.reference=lora_base .* model.lora is unset"),
     ],
 )
 def test_bad_dpo_settings_name_the_field(override, message) -> None:

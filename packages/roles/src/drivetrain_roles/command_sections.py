@@ -9,7 +9,7 @@ entry replaces its base's where the command means something more specific.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,22 @@ def merged_sections(*parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[s
         for section, entries in part.items():
             merged.setdefault(section, {}).update(entries)
     return merged
+
+
+def check_val_files_have_train_files(train_files: Sequence[str], val_files: Sequence[str]) -> None:
+    """Held-out files need training files: without them the run uses the generated data and its own held-out
+    split, and ``data.val_files`` was never opened (a missing file too) while the run evaluated on something
+    else.
+
+    Raises:
+        ConfigError: ``val_files`` without ``train_files``.
+    """
+    if val_files and not train_files:
+        raise ConfigError(
+            f"data.val_files={list(val_files)} is set without data.train_files: the run would train and evaluate on "
+            "the generated arithmetic data and never read these files. Set data.train_files too, or drop "
+            "data.val_files."
+        )
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.engine import Engine
 from tensordict import TensorDict
@@ -26,7 +27,7 @@ class Reference:
 
     def __init__(self, engine: Engine, *, use_actor_base: bool = False, temperature: float = 1.0) -> None:
         if use_actor_base and engine.model_config.lora is None:
-            raise ValueError(
+            raise ConfigError(
                 "Reference(use_actor_base=True) needs an engine with LoRA adapters (model.lora); without adapters "
                 "the actor's weights are the trained policy, so give the reference its own engine."
             )

@@ -106,6 +106,12 @@ class DPOConfig:
     dpo: DPOSection = field(default_factory=_default_dpo)
 
     def __post_init__(self) -> None:
+        if self.dpo.reference == "lora_base" and self.model.lora is None and not self.dpo.reference_free:
+            raise ConfigError(
+                "dpo.reference=lora_base scores the reference with the policy's LoRA adapters disabled, and "
+                "model.lora is unset (the full model trains, so there is no base to fall back to). Set model.lora "
+                "(e.g. model.lora.rank=16), or choose dpo.reference=precomputed or engine."
+            )
         if self.data.margin_key is not None:
             raise ConfigError(
                 f"data.margin_key={self.data.margin_key!r} is a reward-model option (TRL's RewardTrainer margin); "

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig
 
-from ..command_sections import BatchLoopConfig, builtin_model, for_a_user_model
+from ..command_sections import (
+    BatchLoopConfig,
+    builtin_model,
+    check_val_files_have_train_files,
+    for_a_user_model,
+)
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -61,6 +66,7 @@ class PairDataConfig:
     generated_rejected_per_prompt: int = 1
 
     def __post_init__(self) -> None:
+        check_val_files_have_train_files(self.train_files, self.val_files)
         if self.max_length < 2:
             raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}.")
         if self.generated_train_size < 1 or self.generated_val_size < 0:

@@ -22,7 +22,13 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import BatchLoopConfig, builtin_model, for_a_user_model, merged_sections
+from ..command_sections import (
+    BatchLoopConfig,
+    builtin_model,
+    check_val_files_have_train_files,
+    for_a_user_model,
+    merged_sections,
+)
 from ..losses.aggregation import AGGREGATION_MODES
 
 if TYPE_CHECKING:
@@ -61,6 +67,7 @@ class DataConfig:
     generated_val_size: int = 200
 
     def __post_init__(self) -> None:
+        check_val_files_have_train_files(self.train_files, self.val_files)
         if self.max_length < 2:
             raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}.")
         if self.apply_chat_template and self.messages_key is not None:
