@@ -61,6 +61,8 @@ def test_every_trainer_field_has_help_and_a_command_can_say_more(command) -> Non
 def test_held_out_files_without_training_files_are_refused(command) -> None:
     """With no ``data.train_files`` every command trains and evaluates on its generated data, and
     ``data.val_files`` (even a file that does not exist) was never opened while the run exited 0."""
-    with pytest.raises(ConfigError, match=r"data.val_files=\['held_out.jsonl'\] is set without data.train_files"):
+    with pytest.raises(
+        ConfigError, match=r"data.val_files=\['held_out.jsonl'\] is set without data.train_files"
+    ):
         _load(command, "data.val_files=[held_out.jsonl]")
     assert _load(command, "data.train_files=[t.jsonl]", "data.val_files=[held_out.jsonl]").data.val_files

@@ -32,7 +32,7 @@ TINY = [
 ]
 
 
-@pytest.mark.parametrize("command", ["dpo", "rm"])
+@pytest.mark.parametrize("command", ["dpo", "rm", "grpo"])
 def test_reference_pages_are_generated_from_the_dataclasses(command) -> None:
     assert (REPO / "docs" / f"{command}-config.md").read_text() == reference_page(command), (
         f'docs/{command}-config.md is stale; regenerate it with python -c "from drivetrain_roles.sft.reference '
@@ -440,3 +440,22 @@ def test_a_rank_without_pairs_in_the_last_precompute_chunk_still_joins_the_forwa
     dpo_trainer.DPOTrainer._precompute(trainer, reference=None)  # type: ignore[arg-type]
     assert scored_uids == [[1], [3]]
     assert trainer.ref_logps == {1: (-1.0, -1.0)}
+
+
+def test_a_warm_start_batch_larger_than_the_data_names_the_commands_own_setting(tmp_path) -> None:
+    """The warm start is an SFT run, whose error named ``trainer.batch_size=64``: DPO's trainer.batch_size is 32
+    and the 64 was ``warm_start.batch_size`` (GRPO's warm-start batch could not be set at all)."""
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_roles.grpo.config import load_config as load_grpo_config
+    from drivetrain_roles.grpo.trainer import GRPOTrainer
+
+    config = load_dpo_config(None, [*TINY, "data.generated_train_size=16", "warm_start.sft_steps=2"])
+    with pytest.raises(
+        DataError, match=r"^warm_start.batch_size=64 is larger than the 16 training examples; lower "
+    ):
+        DPOTrainer(config, tmp_path / "dpo").run()
+    config = load_grpo_config(None, ["data.generated_train_size=16", "trainer.progress_bar=false"])
+    with pytest.raises(DataError, match=r"^trainer.warm_start_batch_size=64 is larger than the 16 training"):
+        GRPOTrainer(config, tmp_path / "grpo").run()
+    with pytest.raises(ConfigError, match=r"trainer.warm_start_steps=0 with model.path=builtin:arithmetic"):
+        load_grpo_config(None, ["trainer.warm_start_steps=0"])

@@ -1,7 +1,7 @@
 """Typed configuration of ``drivetrain grpo``: its sections, their defaults (the embedded job) and derived values.
 
 Loading is core's command config layer (:mod:`drivetrain_engine_core.command_config`). The defaults are the
-embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 55% held-out
+embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 35% held-out
 accuracy, then trained by GRPO with an exact-answer reward.
 """
 
@@ -25,6 +25,7 @@ from ..command_sections import LoopConfig, builtin_model, for_a_user_model
 from ..losses.aggregation import AGGREGATION_MODES
 from ..losses.kl import canonical_estimator
 from ..sft.config import DataConfig
+from ..sft.default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -112,13 +113,16 @@ class TrainerConfig(LoopConfig):
         total_steps: policy updates (each: one rollout, one optimizer step, one weight hand-off).
         prompts_per_step: prompts per step over all data-parallel ranks (divisible by their number).
         warm_start_steps: with ``model.path=builtin:arithmetic``, SFT steps run first (in ``<run>/warm_start``)
-            to get a policy that is sometimes right; GRPO starts from its ``final_model``.
+            to get a policy that is sometimes right; GRPO starts from its ``final_model``. At least 1 with the
+            embedded model (it exists only as the warm start's output); not read for any other model.
+        warm_start_batch_size: examples per warm-start SFT step.
         seed: seed of the prompt order and of the sampling.
     """
 
     total_steps: int = 120
     prompts_per_step: int = 32
     warm_start_steps: int = 200
+    warm_start_batch_size: int = 64
     eval_every: int = 20
     save_every: int = 50
 
@@ -126,6 +130,7 @@ class TrainerConfig(LoopConfig):
         super().__post_init__()
         self._require_at_least(1, "prompts_per_step")
         self._require_at_least(0, "warm_start_steps")
+        self._require_at_least(1, "warm_start_batch_size")
 
 
 def _default_engine() -> EngineConfig:
@@ -176,6 +181,13 @@ class GRPOConfig:
         return for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}})
 
     def __post_init__(self) -> None:
+        if self.model.path == BUILTIN_MODEL and self.trainer.warm_start_steps < 1:
+            # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
+            raise ConfigError(
+                "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
+                "its SFT warm start, so it needs at least 1 step (200 by default). Set trainer.warm_start_steps "
+                ">= 1, or give model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
+            )
         sequences = self.trainer.prompts_per_step * self.rollout.n
         if sequences % self.algorithm.ppo_mini_batches:
             # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).

@@ -120,7 +120,11 @@ class GRPOTrainer:
         """Train for ``trainer.total_steps`` steps; returns this process's rewards and the run's evaluations."""
         config = self.config
         begin_run(
-            self.folder, config, engine=config.engine, trainer=config.trainer, batch_field="prompts_per_step"
+            self.folder,
+            config,
+            engine=config.engine,
+            trainer=config.trainer,
+            batch=("trainer.prompts_per_step", config.trainer.prompts_per_step),
         )
         check_mini_batch_share(config, distributed.world_size())
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
@@ -234,7 +238,9 @@ class _Loop:
 
     def run(self, heartbeat: Heartbeat) -> None:
         config = self.trainer.config.trainer
-        sampler = StepSampler(len(self.train), config.prompts_per_step, config.seed)
+        sampler = StepSampler(
+            len(self.train), config.prompts_per_step, config.seed, setting="trainer.prompts_per_step"
+        )
         bar = progress_bar("grpo", config.total_steps, self.result.start_step, enabled=config.progress_bar)
         if self.result.start_step == 0:
             heartbeat.beat(0, "eval")

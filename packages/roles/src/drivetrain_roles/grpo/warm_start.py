@@ -27,15 +27,21 @@ def start_model(config: GRPOConfig, output_dir: Path, *, resume: bool) -> str:
         return model_directory(config.model.path)
     from ..sft.warm_start import run_warm_start
 
-    final_model, _ = run_warm_start(_warm_start_config(config), output_dir, reuse=resume)
+    final_model, _ = run_warm_start(
+        _warm_start_config(config),
+        output_dir,
+        reuse=resume,
+        batch_size_setting="trainer.warm_start_batch_size",
+    )
     return final_model
 
 
 def _warm_start_config(config: GRPOConfig) -> SFTConfig:
-    steps = max(config.trainer.warm_start_steps, 1)
+    steps = config.trainer.warm_start_steps
     schedule = schedule_length(steps)
     trainer = TrainerConfig(
         total_steps=steps,
+        batch_size=config.trainer.warm_start_batch_size,
         eval_every=0,
         save_every=0,
         eval_samples=config.trainer.eval_samples,

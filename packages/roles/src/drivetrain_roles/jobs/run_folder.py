@@ -155,11 +155,11 @@ class RunFolder:
 
 
 def begin_run(
-    folder: RunFolder, config: Any, *, engine: EngineConfig, trainer: LoopConfig, batch_field: str
+    folder: RunFolder, config: Any, *, engine: EngineConfig, trainer: LoopConfig, batch: tuple[str, int]
 ) -> None:
     """What every job does before any work: join the process group, set the CPU threads, check that the
-    data-parallel ranks can split ``trainer.<batch_field>`` (before a warm start or any file), prepare the run
-    directory.
+    data-parallel ranks can split the batch (``(setting, size)``: before a warm start or any file), prepare the
+    run directory.
 
     Raises:
         DataError: the batch does not split over the data-parallel ranks.
@@ -168,7 +168,7 @@ def begin_run(
     distributed.init_distributed(engine.device, engine.dist_timeout_s)
     if engine.device == "cpu" and trainer.cpu_threads is not None:
         torch.set_num_threads(trainer.cpu_threads)
-    check_batch_size(f"trainer.{batch_field}", getattr(trainer, batch_field), engine)
+    check_batch_size(*batch, engine)
     folder.prepare(config)
 
 

@@ -122,7 +122,7 @@ class PairTrainer(ABC):
             self.config,
             engine=self.engine_config,
             trainer=self.trainer,
-            batch_field="batch_size",
+            batch=("trainer.batch_size", self.trainer.batch_size),
         )
         train_files, val_files = self._pair_files()
         # Before the warm start: pair data the pairwise steps could not use fails fast, on every rank.
@@ -217,7 +217,9 @@ class PairTrainer(ABC):
             trainer=self.trainer,
             sft_files=(sft_train, sft_val),
         )
-        final_model, result.warm_start = run_warm_start(sft_config, self.output_dir, reuse=self.folder.resume)
+        final_model, result.warm_start = run_warm_start(
+            sft_config, self.output_dir, reuse=self.folder.resume, batch_size_setting="warm_start.batch_size"
+        )
         return final_model
 
     def _build_engine(

@@ -27,17 +27,19 @@ class StepSampler:
         num_examples: size of the training set.
         batch_size: sequences per step over every data-parallel rank.
         seed: seed of the permutations.
+        setting: the config field ``batch_size`` comes from (what an error tells the user to change).
     """
 
     num_examples: int
     batch_size: int
     seed: int
+    setting: str = "trainer.batch_size"
 
     def __post_init__(self) -> None:
         if self.batch_size > self.num_examples:
             raise DataError(
-                f"trainer.batch_size={self.batch_size} is larger than the {self.num_examples} training examples; "
-                "lower trainer.batch_size or add data."
+                f"{self.setting}={self.batch_size} is larger than the {self.num_examples} training examples; "
+                f"lower {self.setting} or add data."
             )
 
     @property

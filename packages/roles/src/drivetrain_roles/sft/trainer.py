@@ -76,7 +76,13 @@ class SFTTrainer:
     """
 
     def __init__(
-        self, config: SFTConfig, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+        self,
+        config: SFTConfig,
+        output_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        batch_size_setting: str = "trainer.batch_size",
     ) -> None:
         if config.model.model_type != "language_model":
             raise ConfigError(
@@ -93,6 +99,7 @@ class SFTTrainer:
             data_order={"trainer.seed": config.trainer.seed, "trainer.batch_size": config.trainer.batch_size},
         )
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
+        self.batch_size_setting = batch_size_setting
 
     def run(self) -> SFTResult:
         """Train for ``trainer.total_steps`` steps; returns this process's losses and the run's evaluations."""
@@ -101,7 +108,7 @@ class SFTTrainer:
             self.config,
             engine=self.config.engine,
             trainer=self.config.trainer,
-            batch_field="batch_size",
+            batch=(self.batch_size_setting, self.config.trainer.batch_size),
         )
         model_path = resolve_model_path(
             self.config.model.path, self.output_dir, self.config.engine.seed, resume=self.folder.resume
@@ -109,7 +116,8 @@ class SFTTrainer:
         tokenizer, train, val = self._load_data(model_path)
         self.folder = self.folder.for_data(e.token_ids for e in train)
         engine = self._build_engine(model_path)
-        sampler = StepSampler(len(train), self.config.trainer.batch_size, self.config.trainer.seed)
+        trainer = self.config.trainer
+        sampler = StepSampler(len(train), trainer.batch_size, trainer.seed, setting=self.batch_size_setting)
         start_step = self.folder.start_step(engine)
         writer = MetricsWriter(
             self.output_dir,

@@ -18,9 +18,12 @@ from .trainer import SFTTrainer
 WARM_START_DIR = "warm_start"
 
 
-def run_warm_start(config: SFTConfig, output_dir: Path, *, reuse: bool) -> tuple[str, dict[str, float]]:
+def run_warm_start(
+    config: SFTConfig, output_dir: Path, *, reuse: bool, batch_size_setting: str
+) -> tuple[str, dict[str, float]]:
     """Run the warm start into ``<output_dir>/warm_start`` (replacing an earlier one), or with ``reuse`` take
-    the finished one there (its summary is written last).
+    the finished one there (its summary is written last). ``batch_size_setting`` names the calling command's
+    field of the warm start's batch size, for errors (the SFT run's own ``trainer.batch_size`` is not the user's).
 
     Returns:
         Its final model and its last held-out evaluation (empty without held-out data).
@@ -30,6 +33,7 @@ def run_warm_start(config: SFTConfig, output_dir: Path, *, reuse: bool) -> tuple
     if reuse and summary.is_file():
         evaluations = json.loads(summary.read_text())["evaluations"]
     else:
-        evaluations = SFTTrainer(config, target, overwrite=True).run().evaluations
+        trainer = SFTTrainer(config, target, overwrite=True, batch_size_setting=batch_size_setting)
+        evaluations = trainer.run().evaluations
     last = {k: v for k, v in evaluations[-1].items() if k != "step"} if evaluations else {}
     return str(target / FINAL_MODEL_DIR), last
