@@ -109,6 +109,17 @@ def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front
         GRPOTrainer(config, tmp_path / "run2").run()
 
 
+def test_a_rollout_that_is_not_installed_is_refused_before_the_warm_start(tmp_path, monkeypatch):
+    """``rollout.name=vllm`` passed the config checks and failed only after the SFT warm start."""
+    from drivetrain_engine_core.errors import PluginError
+    from drivetrain_roles.grpo import trainer as grpo_trainer
+
+    monkeypatch.setattr(grpo_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
+    config = load_config(None, ["rollout.name=vllm", "trainer.progress_bar=false"])
+    with pytest.raises(PluginError, match=r"vllm"):
+        GRPOTrainer(config, tmp_path / "run").run()
+
+
 def _plain_grpo_first_step(model_dir, batch, advantages):
     """GRPO's first step written out on the Hugging Face model: ratio 1, PPO clip, k3 KL, token mean; also the
     token-mean entropy of the policy over response tokens."""

@@ -93,6 +93,41 @@ def test_a_users_model_gets_the_learning_rate_its_users_know(command, embedded, 
         assert load(None, []).dpo.beta == 0.5 and load(None, ["model.path=/models/instruct"]).dpo.beta == 0.1
 
 
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm", "grpo"])
+def test_a_users_model_gets_lengths_that_hold_real_text(command) -> None:
+    """The embedded job's 32-token ``data.max_length`` refused nearly any real data, and GRPO's 6-token responses
+    could never hold a real answer (reward 0 everywhere, no warning). A user's model gets TRL's lengths unless set."""
+    from importlib import import_module
+
+    load = import_module(f"drivetrain_roles.{command}.config").load_config
+    embedded, user = load(None, []), load(None, ["model.path=/models/instruct"])
+    budget = (
+        (lambda c: c.rollout.max_new_tokens) if command == "grpo" else (lambda c: c.trainer.max_new_tokens)
+    )
+    assert (embedded.data.max_length, user.data.max_length, budget(user)) == (32, 1024, 256)
+    assert budget(embedded) < 10
+    assert load(None, ["model.path=/models/instruct", "data.max_length=77"]).data.max_length == 77
+
+
+def test_answers_longer_than_a_response_may_be_are_warned_about(caplog) -> None:
+    from drivetrain_roles.grpo.trainer import warn_unreachable_answers
+    from drivetrain_roles.sft.data import Example
+
+    def example(answer_tokens: int) -> Example:
+        return Example(
+            prompt_ids=[1, 5], response_ids=[7] * answer_tokens + [2], prompt_text="", response_text=""
+        )
+
+    with caplog.at_level("WARNING"):
+        warn_unreachable_answers([example(6), example(3)], max_new_tokens=6, eos_token_id=2)
+        assert not caplog.text  # an answer of exactly max_new_tokens fits (the eos is not needed)
+        warn_unreachable_answers([example(9), example(7), example(3)], max_new_tokens=6, eos_token_id=2)
+    assert (
+        "2 of 3 training answers are longer than rollout.max_new_tokens=6 tokens (the longest has 9)"
+        in caplog.text
+    )
+
+
 @pytest.mark.parametrize(
     ("command", "disabled"), [("sft", False), ("dpo", True), ("rm", True), ("grpo", False)]
 )

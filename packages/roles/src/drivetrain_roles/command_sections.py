@@ -26,19 +26,28 @@ def builtin_model() -> ModelConfig:
     return ModelConfig(path=BUILTIN_MODEL)
 
 
+USER_MODEL_MAX_LENGTH = 1024
+"""``data.max_length`` of any model but the embedded one (TRL's SFT and DPO ``max_length``, verl's SFT)."""
+USER_MODEL_MAX_NEW_TOKENS = 256
+"""Generation budget of any model but the embedded one (TRL's ``GRPOConfig.max_completion_length``)."""
+
+
 def for_a_user_model(
     config: DictConfig, values: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """Derived values (``{section: {key: value}}``) that hold for any model but the embedded one, whose
-    defaults are tuned for that tiny model; each applies unless set.
+    defaults are tuned for that tiny model; each applies unless set. ``data.max_length`` is
+    :data:`USER_MODEL_MAX_LENGTH` in every command; ``values`` adds the command's own.
 
     NOTE: the embedded job's learning rates (SFT 3e-3, RM 2e-3, GRPO 2e-4, DPO 1e-4 with beta 0.5) applied to a
     user's model too, so ``drivetrain sft model.path=Qwen/Qwen2.5-0.5B`` ran a full fine-tune at 3e-3, which
-    ruins a real model within steps. A user's model gets the values its users know instead (verl, TRL).
+    ruins a real model within steps; its 32-token ``data.max_length`` refused nearly any real data, and GRPO's
+    6-token responses could never hold a real answer. A user's model gets the values its users know instead
+    (verl, TRL).
     """
     if config.model.path == BUILTIN_MODEL:
         return {}
-    return {section: dict(entries) for section, entries in values.items()}
+    return merged_sections({"data": {"max_length": USER_MODEL_MAX_LENGTH}}, values)
 
 
 def merged_sections(*parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -20,7 +20,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import for_a_user_model, merged_sections
+from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, for_a_user_model, merged_sections
 from ..losses.preference import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
@@ -121,11 +121,18 @@ class DPOConfig:
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: the LR schedule spans the DPO steps; only the embedded model warms up; another model
-        trains at TRL's ``DPOConfig`` defaults (lr 1e-6, beta 0.1)."""
+        trains at TRL's ``DPOConfig`` defaults (lr 1e-6, beta 0.1, 1024 tokens; 256 generated at evaluation)."""
         return merged_sections(
             {"optimizer": {"total_steps": config.trainer.total_steps}},
             warm_start_follows_the_model(config),
-            for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}, "dpo": {"beta": USER_MODEL_BETA}}),
+            for_a_user_model(
+                config,
+                {
+                    "optimizer": {"lr": USER_MODEL_LR},
+                    "dpo": {"beta": USER_MODEL_BETA},
+                    "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+                },
+            ),
         )
 
 

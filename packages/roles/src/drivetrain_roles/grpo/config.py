@@ -21,7 +21,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import LoopConfig, builtin_model, for_a_user_model
+from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, LoopConfig, builtin_model, for_a_user_model
 from ..losses.aggregation import AGGREGATION_MODES
 from ..losses.kl import canonical_estimator
 from ..sft.config import DataConfig
@@ -177,8 +177,15 @@ class GRPOConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: another model than the embedded one trains at lr 1e-6 (verl's actor, TRL's GRPO)."""
-        return for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}})
+        """Unless set: another model than the embedded one trains at lr 1e-6 (verl's actor, TRL's GRPO), on
+        examples of up to 1024 tokens, with responses of up to 256 (TRL's ``max_completion_length``)."""
+        return for_a_user_model(
+            config,
+            {
+                "optimizer": {"lr": USER_MODEL_LR},
+                "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+            },
+        )
 
     def __post_init__(self) -> None:
         if self.model.path == BUILTIN_MODEL and self.trainer.warm_start_steps < 1:

@@ -12,6 +12,7 @@ continues from the latest one (the rollout is synced from it first); the run end
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.heartbeat import Heartbeat
+from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 from drivetrain_engine_core.tracking.jsonl import dumps
 
@@ -45,6 +47,7 @@ from .rewards import exact_match
 from .step import SEED_STRIDE, hand_off, sample, update
 from .warm_start import start_model
 
+logger = logging.getLogger(__name__)
 CURVE_FILE = "reward_curve.png"
 
 
@@ -127,6 +130,7 @@ class GRPOTrainer:
             batch=("trainer.prompts_per_step", config.trainer.prompts_per_step),
         )
         check_mini_batch_share(config, distributed.world_size())
+        plugins().rollouts.get(config.rollout.name)  # a missing rollout is refused before the warm start
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
             model_path,
@@ -137,6 +141,7 @@ class GRPOTrainer:
             trust_remote_code=config.model.trust_remote_code,
         )
         check_rollout_length(train + val, config, model_path)
+        warn_unreachable_answers(train, config.rollout.max_new_tokens, tokenizer.eos_token_id)
         self.folder = self.folder.for_data(e.token_ids for e in train)
         actor = self.make_actor(model_path)
         reference = self.make_reference(actor, model_path)
@@ -320,6 +325,23 @@ class _Loop:
         self.result.evaluations.append({"step": step, **values})
         if rank == 0:
             bar.write(f"[step {step}] {format_record(values)}")
+
+
+def warn_unreachable_answers(examples: list[Example], max_new_tokens: int, eos_token_id: int | None) -> None:
+    """Warn (rank 0) when reference answers are longer than a response may be: the exact-answer reward of their
+    prompts is 0 whatever the policy does (``rollout.max_new_tokens`` is 6 for the embedded job's sums, and a
+    user's model keeps it unless set)."""
+    lengths = [len(e.response_ids) - (e.response_ids[-1:] == [eos_token_id]) for e in examples]
+    unreachable = sum(length > max_new_tokens for length in lengths)
+    if unreachable and distributed.rank() == 0:
+        logger.warning(
+            "%d of %d training answers are longer than rollout.max_new_tokens=%d tokens (the longest has %d): their "
+            "prompts can never earn reward 1. Raise rollout.max_new_tokens.",
+            unreachable,
+            len(examples),
+            max_new_tokens,
+            max(lengths),
+        )
 
 
 def check_rollout_length(examples: list[Example], config: GRPOConfig, model_path: str) -> None:

@@ -19,7 +19,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import for_a_user_model, merged_sections
+from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, for_a_user_model, merged_sections
 from ..losses.preference import RewardLossConfig
 from ..preference.config import (
     PairDataConfig,
@@ -94,12 +94,19 @@ class RMConfig:
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: the LR schedule spans the reward-model steps and warms up for 200 of them (at most a
-        fifth); only the embedded model has an SFT warm start; another model trains at lr 1e-5."""
+        fifth); only the embedded model has an SFT warm start; another model trains at lr 1e-5 on
+        sequences of up to 1024 tokens."""
         steps = config.trainer.total_steps
         return merged_sections(
             {"optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)}},
             warm_start_follows_the_model(config),
-            for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}}),
+            for_a_user_model(
+                config,
+                {
+                    "optimizer": {"lr": USER_MODEL_LR},
+                    "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+                },
+            ),
         )
 
 

@@ -23,6 +23,7 @@ from drivetrain_engine_core.config import (
 )
 
 from ..command_sections import (
+    USER_MODEL_MAX_NEW_TOKENS,
     BatchLoopConfig,
     builtin_model,
     check_val_files_have_train_files,
@@ -169,10 +170,17 @@ class SFTConfig:
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Values that follow others unless the user sets them: the LR schedule follows the run length; another
-        model than the embedded one trains at lr 1e-5 (verl's SFT default)."""
+        model than the embedded one trains at lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and
+        its evaluation generates up to 256."""
         return merged_sections(
             {"optimizer": schedule_length(config.trainer.total_steps)},
-            for_a_user_model(config, {"optimizer": {"lr": USER_MODEL_LR}}),
+            for_a_user_model(
+                config,
+                {
+                    "optimizer": {"lr": USER_MODEL_LR},
+                    "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+                },
+            ),
         )
 
 
