@@ -31,6 +31,11 @@ REPO = Path(__file__).resolve().parents[3]
         ("trainer.progress_bar=nope", "trainer.progress_bar='nope' is not a valid bool; write true or false"),
         ("model.use_remove_padding=maybe", "model.use_remove_padding='maybe' is not a valid bool"),
         ("trainer.report_to=[jsonl, wandbb]", "trainer.report_to names 'wandbb';.*Did you mean 'wandb'"),
+        # OmegaConf names no key here ("SFTConfig: TupleConfig length 1 does not match type hint length 2").
+        (
+            "optimizer.betas=[0.9]",
+            r"optimizer.betas=\[0.9\] is not a valid tuple\[float, float\]; write a list of exactly 2 values",
+        ),
     ],
 )
 def test_the_issues_bad_values_are_refused_naming_the_field(override, message) -> None:

@@ -88,7 +88,8 @@ def build_config(
             typed = OmegaConf.merge(typed, *follow)
         return OmegaConf.to_object(typed)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
-        raise _field_error(e, cls, plain, where, classes) from e
+        key = str(getattr(e, "full_key", "") or "") or _failing_key(_schema(cls, backends), plain)
+        raise _field_error(e, key, cls, plain, where, classes) from e
     except TypeError as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
 
@@ -218,11 +219,48 @@ def _exclusive_limits(layer: dict[str, Any], cls: type) -> dict[str, Any]:
 _INDEX = re.compile(r"\[\d+\]")
 
 
+def _failing_key(schema: Any, layers: Sequence[Mapping[str, Any]]) -> str:
+    """The dotted key of the first given value the schema refuses on its own, or ``""``.
+
+    NOTE: OmegaConf names no key for some refusals (a tuple of the wrong length: "TupleConfig length 1 does not
+    match type hint length 2"), so each value is merged alone to find the one to name.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for layer in layers:
+        for key, value in _leaves(layer):
+            try:
+                OmegaConf.merge(schema, _nested(key, value))
+            except OmegaConfBaseException:
+                return key
+    return ""
+
+
+def _leaves(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every non-mapping value (a list is a value)."""
+    leaves: list[tuple[str, Any]] = []
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        leaves += _leaves(value, f"{key}.") if isinstance(value, Mapping) else [(key, value)]
+    return leaves
+
+
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
 def _field_error(
-    error: Exception, cls: type, layers: Sequence[Mapping[str, Any]], where: str, backends: Mapping[str, type]
+    error: Exception,
+    key: str,
+    cls: type,
+    layers: Sequence[Mapping[str, Any]],
+    where: str,
+    backends: Mapping[str, type],
 ) -> ConfigError:
-    """One line naming the field, the value given, the type it needs and how to write one."""
-    key = str(getattr(error, "full_key", "") or "")
+    """One line naming the field (``key``), the value given, the type it needs and how to write one."""
     path = tuple(_INDEX.sub("", key).split(".")) if key else ()
     annotation = _annotation_at(cls, path, backends)
     given, value = lookup(layers, path)
@@ -259,6 +297,9 @@ def _hint(shown: str, name: str) -> str:
     """How to write a value of the type named ``shown`` for the field ``name``."""
     if shown.startswith("bool"):
         return f"write true or false, e.g. {name}=false."
+    if shown.startswith("tuple[") and "..." not in shown:
+        items = shown.removeprefix("tuple[").removesuffix("]").split(", ")
+        return f"write a list of exactly {len(items)} values in brackets, e.g. {name}=[{', '.join('abcdefgh'[: len(items)])}]."
     if shown.startswith(("tuple", "list")):
         return f"write a list in brackets, e.g. {name}=[a, b] (one item: {name}=[a])."
     if shown.startswith("int"):
