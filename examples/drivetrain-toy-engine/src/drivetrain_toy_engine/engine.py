@@ -22,10 +22,12 @@ from drivetrain_engine_core.backend import (
     Mode,
     PaddedRows,
     TokenLimits,
+    disable_dropout_in_config,
+    disable_dropout_modules,
     distributed,
 )
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from .config import ToyEngineConfig
 
@@ -58,7 +60,14 @@ class ToyEngine(Engine):
         if distributed.world_size() > 1 or self.model_config.lora is not None:
             raise ConfigError("the toy backend runs one process without LoRA; use the fsdp backend for more.")
         torch.manual_seed(self.engine_config.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_config.path, dtype=torch.float32)
+        hf_config = AutoConfig.from_pretrained(self.model_config.path)
+        if self.model_config.disable_dropout:
+            disable_dropout_in_config(hf_config)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.path, config=hf_config, dtype=torch.float32
+        )
+        if self.model_config.disable_dropout:
+            disable_dropout_modules(self.model)
         self.model.to(self.engine_config.device)
         self._limits = TokenLimits.from_hf_config(self.model.config, self.model_config.path)
         if self.model_config.gradient_checkpointing:

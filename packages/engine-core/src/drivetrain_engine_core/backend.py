@@ -35,6 +35,7 @@ from .data.micro_batch import MicroBatchCountRule
 from .data.options import ForwardOptions
 from .data.packing import PackedRow, PaddedRows, pad_packed_row
 from .data.values import TokenLimits
+from .dropout import disable_dropout_in_config, disable_dropout_modules
 from .engine import Engine, Mode
 from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError
 from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
@@ -78,6 +79,8 @@ __all__ = [
     "RowPadding",
     "SequenceSplit",
     "TokenLimits",
+    "disable_dropout_in_config",
+    "disable_dropout_modules",
     "distributed",
     "flash_kernel_missing",
     "host_floats",

@@ -243,7 +243,10 @@ class EngineConformanceTests:
             with engine.train_mode():
                 outputs[disable] = engine.train_batch(batch, token_mean_nll)
         self.assert_loss_and_grad_norm(outputs[True], expected)
-        assert outputs[False].loss != pytest.approx(expected[0], rel=1e-3), "the control step had no dropout"
+        # The control must fail the same check by a clear margin (the toy engine's attention dropout moves the loss
+        # by 5e-4 relative, FSDP's more).
+        control = outputs[False].loss
+        assert control != pytest.approx(expected[0], rel=10 * self.rtol), "the control step had no dropout"
 
     @staticmethod
     def assert_speed_metrics(output: Any, batch: TensorDict) -> None:
