@@ -249,3 +249,16 @@ def test_the_remote_code_the_configs_name_travels(write_step, source_dir, source
         "modeling_tiny.py",
         "tokenization_tiny.py",
     }
+
+
+def test_verify_of_a_directory_it_cannot_load_is_one_error(synthetic_step, tmp_path):
+    """transformers', peft's and torch's refusals (peft missing, a device this machine lacks, another model's
+    adapter) reached the CLI as tracebacks: ``verify`` catches only drivetrain's errors."""
+    from drivetrain_ckpt_tools.merge import open_merger
+    from drivetrain_ckpt_tools.reference import load_merged
+
+    merge_checkpoint(synthetic_step, tmp_path / "hf")
+    with pytest.raises(
+        CheckpointError, match=r"cannot load .*hf on nodevice: .*Check that it was merged from"
+    ):
+        load_merged(tmp_path / "hf", open_merger(synthetic_step), device="nodevice")

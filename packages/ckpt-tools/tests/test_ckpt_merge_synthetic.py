@@ -177,3 +177,13 @@ def test_tied_embeddings_are_written_once_and_retied_on_load(tmp_path, write_ste
 
     with safe_open(tmp_path / "merged" / "model.safetensors", "pt") as handle:
         assert "lm_head.weight" not in list(handle.keys())
+
+
+def test_options_an_adapter_output_ignores_are_warned_about(
+    tmp_path, source_dir, lora_model, write_step, caplog
+):
+    model, lora = lora_model
+    step = write_step(tmp_path / "ckpt", 2, model, model_path=source_dir, lora=lora)
+    with caplog.at_level("WARNING"):
+        merge_checkpoint(step, tmp_path / "adapter", MergeOptions(dtype="bfloat16"))
+    assert "--dtype and --max-shard-size apply to full models" in caplog.text

@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[3]
         ("trainer.progress_bar=nope", "trainer.progress_bar='nope' is not a valid bool; write true or false"),
         ("model.use_remove_padding=maybe", "model.use_remove_padding='maybe' is not a valid bool"),
         ("trainer.report_to=[jsonl, wandbb]", "trainer.report_to names 'wandbb';.*Did you mean 'wandb'"),
+        # Accepted by --print-config; a run then failed at the process group ("has no collective backend").
+        ("engine.device=gpu", r"engine.device='gpu' is not a device type torch knows; write 'cpu' or 'cuda'"),
         # OmegaConf names no key here ("SFTConfig: TupleConfig length 1 does not match type hint length 2").
         (
             "optimizer.betas=[0.9]",

@@ -199,6 +199,11 @@ def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> 
         )
     copy_side_files(merger.manifest.model_path, directory)
     if merger.is_lora and not options.merge_lora:
+        if options.dtype is not None or options.max_shard_bytes != DEFAULT_MAX_SHARD_BYTES:
+            logger.warning(
+                "--dtype and --max-shard-size apply to full models: the adapter is written as trained, in one "
+                "file (add --merge-lora for a full model)"
+            )
         write_adapter_dir(merger, directory)
         return "adapter"
     tensors = merged_base_tensors(merger) if merger.is_lora else merger.base_tensors()

@@ -12,24 +12,41 @@ from pathlib import Path
 
 import torch
 from drivetrain_engine_core.checkpoint import CheckpointMerger
+from drivetrain_engine_core.errors import CheckpointError
 
 from .lora import ADAPTER_CONFIG
 
 
 def load_merged(directory: Path, merger: CheckpointMerger, *, device: str = "cpu") -> torch.nn.Module:
-    """Load a merged model directory, or a PEFT adapter directory on top of the checkpoint's source model."""
+    """Load a merged model directory, or a PEFT adapter directory on top of the checkpoint's source model.
+
+    Raises:
+        CheckpointError: transformers or peft cannot load it (not a merge of this checkpoint's model, peft not
+            installed, a device this machine does not have); the message keeps their first line.
+    """
+    adapter = (directory / ADAPTER_CONFIG).is_file()
+    try:
+        return _load(directory, merger, adapter=adapter).to(device).eval()
+    except (OSError, ValueError, RuntimeError, ImportError, AssertionError) as e:
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        what = f"{directory} as a PEFT adapter on {merger.manifest.model_path}" if adapter else str(directory)
+        raise CheckpointError(
+            f"cannot load {what} on {device}: {first_line}. Check that it was merged from this checkpoint (drivetrain ckpt merge SRC "
+            "DST), that --model-path names the model training started from, and that --device exists here."
+        ) from e
+
+
+def _load(directory: Path, merger: CheckpointMerger, *, adapter: bool) -> torch.nn.Module:
     import transformers
 
     auto_class = getattr(transformers, merger.auto_class)
-    if (directory / ADAPTER_CONFIG).is_file():
-        from peft import PeftModel
+    if not adapter:
+        return auto_class.from_pretrained(directory, dtype=torch.float32)
+    from peft import PeftModel
 
-        extra = {"num_labels": 1} if merger.manifest.model_type == "value_model" else {}
-        base = auto_class.from_pretrained(merger.manifest.model_path, dtype=torch.float32, **extra)
-        model = PeftModel.from_pretrained(base, directory)
-    else:
-        model = auto_class.from_pretrained(directory, dtype=torch.float32)
-    return model.to(device).eval()
+    extra = {"num_labels": 1} if merger.manifest.model_type == "value_model" else {}
+    base = auto_class.from_pretrained(merger.manifest.model_path, dtype=torch.float32, **extra)
+    return PeftModel.from_pretrained(base, directory)
 
 
 @torch.no_grad()

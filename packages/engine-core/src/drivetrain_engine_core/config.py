@@ -165,7 +165,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.backend), "engine.backend must name an installed backend, e.g. 'fsdp'.")
-        _require(bool(self.device), "engine.device must name a device type, e.g. 'cpu' or 'cuda'.")
+        _require(
+            _is_device_type(self.device),
+            f"engine.device={self.device!r} is not a device type torch knows; write 'cpu' or 'cuda' (or another "
+            "torch device type, e.g. 'xpu').",
+        )
         _require_choice(self.param_dtype, DTYPES, "engine.param_dtype")
         _require(self.dist_timeout_s > 0, f"engine.dist_timeout_s must be > 0, got {self.dist_timeout_s}.")
         _require(
@@ -197,6 +201,18 @@ class EngineConfig:
         """
         self.check_world(world_size)
         return world_size
+
+
+def _is_device_type(name: str) -> bool:
+    """Whether torch parses ``name`` as a device (it needs no such device present: ``cuda`` parses on a CPU
+    machine, whose engine then refuses it with the fix)."""
+    import torch
+
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return False
+    return bool(name)
 
 
 @dataclass(kw_only=True, frozen=True)
