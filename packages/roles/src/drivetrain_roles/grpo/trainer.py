@@ -24,15 +24,14 @@ from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..actor import Actor, ActorConfig
 from ..jobs.launch import SUMMARY_FILE
-from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
+from ..jobs.step_loop import StepLoop
 from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
@@ -159,12 +158,7 @@ class GRPOTrainer:
         )
         loop = _Loop(self, actor, reference, rollout, tokenizer, train, val, writer, result)
         started = time.perf_counter()
-        heartbeat = self.folder.heartbeat()
-        try:
-            with heartbeat.naming_laggards():
-                loop.run(heartbeat)
-        finally:
-            writer.close()
+        loop.run()
         result.seconds = time.perf_counter() - started
         save_final_model(
             actor.engine,
@@ -241,35 +235,18 @@ class _Loop:
     writer: MetricsWriter
     result: GRPOResult
 
-    def run(self, heartbeat: Heartbeat) -> None:
+    def run(self) -> None:
         config = self.trainer.config.trainer
         sampler = StepSampler(
             len(self.train), config.prompts_per_step, config.seed, setting="trainer.prompts_per_step"
         )
-        bar = progress_bar("grpo", config.total_steps, self.result.start_step, enabled=config.progress_bar)
-        if self.result.start_step == 0:
-            heartbeat.beat(0, "eval")
-            self._evaluate(0, bar)
-        for step in range(self.result.start_step, config.total_steps):
-            heartbeat.beat(step + 1, "train")
-            values = self._step(step, sampler)
-            self.result.rewards.append(values["train/reward"])
-            self.writer.write(step + 1, values)
-            bar.set_postfix(
-                reward=f"{values['train/reward']:.3f}",
-                kl=f"{values.get('train/kl', 0.0):.4f}",
-                tok_s=f"{values['perf/tokens_per_s']:.0f}",
-                refresh=False,
-            )
-            bar.update(1)
-            last = step + 1 == config.total_steps
-            if last or (config.eval_every and (step + 1) % config.eval_every == 0):
-                heartbeat.beat(step + 1, "eval")
-                self._evaluate(step + 1, bar)
-            if last or (config.save_every and (step + 1) % config.save_every == 0):
-                heartbeat.beat(step + 1, "save")
-                self.trainer.folder.save(self.actor.engine, step + 1, self.writer)
-        bar.close()
+        StepLoop("grpo", config, self.trainer.folder, self.writer).run(
+            self.actor.engine,
+            self.result.start_step,
+            step=lambda step: self._step(step, sampler),
+            evaluate=self._evaluate,
+            postfix=_postfix,
+        )
 
     def _step(self, step: int, sampler: StepSampler) -> dict[str, float]:
         engine, config = self.actor.engine, self.trainer.config
@@ -304,6 +281,7 @@ class _Loop:
         }
         if "kl_loss" in metrics:
             values["train/kl"] = metrics["kl_loss"]
+        self.result.rewards.append(values["train/reward"])
         return values
 
     def _evaluate(self, step: int, bar: Any) -> None:
@@ -325,6 +303,15 @@ class _Loop:
         self.result.evaluations.append({"step": step, **values})
         if rank == 0:
             bar.write(f"[step {step}] {format_record(values)}")
+
+
+def _postfix(values: dict[str, float]) -> dict[str, str]:
+    """The progress bar's reward, KL and tokens/s."""
+    return {
+        "reward": f"{values['train/reward']:.3f}",
+        "kl": f"{values.get('train/kl', 0.0):.4f}",
+        "tok_s": f"{values['perf/tokens_per_s']:.0f}",
+    }
 
 
 def warn_unreachable_answers(examples: list[Example], max_new_tokens: int, eos_token_id: int | None) -> None:

@@ -24,14 +24,13 @@ from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
 from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
 
 from ..jobs.launch import SUMMARY_FILE
-from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
+from ..jobs.step_loop import StepLoop
 from ..sft.assets import load_tokenizer, resolve_model_path
 from ..sft.batches import StepSampler, check_held_out_size
 from ..sft.final_model import FINAL_MODEL_DIR
@@ -152,21 +151,17 @@ class PairTrainer(ABC):
             resume_step=result.start_step if self.folder.resume else None,
         )
         result.evaluations = writer.earlier_evaluations()
-        heartbeat = self.folder.heartbeat()
-        try:
-            with heartbeat.naming_laggards():
-                self._train(
-                    engine,
-                    tokenizer,
-                    model_path,
-                    len(train),
-                    list(range(len(train), len(train) + len(val))),
-                    writer,
-                    result,
-                    heartbeat,
-                )
-        finally:
-            writer.close()
+        sampler = StepSampler(len(train), self.trainer.batch_size, self.trainer.seed)
+        val_uids = list(range(len(train), len(train) + len(val)))
+        StepLoop(self.command, self.trainer, self.folder, writer).run(
+            engine,
+            result.start_step,
+            step=lambda step: self._step(engine, sampler, step, result),
+            evaluate=lambda step, bar: self._record_eval(
+                engine, tokenizer, model_path, val_uids, step, writer, result, bar
+            ),
+            postfix=lambda values: {"loss": f"{values['train/loss']:.4f}"},
+        )
         self._save_final(engine, model_path, tokenizer, self.output_dir / FINAL_MODEL_DIR)
         result.seconds = time.perf_counter() - started
         if distributed.rank() == 0:
@@ -238,51 +233,22 @@ class PairTrainer(ABC):
 
     # ------------------------------------------------------------------ loop
 
-    def _train(
-        self,
-        engine: Engine,
-        tokenizer: Any,
-        model_path: str,
-        num_train: int,
-        val_uids: list[int],
-        writer: MetricsWriter,
-        result: PairResult,
-        heartbeat: Heartbeat,
-    ) -> None:
-        sampler = StepSampler(num_train, self.trainer.batch_size, self.trainer.seed)
-        bar = progress_bar(
-            self.command, self.trainer.total_steps, result.start_step, enabled=self.trainer.progress_bar
-        )
-        if result.start_step == 0:
-            heartbeat.beat(0, "eval")
-            self._record_eval(engine, tokenizer, model_path, val_uids, 0, writer, result, bar)
-        for step in range(result.start_step, self.trainer.total_steps):
-            heartbeat.beat(step + 1, "train")
-            local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
-            started = time.perf_counter()
-            batch = self._batch(engine, local)
-            with engine.train_mode():
-                output = engine.train_batch(batch, self._loss_fn())
-            engine.lr_scheduler_step()
-            values = {
-                "train/loss": float(output.loss),  # type: ignore[arg-type]
-                **{f"train/{k}": v for k, v in global_metrics(engine, output).items()},
-                "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
-                "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
-                "perf/step_time_s": time.perf_counter() - started,
-            }
-            result.train_losses.append(values["train/loss"])
-            writer.write(step + 1, values)
-            bar.set_postfix(loss=f"{values['train/loss']:.4f}", refresh=False)
-            bar.update(1)
-            last = step + 1 == self.trainer.total_steps
-            if last or (self.trainer.eval_every and (step + 1) % self.trainer.eval_every == 0):
-                heartbeat.beat(step + 1, "eval")
-                self._record_eval(engine, tokenizer, model_path, val_uids, step + 1, writer, result, bar)
-            if last or (self.trainer.save_every and (step + 1) % self.trainer.save_every == 0):
-                heartbeat.beat(step + 1, "save")
-                self.folder.save(engine, step + 1, writer)
-        bar.close()
+    def _step(self, engine: Engine, sampler: StepSampler, step: int, result: PairResult) -> dict[str, float]:
+        local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+        started = time.perf_counter()
+        batch = self._batch(engine, local)
+        with engine.train_mode():
+            output = engine.train_batch(batch, self._loss_fn())
+        engine.lr_scheduler_step()
+        values = {
+            "train/loss": float(output.loss),  # type: ignore[arg-type]
+            **{f"train/{k}": v for k, v in global_metrics(engine, output).items()},
+            "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
+            "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
+            "perf/step_time_s": time.perf_counter() - started,
+        }
+        result.train_losses.append(values["train/loss"])
+        return values
 
     def _record_eval(
         self,

@@ -24,12 +24,11 @@ from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..jobs.launch import SUMMARY_FILE
-from ..jobs.progress import progress_bar
 from ..jobs.run_folder import RunFolder, begin_run
+from ..jobs.step_loop import StepLoop
 from ..losses.sft import sft_loss_fn
 from .assets import load_splits, resolve_model_path
 from .batches import StepSampler, check_held_out_size, make_sft_batch
@@ -130,12 +129,13 @@ class SFTTrainer:
             output_dir=self.output_dir, start_step=start_step, evaluations=writer.earlier_evaluations()
         )
         evaluate = _Evaluator(engine, val, tokenizer, model_path, self.config, self.loss_fn)
-        heartbeat = self.folder.heartbeat()
-        try:
-            with heartbeat.naming_laggards():
-                self._train(engine, sampler, train, evaluate, writer, result, heartbeat)
-        finally:
-            writer.close()
+        StepLoop("sft", trainer, self.folder, writer).run(
+            engine,
+            start_step,
+            step=lambda step: self._step(engine, sampler, train, step, result),
+            evaluate=lambda step, bar: self._record_eval(evaluate, step, writer, result, bar),
+            postfix=_speed_postfix,
+        )
         save_final_model(
             engine,
             model_path,
@@ -177,61 +177,24 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------ loop
 
-    def _train(
-        self,
-        engine: Engine,
-        sampler: StepSampler,
-        train: list[Example],
-        evaluate: _Evaluator,
-        writer: MetricsWriter,
-        result: SFTResult,
-        heartbeat: Heartbeat,
-    ) -> None:
-        trainer = self.config.trainer
-        bar = progress_bar("sft", trainer.total_steps, result.start_step, enabled=trainer.progress_bar)
-        if result.start_step == 0:
-            heartbeat.beat(0, "eval")
-            self._record_eval(evaluate, 0, writer, result, bar)
-        for step in range(result.start_step, trainer.total_steps):
-            heartbeat.beat(step + 1, "train")
-            local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
-            with engine.train_mode():
-                output = engine.train_batch(make_sft_batch([train[i] for i in local]), self.loss_fn)
-            engine.lr_scheduler_step()
-            values = {
-                "train/loss": float(output.loss),  # type: ignore[arg-type]
-                "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
-                "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
-                "train/skipped_steps": float(engine.skipped_steps),
-                # The engine's step time, global tokens, tokens/s, TFLOP/s, MFU (with a known peak), peak memory.
-                **{k: float(v) for k, v in output.metrics.items() if k.startswith("perf/")},  # type: ignore[arg-type]
-            }
-            result.train_losses.append(values["train/loss"])
-            result.skipped_steps = engine.skipped_steps
-            writer.write(step + 1, values)
-            bar.set_postfix(refresh=False, **_speed_postfix(values))
-            bar.update(1)
-            self._after_step(engine, step + 1, evaluate, writer, result, bar, heartbeat)
-        bar.close()
-
-    def _after_step(
-        self,
-        engine: Engine,
-        step: int,
-        evaluate: _Evaluator,
-        writer: MetricsWriter,
-        result: SFTResult,
-        bar: Any,
-        heartbeat: Heartbeat,
-    ) -> None:
-        trainer = self.config.trainer
-        last = step == trainer.total_steps
-        if last or (trainer.eval_every and step % trainer.eval_every == 0):
-            heartbeat.beat(step, "eval")
-            self._record_eval(evaluate, step, writer, result, bar)
-        if last or (trainer.save_every and step % trainer.save_every == 0):
-            heartbeat.beat(step, "save")
-            self.folder.save(engine, step, writer)
+    def _step(
+        self, engine: Engine, sampler: StepSampler, train: list[Example], step: int, result: SFTResult
+    ) -> dict[str, float]:
+        local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+        with engine.train_mode():
+            output = engine.train_batch(make_sft_batch([train[i] for i in local]), self.loss_fn)
+        engine.lr_scheduler_step()
+        values = {
+            "train/loss": float(output.loss),  # type: ignore[arg-type]
+            "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
+            "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
+            "train/skipped_steps": float(engine.skipped_steps),
+            # The engine's step time, global tokens, tokens/s, TFLOP/s, MFU (with a known peak), peak memory.
+            **{k: float(v) for k, v in output.metrics.items() if k.startswith("perf/")},  # type: ignore[arg-type]
+        }
+        result.train_losses.append(values["train/loss"])
+        result.skipped_steps = engine.skipped_steps
+        return values
 
     def _record_eval(
         self, evaluate: _Evaluator, step: int, writer: MetricsWriter, result: SFTResult, bar: Any
