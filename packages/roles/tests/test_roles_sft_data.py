@@ -291,27 +291,21 @@ def test_corrupt_parquet_is_one_clear_error(tmp_path) -> None:
         load_examples([path], build_tiny_tokenizer(), DataConfig(train_files=(str(path),)))
 
 
-def test_characters_the_tokenizer_maps_to_padding_are_refused(tmp_path) -> None:
-    tokenizer = build_arithmetic_tokenizer()  # its unknown token is <pad>
-    path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"prompt": "1+1=", "response": "two"}) + "\n")
-    with pytest.raises(
-        DataError, match=r"row 0 column 'response' has characters the tokenizer does not know \('otw'\)"
-    ):
-        load_examples([path], tokenizer, DataConfig(train_files=(str(path),)))
-    path.write_text(json.dumps({"prompt": "1+1=", "response": "2"}) + "\n")
-    assert load_examples([path], tokenizer, DataConfig(train_files=(str(path),)))[0].response_text == "2"
-
-
-def test_characters_a_reloaded_tokenizer_drops_are_refused(tmp_path) -> None:
-    """Reloaded with ``AutoTokenizer`` (what every run does), the embedded model's tokenizer is transformers'
-    ``Qwen2Tokenizer`` (its model type's class): a BPE without an unknown token, which encodes ``"two"`` as
-    nothing. A user's data with the embedded model trained responses of end-of-sequence alone."""
+def _reloaded_arithmetic_tokenizer(tmp_path):
     from drivetrain_roles.sft.default_assets import write_model_dir
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(write_model_dir(tmp_path / "model"))
-    assert tokenizer.encode("two", add_special_tokens=False) == []  # what made the check miss them
+    return AutoTokenizer.from_pretrained(write_model_dir(tmp_path / "model"))
+
+
+@pytest.mark.parametrize("reloaded", [False, True])
+def test_characters_the_tokenizer_does_not_know_are_refused(tmp_path, reloaded) -> None:
+    """The built tokenizer maps unknown characters to ``<pad>``. Reloaded with ``AutoTokenizer`` (what every run
+    does), it is transformers' ``Qwen2Tokenizer`` (its model type's class): a BPE without an unknown token, which
+    encodes ``"two"`` as nothing, so a user's data with the embedded model trained end-of-sequence alone."""
+    tokenizer = _reloaded_arithmetic_tokenizer(tmp_path) if reloaded else build_arithmetic_tokenizer()
+    if reloaded:
+        assert tokenizer.encode("two", add_special_tokens=False) == []  # what made the check miss them
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "1+1=", "response": "two"}) + "\n")
     with pytest.raises(
