@@ -292,6 +292,10 @@ def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp
     assert {"val/loss", "val/accuracy", "val/margin", "val/scores/chosen"} <= set(last)
     records = read_records(run / "metrics.jsonl")
     assert {"train/rm_loss", "train/accuracy", "train/grad_norm"} <= set(records[1])
+    # Every run reports its speed (issue #15): the engine's perf/* metrics, as sft's records hold them.
+    speed = records[1]
+    assert speed["perf/tokens_per_s"] == pytest.approx(speed["perf/tokens"] / speed["perf/step_time_s"])
+    assert speed["perf/tflops_per_device"] > 0
     # The loop beats (a collective timeout names the ranks behind, as in sft); it ended saving step 4.
     beat = json.loads((run / "heartbeat" / "rank0.json").read_text())
     assert (beat["step"], beat["phase"]) == (4, "save")

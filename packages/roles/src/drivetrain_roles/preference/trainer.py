@@ -34,7 +34,14 @@ from ..jobs.step_loop import StepLoop
 from ..sft.assets import load_tokenizer, resolve_model_path
 from ..sft.batches import StepSampler, check_held_out_size
 from ..sft.final_model import FINAL_MODEL_DIR
-from ..sft.metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+from ..sft.metrics import (
+    CURVE_FILE,
+    MetricsWriter,
+    format_record,
+    plot_loss_curve,
+    speed_metrics,
+    speed_postfix,
+)
 from ..sft.warm_start import run_warm_start
 from .batches import check_pair_micro_batches, check_pair_token_budget
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
@@ -160,7 +167,7 @@ class PairTrainer(ABC):
             evaluate=lambda step, bar: self._record_eval(
                 engine, tokenizer, model_path, val_uids, step, writer, result, bar
             ),
-            postfix=lambda values: {"loss": f"{values['train/loss']:.4f}"},
+            postfix=speed_postfix,
         )
         self._save_final(engine, model_path, tokenizer, self.output_dir / FINAL_MODEL_DIR)
         result.seconds = time.perf_counter() - started
@@ -235,7 +242,6 @@ class PairTrainer(ABC):
 
     def _step(self, engine: Engine, sampler: StepSampler, step: int, result: PairResult) -> dict[str, float]:
         local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
-        started = time.perf_counter()
         batch = self._batch(engine, local)
         with engine.train_mode():
             output = engine.train_batch(batch, self._loss_fn())
@@ -245,7 +251,7 @@ class PairTrainer(ABC):
             **{f"train/{k}": v for k, v in global_metrics(engine, output).items()},
             "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
             "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
-            "perf/step_time_s": time.perf_counter() - started,
+            **speed_metrics(output),
         }
         result.train_losses.append(values["train/loss"])
         return values

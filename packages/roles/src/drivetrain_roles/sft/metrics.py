@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.outputs import ForwardBackwardOutput
 from drivetrain_engine_core.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,24 @@ class MetricsWriter:
     def close(self) -> None:
         for tracker in self._trackers:
             tracker.close()
+
+
+def speed_metrics(output: ForwardBackwardOutput) -> dict[str, float]:
+    """The engine's ``perf/*`` metrics of a training step: step time, global tokens, tokens/s, TFLOP/s per device,
+    MFU (with a known peak) and peak device memory (docs/architecture.md §7.10)."""
+    return {name: float(value) for name, value in output.metrics.items() if name.startswith("perf/")}  # type: ignore[arg-type]
+
+
+def speed_postfix(values: dict[str, float]) -> dict[str, str]:
+    """The progress bar's loss and speed: s/step, tokens/s, TFLOP/s per device and MFU (``n/a``: no peak)."""
+    mfu = values.get("perf/mfu")
+    return {
+        "loss": f"{values['train/loss']:.4f}",
+        "s_step": f"{values['perf/step_time_s']:.3f}",
+        "tok_s": f"{values['perf/tokens_per_s']:.0f}",
+        "tflops": f"{values.get('perf/tflops_per_device', float('nan')):.3g}",
+        "mfu": "n/a" if mfu is None else f"{mfu:.1%}",
+    }
 
 
 def format_record(values: dict[str, float]) -> str:

@@ -36,7 +36,7 @@ from .config import SFTConfig
 from .data import DataError, Example
 from .evaluate import greedy_accuracy, held_out_loss
 from .final_model import FINAL_MODEL_DIR, save_final_model
-from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve
+from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve, speed_metrics, speed_postfix
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class SFTTrainer:
             start_step,
             step=lambda step: self._step(engine, sampler, train, step, result),
             evaluate=lambda step, bar: self._record_eval(evaluate, step, writer, result, bar),
-            postfix=_speed_postfix,
+            postfix=speed_postfix,
         )
         save_final_model(
             engine,
@@ -189,8 +189,7 @@ class SFTTrainer:
             "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
             "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
             "train/skipped_steps": float(engine.skipped_steps),
-            # The engine's step time, global tokens, tokens/s, TFLOP/s, MFU (with a known peak), peak memory.
-            **{k: float(v) for k, v in output.metrics.items() if k.startswith("perf/")},  # type: ignore[arg-type]
+            **speed_metrics(output),
         }
         result.train_losses.append(values["train/loss"])
         result.skipped_steps = engine.skipped_steps
@@ -261,15 +260,3 @@ def _write_summary(output_dir: Path, result: SFTResult, config: dict[str, Any]) 
     }
     # Whole or not at all: a warm start's reuse reads it.
     write_durably(output_dir / SUMMARY_FILE, dumps(summary, indent=2))
-
-
-def _speed_postfix(values: dict[str, float]) -> dict[str, str]:
-    """The progress bar's loss and speed: s/step, tokens/s, TFLOP/s per device and MFU (``n/a``: no peak)."""
-    mfu = values.get("perf/mfu")
-    return {
-        "loss": f"{values['train/loss']:.4f}",
-        "s_step": f"{values['perf/step_time_s']:.3f}",
-        "tok_s": f"{values['perf/tokens_per_s']:.0f}",
-        "tflops": f"{values.get('perf/tflops_per_device', float('nan')):.3g}",
-        "mfu": "n/a" if mfu is None else f"{mfu:.1%}",
-    }
