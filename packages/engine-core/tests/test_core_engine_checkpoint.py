@@ -73,6 +73,8 @@ def test_step_is_written_under_a_temporary_name_and_the_manifest_last(tmp_path: 
     }
     assert (manifest["backend"], manifest["global_step"], manifest["world_size"]) == ("tiny", 7, 1)
     assert manifest["model_path"] == str(Path("tiny-model").resolve())
+    # A model that needs its own code: a merge and `ckpt verify` pass the flag on (they could not load it).
+    assert manifest["trust_remote_code"] is False
 
 
 def test_pruning_happens_only_after_the_new_step_is_published(tmp_path: Path) -> None:
@@ -190,3 +192,15 @@ def test_a_step_without_optimizer_state_cannot_resume_training_and_says_so(tmp_p
     with pytest.raises(CheckpointError, match=r"holds no optimizer state.*load_optimizer=False.*ckpt merge"):
         resumed.load_checkpoint(step)
     assert resumed.load_checkpoint(step, load_optimizer=False)["global_step"] == 1
+
+
+def test_the_manifest_records_that_the_model_needs_its_own_code(tmp_path: Path) -> None:
+    from drivetrain_engine_core.checkpoint import read_manifest
+
+    engine = RecordingEngine(
+        model_config=ModelConfig(path="tiny-model", trust_remote_code=True),
+        engine_config=TinyEngineConfig(vocab_size=VOCAB),
+        optimizer_config=OPTIMIZER,
+    )
+    engine.initialize()
+    assert read_manifest(engine.save_checkpoint(tmp_path, global_step=1)).trust_remote_code is True

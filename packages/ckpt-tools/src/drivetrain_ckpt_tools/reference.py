@@ -40,12 +40,13 @@ def _load(directory: Path, merger: CheckpointMerger, *, adapter: bool) -> torch.
     import transformers
 
     auto_class = getattr(transformers, merger.auto_class)
+    common = {"dtype": torch.float32, "trust_remote_code": merger.manifest.trust_remote_code}
     if not adapter:
-        return auto_class.from_pretrained(directory, dtype=torch.float32)
+        return auto_class.from_pretrained(directory, **common)
     from peft import PeftModel
 
     extra = {"num_labels": 1} if merger.manifest.model_type == "value_model" else {}
-    base = auto_class.from_pretrained(merger.manifest.model_path, dtype=torch.float32, **extra)
+    base = auto_class.from_pretrained(merger.manifest.model_path, **common, **extra)
     return PeftModel.from_pretrained(base, directory)
 
 

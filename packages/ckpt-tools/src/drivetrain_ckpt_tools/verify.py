@@ -116,6 +116,7 @@ def engine_outputs(
     model_config = ModelConfig(
         path=manifest.model_path,
         model_type=cast(ModelType, manifest.model_type),
+        trust_remote_code=manifest.trust_remote_code,
         lora=None
         if lora is None
         else LoraConfig(**{**lora, "target_modules": tuple(lora["target_modules"])}),

@@ -51,7 +51,9 @@ class MegatronCheckpointMerger(CheckpointMerger):
             (name, self._reader.read(key, index=layer)) for name, (key, layer) in self._layers()
         )
         converted = checkpoint_tensors_to_hf(
-            AutoConfig.from_pretrained(self.manifest.model_path),
+            AutoConfig.from_pretrained(
+                self.manifest.model_path, trust_remote_code=self.manifest.trust_remote_code
+            ),
             megatron_tensors,
             value_model=self.manifest.model_type == "value_model",
             vocab_size=self.manifest.backend_info["vocab_size"],

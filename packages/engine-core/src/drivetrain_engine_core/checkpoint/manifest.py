@@ -33,6 +33,8 @@ class Manifest:
         model_type: ``language_model`` or ``value_model``.
         model_path: the Hugging Face directory the model was built from (config, tokenizer).
         lora: the LoRA config as a dict, or ``None``.
+        trust_remote_code: whether the model needs its own code to load (``model.trust_remote_code``): a merge
+            and ``verify`` pass it to transformers (``False`` in manifests written before it was recorded).
         backend_info: backend layout details (parallel sizes, state-dict format).
         files: relative path -> ``{"size": int, "sha256": str}`` for every file of the step.
     """
@@ -43,6 +45,7 @@ class Manifest:
     model_type: str
     model_path: str
     lora: dict[str, Any] | None = None
+    trust_remote_code: bool = False
     backend_info: dict[str, Any] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: str = FORMAT

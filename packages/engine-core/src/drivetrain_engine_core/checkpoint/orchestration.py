@@ -96,6 +96,7 @@ def _manifest(engine: Engine, global_step: int) -> Manifest:
         model_type=engine.model_config.model_type,
         model_path=str(Path(engine.model_config.path).resolve()),
         lora=None if lora is None else {**lora.__dict__, "target_modules": list(lora.target_modules)},
+        trust_remote_code=engine.model_config.trust_remote_code,
         backend_info=engine._checkpoint_backend_info(),
     )
 
