@@ -22,6 +22,7 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import DrivetrainError
 
+from ..jobs.rank_zero_write import rank_zero_write
 from ..sft.final_model import gather_weights
 
 VALUE_START_DIR = "initial_model"
@@ -43,13 +44,13 @@ def write_value_model_start(source: str, target: Path) -> str:
     previous model's weights under the new config. The embedded model's untrained start is written to
     ``target`` itself; it is only given the reward model's config.
     """
-    if distributed.rank() == 0:
-        config = json.loads((Path(source) / "config.json").read_text())
-        if Path(source).resolve() != target.resolve():
-            _link_and_copy(Path(source), target)
-        config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
-        (target / "config.json").write_text(json.dumps(config, indent=2))
-    distributed.barrier()
+    with rank_zero_write("the reward model's start", target):
+        if distributed.rank() == 0:
+            config = json.loads((Path(source) / "config.json").read_text())
+            if Path(source).resolve() != target.resolve():
+                _link_and_copy(Path(source), target)
+            config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
+            (target / "config.json").write_text(json.dumps(config, indent=2))
     return str(target)
 
 
@@ -75,12 +76,12 @@ def export_reward_model(engine: Engine, model_path: str, tokenizer: Any, target:
             sequence-classification head cannot hold.
     """
     weights = gather_weights(engine)
-    if weights is not None:
-        trust = engine.model_config.trust_remote_code
-        model = reward_model(model_path, weights, tokenizer, trust_remote_code=trust)
-        model.save_pretrained(target, safe_serialization=True)
-        tokenizer.save_pretrained(target)
-    distributed.barrier()
+    with rank_zero_write("the reward model", target):
+        if weights is not None:
+            trust = engine.model_config.trust_remote_code
+            model = reward_model(model_path, weights, tokenizer, trust_remote_code=trust)
+            model.save_pretrained(target, safe_serialization=True)
+            tokenizer.save_pretrained(target)
 
 
 def reward_model(

@@ -15,6 +15,8 @@ import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
+from ..jobs.rank_zero_write import rank_zero_write
+
 FINAL_MODEL_DIR = "final_model"
 
 
@@ -43,19 +45,19 @@ def save_final_model(
     special tokens.
     """
     model = gather_hf_model(engine, model_path)
-    if model is not None:
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        generation = model.generation_config
-        generation.update(
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=pad_id,
-        )
-        model.save_pretrained(target, safe_serialization=True)
-        tokenizer.save_pretrained(target)
-    distributed.barrier()
+    with rank_zero_write("the final model", target):
+        if model is not None:
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            generation = model.generation_config
+            generation.update(
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=pad_id,
+            )
+            model.save_pretrained(target, safe_serialization=True)
+            tokenizer.save_pretrained(target)
 
 
 def _hf_model(model_path: str, weights: dict[str, torch.Tensor], *, trust_remote_code: bool) -> Any:
