@@ -31,8 +31,9 @@ def load_merged(directory: Path, merger: CheckpointMerger, *, device: str = "cpu
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         what = f"{directory} as a PEFT adapter on {merger.manifest.model_path}" if adapter else str(directory)
         raise CheckpointError(
-            f"cannot load {what} on {device}: {first_line}. Check that it was merged from this checkpoint (drivetrain ckpt merge SRC "
-            "DST), that --model-path names the model training started from, and that --device exists here."
+            f"cannot load {what} on {device}: {first_line}. Check that it was merged from this checkpoint "
+            "(drivetrain ckpt merge SRC DST), that --model-path names the model training started from, and that "
+            "--device exists here."
         ) from e
 
 

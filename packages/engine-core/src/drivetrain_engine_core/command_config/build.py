@@ -298,8 +298,9 @@ def _hint(shown: str, name: str) -> str:
     if shown.startswith("bool"):
         return f"write true or false, e.g. {name}=false."
     if shown.startswith("tuple[") and "..." not in shown:
-        items = shown.removeprefix("tuple[").removesuffix("]").split(", ")
-        return f"write a list of exactly {len(items)} values in brackets, e.g. {name}=[{', '.join('abcdefgh'[: len(items)])}]."
+        count = len(shown.removeprefix("tuple[").removesuffix("]").split(", "))
+        example = ", ".join("abcdefgh"[:count])
+        return f"write a list of exactly {count} values in brackets, e.g. {name}=[{example}]."
     if shown.startswith(("tuple", "list")):
         return f"write a list in brackets, e.g. {name}=[a, b] (one item: {name}=[a])."
     if shown.startswith("int"):

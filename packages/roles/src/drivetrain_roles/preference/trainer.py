@@ -39,8 +39,8 @@ from ..sft.metrics import (
     MetricsWriter,
     format_record,
     plot_loss_curve,
-    speed_metrics,
     speed_postfix,
+    step_record,
 )
 from ..sft.warm_start import run_warm_start
 from .batches import check_pair_micro_batches, check_pair_token_budget
@@ -247,11 +247,8 @@ class PairTrainer(ABC):
             output = engine.train_batch(batch, self._loss_fn())
         engine.lr_scheduler_step()
         values = {
-            "train/loss": float(output.loss),  # type: ignore[arg-type]
+            **step_record(output),
             **{f"train/{k}": v for k, v in global_metrics(engine, output).items()},
-            "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
-            "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
-            **speed_metrics(output),
         }
         result.train_losses.append(values["train/loss"])
         return values

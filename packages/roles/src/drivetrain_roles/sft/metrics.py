@@ -77,10 +77,18 @@ class MetricsWriter:
             tracker.close()
 
 
-def speed_metrics(output: ForwardBackwardOutput) -> dict[str, float]:
-    """The engine's ``perf/*`` metrics of a training step: step time, global tokens, tokens/s, TFLOP/s per device,
-    MFU (with a known peak) and peak device memory (docs/architecture.md §7.10)."""
-    return {name: float(value) for name, value in output.metrics.items() if name.startswith("perf/")}  # type: ignore[arg-type]
+def step_record(output: ForwardBackwardOutput) -> dict[str, float]:
+    """What ``sft``, ``dpo`` and ``rm`` record of one ``train_batch``: ``train/loss``, ``train/grad_norm``,
+    ``train/lr`` and the engine's ``perf/*`` metrics (step time, global tokens, tokens/s, TFLOP/s per device,
+    MFU with a known peak, peak device memory; docs/architecture.md §7.10)."""
+    metrics = output.metrics
+    speed = {name: value for name, value in metrics.items() if name.startswith("perf/")}
+    return {
+        "train/loss": float(output.loss),  # type: ignore[arg-type]
+        "train/grad_norm": float(metrics["grad_norm"]),  # type: ignore[arg-type]
+        "train/lr": float(metrics["lr"]),  # type: ignore[arg-type]
+        **{name: float(value) for name, value in speed.items()},  # type: ignore[arg-type]
+    }
 
 
 def speed_postfix(values: dict[str, float]) -> dict[str, str]:

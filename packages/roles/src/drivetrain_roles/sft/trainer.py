@@ -36,7 +36,7 @@ from .config import SFTConfig
 from .data import DataError, Example
 from .evaluate import greedy_accuracy, held_out_loss
 from .final_model import FINAL_MODEL_DIR, save_final_model
-from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve, speed_metrics, speed_postfix
+from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve, speed_postfix, step_record
 
 logger = logging.getLogger(__name__)
 
@@ -184,13 +184,7 @@ class SFTTrainer:
         with engine.train_mode():
             output = engine.train_batch(make_sft_batch([train[i] for i in local]), self.loss_fn)
         engine.lr_scheduler_step()
-        values = {
-            "train/loss": float(output.loss),  # type: ignore[arg-type]
-            "train/grad_norm": float(output.metrics["grad_norm"]),  # type: ignore[arg-type]
-            "train/lr": float(output.metrics["lr"]),  # type: ignore[arg-type]
-            "train/skipped_steps": float(engine.skipped_steps),
-            **speed_metrics(output),
-        }
+        values = {**step_record(output), "train/skipped_steps": float(engine.skipped_steps)}
         result.train_losses.append(values["train/loss"])
         result.skipped_steps = engine.skipped_steps
         return values
