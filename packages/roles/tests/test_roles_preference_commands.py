@@ -171,6 +171,31 @@ def test_pair_files_in_text_and_chat_form_and_their_errors(tmp_path) -> None:
         load_pairs([chat], tokenizer, PairDataConfig(chat=True))
 
 
+def test_a_pair_with_an_overlong_side_is_dropped_whole_under_data_overlong_drop(tmp_path, caplog) -> None:
+    """A pair is kept only when both sides fit: training on its chosen side alone is not a preference."""
+    tokenizer = build_arithmetic_tokenizer()
+    path = tmp_path / "pairs.jsonl"
+    rows = [
+        {"prompt": "1+2=", "chosen": "3", "rejected": "4"},
+        {"prompt": "1+2=", "chosen": "3", "rejected": "33333"},
+        {"prompt": "2+2=", "chosen": "4", "rejected": "5"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    longest = (
+        len(tokenizer("1+2=")["input_ids"]) + len(tokenizer.encode("33333", add_special_tokens=False)) + 1
+    )
+    config = PairDataConfig(max_length=longest - 1, overlong="drop")
+    assert [
+        p.chosen.prompt_text + p.rejected.response_text for p in load_pairs([path], tokenizer, config)
+    ] == [
+        "1+2=4",
+        "2+2=5",
+    ]
+    assert f"1 of 3 pairs of ['{path}'] are longer than data.max_length={longest - 1} tokens" in caplog.text
+    with pytest.raises(DataError, match=rf"row 1 has {longest} tokens .*set data.overlong=drop"):
+        load_pairs([path], tokenizer, PairDataConfig(max_length=longest - 1))
+
+
 def test_trls_explicit_prompt_chat_pairs_take_their_prompt_turns_from_the_prompt_column(tmp_path) -> None:
     """TRL's conversational format with an explicit prompt (``prompt`` a list of messages, chosen/rejected the
     assistant turns alone) passed the checks, then failed in transformers on an empty conversation, naming no

@@ -291,6 +291,31 @@ def test_corrupt_parquet_is_one_clear_error(tmp_path) -> None:
         load_examples([path], build_tiny_tokenizer(), DataConfig(train_files=(str(path),)))
 
 
+def test_overlong_examples_are_refused_or_dropped_as_data_overlong_says(tmp_path, caplog) -> None:
+    """Over-long examples were always an error; ``data.overlong=drop`` skips them (OpenRLHF filters them) with one
+    warning counting them, and refuses a data set that it would leave empty."""
+    tokenizer = build_tiny_tokenizer()
+    rows = [
+        {"prompt": "hi ", "response": "ok"},
+        {"prompt": "hello there ", "response": "a long answer"},
+        *ROWS,
+    ]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lengths = [load_examples([path], tokenizer, DataConfig(max_length=999))[i].length for i in range(4)]
+    budget = sorted(lengths)[1]  # two rows fit, two do not
+    with pytest.raises(DataError, match=rf"row {lengths.index(max(lengths))} has .*set data.overlong=drop"):
+        load_examples([path], tokenizer, DataConfig(max_length=budget))
+    kept = load_examples([path], tokenizer, DataConfig(max_length=budget, overlong="drop"))
+    assert [e.length for e in kept] == [n for n in lengths if n <= budget]
+    assert f"2 of 4 examples of ['{path}'] are longer than data.max_length={budget} tokens" in caplog.text
+    assert f"(the longest has {max(lengths)}); data.overlong=drop skips them" in caplog.text
+    with pytest.raises(
+        DataError, match=r"4 of 4 examples .* data.overlong=drop leaves none. Raise data.max_length"
+    ):
+        load_examples([path], tokenizer, DataConfig(max_length=2, overlong="drop"))
+
+
 def _reloaded_arithmetic_tokenizer(tmp_path):
     from drivetrain_roles.sft.default_assets import write_model_dir
     from transformers import AutoTokenizer

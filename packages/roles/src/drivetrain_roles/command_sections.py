@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig
 
@@ -25,6 +25,9 @@ def builtin_model() -> ModelConfig:
     """The default ``model`` section of every command: the embedded tiny arithmetic model."""
     return ModelConfig(path=BUILTIN_MODEL)
 
+
+Overlong = Literal["error", "drop"]
+"""What ``data.overlong`` does with an example longer than ``data.max_length``: refuse the data or skip it."""
 
 USER_MODEL_MAX_LENGTH = 1024
 """``data.max_length`` of any model but the embedded one (TRL's SFT and DPO ``max_length``, verl's SFT)."""

@@ -14,6 +14,7 @@ from drivetrain_engine_core.config import ConfigError, ModelConfig
 
 from ..command_sections import (
     BatchLoopConfig,
+    Overlong,
     builtin_model,
     check_val_files_have_train_files,
     for_a_user_model,
@@ -46,7 +47,9 @@ class PairDataConfig:
             prompt turns are in them or in the prompt column.
         margin_key: column of a per-pair margin (a number) by which the chosen score should exceed the rejected
             one, as TRL's ``RewardTrainer`` reads a ``margin`` column (``drivetrain rm`` only); ``None``: no margin.
-        max_length: token budget of one sequence (prompt + response); longer pairs are an error.
+        max_length: token budget of one sequence (prompt + response).
+        overlong: what a pair with a side longer than ``max_length`` does: ``error`` (the run refuses the data,
+            naming the row) or ``drop`` (the pair is skipped, with one warning counting them).
         generated_train_size, generated_val_size: questions in the generated arithmetic splits (one pair per
             held-out question).
         generated_rejected_per_prompt: generated training pairs per question, each with a different wrong
@@ -61,6 +64,7 @@ class PairDataConfig:
     chat: bool = False
     margin_key: str | None = None
     max_length: int = 32
+    overlong: Overlong = "error"
     generated_train_size: int = 2000
     generated_val_size: int = 200
     generated_rejected_per_prompt: int = 1

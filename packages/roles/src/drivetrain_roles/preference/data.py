@@ -18,7 +18,7 @@ from typing import Any
 from ..sft.data import (
     DataError,
     Example,
-    check_length,
+    OverlongRows,
     column,
     read_rows,
     text_value,
@@ -39,24 +39,24 @@ class PairExample:
 
 
 def load_pairs(files: Sequence[str | Path], tokenizer: Any, config: PairDataConfig) -> list[PairExample]:
-    """Read, tokenise and check every pair of ``files``.
+    """Read, tokenise and check every pair of ``files``; with ``data.overlong=drop``, skip the over-long ones.
 
     Raises:
         DataError: no file or no rows, a missing column, sides with different prompts, or a sequence longer
-            than ``config.max_length``.
+            than ``config.max_length`` (``data.overlong=error``).
     """
     if not files:
         raise DataError(
             "no data files given; set data.train_files (parquet or jsonl with prompt/chosen/rejected)."
         )
-    pairs = []
+    pairs, overlong = [], OverlongRows(config.max_length, config.overlong)
     for path in files:
         for index, row in enumerate(read_rows(path)):
             where = f"{path} row {index}"
             pair = tokenize_pair(row, tokenizer, config, where=where)
-            for side in (pair.chosen, pair.rejected):
-                check_length(side, config.max_length, where=where)
-            pairs.append(pair)
+            if overlong.fits([pair.chosen, pair.rejected], where):
+                pairs.append(pair)
+    overlong.report(files, kept=len(pairs), unit="pairs")
     if not pairs:
         raise DataError(
             f"the data set {[str(f) for f in files]} is empty; give files with at least one pair."

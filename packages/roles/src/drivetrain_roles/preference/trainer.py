@@ -143,6 +143,7 @@ class PairTrainer(ABC):
             side.token_ids for pair in train for side in (pair.chosen, pair.rejected)
         )
         val = load_pairs(val_files, tokenizer, self.data) if val_files else []
+        check_held_out_size(len(val), self.config.engine, "pairs")  # again: data.overlong=drop may skip some
         check_pair_token_budget(train + val, self.engine_config.micro_batch)
         self.uids = dict(enumerate(train + val))
         model_path = self._start_model(result.start_model)

@@ -43,6 +43,7 @@ def warm_start_config(
             val_files=tuple(sft_files[1]),
             messages_key="messages" if data.chat else None,
             max_length=data.max_length,
+            overlong=data.overlong,
         ),
         trainer=TrainerConfig(
             total_steps=warm_start.sft_steps,

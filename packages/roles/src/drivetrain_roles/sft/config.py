@@ -25,6 +25,7 @@ from drivetrain_engine_core.config import (
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     BatchLoopConfig,
+    Overlong,
     builtin_model,
     check_val_files_have_train_files,
     for_a_user_model,
@@ -52,7 +53,10 @@ class DataConfig:
         apply_chat_template: render each prompt/response pair as a user turn and an assistant turn with the
             tokenizer's chat template (what verl's SFT dataset and RL prompts do with a prompt column; for an
             instruct model); off, the prompt is ``tokenizer(prompt)`` as written (TRL's prompt/completion).
-        max_length: token budget of one example (prompt + response); longer examples are an error.
+        max_length: token budget of one example (prompt + response).
+        overlong: what an example longer than ``max_length`` does: ``error`` (the run refuses the data, naming
+            the row) or ``drop`` (skipped with one warning counting them, as OpenRLHF filters them; a cut
+            response would train on text that never ends).
         generated_train_size, generated_val_size: sizes of the generated arithmetic splits.
     """
 
@@ -64,6 +68,7 @@ class DataConfig:
     assistant_turns: Literal["all", "last"] = "all"
     apply_chat_template: bool = False
     max_length: int = 32
+    overlong: Overlong = "error"
     generated_train_size: int = 2000
     generated_val_size: int = 200
 

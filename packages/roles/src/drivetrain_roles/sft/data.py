@@ -9,14 +9,18 @@ token budget.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
 from .config import DataConfig
+
+logger = logging.getLogger(__name__)
 
 
 class DataError(DrivetrainError, ValueError):
@@ -110,20 +114,23 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def load_examples(files: Sequence[str | Path], tokenizer: Any, config: DataConfig) -> list[Example]:
-    """Read, tokenise and check every example of ``files``.
+    """Read, tokenise and check every example of ``files``; with ``data.overlong=drop``, skip the over-long ones.
 
     Raises:
-        DataError: no file or no rows, a missing column, or an example longer than ``config.max_length``.
+        DataError: no file or no rows, a missing column, or an example longer than ``config.max_length``
+            (``data.overlong=error``).
     """
     if not files:
         raise DataError("no data files given; set data.train_files (parquet or jsonl).")
-    examples = []
+    examples, overlong = [], OverlongRows(config.max_length, config.overlong)
     for path in files:
         rows = read_rows(path)
         for index, row in enumerate(rows):
-            example = tokenize_row(row, tokenizer, config, where=f"{path} row {index}")
-            check_length(example, config.max_length, where=f"{path} row {index}")
-            examples.append(example)
+            where = f"{path} row {index}"
+            example = tokenize_row(row, tokenizer, config, where=where)
+            if overlong.fits([example], where):
+                examples.append(example)
+    overlong.report(files, kept=len(examples), unit="examples")
     if not examples:
         raise DataError(f"the data set {[str(f) for f in files]} is empty; give files with at least one row.")
     return examples
@@ -302,13 +309,47 @@ def _template_ids(
     return list(ids)
 
 
-def check_length(example: Example, max_length: int, *, where: str) -> None:
-    """Raise when the example does not fit the token budget (it would be cut mid-response)."""
-    if not example.response_ids:
-        raise DataError(f"{where} has an empty response; every example needs response tokens to train on.")
-    if example.length > max_length:
-        raise DataError(
-            f"{where} has {example.length} tokens (prompt {len(example.prompt_ids)} + response "
-            f"{len(example.response_ids)}), more than the token budget data.max_length={max_length}. Raise "
-            "data.max_length (and engine.micro_batch.max_tokens if set) or remove such rows."
+class OverlongRows:
+    """Applies ``data.overlong`` to the rows of one data set: refuses an example longer than ``max_length``
+    (``error``) or counts it for one warning (``drop``)."""
+
+    def __init__(self, max_length: int, policy: str) -> None:
+        self.max_length, self.policy = max_length, policy
+        self.dropped, self.longest = 0, 0
+
+    def fits(self, sequences: Sequence[Example], where: str) -> bool:
+        """Whether the row of ``sequences`` (one example, or a pair's two sides) is kept.
+
+        Raises:
+            DataError: a sequence has an empty response (under every policy), or is over-long under ``error``.
+        """
+        for example in sequences:
+            if not example.response_ids:
+                raise DataError(
+                    f"{where} has an empty response; every example needs response tokens to train on."
+                )
+        longest = max(sequences, key=lambda example: example.length)
+        if longest.length <= self.max_length:
+            return True
+        if self.policy == "error":
+            raise DataError(
+                f"{where} has {longest.length} tokens (prompt {len(longest.prompt_ids)} + response "
+                f"{len(longest.response_ids)}), more than the token budget data.max_length={self.max_length}. "
+                "Raise data.max_length (and engine.micro_batch.max_tokens if set), set data.overlong=drop to "
+                "skip such rows, or remove them."
+            )
+        self.dropped, self.longest = self.dropped + 1, max(self.longest, longest.length)
+        return False
+
+    def report(self, files: Sequence[str | Path], *, kept: int, unit: str) -> None:
+        """Warn (rank 0) how many rows ``data.overlong=drop`` skipped, or, when it skipped every one, refuse."""
+        if not self.dropped:
+            return
+        summary = (
+            f"{self.dropped} of {self.dropped + kept} {unit} of {[str(f) for f in files]} are longer than "
+            f"data.max_length={self.max_length} tokens (the longest has {self.longest})"
         )
+        if not kept:
+            raise DataError(f"{summary}: data.overlong=drop leaves none. Raise data.max_length.")
+        if distributed.rank() == 0:
+            logger.warning("%s; data.overlong=drop skips them.", summary)
