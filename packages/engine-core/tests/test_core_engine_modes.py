@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.errors import BatchError, DivergenceError, EngineStateError
 from drivetrain_engine_core.lr_schedule import lr_at_step
@@ -267,6 +267,15 @@ def test_skipped_updates_hold_the_lr_schedule_and_too_many_in_a_row_stop_the_run
     ):
         step(nan_loss)
     assert engine.skipped_steps == 5
+
+
+def test_lr_schedule_warmup_then_linear_decay_by_hand() -> None:
+    """The Hugging Face Trainer's and TRL's default schedule: linear warm-up, then a straight line to the floor."""
+    config = OptimizerConfig(lr=1.0, warmup_steps=2, lr_schedule="linear", total_steps=6, min_lr_ratio=0.2)
+    expected = [0.5, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2, 0.2]  # steps 0..7; the floor holds after total_steps
+    assert [lr_at_step(config, s) for s in range(8)] == pytest.approx(expected)
+    with pytest.raises(ConfigError, match=r"lr_schedule='linear' needs optimizer\.total_steps greater"):
+        OptimizerConfig(lr_schedule="linear", warmup_steps=5, total_steps=5)
 
 
 def test_lr_schedule_warmup_then_cosine_by_hand() -> None:

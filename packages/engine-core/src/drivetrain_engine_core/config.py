@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 ModelType = Literal["language_model", "value_model"]
 MODEL_TYPES: tuple[str, ...] = ("language_model", "value_model")
-LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
 
@@ -217,16 +217,17 @@ def _is_device_type(name: str) -> bool:
 
 @dataclass(kw_only=True, frozen=True)
 class OptimizerConfig:
-    """AdamW with an LR schedule of linear warm-up then constant or cosine decay.
+    """AdamW with an LR schedule of linear warm-up then constant, cosine or linear decay.
 
     Attributes:
         lr: peak learning rate.
         betas, eps, weight_decay: AdamW hyper-parameters.
         clip_grad: max global grad norm; ``None`` disables clipping (the norm is still reported).
-        lr_schedule: ``constant`` or ``cosine`` after warm-up.
+        lr_schedule: after warm-up, ``constant``, ``cosine`` decay or ``linear`` decay (the Hugging Face
+            Trainer's and TRL's default) to the floor at ``total_steps``.
         warmup_steps: steps of linear warm-up from 0 to ``lr``.
-        total_steps: schedule length; required by ``cosine``.
-        min_lr_ratio: cosine floor as a fraction of ``lr``.
+        total_steps: schedule length; required by ``cosine`` and ``linear``.
+        min_lr_ratio: the decay's floor as a fraction of ``lr``.
         max_consecutive_skips: stop with an error after this many optimizer updates in a row were skipped for
             a non-finite grad norm (the run is diverging, not hitting one bad batch); ``None`` never stops.
     """
@@ -257,10 +258,10 @@ class OptimizerConfig:
         )
         if self.clip_grad is not None:
             _require(self.clip_grad > 0, f"optimizer.clip_grad must be > 0 or None, got {self.clip_grad}.")
-        if self.lr_schedule == "cosine":
+        if self.lr_schedule != "constant":
             _require(
                 self.total_steps is not None and self.total_steps > self.warmup_steps,
-                "optimizer.lr_schedule='cosine' needs optimizer.total_steps greater than warmup_steps, "
+                f"optimizer.lr_schedule={self.lr_schedule!r} needs optimizer.total_steps greater than warmup_steps, "
                 f"got total_steps={self.total_steps}, warmup_steps={self.warmup_steps}.",
             )
 

@@ -1,4 +1,4 @@
-"""The learning-rate schedule every backend uses: linear warm-up, then constant or cosine decay.
+"""The learning-rate schedule every backend uses: linear warm-up, then constant, cosine or linear decay.
 
 It writes ``lr`` into optimizer parameter groups directly instead of wrapping a ``torch.optim`` scheduler, so
 it also drives optimizers that are not ``torch.optim.Optimizer`` instances (Megatron's distributed
@@ -24,7 +24,10 @@ def lr_at_step(config: OptimizerConfig, step: int) -> float:
     decay_steps = config.total_steps - config.warmup_steps
     progress = min(1.0, (step - config.warmup_steps) / decay_steps)
     floor = config.lr * config.min_lr_ratio
-    return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    remaining = (
+        1.0 - progress if config.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    )
+    return floor + (config.lr - floor) * remaining
 
 
 class LRSchedule:
