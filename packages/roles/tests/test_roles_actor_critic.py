@@ -7,6 +7,7 @@ import torch
 from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.batch import jagged
 from drivetrain_engine_core.data.padding import nopad_to_padded
+from drivetrain_engine_core.errors import BatchError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
@@ -16,6 +17,7 @@ from drivetrain_engine_core.testing import (
     reference_values,
 )
 from drivetrain_roles.actor import Actor, ActorConfig
+from drivetrain_roles.batch_inputs import RoleBatch
 from drivetrain_roles.critic import Critic, CriticConfig
 from drivetrain_roles.losses import PolicyLossConfig, ValueLossConfig
 from drivetrain_roles.mini_batches import UpdateSchedule
@@ -135,6 +137,29 @@ def test_actor_accepts_padded_batches_and_answers_padded(model_dir) -> None:
     assert dense.shape == attention.shape
     torch.testing.assert_close(dense[attention], expected.values(), atol=1e-6, rtol=1e-6)
     assert float(dense[~attention].abs().sum()) == 0.0
+
+
+def test_a_padded_update_needs_its_response_mask_and_keeps_per_sequence_fields(model_dir) -> None:
+    """Without ``response_mask`` padding conversion marked every real token for the loss, so an update trained on
+    the prompts too, with no error; per-sequence fields (verl's ``uid``) were refused as not ``(B, L)``."""
+    batch = rollout()
+    actor = Actor(engine_for(model_dir), ActorConfig(schedule=UpdateSchedule(mini_batch_size=8)))
+    batch["old_log_probs"] = actor.compute_log_prob(batch)["log_probs"]
+    padded = nopad_to_padded(batch, prompt_lengths=torch.tensor(PROMPTS))
+    unmasked = TensorDict(
+        {k: v for k, v in padded.items() if k != "response_mask"}, batch_size=[len(PROMPTS)]
+    )
+    with pytest.raises(BatchError, match=r"needs \['response_mask'\] .*the prompt included"):
+        actor.update_policy(unmasked)
+    with pytest.raises(
+        BatchError, match=r"missing field 'loss_mask' \(a padded batch gives it as response_mask"
+    ):
+        actor.update_policy(RoleBatch.wrap(unmasked).nopad)  # what a worker group's dispatch sends
+    padded_batch = TensorDict({**padded, "uid": torch.arange(len(PROMPTS))}, batch_size=[len(PROMPTS)])
+    metrics = actor.update_policy(padded_batch)
+    # The first step's ratio is 1: pg_loss is minus the token mean of the advantages over the response tokens.
+    mask = batch["loss_mask"].values()
+    assert metrics["pg_loss"] == pytest.approx(float(-batch["advantages"].values()[mask].mean()), abs=1e-5)
 
 
 def test_critic_values_match_hugging_face_and_update_lowers_the_value_loss(tmp_path) -> None:

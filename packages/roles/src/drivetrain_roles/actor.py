@@ -84,7 +84,7 @@ class Actor(UpdatingRole):
         if self.config.loss.uses_kl:
             required.append("ref_log_prob")
         with agreed_checks(self.engine.data_parallel_group):  # a bad share fails every rank, none waits
-            nopad = RoleBatch.wrap(batch).nopad
+            nopad = RoleBatch.wrap(batch, needs_loss_mask=True).nopad
             validate_batch(nopad, required=required)
         loss = self.config.loss
         names = (

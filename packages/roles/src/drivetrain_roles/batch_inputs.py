@@ -2,8 +2,9 @@
 
 The padded form is the one rollout engines produce (verl's layout): ``(B, L)`` tensors with the prompts
 left-padded and the responses right-padded, ``attention_mask`` at real tokens, ``response_mask`` where the
-loss applies, and other per-token fields (``old_log_probs``, ``advantages``, ...) of the same ``(B, L)``
-width. Core converts it exactly (:func:`drivetrain_engine_core.data.padding.padded_to_nopad`); the roles
+loss applies, other per-token fields (``old_log_probs``, ``advantages``, ...) of the same ``(B, L)`` width
+(verl keeps these response-wide, ``(B, R)``: widen them to the whole row), and per-sequence ``(B,)`` fields
+(``uid``, scores) kept as they are. Core converts it exactly (:func:`drivetrain_engine_core.data.padding.padded_to_nopad`); the roles
 compute on the no-padding form only and scatter per-token outputs back to the real-token positions.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core.data.batch import is_jagged
+from drivetrain_engine_core.data.batch import LOSS_MASK, is_jagged
 from drivetrain_engine_core.data.padding import ATTENTION_MASK, padded_to_nopad
 from drivetrain_engine_core.errors import BatchError
 from tensordict import TensorDict
@@ -33,27 +34,40 @@ class RoleBatch:
     attention_mask: torch.Tensor | None = None
 
     @classmethod
-    def wrap(cls, batch: TensorDict) -> RoleBatch:
+    def wrap(cls, batch: TensorDict, *, needs_loss_mask: bool = False) -> RoleBatch:
         """Convert a padded batch (dense 2-D ``input_ids`` with ``attention_mask``); pass no-padding through.
 
+        A padded batch says where the loss applies with ``response_mask``; without it the no-padding batch has
+        no ``loss_mask`` (padding conversion marked every real token, so an update trained on the prompts too,
+        with no error), which inference does not need and an update (``needs_loss_mask``) refuses.
+
         Raises:
-            BatchError: ``input_ids`` is dense but ``attention_mask`` is missing.
+            BatchError: ``input_ids`` is dense but ``attention_mask`` (or, with ``needs_loss_mask``,
+                ``response_mask``) is missing.
         """
         if "input_ids" not in batch or is_jagged(batch.get("input_ids")):
             return cls(nopad=batch)
-        if ATTENTION_MASK not in batch:
+        needed = [ATTENTION_MASK, *(["response_mask"] if needs_loss_mask else [])]
+        missing = [key for key in needed if key not in batch]
+        if missing:
             raise BatchError(
-                f"a padded batch (dense input_ids) needs 'attention_mask' (B, L); it has {sorted(batch.keys())}. "
-                "Send attention_mask (and response_mask for the loss), or a no-padding batch from make_batch."
+                f"a padded batch (dense input_ids) needs {missing} (B, L); it has {sorted(batch.keys())}. Send "
+                "attention_mask (non-zero at real tokens) and, to train, response_mask (non-zero where the loss "
+                "applies: without it every real token, the prompt included, would be trained on), or a "
+                "no-padding batch from make_batch."
             )
-        fields = {str(key): batch.get(key) for key in list(batch.keys()) if key not in PADDED_KEYS}
+        others = {str(key): batch.get(key) for key in list(batch.keys()) if key not in PADDED_KEYS}
+        per_sequence = {key: value for key, value in others.items() if value.dim() == 1}
         nopad = padded_to_nopad(
             batch["input_ids"],
             batch[ATTENTION_MASK],
             position_ids=batch.get("position_ids", None),
             response_mask=batch.get("response_mask", None),
-            **fields,
+            **{key: value for key, value in others.items() if key not in per_sequence},
         )
+        nopad.update(per_sequence)
+        if "response_mask" not in batch:
+            nopad = nopad.exclude(LOSS_MASK)  # a worker's update refuses it as missing, not all-true
         return cls(nopad=nopad, attention_mask=batch[ATTENTION_MASK].bool())
 
     def restore(self, outputs: TensorDict | None) -> TensorDict | None:

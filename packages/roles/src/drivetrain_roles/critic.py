@@ -57,7 +57,7 @@ class Critic(UpdatingRole):
             Means over the optimizer steps of ``vf_loss``, ``vf_clipfrac``, ``grad_norm``, and the ``lr``.
         """
         with agreed_checks(self.engine.data_parallel_group):  # a bad share fails every rank, none waits
-            nopad = RoleBatch.wrap(batch).nopad
+            nopad = RoleBatch.wrap(batch, needs_loss_mask=True).nopad
             validate_batch(nopad, required=["input_ids", "position_ids", "loss_mask", "values", "returns"])
         loss_fn = value_loss_fn(self.config.loss)
         metrics = UpdateMetrics(self.engine.data_parallel_group)

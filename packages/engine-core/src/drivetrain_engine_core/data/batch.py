@@ -216,7 +216,8 @@ def validate_batch(batch: TensorDict, required: Iterable[str] = (INPUT_IDS, POSI
     present = field_names(batch)
     missing = [k for k in (INPUT_IDS, *required) if k not in present]
     if missing:
-        raise BatchError(f"batch is missing field {missing[0]!r}; it has {sorted(present)}.")
+        hint = " (a padded batch gives it as response_mask)" if missing[0] == LOSS_MASK else ""
+        raise BatchError(f"batch is missing field {missing[0]!r}{hint}; it has {sorted(present)}.")
     _check_input_ids(batch[INPUT_IDS])
     offsets = offsets_of(batch[INPUT_IDS])
     n = batch.batch_size[0]
