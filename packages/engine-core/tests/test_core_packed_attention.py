@@ -7,6 +7,7 @@ kernel of that signature. In the GPU lane: the flash kernel in bf16 against the 
 
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import pytest
@@ -73,6 +74,46 @@ def test_values_and_gradients_equal_the_formula_without_reading_the_device(windo
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_the_per_sequence_path_hands_sdpa_4d_tensors(monkeypatch):
+    """CUDA's flash and memory-efficient SDPA kernels refuse 3-D inputs; ``(heads, L, head_dim)`` took the math
+    kernel, which keeps a ``heads x L x L`` score matrix per sequence for backward."""
+    ranks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, **options):
+        ranks.append((query.dim(), key.dim(), value.dim()))
+        return sdpa(query, key, value, **options)
+
+    monkeypatch.setattr(packed_attention.F, "scaled_dot_product_attention", recording)
+    query, key, value, cu_seqlens = inputs()
+    output = attend(query, key, value, cu_seqlens, 0.3)
+    torch.testing.assert_close(output, formula(query, key, value, 0.3), atol=1e-5, rtol=1e-5)
+    assert ranks == [(4, 4, 4)] * len(LENGTHS)
+
+
+def test_under_autocast_attention_takes_its_inputs_in_the_autocast_dtype(monkeypatch):
+    """Under autocast with float32 weights rotary gives float32 query/key beside a bfloat16 value, so the flash
+    kernel (one dtype, half precision) never applied and the benchmark's bare loop attended per sequence."""
+    seen = []
+    monkeypatch.setattr(
+        packed_attention, "_flash_applies", lambda query, *args: seen.append(query.dtype) or False
+    )
+    per_sequence = packed_attention._per_sequence_sdpa
+
+    def recording(query, key, value, *args, **kwargs):
+        seen.append((query.dtype, key.dtype, value.dtype))
+        return per_sequence(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(packed_attention, "_per_sequence_sdpa", recording)
+    query, key, value, cu_seqlens = inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = attend(query, key, value.bfloat16(), cu_seqlens, None)
+    bf16 = torch.bfloat16
+    assert seen == [bf16, (bf16, bf16, bf16)] and output.dtype == bf16
+    attend(query, key, value, cu_seqlens, None)  # without autocast the inputs keep their dtype
+    assert seen[2:] == [torch.float32, (torch.float32,) * 3]
+
+
 def _attend_per_sequence(query, key, value, cu_seqlens, *, causal, scale=None, enable_gqa=False):
     """A stand-in for torch's varlen kernel: SDPA per sequence, on ``(T, heads, head_dim)`` tensors."""
     pieces = [
@@ -103,18 +144,20 @@ def varlen_after_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, re
     )
 
 
+def use_kernel(monkeypatch, kernel) -> None:
+    """Stand ``kernel`` in for torch's ``varlen_attn``, with the keywords its signature has."""
+    monkeypatch.setattr(packed_attention.varlen, "varlen_attn", kernel)
+    monkeypatch.setattr(packed_attention, "_VARLEN_KEYWORDS", frozenset(inspect.signature(kernel).parameters))
+
+
 @pytest.mark.parametrize("kernel", [varlen_before_2_11, varlen_2_11, varlen_after_2_11])
 def test_varlen_call_is_spelled_for_each_torch_release(monkeypatch, kernel):
-    monkeypatch.setattr(packed_attention.varlen, "varlen_attn", kernel)
-    packed_attention._varlen_keywords.cache_clear()
-    try:
-        query, key, value, cu_seqlens = inputs()
-        scale = HEAD_DIM**-0.5  # the only scale a kernel without ``scale`` applies
-        got = packed_attention._torch_varlen(
-            query, key, value, cu_seqlens, max(LENGTHS), scale, HEADS // KV_HEADS
-        )
-    finally:
-        packed_attention._varlen_keywords.cache_clear()
+    use_kernel(monkeypatch, kernel)
+    query, key, value, cu_seqlens = inputs()
+    scale = HEAD_DIM**-0.5  # the only scale a kernel without ``scale`` applies
+    got = packed_attention._torch_varlen(
+        query, key, value, cu_seqlens, max(LENGTHS), scale, HEADS // KV_HEADS
+    )
     torch.testing.assert_close(got, formula(query, key, value, scale), atol=1e-5, rtol=1e-5)
 
 
@@ -137,15 +180,11 @@ def varlen_windowed(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, retu
 
 
 def test_flash_window_is_spelled_as_transformers_means_it(monkeypatch):
-    monkeypatch.setattr(packed_attention.varlen, "varlen_attn", varlen_windowed)
-    packed_attention._varlen_keywords.cache_clear()
-    try:
-        query, key, value, cu_seqlens = inputs()
-        got = packed_attention._torch_varlen(
-            query, key, value, cu_seqlens, max(LENGTHS), 0.3, HEADS // KV_HEADS, window=4
-        )
-    finally:
-        packed_attention._varlen_keywords.cache_clear()
+    use_kernel(monkeypatch, varlen_windowed)
+    query, key, value, cu_seqlens = inputs()
+    got = packed_attention._torch_varlen(
+        query, key, value, cu_seqlens, max(LENGTHS), 0.3, HEADS // KV_HEADS, window=4
+    )
     torch.testing.assert_close(got, formula(query, key, value, 0.3, window=4), atol=1e-5, rtol=1e-5)
 
 

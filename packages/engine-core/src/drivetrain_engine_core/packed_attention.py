@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from functools import cache
 from typing import Any
 
 import torch
@@ -23,6 +22,9 @@ import torch.nn.functional as F
 from torch.nn.attention import varlen
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the kernel has no float32 variant
+_VARLEN_KEYWORDS = frozenset(inspect.signature(varlen.varlen_attn).parameters)
+"""The keywords this torch's ``varlen_attn`` takes, read once: a cached lookup inside a compiled layer was traced
+again at every compile."""
 
 
 def packed_causal_attention(
@@ -58,6 +60,7 @@ def packed_causal_attention(
     Raises:
         ValueError: the SDPA path is taken and ``lengths`` is ``None``.
     """
+    query, key, value = _in_autocast_dtype(query, key, value)
     groups = query.shape[1] // key.shape[1]
     if _flash_applies(query, scale, dropout, window):
         return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scale, groups, window)
@@ -68,10 +71,43 @@ def packed_causal_attention(
         )
     if groups > 1:
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-    sizes = list(lengths)
+    return _per_sequence_sdpa(query, key, value, tuple(lengths), scale=scale, dropout=dropout, window=window)
+
+
+def _in_autocast_dtype(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``query``, ``key`` and ``value`` in autocast's dtype where autocast is on, as SDPA would compute them.
+
+    NOTE: under autocast with float32 weights, rotary embeddings (float32 ``cos``/``sin``, not an autocast op)
+    give float32 query and key beside a half-precision value, so the flash kernel never applied and every layer
+    took the per-sequence SDPA path.
+    """
+    device = query.device.type
+    if not torch.is_autocast_enabled(device):
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+def _per_sequence_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: tuple[int, ...],
+    *,
+    scale: float | None,
+    dropout: float,
+    window: int | None,
+) -> torch.Tensor:
+    """SDPA over each sequence of the row, concatenated.
+
+    NOTE: a compiled layer on this path is specialised on how many sequences a row holds (a new count
+    recompiles it, up to dynamo's recompile limit); engines warn when ``torch.compile`` meets this path.
+    """
     outputs = [
         _sdpa_causal(q, k, v, scale=scale, dropout=dropout, window=window)
-        for q, k, v in zip(query.split(sizes), key.split(sizes), value.split(sizes), strict=True)
+        for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths), strict=True)
     ]
     return torch.cat(outputs, dim=0)
 
@@ -85,22 +121,22 @@ def _sdpa_causal(
     dropout: float,
     window: int | None,
 ) -> torch.Tensor:
-    """SDPA of one sequence, ``(L, heads, head_dim)`` in and out: causal, banded where it outgrows ``window``."""
+    """SDPA of one sequence, ``(L, heads, head_dim)`` in and out: causal, banded where it outgrows ``window``.
+
+    NOTE: SDPA gets 4-D ``(1, heads, L, head_dim)`` tensors: CUDA's flash and memory-efficient kernels refuse
+    3-D ones, which fell back to the math kernel and its ``heads x L x L`` score matrix.
+    """
     length = query.shape[0]
     mask = None
     if window is not None and length > window:
         position = torch.arange(length, device=query.device)
         distance = position[:, None] - position[None, :]
         mask = (distance >= 0) & (distance < window)
-    return F.scaled_dot_product_attention(
-        query.transpose(0, 1),
-        key.transpose(0, 1),
-        value.transpose(0, 1),
-        attn_mask=mask,
-        dropout_p=dropout,
-        scale=scale,
-        is_causal=mask is None,
-    ).transpose(0, 1)
+    query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale, is_causal=mask is None
+    )
+    return out.squeeze(0).transpose(0, 1)
 
 
 def flash_kernel_missing(device: str, param_dtype: str) -> bool:
@@ -119,7 +155,7 @@ def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float, win
         and query.dtype in _FLASH_DTYPES
         and dropout == 0.0
         and _varlen_takes(scale, query)
-        and (window is None or "window_size" in _varlen_keywords())
+        and (window is None or "window_size" in _VARLEN_KEYWORDS)
     )
 
 
@@ -137,10 +173,10 @@ def _torch_varlen(
 
     NOTE: torch releases spell the same call differently: causal is ``is_causal=True`` in older ones and
     ``window_size=(-1, 0)`` in newer ones; ``scale`` and ``enable_gqa`` came later (2.11 has ``scale`` but not
-    ``enable_gqa``: key/value are then repeated to the query's heads). :func:`_varlen_keywords` reads the
-    signature.
+    ``enable_gqa``: key/value are then repeated to the query's heads). :data:`_VARLEN_KEYWORDS` holds the
+    signature's keywords.
     """
-    keywords = _varlen_keywords()
+    keywords = _VARLEN_KEYWORDS
     if groups > 1 and "enable_gqa" not in keywords:
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
     options: dict[str, Any] = {}
@@ -157,11 +193,6 @@ def _torch_varlen(
     return out
 
 
-@cache
-def _varlen_keywords() -> frozenset[str]:
-    return frozenset(inspect.signature(varlen.varlen_attn).parameters)
-
-
 def _varlen_takes(scale: float | None, query: torch.Tensor) -> bool:
     """Whether the kernel can apply ``scale``: always where it takes ``scale``, else only the default."""
-    return "scale" in _varlen_keywords() or scale is None or math.isclose(scale, query.shape[-1] ** -0.5)
+    return "scale" in _VARLEN_KEYWORDS or scale is None or math.isclose(scale, query.shape[-1] ** -0.5)
