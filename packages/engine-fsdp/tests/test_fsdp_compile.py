@@ -89,3 +89,27 @@ def test_compiled_attention_is_not_specialised_on_the_number_of_sequences(monkey
         torch.testing.assert_close(output, expected)
     torch._dynamo.reset()
     assert counter.frame_count == 2
+
+
+@pytest.mark.parametrize(
+    ("device", "param_dtype", "warned"),
+    [
+        ("cpu", "float32", True),
+        ("cuda", "float32", True),
+        ("cuda", "bfloat16", False),
+        ("cuda:1", "float16", False),
+    ],
+)
+def test_compiled_layers_on_the_per_sequence_attention_path_are_warned_about(
+    caplog, device, param_dtype, warned
+):
+    """Off the flash path every new number of sequences recompiles a compiled layer (eight, then it runs eager),
+    with no word of it; the default float32 on a GPU takes that path."""
+    from drivetrain_engine_fsdp.attention import warn_compiled_per_sequence_attention
+
+    warn_compiled_per_sequence_attention(True, device, param_dtype)
+    warn_compiled_per_sequence_attention(False, device, param_dtype)
+    expected = (
+        f"compile_layers=True with packed attention per sequence (device {device}, param_dtype {param_dtype})"
+    )
+    assert [expected in record.getMessage() for record in caplog.records] == ([True] if warned else [])

@@ -13,11 +13,16 @@ transformers passes down to every attention call. Nothing here reads the device.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.backend import ConfigError, flash_kernel_missing, packed_causal_attention
 from transformers import AttentionInterface, PretrainedConfig
 
 VARLEN_ATTENTION = "drivetrain_varlen"
+
+logger = logging.getLogger(__name__)
 
 
 def varlen_attention_forward(
@@ -112,4 +117,23 @@ def check_flash_support(device: str, param_dtype: str) -> None:
             f"(Ampere) or newer; this GPU ({torch.cuda.get_device_name()}) has "
             f"{'.'.join(map(str, torch.cuda.get_device_capability()))}. Set engine.attention_backend='sdpa', or "
             "engine.param_dtype='float32'."
+        )
+
+
+def warn_compiled_per_sequence_attention(compile_layers: bool, device: str, param_dtype: str) -> None:
+    """Warn (rank 0) when compiled layers will run packed attention per sequence (off CUDA, or in float32).
+
+    That path loops over a row's sequences, so a compiled layer is specialised on their number: every new count
+    recompiles it, and past dynamo's recompile limit (8) the layers run uncompiled. The flash path (CUDA,
+    bfloat16/float16) is one graph for every micro-batch.
+    """
+    flash = device.startswith("cuda") and param_dtype in ("bfloat16", "float16")
+    if compile_layers and not flash and distributed.rank() == 0:
+        logger.warning(
+            "engine.compile_layers=True with packed attention per sequence (device %s, param_dtype %s): each new "
+            "number of sequences in a micro-batch recompiles the layers, and past torch's recompile limit they "
+            "run uncompiled. Compiled layers pay off on CUDA in bfloat16 (one graph for every micro-batch); "
+            "elsewhere set engine.compile_layers=False.",
+            device,
+            param_dtype,
         )

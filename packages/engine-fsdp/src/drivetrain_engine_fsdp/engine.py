@@ -26,7 +26,12 @@ from drivetrain_engine_core.backend import (
 from torch.distributed.fsdp import FSDPModule
 
 from . import checkpoint
-from .attention import check_flash_support, check_soft_capping, register_varlen_attention
+from .attention import (
+    check_flash_support,
+    check_soft_capping,
+    register_varlen_attention,
+    warn_compiled_per_sequence_attention,
+)
 from .config import FSDPEngineConfig
 from .export import export_adapter_weights, export_full_weights
 from .head import hidden_states_out, projection_head
@@ -110,7 +115,9 @@ class FSDPEngine(Engine):
                     "model.use_remove_padding=True and engine.attention_backend='varlen'."
                 )
             return "eager" if backend == "eager" else "sdpa"
-        check_flash_support(self.engine_config.device, self.engine_config.param_dtype)
+        config = self.engine_config
+        check_flash_support(config.device, config.param_dtype)
+        warn_compiled_per_sequence_attention(config.compile_layers, config.device, config.param_dtype)
         if self._layout.sp_group is not None:
             return register_ulysses_attention(self._layout.sp_group)
         return register_varlen_attention()
