@@ -208,9 +208,8 @@ class BareLoop:
         self.model = AutoModelForCausalLM.from_config(
             AutoConfig.from_pretrained(model_dir), dtype=torch.float32, attn_implementation=attention
         ).to(args.device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=OPTIMIZER.lr, weight_decay=0.0, foreach=True
-        )
+        kernel = {"fused": True} if args.device.startswith("cuda") else {"foreach": True}  # as the engine's
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=OPTIMIZER.lr, weight_decay=0.0, **kernel)
         self.device, self.dtype, self.padded = args.device, getattr(torch, args.dtype), padded
         limits = MicroBatchConfig(micro_batch_size=args.work.padded_sequences, max_tokens=None)
         if not padded:
