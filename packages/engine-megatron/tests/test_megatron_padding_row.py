@@ -22,6 +22,10 @@ from drivetrain_engine_core.testing import (
 )
 from drivetrain_engine_core.testing.device import device_under_test
 
+# The GPU machine may lack megatron-core and mbridge: the lane skips these rather than failing them.
+pytest.importorskip("megatron.core")
+pytest.importorskip("mbridge")
+
 pytestmark = pytest.mark.slow
 
 OPTIMIZER = OptimizerConfig(lr=1e-3, clip_grad=1.0, weight_decay=0.0)

@@ -15,7 +15,7 @@ import torch
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import exact_answer_rewards, group_advantages
-from drivetrain_roles.grpo.step import RolloutBatch, sample, update
+from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.sft.data import Example
@@ -36,6 +36,23 @@ def test_group_advantages_normalise_within_each_group():
     torch.testing.assert_close(advantages[:4], expected)
     assert torch.equal(advantages[4:], torch.zeros(4))  # all right: nothing to prefer
     assert exact_answer_rewards([" 12", "13", "1"], ["12", "12", "1 "]).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_a_group_of_one_keeps_its_rewards_as_advantages():
+    """One response per prompt: its unbiased deviation is NaN, which made every advantage NaN (and the batch was
+    refused as non-finite, naming no cause); verl takes mean 0 and deviation 1 for such a group."""
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    assert group_advantages(rewards, 1).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_the_log_prob_gap_skips_empty_responses():
+    """A third-party rollout may return an empty response; the max over its no tokens raised."""
+    offsets = torch.tensor([0, 3, 5])
+    nested = lambda flat: torch.nested.nested_tensor_from_jagged(flat, offsets)  # noqa: E731
+    batch = {"loss_mask": nested(torch.tensor([False, True, True, False, False]))}
+    actor = nested(torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0]))
+    gap = log_prob_gap(batch, actor, [torch.tensor([-1.5, -2.0]), torch.tensor([])])
+    assert gap == pytest.approx(0.5)
 
 
 def _examples(tokenizer, count):

@@ -18,6 +18,7 @@ from drivetrain_engine_core.factory import create_engine, engine_config_from_dic
 from drivetrain_engine_core.handoff import HandoffError
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll
+from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_roles.actor import Actor, ActorConfig
 from drivetrain_roles.rollout.hf import HFRollout
 
@@ -193,3 +194,14 @@ def test_responses_end_at_any_end_of_sequence_id(model_dir, tmp_path):
         expected = full[: stops[0] + 1] if stops else full
         assert torch.equal(response, expected)
     assert len(ended[0]) == 2 and len(ended[1]) <= 3
+
+
+@requires_cuda
+def test_sampling_leaves_the_processes_cuda_generator_as_it_was(model_dir):
+    """The sampling seed is set with ``manual_seed``, which seeds the CUDA generator too; forked for the CPU
+    only, every ``generate`` left the colocated engines' CUDA generator (their dropout) reseeded."""
+    rollout = HFRollout(model_path=str(model_dir), device="cuda")
+    torch.cuda.manual_seed(1234)
+    before = torch.cuda.get_rng_state()
+    rollout.generate(PROMPTS, SamplingConfig(n=2, temperature=TEMPERATURE, max_new_tokens=3, seed=3))
+    assert torch.equal(torch.cuda.get_rng_state(), before)

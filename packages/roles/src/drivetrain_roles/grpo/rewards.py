@@ -28,8 +28,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, epsilon: float = 1e
         epsilon: added to the (unbiased) standard deviation; a group whose rewards are all equal gets 0.
 
     Returns:
-        Advantages of the same shape.
+        Advantages of the same shape; with one response per prompt, the rewards themselves (verl's mean 0 and
+        standard deviation 1 for a group of one, whose unbiased deviation is NaN).
     """
+    if group_size == 1:
+        return rewards.clone()
     grouped = rewards.reshape(-1, group_size)
     mean = grouped.mean(dim=1, keepdim=True)
     std = grouped.std(dim=1, keepdim=True)

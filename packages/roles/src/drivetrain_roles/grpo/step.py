@@ -188,12 +188,14 @@ def update_with(calls: PolicyCalls, samples: RolloutBatch) -> tuple[dict[str, fl
 def log_prob_gap(
     batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
 ) -> float:
-    """The largest gap between the actor's and the rollout's log-probs of the batch's response tokens."""
+    """The largest gap between the actor's and the rollout's log-probs of the batch's response tokens (0 over
+    responses with none: a third-party rollout may return an empty one)."""
     gap = 0.0
     for values, mask, rolled in zip(
         actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True
     ):
-        gap = max(gap, float((values[mask] - rolled.to(values.device)).abs().max()))
+        differences = (values[mask] - rolled.to(values.device)).abs()
+        gap = max(gap, float(differences.max())) if differences.numel() else gap
     return gap
 
 

@@ -60,7 +60,10 @@ class HFRollout(Rollout):
         for index, row in enumerate(rows):
             input_ids[index, width - len(row) :] = torch.tensor(row)
             attention_mask[index, width - len(row) :] = 1
-        with torch.random.fork_rng(devices=[]):
+        # The sampling seed seeds every generator (manual_seed), so the device's is forked too: it seeded the
+        # colocated engines' CUDA generator (their dropout) for the rest of the run.
+        devices = [self.device] if torch.device(self.device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
             torch.manual_seed(sampling.seed)
             output = self.model.generate(
                 input_ids=input_ids.to(self.device),
