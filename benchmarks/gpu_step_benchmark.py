@@ -209,7 +209,9 @@ class BareLoop:
             AutoConfig.from_pretrained(model_dir), dtype=torch.float32, attn_implementation=attention
         ).to(args.device)
         kernel = {"fused": True} if args.device.startswith("cuda") else {"foreach": True}  # as the engine's
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=OPTIMIZER.lr, weight_decay=0.0, **kernel)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=OPTIMIZER.lr, weight_decay=0.0, **kernel
+        )
         self.device, self.dtype, self.padded = args.device, getattr(torch, args.dtype), padded
         limits = MicroBatchConfig(micro_batch_size=args.work.padded_sequences, max_tokens=None)
         if not padded:
@@ -442,7 +444,7 @@ def parse_args() -> argparse.Namespace:
     args.warmup = max(args.warmup, 1)
     args.work = TINY_WORKLOAD if args.tiny else FULL
     args.dtype = args.dtype or ("float32" if args.tiny else "bfloat16")
-    args.peak = peak_tflops(args.device, args.peak_tflops)
+    args.peak = peak_tflops(args.device, args.peak_tflops, args.dtype)
     return args
 
 

@@ -37,6 +37,13 @@ def test_flops_of_a_tiny_config_match_a_hand_count():
     assert shape.step_flops([3, 5], backward=False) == 20800
 
 
+def test_a_value_models_head_is_one_column_not_the_vocabulary():
+    """A critic's or reward model's head is ``H x 1``; counting ``H x V`` overstated a value model's FLOPs and MFU
+    (by 1.38x at the 0.5B shape with its 152k vocabulary)."""
+    shape = TransformerShape.from_hf_config(TINY, value_head=True)
+    assert shape is not None and shape.matmul_weights == 2 * 576 + 8
+
+
 def test_mixture_of_experts_and_incomplete_configs_have_no_shape():
     assert TransformerShape.from_hf_config(SimpleNamespace(**vars(TINY), num_experts=8)) is None
     assert TransformerShape.from_hf_config(SimpleNamespace(hidden_size=8)) is None
@@ -52,6 +59,19 @@ def test_peak_comes_from_config_then_environment_then_nothing_on_cpu(monkeypatch
     monkeypatch.setenv(PEAK_TFLOPS_VARIABLE, "fast")
     with pytest.raises(ValueError, match=PEAK_TFLOPS_VARIABLE):
         peak_tflops("cpu", None)
+
+
+def test_a_float32_run_is_not_measured_against_the_half_precision_peak(monkeypatch):
+    """The table's peaks are bf16/fp16; float32 matmuls reach half of it in TF32 and far less at full precision
+    (torch's default), where the table's peak made MFU look several times worse than it was."""
+    monkeypatch.delenv(PEAK_TFLOPS_VARIABLE, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    assert peak_tflops("cuda", None, "bfloat16") == 989.0
+    assert peak_tflops("cuda", None, "float32") is None
+    assert peak_tflops("cuda", 60.0, "float32") == 60.0
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert peak_tflops("cuda", None, "float32") == 494.5
 
 
 @pytest.mark.parametrize(

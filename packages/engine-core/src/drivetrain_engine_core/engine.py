@@ -98,7 +98,8 @@ class Engine(ABC):
         with measure_usage(self.engine_config.device) as meter:
             self._initialize()
             self._check_data_parallel_size()
-            self._shape = TransformerShape.from_hf_config(self._hf_config())
+            value_head = self.model_config.model_type == "value_model"
+            self._shape = TransformerShape.from_hf_config(self._hf_config(), value_head=value_head)
             if self.optimizer_config is not None:
                 self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
             self._initialized = True
@@ -636,7 +637,9 @@ class Engine(ABC):
             tokens=tokens,
             flops=None if math.isnan(flops) else flops,
             devices=distributed.world_size(),
-            peak=peak_tflops(self.engine_config.device, self.engine_config.peak_tflops),
+            peak=peak_tflops(
+                self.engine_config.device, self.engine_config.peak_tflops, self.engine_config.param_dtype
+            ),
             device_peak_bytes=device_peak,
         )
 

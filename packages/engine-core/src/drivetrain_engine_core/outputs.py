@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -31,13 +31,17 @@ class LossContext:
     num_micro_batches: int = 1
 
 
-LossFn = Callable[[TensorDict, TensorDict, LossContext], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[
+    [TensorDict, TensorDict, LossContext], tuple[torch.Tensor, Mapping[str, float | torch.Tensor]]
+]
 """``loss_fn(model_output, micro_batch, context) -> (loss, metrics)``.
 
 ``model_output`` holds jagged per-token ``log_probs`` (and ``entropy`` when asked) for language models or
 ``values`` for value models, aligned with ``micro_batch["input_ids"]``: position ``i`` scores token ``i``
 given the tokens before it (position 0 of every sequence is 0). ``loss`` is this micro-batch's
-contribution to the global mini-batch loss (a scalar); ``metrics`` are plain floats.
+contribution to the global mini-batch loss (a scalar); ``metrics`` are floats or scalar tensors (a tensor
+stays on the device until the engine reads every micro-batch's numbers at once: a ``float()`` in the loss
+waits for the device after each micro-batch).
 """
 
 

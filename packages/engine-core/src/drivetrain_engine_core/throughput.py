@@ -4,7 +4,7 @@ FLOPs of one forward over sequences of lengths ``L_i`` (``T = sum L_i`` tokens),
 
 - matmuls: ``2 * N * T``, where ``N`` is the number of weights multiplied per token: per layer
   ``H * (n_q + 2 * n_kv) * d`` (q, k, v), ``n_q * d * H`` (o) and ``3 * H * I`` for a gated MLP (``2 * H * I``
-  otherwise), plus the output projection ``H * V``. Embedding lookups, norms and elementwise work are not
+  otherwise), plus the output projection ``H * V`` (``V`` the vocabulary; 1 for a value model's head). Embedding lookups, norms and elementwise work are not
   counted (PaLM's and Megatron's convention).
 - attention: ``2 * n_q * d * sum(L_i ** 2)`` per layer: ``Q K^T`` and ``A V`` each cost ``2 * L^2 * n_q * d``
   without a mask, and a causal mask halves both. Per-sequence lengths, not the packed row's: a packed row of
@@ -13,8 +13,9 @@ FLOPs of one forward over sequences of lengths ``L_i`` (``T = sum L_i`` tokens),
 A training step costs 3x its forward (backward: one matmul for the input gradient, one for the weights),
 whatever activation checkpointing recomputes: these are *model* FLOPs, so MFU compares across settings.
 MFU is ``FLOPs / (seconds * devices * peak)``, with the peak from ``engine.peak_tflops``, else the
-``DRIVETRAIN_PEAK_TFLOPS`` environment variable, else :data:`PEAK_TFLOPS` for the CUDA device's name; where none
-is known (CPU) there is no MFU.
+``DRIVETRAIN_PEAK_TFLOPS`` environment variable, else :data:`PEAK_TFLOPS` for the CUDA device's name and the
+compute dtype (half of it for float32 matmuls in TF32, none for full float32); where none is known (CPU) there
+is no MFU.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ PEAK_TFLOPS_VARIABLE = "DRIVETRAIN_PEAK_TFLOPS"
 
 # NOTE: dense bf16/fp16 tensor-core peaks from the vendors' data sheets (no sparsity), matched as substrings of
 # torch.cuda.get_device_name() in this order (a variant before its family: "H100 PCIe" before "H100", "H200"
-# before "H20"); float32 compute reaches far less, so set engine.peak_tflops there.
+# before "H20"). TF32 tensor cores peak at half of these on every GPU listed; full-precision float32 reaches a
+# fraction that varies by GPU, so there the peak must be set (engine.peak_tflops).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("B200", 2250.0),
     ("H200", 989.0),
@@ -58,12 +60,17 @@ class TransformerShape:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int
-    vocab_size: int
+    output_size: int
+    """Width of the output projection: the vocabulary, or 1 for a value model's head."""
     gated_mlp: bool = True
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> TransformerShape | None:
-        """The shape of a transformers config (Llama/Qwen/Mistral naming); ``None`` for others (MoE, ...)."""
+    def from_hf_config(cls, config: Any, *, value_head: bool = False) -> TransformerShape | None:
+        """The shape of a transformers config (Llama/Qwen/Mistral naming); ``None`` for others (MoE, ...).
+
+        ``value_head``: the model ends in a one-output head (critic, reward model) instead of the vocabulary
+        projection, which is over a quarter of the matmuls of a 0.5B model with a 152k vocabulary.
+        """
         names = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
         if any(getattr(config, name, None) is None for name in names) or _is_mixture_of_experts(config):
             return None
@@ -75,7 +82,7 @@ class TransformerShape:
             num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             intermediate_size=config.intermediate_size,
-            vocab_size=config.vocab_size,
+            output_size=1 if value_head else config.vocab_size,
         )
 
     @property
@@ -84,7 +91,7 @@ class TransformerShape:
         hidden, attention = self.hidden_size, self.num_heads * self.head_dim
         qkv = hidden * (attention + 2 * self.num_kv_heads * self.head_dim)
         mlp = (3 if self.gated_mlp else 2) * hidden * self.intermediate_size
-        return self.num_layers * (qkv + attention * hidden + mlp) + hidden * self.vocab_size
+        return self.num_layers * (qkv + attention * hidden + mlp) + hidden * self.output_size
 
     def forward_flops(self, lengths: Sequence[int]) -> float:
         """FLOPs of one forward over sequences of ``lengths`` tokens."""
@@ -103,8 +110,13 @@ def _is_mixture_of_experts(config: Any) -> bool:
     )
 
 
-def peak_tflops(device: str, configured: float | None) -> float | None:
-    """Peak dense TFLOP/s of one device: the config's, else the environment's, else the table's, else ``None``.
+def peak_tflops(device: str, configured: float | None, compute_dtype: str = "bfloat16") -> float | None:
+    """Peak dense TFLOP/s of one device: the config's, else the environment's, else the table's for
+    ``compute_dtype``, else ``None``.
+
+    The table holds half-precision peaks: float32 matmuls get half of it where torch runs them in TF32
+    (``torch.set_float32_matmul_precision("high")``), and none at full precision (the default), where the
+    half-precision peak made a float32 run's MFU look several times worse than it is.
 
     Raises:
         ValueError: ``DRIVETRAIN_PEAK_TFLOPS`` is set but not a positive number.
@@ -124,7 +136,10 @@ def peak_tflops(device: str, configured: float | None) -> float | None:
         return value
     if device != "cuda" or not torch.cuda.is_available():
         return None
-    return table_peak_tflops(torch.cuda.get_device_name())
+    peak = table_peak_tflops(torch.cuda.get_device_name())
+    if compute_dtype != "float32" or peak is None:
+        return peak
+    return peak / 2 if torch.get_float32_matmul_precision() != "highest" else None
 
 
 def table_peak_tflops(device_name: str) -> float | None:
