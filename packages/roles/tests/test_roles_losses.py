@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_roles.losses import (
     PolicyLossConfig,
     ValueLossConfig,
@@ -300,3 +301,20 @@ def test_the_policy_loss_reads_the_entropy_only_with_an_entropy_bonus(entropy_co
     else:
         assert "entropy" not in metrics
     assert float(loss.detach()) == pytest.approx(float(metrics["pg_loss"]) - entropy_coeff * 0.75)
+
+
+@requires_cuda
+def test_per_sequence_sums_do_not_wait_for_the_device():
+    """``repeat_interleave`` without its output size reads the lengths back from the GPU: every seq-mean, DPO and
+    reward-model loss waited for the device after each micro-batch."""
+    from drivetrain_roles.losses.aggregation import FlatTokens
+
+    offsets = torch.tensor([0, 3, 7], device="cuda")
+    mask = torch.nested.nested_tensor_from_jagged(torch.ones(7, dtype=torch.bool, device="cuda"), offsets)
+    values = torch.arange(7.0, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sums = FlatTokens.from_jagged(mask).per_sequence_sum(values)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sums.tolist() == [3.0, 18.0]

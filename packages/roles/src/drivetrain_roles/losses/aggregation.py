@@ -63,9 +63,11 @@ class FlatTokens:
         return int(self.offsets.numel() - 1)
 
     def sequence_ids(self) -> torch.Tensor:
-        """``(total_tokens,)`` index of the sequence each token belongs to."""
+        """``(total_tokens,)`` index of the sequence each token belongs to (its size given: without it,
+        ``repeat_interleave`` reads the lengths back from the device, a wait after every micro-batch's loss)."""
         lengths = self.offsets.diff()
-        return torch.repeat_interleave(torch.arange(self.num_sequences, device=lengths.device), lengths)
+        sequences = torch.arange(self.num_sequences, device=lengths.device)
+        return torch.repeat_interleave(sequences, lengths, output_size=self.mask.numel())
 
     def per_sequence_sum(self, values: torch.Tensor) -> torch.Tensor:
         """``(num_sequences,)`` masked sum of ``values`` within each sequence (differentiable)."""
