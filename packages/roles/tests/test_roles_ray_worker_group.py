@@ -25,6 +25,7 @@ from drivetrain_roles.workers import (
     WorkerGroupError,
     WorkerSpec,
     WorkerTopology,
+    check_cluster_resources,
     check_topology,
     require_ray,
 )
@@ -96,6 +97,69 @@ def test_dispatch_errors_name_the_problem() -> None:
         check_topology([WorkerTopology(rank=r, dp_rank=0, dp_size=1, is_output_rank=True) for r in range(2)])
     with pytest.raises(ValueError, match="disagree on data_parallel_size"):
         check_topology([two[0], WorkerTopology(rank=1, dp_rank=0, dp_size=1, is_output_rank=True)])
+
+
+def test_a_batch_the_ranks_do_not_divide_is_dispatched_unevenly_when_asked() -> None:
+    """The error said to pass ``uneven=True``, which no worker group took: a batch left at 10 sequences by
+    filtering could not be dispatched over 4 data-parallel ranks at all."""
+    four = [WorkerTopology(rank=r, dp_rank=r, dp_size=4, is_output_rank=True) for r in range(4)]
+    batch = random_batch(vocab_size=VOCAB, prompt_lengths=[2] * 10, response_lengths=[1] * 10, seed=0)
+    with pytest.raises(BatchError, match="cannot be split evenly over dp_size=4"):
+        DispatchPlan.for_batch(batch, four)
+    plan = DispatchPlan.for_batch(batch, four, uneven=True)
+    assert sorted(len(shard) for shard in plan.shards()) == [2, 2, 3, 3]
+    assert sorted(torch.cat(plan.indices).tolist()) == list(range(10))
+
+
+def test_a_request_the_cluster_cannot_place_is_refused_naming_the_resource() -> None:
+    """Three 1-CPU workers on a 2-CPU cluster waited out the setup deadline, then reported every rank as dead or
+    stuck in a collective."""
+    check_cluster_resources({"CPU": 0.5, "GPU": 0.0}, 3, {"CPU": 2.0})
+    with pytest.raises(
+        WorkerGroupError, match=r"3 workers x num_cpus_per_worker=1.0 need 3 CPUs, but the Ray .*has 2"
+    ):
+        check_cluster_resources({"CPU": 1.0, "GPU": 0.0}, 3, {"CPU": 2.0})
+    with pytest.raises(WorkerGroupError, match=r"need 2 GPUs, but the Ray cluster has 1"):
+        check_cluster_resources({"CPU": 1.0, "GPU": 1.0}, 2, {"CPU": 8.0, "GPU": 1.0})
+
+
+def test_a_fractional_gpu_per_worker_is_refused_for_several_workers() -> None:
+    """Ray may place two ranks of one group on one GPU, which NCCL refuses ("Duplicate GPU detected")."""
+    engine = engine_config_from_dict({"backend": "fsdp", "device": "cuda"})
+    spec = WorkerSpec(role="actor", model_config=ModelConfig(path="/unused"), engine_config=engine)
+    with pytest.raises(ValueError, match=r"num_gpus_per_worker=0.5 for 2 workers: Ray may place two ranks"):
+        RayWorkerGroup(spec, world_size=2, num_gpus_per_worker=0.5)
+
+
+class _FakeRay:
+    """Ray's ``wait``/``get`` over plain values: a ref is its result, or the exception it raises; ``running``
+    refs never finish."""
+
+    def wait(self, pending, num_returns, timeout):
+        done = [ref for ref in pending if ref != "running"]
+        return done[:num_returns], [ref for ref in pending if ref not in done[:num_returns]]
+
+    def get(self, ref):
+        if isinstance(ref, Exception):
+            raise ref
+        return ref
+
+
+def test_a_group_whose_call_failed_refuses_the_next_call() -> None:
+    """After one rank failed, its peers may still be inside that call's collectives, where the next call's first
+    collective would pair with theirs (another error, or silently wrong reductions)."""
+    group = RayWorkerGroup.__new__(RayWorkerGroup)
+    group._ray, group._broken, group.timeout_s = _FakeRay(), None, 5.0
+    # Every rank failing at once (a missing method) leaves no rank inside the call: the group stays usable.
+    with pytest.raises(WorkerGroupError, match=r"no_such_method failed on rank 0"):
+        group._wait([AttributeError("no_such_method"), AttributeError("no_such_method")], "no_such_method")
+    assert group._wait([1, 2], "compute_log_prob") == [1, 2]
+    with pytest.raises(WorkerGroupError, match=r"update_policy failed on rank 1: out of memory"):
+        group._wait(["running", RuntimeError("out of memory")], "update_policy")
+    with pytest.raises(
+        WorkerGroupError, match=r"compute_log_prob: this worker group is broken .*shutdown\(\) it"
+    ):
+        group._wait([1, 2], "compute_log_prob")
 
 
 def test_missing_ray_names_the_install_command(monkeypatch) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from drivetrain_engine_core.errors import DrivetrainError
@@ -18,6 +18,8 @@ from tensordict import TensorDict
 from .dispatch import DispatchPlan, WorkerTopology
 
 RAY_INSTALL_HINT = "pip install 'drivetrain-roles[ray]'"
+SETTLE_S = 10.0
+"""How long the other ranks of a failed call get to finish it before the group counts as broken."""
 
 
 class WorkerGroupError(DrivetrainError, RuntimeError):
@@ -33,6 +35,28 @@ def require_ray() -> Any:
             f"the Ray worker group needs Ray, which is not installed; run {RAY_INSTALL_HINT}."
         ) from e
     return ray
+
+
+def check_cluster_resources(
+    per_worker: Mapping[str, float], world_size: int, cluster: Mapping[str, float]
+) -> None:
+    """Refuse a group the Ray cluster can never place: its workers ask for more CPUs or GPUs than it has in all.
+
+    Such a group waited for its last workers until the setup deadline and then reported the ranks as dead or
+    stuck in a collective.
+
+    Raises:
+        WorkerGroupError: names the resource, what the workers ask for and what the cluster has.
+    """
+    for resource, each in per_worker.items():
+        needed, present = each * world_size, cluster.get(resource, 0.0)
+        if needed > present + 1e-9:
+            option = f"num_{resource.lower()}s_per_worker"
+            raise WorkerGroupError(
+                f"{world_size} workers x {option}={each} need {needed:g} {resource}s, but the Ray cluster has "
+                f"{present:g} (ray.cluster_resources()). Lower {option} (fractions of a CPU are fine), use fewer "
+                "workers, or add nodes."
+            )
 
 
 class GroupSpec(Protocol):
@@ -62,14 +86,24 @@ class RayActors(ABC, Generic[SpecT]):
         spec: what every worker builds.
         world_size: number of workers (ranks).
         num_cpus_per_worker: Ray CPU resources per actor (fractions such as 0.5 are fine).
-        num_gpus_per_worker: Ray GPU resources per actor; default 1 on ``cuda``, else 0.
+        num_gpus_per_worker: Ray GPU resources per actor; default 1 on ``cuda``, else 0. A fraction is refused
+            for more than one worker: Ray may place two ranks on one GPU, which NCCL refuses.
         timeout_s: deadline of every wait on the workers (setup and each call).
         balance: balanced (Karmarkar-Karp) sharding; else contiguous chunks.
+        uneven: dispatch batches whose sequence (group) count the data-parallel size does not divide, in
+            shards of unequal counts (the roles normalise by global counts, so the update is the same).
+
+    A call that fails while other ranks are still running it (a rank raised and its peers did not finish within
+    :data:`SETTLE_S`, or ranks did not answer in time) breaks the group: those ranks may be inside that call's
+    collectives, where the next call's would pair with theirs. Later calls are refused; :meth:`shutdown` it and
+    start a new group.
 
     Raises:
-        ValueError: ``world_size`` below 1 or ``timeout_s`` not positive.
+        ValueError: ``world_size`` below 1, ``timeout_s`` not positive, or a fractional GPU per worker for several
+            workers.
         ImportError: Ray is not installed.
-        WorkerGroupError: a worker failed to start or to set up (names the rank and the cause).
+        WorkerGroupError: the Ray cluster has fewer CPUs or GPUs than the workers ask for in all, or a worker failed
+            to start or to set up (names the rank and the cause).
     """
 
     worker_cls: ClassVar[type]
@@ -84,17 +118,30 @@ class RayActors(ABC, Generic[SpecT]):
         num_gpus_per_worker: float | None = None,
         timeout_s: float = 300.0,
         balance: bool = True,
+        uneven: bool = False,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"{type(self).__name__} world_size must be >= 1, got {world_size}.")
         if not timeout_s > 0:
             raise ValueError(f"{type(self).__name__} timeout_s must be > 0, got {timeout_s}.")
-        self._actors: list[Any] = []
-        self._ray = require_ray()
-        self.timeout_s = timeout_s
-        self.balance = balance
         if num_gpus_per_worker is None:
             num_gpus_per_worker = 1.0 if spec.device == "cuda" else 0.0
+        if world_size > 1 and 0 < num_gpus_per_worker < 1:
+            raise ValueError(
+                f"{type(self).__name__} num_gpus_per_worker={num_gpus_per_worker} for {world_size} workers: Ray may "
+                "place two ranks of the group on one GPU, which NCCL refuses. Give each worker a whole GPU; to share "
+                "GPUs between roles, build them in one ColocatedWorkerGroup."
+            )
+        self._actors: list[Any] = []
+        self._broken: str | None = None
+        self._ray = require_ray()
+        self.timeout_s = timeout_s
+        self.balance, self.uneven = balance, uneven
+        check_cluster_resources(
+            {"CPU": num_cpus_per_worker, "GPU": num_gpus_per_worker},
+            world_size,
+            self._ray.cluster_resources(),
+        )
         actor_cls = self._ray.remote(self.worker_cls).options(
             num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker
         )
@@ -133,9 +180,18 @@ class RayActors(ABC, Generic[SpecT]):
     def _wait(self, refs: Sequence[Any], what: str, ranks: Sequence[int] | None = None) -> list[Any]:
         """Results of ``refs`` (one per rank), failing on the first error or at the deadline.
 
+        A failure breaks the group unless every rank has finished the call (failed or not) within
+        :data:`SETTLE_S` of it: a rank that is still running may be inside the call's collectives.
+
         Raises:
-            WorkerGroupError: a rank raised (its exception is chained) or some ranks did not answer in time.
+            WorkerGroupError: a rank raised (its exception is chained), some ranks did not answer in time, or an
+                earlier call broke the group.
         """
+        if self._broken is not None:
+            raise WorkerGroupError(
+                f"{what}: this worker group is broken by an earlier failure ({self._broken}); its ranks may still be "
+                "inside that call's collectives. shutdown() it and start a new group."
+            )
         ranks = list(range(len(refs))) if ranks is None else list(ranks)
         rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
         results: dict[int, Any] = {}
@@ -146,6 +202,7 @@ class RayActors(ABC, Generic[SpecT]):
             ready, pending = self._ray.wait(pending, num_returns=1, timeout=max(remaining, 0.0))
             if not ready:
                 late = sorted(rank_of[ref] for ref in pending)
+                self._broken = f"{what}: ranks {late} did not answer"
                 raise WorkerGroupError(
                     f"{what}: ranks {late} did not answer within timeout_s={self.timeout_s}; a peer may have "
                     "died or be stuck in a collective. Raise timeout_s for slow work, or shutdown() the group."
@@ -159,8 +216,21 @@ class RayActors(ABC, Generic[SpecT]):
                     detail = (
                         f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(e)
                     )
-                    raise WorkerGroupError(f"{what} failed on rank {rank_of[ref]}: {detail}") from e
+                    failure = f"{what} failed on rank {rank_of[ref]}: {detail}"
+                    if not self._settles(pending):
+                        self._broken = failure
+                    raise WorkerGroupError(failure) from e
         return [results[rank] for rank in ranks]
+
+    def _settles(self, pending: Sequence[Any]) -> bool:
+        """Whether the ranks still running a failed call finish it soon (all raising the same error before any
+        collective, as a missing method does), which leaves the group usable."""
+        if not pending:
+            return True
+        _, unfinished = self._ray.wait(
+            list(pending), num_returns=len(pending), timeout=min(SETTLE_S, self.timeout_s)
+        )
+        return not unfinished
 
     def _dispatch(
         self,
@@ -170,7 +240,7 @@ class RayActors(ABC, Generic[SpecT]):
         submit: Callable[[Any, TensorDict], Any],
     ) -> Any:
         """Shard ``batch`` over ``topology``, ``submit(actor, shard)`` on every worker, gather the answers."""
-        plan = DispatchPlan.for_batch(batch, topology, balance=self.balance)
+        plan = DispatchPlan.for_batch(batch, topology, balance=self.balance, uneven=self.uneven)
         refs = [submit(actor, shard) for actor, shard in zip(self._actors, plan.shards(), strict=True)]
         return plan.gather(self._wait(refs, what))
 

@@ -80,19 +80,25 @@ class DispatchPlan:
 
     @classmethod
     def for_batch(
-        cls, batch: TensorDict, workers: Sequence[WorkerTopology], *, balance: bool = True
+        cls,
+        batch: TensorDict,
+        workers: Sequence[WorkerTopology],
+        *,
+        balance: bool = True,
+        uneven: bool = False,
     ) -> DispatchPlan:
-        """Plan the dispatch of ``batch`` (no-padding or padded) over ``workers``.
+        """Plan the dispatch of ``batch`` (no-padding or padded) over ``workers``; ``uneven`` allows a
+        sequence (group) count that the data-parallel size does not divide (workload-balanced shards of unequal
+        counts: a batch after filtering, as DAPO's dynamic sampling leaves it).
 
         Raises:
-            BatchError: the batch does not split evenly over the data-parallel size, or is padded without
-                an ``attention_mask``.
+            BatchError: the batch does not split evenly over the data-parallel size (without ``uneven``), has
+                fewer sequences than data-parallel ranks, or is padded without an ``attention_mask``.
         """
         dp_size = check_topology(workers)
         role_batch = RoleBatch.wrap(batch)
-        return cls(
-            indices=shard_indices(role_batch.nopad, dp_size, balance), workers=list(workers), batch=role_batch
-        )
+        indices = shard_indices(role_batch.nopad, dp_size, balance, uneven=uneven)
+        return cls(indices=indices, workers=list(workers), batch=role_batch)
 
     def shards(self) -> list[TensorDict]:
         """Each worker's shard, in worker rank order (peers of one data-parallel rank get the same rows)."""
