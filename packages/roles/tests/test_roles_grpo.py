@@ -12,10 +12,12 @@ import json
 
 import pytest
 import torch
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.rollout import RolloutOutput
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.rewards import exact_answer_rewards, group_advantages
-from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, update
+from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
+from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, score, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.sft.data import Example
@@ -81,6 +83,80 @@ def _config(model_path, *overrides):
             *overrides,
         ],
     )
+
+
+REWARD_FILE = """
+def answer_length(*, prompts, completions, references):
+    return [len(c) + (0.5 if p.endswith("=") else 0.0) for p, c in zip(prompts, completions)]
+
+def broken(*, prompts, completions, references):
+    return [float("nan")] * len(completions)
+"""
+
+
+def test_a_reward_function_from_a_file_scores_the_samples(tmp_path):
+    """The reward was hard-wired to exact answers: verl users bring a reward file and a function name, TRL users
+    reward functions that read ``completions``. The function gets the decoded texts and its numbers are the
+    rewards the advantages normalise."""
+    (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
+    tokenizer = build_arithmetic_tokenizer()
+    examples = _examples(tokenizer, 2)
+    output = RolloutOutput(
+        responses=[
+            torch.tensor(tokenizer.encode(t, add_special_tokens=False)) for t in ("1", "12", "3", "456")
+        ],
+        log_probs=[torch.zeros(n) for n in (1, 2, 1, 3)],
+        version=None,
+        n=2,
+    )
+    config = load_config(None, [f"algorithm.reward_function={tmp_path / 'my_rewards.py'}:answer_length"])
+    samples = score(examples, output, tokenizer, config)
+    assert samples.rewards.tolist() == [1.5, 2.5, 1.5, 3.5]
+    torch.testing.assert_close(
+        samples.batch["advantages"].values()[samples.batch["loss_mask"].values()][[0, 1, 3, 4]],
+        group_advantages(samples.rewards, 2)[[0, 1, 2, 3]],
+    )
+    exact = score(examples, output, tokenizer, load_config(None, ["algorithm.reward_function=exact_match"]))
+    assert exact.rewards.tolist() == [
+        float(a == examples[i // 2].response_text) for i, a in enumerate(["1", "12", "3", "456"])
+    ]
+    module = "drivetrain_roles.grpo.rewards:exact_match_reward"
+    assert (
+        score(
+            examples, output, tokenizer, load_config(None, [f"algorithm.reward_function={module}"])
+        ).rewards.tolist()
+        == exact.rewards.tolist()
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{dir}/missing.py:f", r"importing '.*missing\.py' failed \(FileNotFoundError"),
+        (
+            "{dir}/my_rewards.py:nothing",
+            r"has no function 'nothing'; define nothing\(\*, prompts, completions",
+        ),
+        (
+            "{dir}/my_rewards.py:broken",
+            r"returned \[nan, nan\] for 2 completions; it must return one finite number",
+        ),
+        ("no.such.module:f", r"importing 'no\.such\.module' failed \(ModuleNotFoundError"),
+    ],
+)
+def test_a_reward_function_that_cannot_serve_is_one_clear_error(tmp_path, spec, message):
+    (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
+    with pytest.raises(RewardError, match=message):
+        compute_rewards(
+            spec.format(dir=tmp_path), prompts=["1+1="] * 2, completions=["2", "3"], references=["2"] * 2
+        )
+
+
+def test_a_reward_function_setting_without_a_name_is_refused():
+    with pytest.raises(
+        ConfigError, match=r"algorithm.reward_function='rewards\.py': write exact_match, package"
+    ):
+        load_config(None, ["algorithm.reward_function=rewards.py"])
 
 
 def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path):

@@ -74,6 +74,11 @@ class AlgorithmConfig:
             groups are not kept together, each sequence carries its own advantage). 1 is on-policy GRPO: the
             ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
         ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
+        reward_function: the reward of each response: ``exact_match`` (1 when the response, stripped, is the
+            data's answer, ``data.response_key``), or the user's function as ``package.module:function`` or
+            ``path/to/file.py:function`` (verl's custom reward function), called as ``function(prompts=...,
+            completions=..., references=...)`` with lists of texts (a TRL reward function reads
+            ``completions`` the same way) and returning one number per completion.
     """
 
     clip_ratio: float = 0.2
@@ -83,8 +88,15 @@ class AlgorithmConfig:
     epsilon: float = 1e-6
     ppo_mini_batches: int = 2
     ppo_epochs: int = 1
+    reward_function: str = "exact_match"
 
     def __post_init__(self) -> None:
+        location, _, name = self.reward_function.rpartition(":")
+        if self.reward_function != "exact_match" and not (location and name):
+            raise ConfigError(
+                f"algorithm.reward_function={self.reward_function!r}: write exact_match, package.module:function or "
+                "path/to/file.py:function."
+            )
         for name in ("ppo_mini_batches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}.")
@@ -159,8 +171,8 @@ class GRPOConfig:
         engine: the actor's (and reference's) engine config.
         optimizer: the actor's AdamW and LR schedule.
         checkpoint: checkpoint contents and retention.
-        data: prompts (``data.prompt_key``) and their reference answers (``data.response_key``); the reward
-            is 1 when a response, stripped, equals the answer.
+        data: prompts (``data.prompt_key``) and their reference answers (``data.response_key``), which the
+            reward function reads (``algorithm.reward_function``).
         rollout: sampling and the weight hand-off.
         algorithm: the GRPO objective.
         trainer: the loop.

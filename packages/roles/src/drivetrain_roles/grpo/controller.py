@@ -29,6 +29,7 @@ from ..sft.assets import model_directory
 from ..sft.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
 from .config import GRPOConfig, check_mini_batch_share
+from .rewards import load_reward_function
 from .step import SEED_STRIDE, PolicyCalls, RolloutBatch, sampling_config, score, update_with
 from .trainer import actor_config
 
@@ -94,6 +95,7 @@ class ColocatedGRPO:
         from ..sft.assets import load_tokenizer
 
         check_mini_batch_share(config, world_size)
+        load_reward_function(config.algorithm.reward_function)  # before the workers start
         spec = colocated_spec(config)
         actor = spec.parts["actor"].model_config
         tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)

@@ -1,10 +1,27 @@
-"""GRPO's reward and advantages: exact-answer rewards, normalised within each prompt's group of responses."""
+"""GRPO's reward and advantages: a reward per response (exact answers, or the user's function), normalised within
+each prompt's group of responses."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
 
 import torch
+from drivetrain_engine_core.errors import DrivetrainError
+
+EXACT_MATCH = "exact_match"
+"""The built-in reward function's name in ``algorithm.reward_function``."""
+
+RewardFunction = Callable[..., Sequence[float]]
+"""``function(*, prompts, completions, references) -> one number per completion`` (lists of texts)."""
+
+
+class RewardError(DrivetrainError, ValueError):
+    """The reward function cannot be loaded or returned unusable rewards; the message names it and the fix."""
 
 
 def exact_match(answer: str, reference: str) -> bool:
@@ -37,3 +54,78 @@ def group_advantages(rewards: torch.Tensor, group_size: int, epsilon: float = 1e
     mean = grouped.mean(dim=1, keepdim=True)
     std = grouped.std(dim=1, keepdim=True)
     return ((grouped - mean) / (std + epsilon)).reshape(-1)
+
+
+def exact_match_reward(
+    *, prompts: Sequence[str], completions: Sequence[str], references: Sequence[str]
+) -> list[float]:
+    """The built-in reward function: 1 where the completion, stripped, is the reference answer, else 0."""
+    del prompts  # the answer alone decides
+    return exact_answer_rewards(completions, references).tolist()
+
+
+@cache
+def load_reward_function(spec: str) -> RewardFunction:
+    """The reward function ``algorithm.reward_function`` names: ``exact_match``, ``package.module:function``, or
+    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process.
+
+    Raises:
+        RewardError: the module or file cannot be imported, or has no callable of that name.
+    """
+    if spec == EXACT_MATCH:
+        return exact_match_reward
+    location, _, name = spec.rpartition(":")
+    try:
+        module = (
+            _import_file(Path(location)) if location.endswith(".py") else importlib.import_module(location)
+        )
+    except Exception as e:
+        raise RewardError(
+            f"algorithm.reward_function={spec!r}: importing {location!r} failed ({type(e).__name__}: {e}); give an "
+            "importable module (package.module:function) or a Python file (path/to/file.py:function)."
+        ) from e
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise RewardError(
+            f"algorithm.reward_function={spec!r}: {location!r} has no function {name!r}; define "
+            f"{name}(*, prompts, completions, references) returning one number per completion."
+        )
+    return function
+
+
+def _import_file(path: Path) -> object:
+    spec = importlib.util.spec_from_file_location(f"drivetrain_reward_{path.stem}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise FileNotFoundError(f"no Python file at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compute_rewards(
+    spec: str, *, prompts: Sequence[str], completions: Sequence[str], references: Sequence[str]
+) -> torch.Tensor:
+    """``(len(completions),)`` float32 rewards from the function ``spec`` names.
+
+    Raises:
+        RewardError: the function raised, or did not return one finite number per completion.
+    """
+    function = load_reward_function(spec)
+    try:
+        rewards = list(
+            function(prompts=list(prompts), completions=list(completions), references=list(references))
+        )
+    except Exception as e:
+        raise RewardError(
+            f"algorithm.reward_function={spec!r} raised {type(e).__name__}: {e} (on {len(completions)} completions)."
+        ) from e
+    bad = [
+        r for r in rewards if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r)
+    ]
+    if len(rewards) != len(completions) or bad:
+        problem = f"{len(rewards)} values" if len(rewards) != len(completions) else f"{bad[:3]}"
+        raise RewardError(
+            f"algorithm.reward_function={spec!r} returned {problem} for {len(completions)} completions; it must "
+            "return one finite number (int or float) per completion, in their order."
+        )
+    return torch.tensor(rewards, dtype=torch.float32)

@@ -1,8 +1,8 @@
 """One GRPO step over any engine and any rollout: sample, score, normalise, update, hand the weights off.
 
 Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``n`` responses per
-prompt (whole groups stay on one rank, so advantages need no communication); exact-answer rewards are
-normalised within each group; the actor recomputes the old log-probs and the reference its log-probs; one
+prompt (whole groups stay on one rank, so advantages need no communication); the rewards
+(``algorithm.reward_function``: exact answers, or the user's function) are normalised within each group; the actor recomputes the old log-probs and the reference its log-probs; one
 PPO-clip update with the KL penalty; then ``engine.weight_buckets(version=step)`` streams the new weights to
 the rollout, which serves only complete, newer versions.
 """
@@ -23,7 +23,7 @@ from ..actor import Actor
 from ..reference import Reference
 from ..sft.data import Example
 from .config import GRPOConfig
-from .rewards import exact_answer_rewards, group_advantages
+from .rewards import compute_rewards, group_advantages
 
 SEED_STRIDE = 1_000_003
 """Sampling seeds are ``seed + SEED_STRIDE * step + rank``: distinct per step and rank, repeatable on resume."""
@@ -68,7 +68,12 @@ def score(
     """Reward ``output`` (``output.n`` responses per example, prompt-major) and build the actor's batch."""
     n = output.n
     answers = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
-    rewards = exact_answer_rewards(answers, [examples[i // n].response_text for i in range(len(answers))])
+    rewards = compute_rewards(
+        config.algorithm.reward_function,
+        prompts=[examples[i // n].prompt_text for i in range(len(answers))],
+        completions=answers,
+        references=[examples[i // n].response_text for i in range(len(answers))],
+    )
     advantages = group_advantages(rewards, n, config.algorithm.epsilon)
     return RolloutBatch(
         batch=_batch(examples, output, advantages),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
@@ -42,7 +43,7 @@ from ..sft.data import Example
 from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
 from ..sft.metrics import MetricsWriter, format_record, plot_curves
 from .config import GRPOConfig, check_mini_batch_share
-from .rewards import exact_match
+from .rewards import compute_rewards, exact_match, load_reward_function
 from .step import SEED_STRIDE, hand_off, sample, update
 from .warm_start import start_model
 
@@ -130,6 +131,9 @@ class GRPOTrainer:
         )
         check_mini_batch_share(config, distributed.world_size())
         plugins().rollouts.get(config.rollout.name)  # a missing rollout is refused before the warm start
+        load_reward_function(
+            config.algorithm.reward_function
+        )  # and so is a reward function that does not load
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
             model_path,
@@ -253,7 +257,10 @@ class _Loop:
         local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
         started = time.perf_counter()
         seed = config.trainer.seed + SEED_STRIDE * step + distributed.rank()
-        samples = sample(self.rollout, [self.train[i] for i in local], self.tokenizer, config, seed=seed)
+        with agreed_checks(
+            engine.data_parallel_group
+        ):  # a reward function failing on one rank fails them all
+            samples = sample(self.rollout, [self.train[i] for i in local], self.tokenizer, config, seed=seed)
         metrics = update(self.actor, self.reference, samples)
         hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb)
         seconds = time.perf_counter() - started
@@ -285,20 +292,32 @@ class _Loop:
         return values
 
     def _evaluate(self, step: int, bar: Any) -> None:
-        samples = self.val[: self.trainer.config.trainer.eval_samples]
+        """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers)
+        and ``val/reward`` (the mean of ``algorithm.reward_function``, the same number with ``exact_match``)."""
+        config = self.trainer.config
+        samples = self.val[: config.trainer.eval_samples]
         if not samples:
             return
         rank, size = distributed.rank(), distributed.world_size()
         local = samples[rank::size]
-        correct = 0
-        if local:
-            sampling = SamplingConfig(
-                temperature=0.0, max_new_tokens=self.trainer.config.rollout.max_new_tokens
-            )
-            output = self.rollout.generate([e.prompt_ids for e in local], sampling)
-            answers = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
-            correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
-        values = {"val/accuracy": distributed.all_reduce_sum(correct) / len(samples)}
+        correct, reward = 0.0, 0.0
+        with agreed_checks():
+            if local:
+                sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
+                output = self.rollout.generate([e.prompt_ids for e in local], sampling)
+                answers = [
+                    self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses
+                ]
+                correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
+                rewards = compute_rewards(
+                    config.algorithm.reward_function,
+                    prompts=[e.prompt_text for e in local],
+                    completions=answers,
+                    references=[e.response_text for e in local],
+                )
+                reward = float(rewards.sum())
+        correct, reward = distributed.all_reduce_sums([correct, reward])
+        values = {"val/accuracy": correct / len(samples), "val/reward": reward / len(samples)}
         self.writer.write(step, values)
         self.result.evaluations.append({"step": step, **values})
         if rank == 0:
