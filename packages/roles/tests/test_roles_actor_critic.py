@@ -15,8 +15,9 @@ from drivetrain_engine_core.testing import (
     reference_entropy,
     reference_log_probs,
     reference_values,
+    token_mean_nll,
 )
-from drivetrain_roles.actor import Actor, ActorConfig
+from drivetrain_roles.actor import Actor, ActorConfig, PolicyObjective
 from drivetrain_roles.batch_inputs import RoleBatch
 from drivetrain_roles.critic import Critic, CriticConfig
 from drivetrain_roles.losses import PolicyLossConfig, ValueLossConfig
@@ -160,6 +161,21 @@ def test_a_padded_update_needs_its_response_mask_and_keeps_per_sequence_fields(m
     # The first step's ratio is 1: pg_loss is minus the token mean of the advantages over the response tokens.
     mask = batch["loss_mask"].values()
     assert metrics["pg_loss"] == pytest.approx(float(-batch["advantages"].values()[mask].mean()), abs=1e-5)
+
+
+def test_an_update_takes_the_callers_objective_in_place_of_ppo(model_dir) -> None:
+    """GSPO, truncated importance sampling or another KL form needed a copy of ``update_policy``; an objective
+    runs the caller's loss with the actor's mini-batches, metric reduction and LR step. Here the SFT loss: one
+    step's summed NLL is the policy's before the step, as a plain Hugging Face model scores it."""
+    batch = rollout()
+    actor = Actor(engine_for(model_dir), ActorConfig(schedule=UpdateSchedule(mini_batch_size=8)))
+    with pytest.raises(BatchError, match=r"missing field 'rollout_log_probs'"):
+        actor.update_policy(batch, PolicyObjective(token_mean_nll, required_fields=("rollout_log_probs",)))
+    reference = reference_log_probs(model_dir, batch).values()
+    metrics = actor.update_policy(batch, PolicyObjective(token_mean_nll, metric_names=("nll_sum",)))
+    expected = -float(reference[batch["loss_mask"].values()].sum())
+    assert metrics["nll_sum"] == pytest.approx(expected, rel=1e-5)
+    assert set(metrics) == {"nll_sum", "grad_norm", "lr"} and metrics["grad_norm"] > 0
 
 
 def test_critic_values_match_hugging_face_and_update_lowers_the_value_loss(tmp_path) -> None:

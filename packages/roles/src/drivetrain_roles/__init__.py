@@ -11,6 +11,7 @@ from drivetrain_engine_core.lazy import lazy_getattr
 _EXPORTS = {
     "Actor": "actor",
     "ActorConfig": "actor",
+    "PolicyObjective": "actor",
     "Critic": "critic",
     "CriticConfig": "critic",
     "Reference": "reference",

@@ -62,6 +62,7 @@ class RayWorkerGroup(RayActors[WorkerSpec]):
         """The actor's per-token log-probs (``calculate_entropy=True`` adds entropy) of the global batch."""
         return self.dispatch("compute_log_prob", batch, **kwargs)
 
-    def update_policy(self, batch: TensorDict) -> dict[str, float]:
-        """One actor update over the global batch; the metrics reduced over data-parallel ranks."""
-        return self.dispatch("update_policy", batch)
+    def update_policy(self, batch: TensorDict, objective: Any = None) -> dict[str, float]:
+        """One actor update over the global batch (PPO's, or ``objective``, an ``actor.PolicyObjective`` whose
+        loss function pickles: a module-level function); the metrics reduced over data-parallel ranks."""
+        return self.dispatch("update_policy", batch, objective=objective)
