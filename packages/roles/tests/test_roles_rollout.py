@@ -147,6 +147,9 @@ def test_adapter_hand_off_serves_the_merged_weights_bit_for_bit(model_dir):
     served = adapter.model.state_dict()
     for name, tensor in merged.model.state_dict().items():
         assert torch.equal(served[name], tensor), name
+    # Only the adapted weights' base copies are kept for later folds (a copy of the whole model doubled memory).
+    kept = set(adapter._weights._base)
+    assert kept and all(name.split(".")[-2] in LORA.target_modules for name in kept)
     with pytest.raises(HandoffError, match="one lora mode"):
         merged.update_weights(engine.weight_buckets(version=2, lora="adapter"))
 

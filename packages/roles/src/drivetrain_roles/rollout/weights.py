@@ -90,16 +90,25 @@ class ServedWeights:
     def _fold_adapters(self) -> None:
         config = self._adapter_config or {}
         scale = float(config["lora_alpha"]) / float(config["r"])
-        if self._base is None:  # the first adapter hand-off: the model still holds the base weights
-            self._base = {name: tensor.clone() for name, tensor in self._tensors.items()}
+        modules = [n.removesuffix(".lora_A.weight") for n in self._adapters if n.endswith(".lora_A.weight")]
+        adapted = {module: module.removeprefix(PEFT_PREFIX) + ".weight" for module in modules}
+        if self._base is None:
+            # The first adapter hand-off: the model still holds the base weights. Only the adapted ones are kept
+            # (a copy of the whole model doubled the rollout's memory for the run).
+            self._base = {name: self._target(name, self._tensors[name]).clone() for name in adapted.values()}
+        new = sorted(set(adapted.values()) - set(self._base))
+        if new:
+            raise HandoffError(
+                f"the adapter stream adapts {new[:3]}, which the first adapter hand-off did not; their base weights "
+                "are gone (folded). Keep the adapter's target modules for the whole run."
+            )
         with torch.no_grad():
-            for name in (n for n in self._adapters if n.endswith(".lora_A.weight")):
-                module = name.removesuffix(".lora_A.weight")
-                hf_name = module.removeprefix(PEFT_PREFIX) + ".weight"
+            for module, hf_name in adapted.items():
                 base = self._base[hf_name]
-                delta = (self._adapters[f"{module}.lora_B.weight"].float() @ self._adapters[name].float()).to(
-                    base.dtype
-                )
+                delta = (
+                    self._adapters[f"{module}.lora_B.weight"].float()
+                    @ self._adapters[f"{module}.lora_A.weight"].float()
+                ).to(base.dtype)
                 self._target(hf_name, base).copy_(base + delta * scale)
 
     def _target(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
