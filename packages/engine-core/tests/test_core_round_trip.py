@@ -17,7 +17,9 @@ from drivetrain_engine_core.backend import (
     SequenceSplit,
     pad_packed_row,
 )
+from drivetrain_engine_core.data.packing import pad_micro_batch
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
+from drivetrain_engine_core.testing.device import requires_cuda
 
 PROMPTS, RESPONSES = [3, 1, 4], [2, 5, 1]
 
@@ -143,3 +145,30 @@ def test_row_padding_keeps_extra_position_axes():
     assert padded.position_ids.shape == (1, 8, 3)
     assert padded.position_ids[0, 5:].tolist() == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
     assert labels.tolist() == [0, 1, 2, 3, 4, 0, 0, 0]
+
+
+def test_padded_rows_index_their_tokens_from_host_lengths():
+    """``output[valid]`` counts the mask's true entries, which waits for the device, after every micro-batch;
+    the row-major token positions come from the host lengths and gather the same values."""
+    batch = random_batch(vocab_size=50, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
+    rows = MicroBatch.build(batch, 0, device="cpu", layout="padded", round_trip=_trip()).inputs
+    assert isinstance(rows, PaddedRows)
+    output = torch.randn(*rows.valid.shape, 4)
+    assert torch.equal(output.flatten(0, 1)[rows.token_positions], output[rows.valid])
+    assert torch.equal(rows.input_ids[rows.valid], batch["input_ids"].values())
+
+
+@requires_cuda
+def test_the_padded_layout_makes_no_host_sync():
+    batch = random_batch(vocab_size=50, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
+    micro_batch = MicroBatch.build(batch, 0, device="cuda", layout="padded", round_trip=_trip())
+    on_device = micro_batch.batch
+    lengths = [p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = pad_micro_batch(on_device, max(lengths), lengths)
+        gathered = micro_batch.rows(rows.input_ids.unsqueeze(-1).float())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(gathered[:, 0].long().cpu(), batch["input_ids"].values())

@@ -165,7 +165,7 @@ class MicroBatch:
         if layout == "padded":
             if sequence_split is not None:
                 raise ValueError("a sequence-parallel split needs the packed layout, got 'padded'.")
-            inputs = pad_micro_batch(on_device, max_seqlen)
+            inputs = pad_micro_batch(on_device, max_seqlen, lengths)
         else:
             inputs = pack_micro_batch(on_device, lengths)
         labels = next_token_labels(on_device[INPUT_IDS].values(), inputs.offsets)
@@ -198,7 +198,7 @@ class MicroBatch:
         Packed: the single row; padded: the real positions, in packed token order.
         """
         if isinstance(self.inputs, PaddedRows):
-            return model_output[self.inputs.valid]
+            return model_output.flatten(0, 1)[self.inputs.token_positions]
         return model_output[0]
 
     def to_tokens(self, per_position: Tensor) -> Tensor:

@@ -58,9 +58,13 @@ class PaddedRows:
     Attributes:
         input_ids: ``(n, L)`` token ids, 0 at padding; ``L`` is the longest sequence.
         position_ids: ``(n, L)`` or ``(n, L, extra...)`` positions, 0 at padding.
-        valid: ``(n, L)`` bool, true at real tokens; ``output[valid]`` is in packed token order.
+        valid: ``(n, L)`` bool, true at real tokens (the attention mask).
         max_seqlen: ``L``.
         offsets: the batch's int64 ``input_ids`` offsets.
+        token_positions: ``(T,)`` int64 index of each real token in the ``n * L`` row-major positions, in packed
+            token order: ``output.flatten(0, 1)[token_positions]`` is the real tokens' outputs. Made on the host
+            from its lengths, so neither spreading tokens into rows nor gathering them back reads the device
+            (``output[valid]`` waits for it, to count the true entries).
     """
 
     input_ids: Tensor
@@ -68,6 +72,7 @@ class PaddedRows:
     valid: Tensor
     max_seqlen: int
     offsets: Tensor
+    token_positions: Tensor
 
 
 def pack_micro_batch(batch: TensorDict, lengths: Sequence[int] | None = None) -> PackedRow:
@@ -91,24 +96,31 @@ def pack_micro_batch(batch: TensorDict, lengths: Sequence[int] | None = None) ->
     )
 
 
-def pad_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PaddedRows:
+def pad_micro_batch(
+    batch: TensorDict, max_seqlen: int | None = None, lengths: Sequence[int] | None = None
+) -> PaddedRows:
     """Lay the sequences of ``batch`` out as :class:`PaddedRows`, every tensor on the batch's device.
 
     Args:
         batch: a no-padding micro-batch.
         max_seqlen: as in :func:`pack_micro_batch`.
+        lengths: as in :func:`pack_micro_batch`: its sequence lengths when known on the host.
     """
     ids, positions = batch[INPUT_IDS], batch[POSITION_IDS]
     offsets = offsets_of(ids)
-    width = int(offsets.diff().max()) if max_seqlen is None else max_seqlen
+    host_lengths = torch.tensor(
+        offsets.diff().tolist() if lengths is None else list(lengths), dtype=torch.int64
+    )
+    width = int(host_lengths.max()) if max_seqlen is None else max_seqlen
     # NOTE: made on the batch's device: on the default device, the index arithmetic mixes devices as soon as
     # the micro-batch lives on an accelerator.
     columns = torch.arange(width, device=offsets.device)
     valid = columns.unsqueeze(0) < offsets.diff().unsqueeze(1)
+    token_positions = _token_positions(host_lengths, width).to(offsets.device, non_blocking=True)
 
     def spread(flat: Tensor) -> Tensor:
         dense = flat.new_zeros((len(offsets) - 1, width, *flat.shape[1:]))
-        dense[valid] = flat
+        dense.view(-1, *flat.shape[1:])[token_positions] = flat
         return dense
 
     return PaddedRows(
@@ -117,7 +129,15 @@ def pad_micro_batch(batch: TensorDict, max_seqlen: int | None = None) -> PaddedR
         valid=valid,
         max_seqlen=width,
         offsets=offsets,
+        token_positions=token_positions,
     )
+
+
+def _token_positions(lengths: Tensor, width: int) -> Tensor:
+    """Row-major index of each real token of rows ``width`` wide holding sequences of ``lengths``, on the host."""
+    rows = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+    return rows * width + torch.arange(int(lengths.sum())) - starts
 
 
 def pad_packed_row(row: PackedRow, labels: Tensor, multiple: int) -> tuple[PackedRow, Tensor]:
