@@ -109,7 +109,7 @@ def pad_micro_batch(
     ids, positions = batch[INPUT_IDS], batch[POSITION_IDS]
     offsets = offsets_of(ids)
     host_lengths = torch.tensor(
-        offsets.diff().tolist() if lengths is None else list(lengths), dtype=torch.int64
+        offsets.diff().tolist() if lengths is None else list(lengths), dtype=torch.int64, device="cpu"
     )
     width = int(host_lengths.max()) if max_seqlen is None else max_seqlen
     # NOTE: made on the batch's device: on the default device, the index arithmetic mixes devices as soon as
@@ -134,10 +134,11 @@ def pad_micro_batch(
 
 
 def _token_positions(lengths: Tensor, width: int) -> Tensor:
-    """Row-major index of each real token of rows ``width`` wide holding sequences of ``lengths``, on the host."""
-    rows = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    """Row-major index of each real token of rows ``width`` wide holding sequences of ``lengths``, on the host
+    (whatever the default device is)."""
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device="cpu"), lengths)
     starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
-    return rows * width + torch.arange(int(lengths.sum())) - starts
+    return rows * width + torch.arange(int(lengths.sum()), device="cpu") - starts
 
 
 def pad_packed_row(row: PackedRow, labels: Tensor, multiple: int) -> tuple[PackedRow, Tensor]:
