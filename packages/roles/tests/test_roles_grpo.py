@@ -40,6 +40,23 @@ def test_group_advantages_normalise_within_each_group():
     assert exact_answer_rewards([" 12", "13", "1"], ["12", "12", "1 "]).tolist() == [1.0, 0.0, 1.0]
 
 
+def test_dr_grpo_keeps_the_centred_rewards_unscaled():
+    """Dr. GRPO (verl's ``norm_adv_by_std_in_grpo=False``): the deviation's division weights prompts whose rewards
+    barely differ most."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0])
+    assert group_advantages(rewards, 4, scale_by_std=False).tolist() == [
+        0.75,
+        -0.25,
+        -0.25,
+        -0.25,
+        0,
+        0,
+        0,
+        0,
+    ]
+    assert load_config(None, ["algorithm.scale_by_std=false"]).algorithm.scale_by_std is False
+
+
 def test_a_group_of_one_keeps_its_rewards_as_advantages():
     """One response per prompt: its unbiased deviation is NaN, which made every advantage NaN (and the batch was
     refused as non-finite, naming no cause); verl takes mean 0 and deviation 1 for such a group."""
@@ -116,6 +133,12 @@ def test_a_reward_function_from_a_file_scores_the_samples(tmp_path):
         samples.batch["advantages"].values()[samples.batch["loss_mask"].values()][[0, 1, 3, 4]],
         group_advantages(samples.rewards, 2)[[0, 1, 2, 3]],
     )
+    setting = f"algorithm.reward_function={tmp_path / 'my_rewards.py'}:answer_length"
+    unscaled = score(
+        examples, output, tokenizer, load_config(None, [setting, "algorithm.scale_by_std=false"])
+    )
+    response = unscaled.batch["loss_mask"].values()
+    assert unscaled.batch["advantages"].values()[response][[0, 1, 3, 4]].tolist() == [-0.5, 0.5, -1.0, 1.0]
     exact = score(examples, output, tokenizer, load_config(None, ["algorithm.reward_function=exact_match"]))
     assert exact.rewards.tolist() == [
         float(a == examples[i // 2].response_text) for i, a in enumerate(["1", "12", "3", "456"])

@@ -70,6 +70,8 @@ class AlgorithmConfig:
         kl_estimator: ``k1``, ``k2`` or ``k3`` (``low_var_kl``).
         loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
         epsilon: added to the group's reward standard deviation before dividing.
+        scale_by_std: divide each group's centred rewards by their standard deviation; ``false`` keeps them
+            centred only (Dr. GRPO; verl's ``norm_adv_by_std_in_grpo``, TRL's ``scale_rewards``).
         ppo_mini_batches: optimizer steps per epoch over one rollout (its sequences split evenly; whole
             groups are not kept together, each sequence carries its own advantage). 1 is on-policy GRPO: the
             ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
@@ -86,6 +88,7 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     loss_agg_mode: str = "token-mean"
     epsilon: float = 1e-6
+    scale_by_std: bool = True
     ppo_mini_batches: int = 2
     ppo_epochs: int = 1
     reward_function: str = "exact_match"

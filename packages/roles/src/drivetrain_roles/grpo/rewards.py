@@ -36,13 +36,18 @@ def exact_answer_rewards(answers: Sequence[str], references: Sequence[str]) -> t
     )
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, epsilon: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, epsilon: float = 1e-6, *, scale_by_std: bool = True
+) -> torch.Tensor:
     """GRPO's outcome advantage: each reward minus its group's mean, over the group's standard deviation.
 
     Args:
         rewards: ``(groups * group_size,)`` rewards, group-major (the ``n`` responses of a prompt together).
         group_size: responses per prompt.
         epsilon: added to the (unbiased) standard deviation; a group whose rewards are all equal gets 0.
+        scale_by_std: divide by the deviation; ``False`` keeps the centred rewards (Dr. GRPO: the division
+            weights prompts whose rewards barely differ most; verl's ``norm_adv_by_std_in_grpo``, TRL's
+            ``scale_rewards``).
 
     Returns:
         Advantages of the same shape; with one response per prompt, the rewards themselves (verl's mean 0 and
@@ -51,9 +56,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, epsilon: float = 1e
     if group_size == 1:
         return rewards.clone()
     grouped = rewards.reshape(-1, group_size)
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True)
-    return ((grouped - mean) / (std + epsilon)).reshape(-1)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_by_std:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + epsilon)
+    return centred.reshape(-1)
 
 
 def exact_match_reward(

@@ -74,7 +74,8 @@ def score(
         completions=answers,
         references=[examples[i // n].response_text for i in range(len(answers))],
     )
-    advantages = group_advantages(rewards, n, config.algorithm.epsilon)
+    algorithm = config.algorithm
+    advantages = group_advantages(rewards, n, algorithm.epsilon, scale_by_std=algorithm.scale_by_std)
     return RolloutBatch(
         batch=_batch(examples, output, advantages),
         rollout_log_probs=output.log_probs,
