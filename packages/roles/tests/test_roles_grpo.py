@@ -106,6 +106,10 @@ REWARD_FILE = """
 def answer_length(*, prompts, completions, references):
     return [len(c) + (0.5 if p.endswith("=") else 0.0) for p, c in zip(prompts, completions)]
 
+def numpy_scores(*, prompts, completions, references):
+    import numpy
+    return [numpy.float32(len(c)) for c in completions]
+
 def broken(*, prompts, completions, references):
     return [float("nan")] * len(completions)
 """
@@ -173,6 +177,13 @@ def test_a_reward_function_that_cannot_serve_is_one_clear_error(tmp_path, spec, 
         compute_rewards(
             spec.format(dir=tmp_path), prompts=["1+1="] * 2, completions=["2", "3"], references=["2"] * 2
         )
+
+
+def test_numpy_rewards_are_numbers_too(tmp_path):
+    (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
+    spec = f"{tmp_path / 'my_rewards.py'}:numpy_scores"
+    rewards = compute_rewards(spec, prompts=["1+1="] * 2, completions=["2", "33"], references=["2"] * 2)
+    assert rewards.tolist() == [1.0, 2.0]
 
 
 def test_a_reward_function_setting_without_a_name_is_refused():

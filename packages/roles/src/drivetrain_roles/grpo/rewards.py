@@ -8,6 +8,7 @@ import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from functools import cache
+from numbers import Real
 from pathlib import Path
 
 import torch
@@ -125,13 +126,12 @@ def compute_rewards(
         raise RewardError(
             f"algorithm.reward_function={spec!r} raised {type(e).__name__}: {e} (on {len(completions)} completions)."
         ) from e
-    bad = [
-        r for r in rewards if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r)
-    ]
+    # numbers.Real: Python and NumPy numbers alike (np.float32 is no float); a bool is a verdict, not a reward.
+    bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, Real) or not math.isfinite(r)]
     if len(rewards) != len(completions) or bad:
         problem = f"{len(rewards)} values" if len(rewards) != len(completions) else f"{bad[:3]}"
         raise RewardError(
             f"algorithm.reward_function={spec!r} returned {problem} for {len(completions)} completions; it must "
             "return one finite number (int or float) per completion, in their order."
         )
-    return torch.tensor(rewards, dtype=torch.float32)
+    return torch.tensor([float(r) for r in rewards], dtype=torch.float32)
