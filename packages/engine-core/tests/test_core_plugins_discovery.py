@@ -395,6 +395,19 @@ def test_factory_builds_engine_and_config(fake):
         engine_config_from_dict({}, plugins=get_plugin_manager(entry_points=[]))
 
 
+def test_an_engine_class_must_carry_the_backend_name_it_is_registered_for(fake, monkeypatch):
+    """Checkpoints record ``backend_name`` and ``ckpt merge/verify`` look the merger up by it: an engine that left
+    it at the default ``""`` trained and saved steps that could not be merged."""
+    loaded = get_plugin_manager(entry_points=_backend(fake))
+    config = engine_config_from_dict({"backend": "fake"}, plugins=loaded)
+    engine_cls = loaded.engines.get("language_model", "fake", "cpu")
+    monkeypatch.setattr(engine_cls, "backend_name", "")
+    with pytest.raises(
+        PluginError, match=r"registered for backend 'fake' but its backend_name is ''.*= 'fake'"
+    ):
+        create_engine(model_config=ModelConfig(path="/m"), engine_config=config, plugins=loaded)
+
+
 def test_process_wide_cache_and_reset():
     reset_plugins()
     first = plugins(lambda: get_plugin_manager(entry_points=[]))

@@ -1,6 +1,8 @@
 """Everything a backend author needs, in one public module.
 
-A backend (ours or a third party's) subclasses :class:`Engine`, implements its ``_`` hooks, and per
+A backend (ours or a third party's) subclasses :class:`Engine`, sets ``backend_name`` to the backend it
+registers for, implements its abstract ``_`` hooks and overrides ``_token_limits()`` and ``_hf_config()`` (they
+default to no batch-value checks and no FLOP metrics; the conformance kit requires both), and per
 micro-batch runs its model on :attr:`MicroBatch.inputs` and hands its per-position fields to
 :meth:`MicroBatch.finish` (see :mod:`drivetrain_engine_core.round_trip` for the round trip and the one
 loss-scaling rule, :attr:`Engine.gradient_divisor`). It may ship a :class:`CheckpointMerger`. Import from

@@ -12,6 +12,7 @@ from .config import (
     OptimizerConfig,
     config_from_dict,
 )
+from .errors import PluginError
 from .plugins import DrivetrainPlugins
 from .plugins import plugins as default_plugins
 
@@ -42,11 +43,20 @@ def create_engine(
         The engine; call ``initialize()`` on it next.
 
     Raises:
-        PluginError: no engine is registered for the key (the message says what is and what to install).
+        PluginError: no engine is registered for the key (the message says what is and what to install), or the
+            registered class's ``backend_name`` is not the backend it is registered for.
         ConfigError: ``engine_config`` is not the backend's config class.
     """
     registry = (plugins or default_plugins()).engines
     engine_cls = registry.get(model_config.model_type, engine_config.backend, engine_config.device)
+    if engine_cls.backend_name != engine_config.backend:
+        # NOTE: checkpoints record backend_name, and ckpt merge/verify find the backend's merger by it: an engine
+        # that left it unset ("") trained and saved, and its checkpoints could not be merged.
+        raise PluginError(
+            f"{engine_cls.__module__}.{engine_cls.__qualname__} is registered for backend {engine_config.backend!r} "
+            f"but its backend_name is {engine_cls.backend_name!r}; checkpoints record backend_name and the "
+            f"checkpoint tools look the backend up by it. Set backend_name = {engine_config.backend!r} on the class."
+        )
     expected = registry.config_class(engine_config.backend)
     if not isinstance(engine_config, expected):
         raise ConfigError(

@@ -247,6 +247,12 @@ class EngineConformanceTests:
         # by 5e-4 relative, FSDP's more).
         control = outputs[False].loss
         assert control != pytest.approx(expected[0], rel=10 * self.rtol), "the control step had no dropout"
+        # Eval mode turns the model's dropout off whatever the option says: scoring (a reference policy, old
+        # log-probs) must be deterministic.
+        scorer = self.make_engine(model_dir, optimizer_config=None)
+        with scorer.eval_mode():
+            scored = outputs_of(scorer.infer_batch(batch))
+        self.assert_close(scored["log_probs"], reference_log_probs(model_dir, batch), "eval-mode log_probs")
 
     @staticmethod
     def assert_speed_metrics(output: Any, batch: TensorDict) -> None:
@@ -254,8 +260,8 @@ class EngineConformanceTests:
         metrics = output.metrics
         assert metrics["perf/tokens"] >= int(batch["input_ids"].offsets()[-1]), "perf/tokens misses tokens"
         assert metrics["perf/step_time_s"] > 0 and metrics["perf/tokens_per_s"] > 0
-        assert metrics["perf/tflops_per_device"] > 0, (
-            "no FLOP count: the backend's _hf_config() returned None"
+        assert metrics.get("perf/tflops_per_device", 0) > 0, (
+            "no FLOP count: override _hf_config() to return the model's transformers config"
         )
 
     @pytest.mark.parametrize("micro_batching", list(MICRO_BATCHINGS))
@@ -343,6 +349,11 @@ class EngineConformanceTests:
         are one ``BatchError`` naming the field and the sequence, in train and eval."""
         config = json.loads((Path(model_dir) / "config.json").read_text())
         vocab = config["vocab_size"]
+        limits = engine._token_limits()
+        assert limits.vocab_size is not None and limits.max_positions is not None, (
+            f"{type(engine).__name__}._token_limits() returns {limits}: override it with the model's vocabulary "
+            "and positions, which core checks every batch against"
+        )
         batch = self.make_batch(model_dir)
         batch["input_ids"].values()[PROMPT_LENGTHS[0] + RESPONSE_LENGTHS[0] + 1] = vocab  # in sequence 1
         expected = rf"input_ids of sequence 1 holds token id {vocab}, outside \[0, {vocab}\)"
@@ -446,6 +457,24 @@ class EngineConformanceTests:
                 )
 
     # ------------------------------------------------------------------ weight hand-off
+    def test_exported_weights_are_the_models_under_their_hugging_face_names(self, model_dir: Path) -> None:
+        """``export_weights()`` of a fresh float32 engine is the Hugging Face model's state dict: the same names
+        and bit-equal values, each tied weight at least once. The hand-off, ``final_model`` and the merger build on
+        it; the other export tests compare the engine only with itself."""
+        engine = self.make_engine(model_dir, optimizer_config=None)
+        exported = {name: tensor.detach().cpu() for name, tensor in engine.export_weights()}
+        reference = load_reference_model(model_dir).state_dict()
+        unknown = sorted(set(exported) - set(reference))
+        assert not unknown, (
+            f"export_weights() yields names the Hugging Face model does not have: {unknown[:3]}"
+        )
+        storage_of = {name: tensor.untyped_storage().data_ptr() for name, tensor in reference.items()}
+        exported_storages = {storage_of[name] for name in exported}
+        missing = sorted(name for name in reference if storage_of[name] not in exported_storages)
+        assert not missing, f"export_weights() misses {missing[:3]}"
+        for name, tensor in exported.items():
+            assert tensor.dtype == reference[name].dtype and torch.equal(tensor, reference[name]), name
+
     def test_weight_buckets_equal_export_weights(self, model_dir: Path) -> None:
         """Buckets (of a trained engine) carry ``export_weights()`` bit for bit, each within the byte bound
         unless it is one oversized tensor, numbered and versioned; ``dtype`` casts like ``Tensor.to``."""
@@ -486,12 +515,13 @@ class EngineConformanceTests:
             for _ in range(4):
                 losses.append(engine.train_batch(batch, token_mean_nll).loss or 0.0)
                 engine.lr_scheduler_step()
-        self.assert_loss_and_grad_norm(
-            first,
-            reference_loss_and_grad_norm(model_dir, batch, token_mean_nll),
-            rtol=self.low_precision_rtol,
-        )
+        expected = reference_loss_and_grad_norm(model_dir, batch, token_mean_nll)
+        self.assert_loss_and_grad_norm(first, expected, rtol=self.low_precision_rtol)
         assert first.loss is not None
+        assert first.loss != expected[0], (
+            f"the {low_precision} step's loss is the float32 reference's to the bit: engine.param_dtype was ignored "
+            "(refuse it in the engine config, and set low_precision_dtypes = () in the conformance class)"
+        )
         assert losses[-1] < 0.9 * first.loss, f"{low_precision} training does not lower the loss: {losses}"
 
     def test_low_precision_checkpoint_round_trip_is_bit_exact(
