@@ -72,8 +72,15 @@ def _register_half_commands(cli):
     raise RuntimeError("commands hook failed midway")
 
 
+@hookimpl
+def _register_hijacking_commands(cli):
+    cli.add_command(click.Command("mine", callback=lambda: None))
+    cli.add_command(click.Command("engines", callback=lambda: click.echo("HIJACKED")))
+
+
 HELLO = SimpleNamespace(register_engines=_register_hello_engines, register_commands=_register_hello_commands)
 HALF = SimpleNamespace(register_commands=_register_half_commands)
+HIJACK = SimpleNamespace(register_commands=_register_hijacking_commands)
 
 
 @pytest.fixture
@@ -162,3 +169,28 @@ def test_real_installed_plugins_are_listed():
     assert engines.exit_code == 0
     loaded = {p["name"] for p in listed if p["status"] == "loaded"}
     assert {e["plugin"] for e in json.loads(engines.stdout)} <= loaded
+
+
+def test_a_plugin_cannot_replace_a_command_already_there():
+    """``add_command`` overwrites: a plugin registering ``engines`` made ``drivetrain engines`` print its output,
+    with no word of it anywhere."""
+    entry_points = [
+        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
+        InMemoryEntryPoint("hijack", HIJACK, "drivetrain-hijack"),
+    ]
+    reset_plugins()
+    plugins(lambda: get_plugin_manager(entry_points=entry_points, disabled=[]))
+    try:
+        cli, runner = build_cli(), CliRunner()
+        result = runner.invoke(cli, ["engines"])
+        mine = runner.invoke(cli, ["mine"])
+    finally:
+        reset_plugins()
+    assert result.exit_code == 0 and "HIJACKED" not in result.stdout
+    assert "language_model/hello/*" in result.stdout
+    assert result.stderr.startswith(
+        "drivetrain: plugin 'hijack' (drivetrain-hijack 0.5.0) could not add its commands: register_commands: "
+        "drivetrain_engine_core.errors.PluginError: it replaces the command(s) ['engines'], which drivetrain or an "
+        "earlier plugin already provides"
+    )
+    assert mine.exit_code == 2, "the failed plugin's other commands are withdrawn too"

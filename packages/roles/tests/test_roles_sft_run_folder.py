@@ -194,3 +194,44 @@ def test_a_kill_while_config_yaml_is_written_leaves_the_previous_one_whole(tmp_p
         RunFolder(path=tmp_path, resume=True).prepare({"trainer": {"seed": 1, "batch_size": 16}})
     monkeypatch.setattr(Path, "write_text", real)
     assert (tmp_path / "config.yaml").read_text() == previous
+
+
+class _Tracker:
+    def __init__(self, closed: list[str], name: str, fails: bool = False) -> None:
+        self.closed, self.name, self.fails = closed, name, fails
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+        if self.fails:
+            raise ConnectionError(f"{self.name} is gone")
+
+
+def test_every_tracker_is_closed_and_a_failing_one_does_not_hide_the_runs_error(tmp_path):
+    """``close`` runs in a ``finally``: a tracker failing to close (a service gone) replaced the run's own error and
+    left the trackers after it open."""
+    from drivetrain_roles.sft.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path, enabled=True, report_to=("jsonl",), config={}, resume_step=None)
+    closed: list[str] = []
+    writer._trackers = [_Tracker(closed, "wandb", fails=True), _Tracker(closed, "jsonl")]
+    with pytest.raises(ConnectionError, match="wandb is gone"):
+        writer.close()
+    assert closed == ["wandb", "jsonl"]
+    closed.clear()
+    with pytest.raises(ValueError, match="the run's own error"):
+        try:
+            raise ValueError("the run's own error")
+        finally:
+            writer.close()
+    assert closed == ["wandb", "jsonl"]
+
+
+def test_tensorboard_events_are_flushed_before_a_checkpoint():
+    """``SummaryWriter`` flushes every 120 s: a run killed after a checkpoint lost the steps before it for good."""
+    from drivetrain_engine_core.tracking.tensorboard import TensorBoardTracker
+
+    tracker = TensorBoardTracker.__new__(TensorBoardTracker)
+    flushed: list[bool] = []
+    tracker._writer = type("Writer", (), {"flush": lambda self: flushed.append(True)})()
+    tracker.sync()
+    assert flushed == [True]

@@ -90,23 +90,25 @@ class DrivetrainPlugins:
     def register_commands(self, cli: click.Group) -> list[PluginInfo]:
         """Let every loaded plugin add sub-commands to ``cli``.
 
-        A plugin whose hook raises keeps its engines but is marked failed, and the commands it added
-        before failing are removed, so the CLI never offers a half-registered command.
+        A plugin whose hook raises, or that replaces a command already there (a built-in such as ``engines``,
+        or another plugin's ``sft``), keeps its engines but is marked failed, and the CLI's commands are put back
+        as they were before its hook: the CLI never offers a half-registered or a hijacked command.
 
         Returns:
             The plugins whose command registration failed (the CLI reports them on stderr).
         """
         failures = []
         for plugin_name in self._implementers("register_commands"):
-            before = set(cli.commands)
+            before = dict(cli.commands)
             try:
                 self._call_one("register_commands", plugin_name, cli=cli)
+                _refuse_replaced_commands(before, cli)
             except Exception as e:
-                for name in set(cli.commands) - before:
-                    del cli.commands[name]
+                cli.commands.clear()
+                cli.commands.update(before)
                 failures.append(self._fail(plugin_name, e, hook="register_commands"))
                 continue
-            self._commands[plugin_name] = sorted(set(cli.commands) - before)
+            self._commands[plugin_name] = sorted(set(cli.commands) - set(before))
         return [self._with_registered(info.name, info) for info in failures]
 
     def _registries(
@@ -232,3 +234,17 @@ __all__ = [
     "plugins",
     "reset_plugins",
 ]
+
+
+def _refuse_replaced_commands(before: dict[str, click.Command], cli: click.Group) -> None:
+    """Raise when a plugin's hook replaced a command ``cli`` had before it (``add_command`` overwrites silently).
+
+    Raises:
+        PluginError: names the replaced commands and the fix.
+    """
+    replaced = sorted(name for name, command in before.items() if cli.commands.get(name) is not command)
+    if replaced:
+        raise PluginError(
+            f"it replaces the command(s) {replaced}, which drivetrain or an earlier plugin already provides; give "
+            "the plugin's commands names of their own."
+        )

@@ -24,5 +24,10 @@ class TensorBoardTracker(Tracker):
         for name, value in values.items():
             self._writer.add_scalar(name, value, step)
 
+    def sync(self) -> None:
+        """Write pending events to the event file (before a checkpoint): ``SummaryWriter`` flushes every 120 s,
+        so a run killed after a checkpoint lost the steps before it, which its resume never logs again."""
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -73,8 +74,22 @@ class MetricsWriter:
             tracker.sync()
 
     def close(self) -> None:
+        """Close every tracker, each even when another fails; the first failure is raised after all are closed.
+
+        NOTE: called in a ``finally``: a tracker failing to close (a service gone) hid the run's own error and
+        left the trackers after it open.
+        """
+        failures = []
         for tracker in self._trackers:
-            tracker.close()
+            try:
+                tracker.close()
+            except Exception as e:  # every tracker still gets closed
+                logger.warning(
+                    "closing the %s tracker failed: %s: %s", type(tracker).__name__, type(e).__name__, e
+                )
+                failures.append(e)
+        if failures and sys.exc_info()[1] is None:
+            raise failures[0]
 
 
 def step_record(output: ForwardBackwardOutput) -> dict[str, float]:
