@@ -395,6 +395,45 @@ def test_factory_builds_engine_and_config(fake):
         engine_config_from_dict({}, plugins=get_plugin_manager(entry_points=[]))
 
 
+def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agreed_on_it(fake):
+    """Two plugins add model types to one backend with the same config class; the first fails later in another hook
+    and is withdrawn. It took the config class with it: the second plugin's engine was listed, not buildable."""
+    impl = f"fake_impl_{fake.suffix}"
+    fake.module("fake_impl", IMPL)
+    first = fake.module(
+        "first_half",
+        f"""
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engines(registry):
+            registry.register(model_type="language_model", backend="fake", devices=["*"],
+                              engine="{impl}:FakeEngine", config="{impl}:FakeConfig")
+
+        @hookimpl
+        def register_roles(registry):
+            raise RuntimeError("boom in register_roles")
+        """,
+    )
+    second = fake.module(
+        "second_half",
+        f"""
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engines(registry):
+            registry.register(model_type="value_model", backend="fake", devices=["*"],
+                              engine="{impl}:FakeEngine", config="{impl}:FakeConfig")
+        """,
+    )
+    loaded = get_plugin_manager(
+        entry_points=[fake.entry_point("a", first, "dist-a"), fake.entry_point("b", second, "dist-b")]
+    )
+    assert [(p.name, p.status) for p in loaded.plugins] == [("a", "failed"), ("b", "loaded")]
+    assert loaded.engines.config_class("fake").__name__ == "FakeConfig"
+    assert [entry.config for entry in loaded.engines.entries()] == [f"{impl}:FakeConfig"]
+
+
 def test_an_engine_class_must_carry_the_backend_name_it_is_registered_for(fake, monkeypatch):
     """Checkpoints record ``backend_name`` and ``ckpt merge/verify`` look the merger up by it: an engine that left
     it at the default ``""`` trained and saved steps that could not be merged."""

@@ -42,6 +42,9 @@ class EngineRegistry(KeyedRegistry):
     def __init__(self) -> None:
         super().__init__()
         self._configs: dict[str, Registration] = {}
+        self._config_agreeing: dict[str, list[Registration]] = {}
+        """Later registrations of a backend's config class that agree with ``_configs``' (several plugins adding
+        model types to one backend): one takes over when the first plugin is withdrawn."""
         self._config_conflicts: dict[str, list[Registration]] = {}
 
     def register(
@@ -135,7 +138,20 @@ class EngineRegistry(KeyedRegistry):
 
     def remove_source(self, plugin_name: str) -> None:
         super().remove_source(plugin_name)
-        self._configs = {b: r for b, r in self._configs.items() if r.source.name != plugin_name}
+        self._config_agreeing = {
+            backend: [r for r in registrations if r.source.name != plugin_name]
+            for backend, registrations in self._config_agreeing.items()
+        }
+        for backend, registration in list(self._configs.items()):
+            if registration.source.name != plugin_name:
+                continue
+            # NOTE: a withdrawn (failed) plugin took the config class with it, though another loaded plugin had
+            # registered the same one: that plugin's engines were listed but could not be built.
+            successors = self._config_agreeing.pop(backend, [])
+            if successors:
+                self._configs[backend], self._config_agreeing[backend] = successors[0], successors[1:]
+            else:
+                del self._configs[backend]
         for backend, registrations in list(self._config_conflicts.items()):
             remaining = [r for r in registrations if r.source.name != plugin_name]
             if len({r.path for r in remaining}) > 1:
@@ -153,6 +169,8 @@ class EngineRegistry(KeyedRegistry):
             return
         existing = self._configs.setdefault(backend, new)
         if existing.path == new.path:
+            if existing is not new and existing.source.name != new.source.name:
+                self._config_agreeing.setdefault(backend, []).append(new)
             return
         if existing.source.name == new.source.name:
             raise duplicate_error("config class of backend", (backend,), existing.source, self._source)
