@@ -434,6 +434,13 @@ def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agree
     assert [entry.config for entry in loaded.engines.entries()] == [f"{impl}:FakeConfig"]
 
 
+def test_a_blocked_name_no_plugin_has_is_warned_about(fake, caplog):
+    """``DRIVETRAIN_DISABLE_PLUGINS=role`` (for ``roles``) blocked nothing, with no word of it."""
+    get_plugin_manager(entry_points=_backend(fake), disabled=["role", "fake"])
+    assert "DRIVETRAIN_DISABLE_PLUGINS names ['role'], which no installed plugin is called" in caplog.text
+    assert "the plugins are ['fake']" in caplog.text
+
+
 def test_an_engine_class_must_carry_the_backend_name_it_is_registered_for(fake, monkeypatch):
     """Checkpoints record ``backend_name`` and ``ckpt merge/verify`` look the merger up by it: an engine that left
     it at the default ``""`` trained and saved steps that could not be merged."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ REGISTRAR_HOOKS: tuple[str, ...] = (
     "register_checkpoint_mergers",
     "register_rollouts",
 )
+
+
+logger = logging.getLogger(__name__)
 
 
 class DrivetrainPlugins:
@@ -185,9 +189,23 @@ def get_plugin_manager(
     if entry_points is None:
         entry_points = importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME)
     blocked = disabled_from_env() if disabled is None else set(disabled)
+    ordered = sorted(entry_points, key=lambda ep: ep.name)
+    _warn_unknown_blocked(blocked, [ep.name for ep in ordered])
     result = DrivetrainPlugins()
-    result.load(sorted(entry_points, key=lambda ep: ep.name), blocked)
+    result.load(ordered, blocked)
     return result
+
+
+def _warn_unknown_blocked(blocked: set[str], names: list[str]) -> None:
+    """Warn about blocked names no plugin has: a typo (``role`` for ``roles``) blocked nothing, silently."""
+    unknown = sorted(blocked - set(names))
+    if unknown:
+        logger.warning(
+            "%s names %s, which no installed plugin is called; the plugins are %s. Fix the name to block one.",
+            DISABLE_ENV,
+            unknown,
+            sorted(set(names)),
+        )
 
 
 _cache_lock = threading.RLock()  # re-entrant so that a hook calling plugins() gets an error, not a hang
