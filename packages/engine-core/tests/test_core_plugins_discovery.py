@@ -434,6 +434,29 @@ def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agree
     assert [entry.config for entry in loaded.engines.entries()] == [f"{impl}:FakeConfig"]
 
 
+def test_a_plugin_registering_a_key_twice_is_told_it_is_its_own_bug(fake):
+    """The message read "registered twice: by X (plugin 'p') and by X (plugin 'p'). Uninstall one of them"."""
+    impl = f"fake_impl_{fake.suffix}"
+    fake.module("fake_impl", IMPL)
+    twice = fake.module(
+        "twice",
+        f"""
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engines(registry):
+            registry.register(model_type="language_model", backend="fake", devices=["cpu", "cpu"],
+                              engine="{impl}:FakeEngine", config="{impl}:FakeConfig")
+        """,
+    )
+    (info,) = get_plugin_manager(entry_points=[fake.entry_point("dup", twice, "dist-dup")]).plugins
+    assert info.status == "failed"
+    assert (
+        "plugin 'dup' (dist-dup 1.2.3) registers engine language_model/fake/cpu twice; each key" in info.error
+    )
+    assert "fix the plugin's hook" in info.error
+
+
 def test_a_blocked_name_no_plugin_has_is_warned_about(fake, caplog):
     """``DRIVETRAIN_DISABLE_PLUGINS=role`` (for ``roles``) blocked nothing, with no word of it."""
     get_plugin_manager(entry_points=_backend(fake), disabled=["role", "fake"])

@@ -148,7 +148,7 @@ class KeyedRegistry:
         if existing is None:
             self._entries[key] = new
         elif existing.source.name == new.source.name:
-            raise duplicate_error(self.kind, key, existing.source, new.source)
+            raise duplicate_error(self.kind, key, new.source)
         else:
             self._conflicts[key] = [self._entries.pop(key), new]
 
@@ -165,10 +165,10 @@ def conflict_error(kind: str, key: Key, registrations: list[Registration]) -> Pl
     )
 
 
-def duplicate_error(kind: str, key: Key, first: PluginSource, second: PluginSource) -> PluginError:
-    """The error for one key registered twice, naming both distributions and how to choose one."""
+def duplicate_error(kind: str, key: Key, source: PluginSource) -> PluginError:
+    """The error for one plugin registering a key twice: its own hook's bug (another plugin's is a conflict)."""
     return PluginError(
-        f"{kind} {'/'.join(key)} is registered twice: by {first.describe()} (plugin {first.name!r}) and by "
-        f"{second.describe()} (plugin {second.name!r}). Uninstall one of them or block one with "
-        f"DRIVETRAIN_DISABLE_PLUGINS={second.name}."
+        f"plugin {source.name!r} ({source.describe()}) registers {kind} {'/'.join(key)} twice; each key is "
+        "registered once: fix the plugin's hook (or report it to its authors), or block it with "
+        f"DRIVETRAIN_DISABLE_PLUGINS={source.name}."
     )

@@ -173,7 +173,7 @@ class EngineRegistry(KeyedRegistry):
                 self._config_agreeing.setdefault(backend, []).append(new)
             return
         if existing.source.name == new.source.name:
-            raise duplicate_error("config class of backend", (backend,), existing.source, self._source)
+            raise duplicate_error("config class of backend", (backend,), self._source)
         self._config_conflicts[backend] = [self._configs.pop(backend), new]
 
     def _missing_error(self, model_type: str | None, backend: str, device: str | None) -> PluginError:
