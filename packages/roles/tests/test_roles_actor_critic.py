@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import ConfigError, LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.batch import jagged
 from drivetrain_engine_core.data.padding import nopad_to_padded
 from drivetrain_engine_core.errors import BatchError
@@ -176,6 +176,8 @@ def test_an_update_takes_the_callers_objective_in_place_of_ppo(model_dir) -> Non
     expected = -float(reference[batch["loss_mask"].values()].sum())
     assert metrics["nll_sum"] == pytest.approx(expected, rel=1e-5)
     assert set(metrics) == {"nll_sum", "grad_norm", "lr"} and metrics["grad_norm"] > 0
+    with pytest.raises(ConfigError, match=r"reports no metric \['nll_summ'\]; it reports \['nll_sum'\]"):
+        actor.update_policy(batch, PolicyObjective(token_mean_nll, metric_names=("nll_summ",)))
 
 
 def test_critic_values_match_hugging_face_and_update_lowers_the_value_loss(tmp_path) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.rollout import RolloutOutput
+from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
@@ -102,9 +103,23 @@ def _config(model_path, *overrides):
     )
 
 
-REWARD_FILE = """
+REWARD_FILE = """from __future__ import annotations
+
+from dataclasses import dataclass
+
 def answer_length(*, prompts, completions, references):
     return [len(c) + (0.5 if p.endswith("=") else 0.0) for p, c in zip(prompts, completions)]
+
+@dataclass
+class Weights:
+    length: float = 1.0
+
+def weighted_length(*, prompts, completions, references):
+    return [Weights().length * len(c) for c in completions]
+
+def tensor_scores(*, prompts, completions, references):
+    import torch
+    return torch.tensor([float(len(c)) for c in completions])
 
 def numpy_scores(*, prompts, completions, references):
     import numpy
@@ -179,9 +194,12 @@ def test_a_reward_function_that_cannot_serve_is_one_clear_error(tmp_path, spec, 
         )
 
 
-def test_numpy_rewards_are_numbers_too(tmp_path):
+@pytest.mark.parametrize("function", ["numpy_scores", "tensor_scores", "weighted_length"])
+def test_numpy_and_tensor_rewards_and_files_with_dataclasses_serve(tmp_path, function):
+    """np.float32 is no Python float and a tensor's items are 0-d tensors; a reward file with a ``@dataclass``
+    failed to load ("'NoneType' object has no attribute '__dict__'": it was not in ``sys.modules``)."""
     (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
-    spec = f"{tmp_path / 'my_rewards.py'}:numpy_scores"
+    spec = f"{tmp_path / 'my_rewards.py'}:{function}"
     rewards = compute_rewards(spec, prompts=["1+1="] * 2, completions=["2", "33"], references=["2"] * 2)
     assert rewards.tolist() == [1.0, 2.0]
 
@@ -383,3 +401,47 @@ def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -
     final = start_model(config(7), tmp_path, resume=True)  # a resumed run reuses it
     assert runs == [13, 13, 7]
     assert final == str(tmp_path / "warm_start" / "final_model")
+
+
+RANK_ONE_FAILS = """
+import torch.distributed as dist
+
+def flaky(*, prompts, completions, references):
+    if dist.get_rank() == 1:
+        raise ConnectionError("the grader service is down")
+    return [0.0] * len(completions)
+"""
+
+
+class _FixedRollout:
+    """Answers every prompt with the same two one-token responses."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def generate(self, prompts, sampling):
+        responses = [torch.tensor([self.token]) for _ in range(len(prompts) * sampling.n)]
+        return RolloutOutput(
+            responses=responses, log_probs=[torch.zeros(1) for _ in responses], version=None, n=sampling.n
+        )
+
+
+def _sample_on_two_ranks(rank: int, world_size: int, reward_file: str) -> str:
+    tokenizer = build_arithmetic_tokenizer()
+    config = load_config(None, [f"algorithm.reward_function={reward_file}:flaky", "rollout.n=2"])
+    rollout = _FixedRollout(tokenizer.encode("3", add_special_tokens=False)[0])
+    try:
+        sample(rollout, _examples(tokenizer, 1), tokenizer, config, seed=0)  # type: ignore[arg-type]
+    except RewardError as e:
+        return str(e)
+    return "scored"
+
+
+def test_a_reward_function_failing_on_one_rank_fails_every_rank(tmp_path):
+    """A grader failing on rank 1 alone left rank 0 waiting in the update's collectives until the timeout."""
+    reward_file = tmp_path / "flaky_rewards.py"
+    reward_file.write_text(RANK_ONE_FAILS)
+    answers = run_distributed(_sample_on_two_ranks, str(reward_file), world_size=2, timeout_s=120)
+    assert answers[0] == answers[1]
+    assert answers[0].startswith("rank 1 (of failing ranks 1): algorithm.reward_function=")
+    assert "raised ConnectionError: the grader service is down" in answers[0]

@@ -15,8 +15,9 @@ A typical step (verl's and OpenRLHF's PPO)::
     batch["returns"] = returns
     kl_ctl.update(kl, n_steps=global_batch_size)
 
-Whitening and the reported KL reduce over a data-parallel group (``group``; the default group, or nothing
-without one), so every rank whitens with the global batch's statistics.
+Whitening and the reported KL reduce over ``group``: pass the data-parallel group
+(``engine.data_parallel_group``) so every rank whitens with the global batch's statistics; the default, every
+rank, counts tensor- or pipeline-parallel replicas' tokens once per replica.
 """
 
 from __future__ import annotations
@@ -122,8 +123,10 @@ def whiten(
     ``masked_whiten``, unbiased variance); ``shift_mean=False`` adds the mean back. 0 off the loss tokens.
     """
     mask = loss_mask.values().bool()
-    flat = _flat(values).float()
-    selected = torch.where(mask, flat, torch.zeros((), device=flat.device))
+    flat = _flat(values)
+    # Sums in float64: the one-pass variance (sum of squares minus count x mean^2) cancels in float32 when the
+    # values sit far from 0 (returns, shifted rewards).
+    selected = torch.where(mask, flat.double(), torch.zeros((), dtype=torch.float64, device=flat.device))
     total, squares, count = distributed.all_reduce_sums(
         [float(selected.sum()), float(selected.square().sum()), int(mask.sum())], group
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.distributed import ProcessGroup
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
 
@@ -28,7 +29,20 @@ class UpdateMetrics:
         """Record one optimizer step: the global value of each loss metric in ``names`` and the engine metrics.
 
         Every rank must call it with the same ``names`` (it all-reduces).
+
+        Raises:
+            ConfigError: a name the loss function does not report (a misspelled ``PolicyObjective.metric_names``
+                entry read as 0 at every step); on every rank alike, as every rank runs the same loss.
         """
+        missing = [name for name in names if name not in output.metrics]
+        if missing:
+            reported = sorted(
+                n for n in output.metrics if n not in ENGINE_METRICS and not n.startswith("perf/")
+            )
+            raise ConfigError(
+                f"the loss function reports no metric {missing}; it reports {reported}. Fix the metric names "
+                "(PolicyObjective.metric_names) or the metrics the loss function returns."
+            )
         for name in names:
             contributions = output.metrics.get(name, [])
             local = sum(contributions) if isinstance(contributions, list) else float(contributions)

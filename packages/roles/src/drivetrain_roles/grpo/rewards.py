@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import sys
 from collections.abc import Callable, Sequence
 from functools import cache
 from numbers import Real
@@ -101,11 +102,18 @@ def load_reward_function(spec: str) -> RewardFunction:
 
 
 def _import_file(path: Path) -> object:
+    """Import a Python file as a module, registered in ``sys.modules`` as an import would (a ``@dataclass`` in it
+    looks its module up there, and pickling its functions needs it)."""
     spec = importlib.util.spec_from_file_location(f"drivetrain_reward_{path.stem}", path)
     if spec is None or spec.loader is None or not path.is_file():
         raise FileNotFoundError(f"no Python file at {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[spec.name]
+        raise
     return module
 
 
@@ -119,9 +127,8 @@ def compute_rewards(
     """
     function = load_reward_function(spec)
     try:
-        rewards = list(
-            function(prompts=list(prompts), completions=list(completions), references=list(references))
-        )
+        returned = function(prompts=list(prompts), completions=list(completions), references=list(references))
+        rewards = returned.tolist() if isinstance(returned, torch.Tensor) else list(returned)
     except Exception as e:
         raise RewardError(
             f"algorithm.reward_function={spec!r} raised {type(e).__name__}: {e} (on {len(completions)} completions)."
@@ -132,6 +139,6 @@ def compute_rewards(
         problem = f"{len(rewards)} values" if len(rewards) != len(completions) else f"{bad[:3]}"
         raise RewardError(
             f"algorithm.reward_function={spec!r} returned {problem} for {len(completions)} completions; it must "
-            "return one finite number (int or float) per completion, in their order."
+            "return one finite number per completion (a list of numbers, or a 1-D tensor), in their order."
         )
     return torch.tensor([float(r) for r in rewards], dtype=torch.float32)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 from tensordict import TensorDict
@@ -57,9 +58,11 @@ def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
 def sample(
     rollout: Rollout, examples: Sequence[Example], tokenizer: Any, config: GRPOConfig, *, seed: int
 ) -> RolloutBatch:
-    """Sample ``rollout.n`` responses per example, reward them and build the actor's batch."""
+    """Sample ``rollout.n`` responses per example, reward them and build the actor's batch (collective: a reward
+    function failing on one rank raises the same error on every rank, none waits in the update)."""
     output = rollout.generate([e.prompt_ids for e in examples], sampling_config(config, seed=seed))
-    return score(examples, output, tokenizer, config)
+    with agreed_checks():
+        return score(examples, output, tokenizer, config)
 
 
 def score(

@@ -7,7 +7,7 @@ Importing this package does not import Ray; creating a :class:`RayWorkerGroup` d
 
 from __future__ import annotations
 
-from .actors import check_cluster_resources
+from .actors import cluster_shortfall
 from .colocated import ColocatedSpec, ColocatedWorker, RolloutSpec
 from .colocated_group import ColocatedWorkerGroup
 from .dispatch import DispatchPlan, WorkerTopology, check_topology
@@ -26,7 +26,7 @@ __all__ = [
     "WorkerGroupError",
     "WorkerSpec",
     "WorkerTopology",
-    "check_cluster_resources",
     "check_topology",
+    "cluster_shortfall",
     "require_ray",
 ]

@@ -7,6 +7,7 @@ never leaves the driver hanging. :class:`~.group.RayWorkerGroup` (one role) and
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +17,8 @@ from drivetrain_engine_core.errors import DrivetrainError
 from tensordict import TensorDict
 
 from .dispatch import DispatchPlan, WorkerTopology
+
+logger = logging.getLogger(__name__)
 
 RAY_INSTALL_HINT = "pip install 'drivetrain-roles[ray]'"
 SETTLE_S = 10.0
@@ -37,26 +40,24 @@ def require_ray() -> Any:
     return ray
 
 
-def check_cluster_resources(
+def cluster_shortfall(
     per_worker: Mapping[str, float], world_size: int, cluster: Mapping[str, float]
-) -> None:
-    """Refuse a group the Ray cluster can never place: its workers ask for more CPUs or GPUs than it has in all.
+) -> str | None:
+    """What a group's workers ask for in all beyond what the Ray cluster has now (CPUs, GPUs), or ``None``.
 
-    Such a group waited for its last workers until the setup deadline and then reported the ranks as dead or
-    stuck in a collective.
-
-    Raises:
-        WorkerGroupError: names the resource, what the workers ask for and what the cluster has.
+    Such a group waits for its last workers until the setup deadline and then reports the ranks as dead or stuck,
+    unless the cluster grows (an autoscaler adds nodes), so a shortfall is warned about, not refused.
     """
     for resource, each in per_worker.items():
         needed, present = each * world_size, cluster.get(resource, 0.0)
         if needed > present + 1e-9:
             option = f"num_{resource.lower()}s_per_worker"
-            raise WorkerGroupError(
+            return (
                 f"{world_size} workers x {option}={each} need {needed:g} {resource}s, but the Ray cluster has "
-                f"{present:g} (ray.cluster_resources()). Lower {option} (fractions of a CPU are fine), use fewer "
-                "workers, or add nodes."
+                f"{present:g} (ray.cluster_resources()): unless it autoscales, the setup waits until timeout_s. "
+                f"Lower {option} (fractions of a CPU are fine), use fewer workers, or add nodes."
             )
+    return None
 
 
 class GroupSpec(Protocol):
@@ -102,8 +103,8 @@ class RayActors(ABC, Generic[SpecT]):
         ValueError: ``world_size`` below 1, ``timeout_s`` not positive, or a fractional GPU per worker for several
             workers.
         ImportError: Ray is not installed.
-        WorkerGroupError: the Ray cluster has fewer CPUs or GPUs than the workers ask for in all, or a worker failed
-            to start or to set up (names the rank and the cause).
+        WorkerGroupError: a worker failed to start or to set up (names the rank and the cause); a cluster with
+            fewer CPUs or GPUs than the workers ask for in all is warned about first.
     """
 
     worker_cls: ClassVar[type]
@@ -137,11 +138,14 @@ class RayActors(ABC, Generic[SpecT]):
         self._ray = require_ray()
         self.timeout_s = timeout_s
         self.balance, self.uneven = balance, uneven
-        check_cluster_resources(
-            {"CPU": num_cpus_per_worker, "GPU": num_gpus_per_worker},
-            world_size,
-            self._ray.cluster_resources(),
-        )
+        if self._ray.is_initialized():  # else the first actor starts a local Ray with every local CPU
+            shortfall = cluster_shortfall(
+                {"CPU": num_cpus_per_worker, "GPU": num_gpus_per_worker},
+                world_size,
+                self._ray.cluster_resources(),
+            )
+            if shortfall is not None:
+                logger.warning("%s", shortfall)
         actor_cls = self._ray.remote(self.worker_cls).options(
             num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker
         )
