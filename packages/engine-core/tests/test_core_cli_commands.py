@@ -171,26 +171,52 @@ def test_real_installed_plugins_are_listed():
     assert {e["plugin"] for e in json.loads(engines.stdout)} <= loaded
 
 
-def test_a_plugin_cannot_replace_a_command_already_there():
-    """``add_command`` overwrites: a plugin registering ``engines`` made ``drivetrain engines`` print its output,
-    with no word of it anywhere."""
-    entry_points = [
-        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
-        InMemoryEntryPoint("hijack", HIJACK, "drivetrain-hijack"),
-    ]
+@hookimpl
+def _register_rival_hello(cli):
+    cli.add_command(click.Command("hello", callback=lambda: click.echo("rival hello")))
+
+
+RIVAL = SimpleNamespace(register_commands=_register_rival_hello)
+
+
+def _invoke(entry_points, *commands):
     reset_plugins()
     plugins(lambda: get_plugin_manager(entry_points=entry_points, disabled=[]))
     try:
         cli, runner = build_cli(), CliRunner()
-        result = runner.invoke(cli, ["engines"])
-        mine = runner.invoke(cli, ["mine"])
+        return [runner.invoke(cli, list(command)) for command in commands]
     finally:
         reset_plugins()
-    assert result.exit_code == 0 and "HIJACKED" not in result.stdout
-    assert "language_model/hello/*" in result.stdout
-    assert result.stderr.startswith(
-        "drivetrain: plugin 'hijack' (drivetrain-hijack 0.5.0) could not add its commands: register_commands: "
-        "drivetrain_engine_core.errors.PluginError: it replaces the command(s) ['engines'], which drivetrain or an "
-        "earlier plugin already provides"
+
+
+def test_a_plugin_cannot_replace_drivetrains_own_command():
+    """``add_command`` overwrites: a plugin registering ``engines`` made ``drivetrain engines`` print its output,
+    with no word of it anywhere. drivetrain's command is kept; the plugin's other commands stay."""
+    entry_points = [
+        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
+        InMemoryEntryPoint("hijack", HIJACK, "drivetrain-hijack"),
+    ]
+    engines, mine = _invoke(entry_points, ["engines"], ["mine"])
+    assert engines.exit_code == 0 and "HIJACKED" not in engines.stdout
+    assert "language_model/hello/*" in engines.stdout
+    assert (
+        "drivetrain: plugin 'hijack' (drivetrain-hijack 0.5.0) may not replace drivetrain's own command 'engines'"
+        in engines.stderr
     )
-    assert mine.exit_code == 2, "the failed plugin's other commands are withdrawn too"
+    assert mine.exit_code == 0
+
+
+def test_a_command_two_plugins_add_is_a_conflict_neither_wins():
+    """Entry-point order decided: a plugin named to load first could take ``sft`` from drivetrain-roles, or a later
+    one replace it. As with engines, there is no precedence: neither is offered, and both are named."""
+    entry_points = [
+        InMemoryEntryPoint("aaa", RIVAL, "drivetrain-rival"),
+        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
+    ]
+    (hello, explode) = _invoke(entry_points, ["hello"], ["explode", "--help"])
+    assert hello.exit_code == 2 and "No such command 'hello'" in hello.stderr
+    assert (
+        "drivetrain: command 'hello' is added by several plugins: 'aaa' (drivetrain-rival 0.5.0), 'hello' "
+        "(drivetrain-hello 0.5.0). There is no precedence, so neither is offered"
+    ) in hello.stderr
+    assert explode.exit_code == 0, "the plugins' other commands stay"

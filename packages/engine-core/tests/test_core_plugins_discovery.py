@@ -432,6 +432,27 @@ def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agree
     assert [(p.name, p.status) for p in loaded.plugins] == [("a", "failed"), ("b", "loaded")]
     assert loaded.engines.config_class("fake").__name__ == "FakeConfig"
     assert [entry.config for entry in loaded.engines.entries()] == [f"{impl}:FakeConfig"]
+    # A third plugin with another config class conflicts with both that agreed, and the conflict names both.
+    other = fake.module(
+        "other_config",
+        f"""
+        from drivetrain_engine_core.hookspecs import hookimpl
+
+        @hookimpl
+        def register_engines(registry):
+            registry.register(model_type="language_model", backend="fake", devices=["cuda"],
+                              engine="{impl}:FakeEngine", config="{impl}:FakeEngine")
+        """,
+    )
+    three = get_plugin_manager(
+        entry_points=[
+            fake.entry_point("a", first, "dist-a"),
+            fake.entry_point("b", second, "dist-b"),
+            fake.entry_point("c", other, "dist-c"),
+        ]
+    )
+    with pytest.raises(PluginError, match=r"dist-b.*dist-c"):
+        three.engines.config_class("fake")
 
 
 def test_a_plugin_registering_a_key_twice_is_told_it_is_its_own_bug(fake):

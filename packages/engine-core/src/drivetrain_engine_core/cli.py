@@ -65,6 +65,8 @@ class DrivetrainGroup(click.Group):
                 f"commands: {info.error}",
                 err=True,
             )
+        for problem in loaded.command_problems():
+            click.echo(f"drivetrain: {problem}", err=True)
 
 
 FIRST_PARTY_COMMANDS: dict[str, str] = {

@@ -60,6 +60,8 @@ class DrivetrainPlugins:
         self.rollouts = RolloutRegistry()
         self._infos: dict[str, PluginInfo] = {}
         self._commands: dict[str, list[str]] = {}
+        self._command_conflicts: dict[str, list[str]] = {}
+        self._command_refusals: list[str] = []
 
     @property
     def plugins(self) -> list[PluginInfo]:
@@ -94,9 +96,11 @@ class DrivetrainPlugins:
     def register_commands(self, cli: click.Group) -> list[PluginInfo]:
         """Let every loaded plugin add sub-commands to ``cli``.
 
-        A plugin whose hook raises, or that replaces a command already there (a built-in such as ``engines``,
-        or another plugin's ``sft``), keeps its engines but is marked failed, and the CLI's commands are put back
-        as they were before its hook: the CLI never offers a half-registered or a hijacked command.
+        A plugin whose hook raises keeps its engines but is marked failed, and the commands it added
+        before failing are removed, so the CLI never offers a half-registered command. Commands follow the
+        registries' rule, no precedence: a command name two plugins add is a conflict and neither is offered,
+        and drivetrain's own commands (``engines``, ``plugins``, ``env``) cannot be replaced
+        (:meth:`command_problems` says so).
 
         Returns:
             The plugins whose command registration failed (the CLI reports them on stderr).
@@ -106,14 +110,50 @@ class DrivetrainPlugins:
             before = dict(cli.commands)
             try:
                 self._call_one("register_commands", plugin_name, cli=cli)
-                _refuse_replaced_commands(before, cli)
             except Exception as e:
                 cli.commands.clear()
                 cli.commands.update(before)
                 failures.append(self._fail(plugin_name, e, hook="register_commands"))
                 continue
-            self._commands[plugin_name] = sorted(set(cli.commands) - set(before))
+            self._commands[plugin_name] = self._settle_commands(plugin_name, before, cli)
         return [self._with_registered(info.name, info) for info in failures]
+
+    def command_problems(self) -> list[str]:
+        """Commands no plugin got: drivetrain's own that a plugin tried to replace, and names several claimed."""
+        conflicts = [
+            f"command {name!r} is added by several plugins: "
+            f"{', '.join(f'{p!r} ({self._source(p).describe()})' for p in claimants)}. There is no precedence, so "
+            f"neither is offered: uninstall one, or block one with {DISABLE_ENV}=<name>."
+            for name, claimants in sorted(self._command_conflicts.items())
+        ]
+        return self._command_refusals + conflicts
+
+    def _settle_commands(
+        self, plugin_name: str, before: dict[str, click.Command], cli: click.Group
+    ) -> list[str]:
+        """The commands ``plugin_name``'s hook added; ``add_command`` overwrites silently, so a command it replaced
+        is put back (drivetrain's own) or withdrawn as a conflict (another plugin's)."""
+        owners = {name: owner for owner, names in self._commands.items() for name in names}
+        added = []
+        for name, command in list(cli.commands.items()):
+            if before.get(name) is command:
+                continue
+            if name in self._command_conflicts:
+                del cli.commands[name]
+                self._command_conflicts[name].append(plugin_name)
+            elif name in owners:
+                del cli.commands[name]
+                self._commands[owners[name]].remove(name)
+                self._command_conflicts[name] = [owners[name], plugin_name]
+            elif name in before:
+                cli.commands[name] = before[name]
+                self._command_refusals.append(
+                    f"plugin {plugin_name!r} ({self._source(plugin_name).describe()}) may not replace drivetrain's "
+                    f"own command {name!r}; drivetrain's is kept. Give the plugin's command a name of its own."
+                )
+            else:
+                added.append(name)
+        return sorted(added)
 
     def _registries(
         self,
@@ -252,17 +292,3 @@ __all__ = [
     "plugins",
     "reset_plugins",
 ]
-
-
-def _refuse_replaced_commands(before: dict[str, click.Command], cli: click.Group) -> None:
-    """Raise when a plugin's hook replaced a command ``cli`` had before it (``add_command`` overwrites silently).
-
-    Raises:
-        PluginError: names the replaced commands and the fix.
-    """
-    replaced = sorted(name for name, command in before.items() if cli.commands.get(name) is not command)
-    if replaced:
-        raise PluginError(
-            f"it replaces the command(s) {replaced}, which drivetrain or an earlier plugin already provides; give "
-            "the plugin's commands names of their own."
-        )

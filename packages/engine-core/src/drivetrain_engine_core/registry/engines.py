@@ -174,7 +174,8 @@ class EngineRegistry(KeyedRegistry):
             return
         if existing.source.name == new.source.name:
             raise duplicate_error("config class of backend", (backend,), self._source)
-        self._config_conflicts[backend] = [self._configs.pop(backend), new]
+        agreeing = self._config_agreeing.pop(backend, [])
+        self._config_conflicts[backend] = [self._configs.pop(backend), *agreeing, new]
 
     def _missing_error(self, model_type: str | None, backend: str, device: str | None) -> PluginError:
         asked = ", ".join(
