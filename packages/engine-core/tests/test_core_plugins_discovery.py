@@ -395,54 +395,52 @@ def test_factory_builds_engine_and_config(fake):
         engine_config_from_dict({}, plugins=get_plugin_manager(entry_points=[]))
 
 
-def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agreed_on_it(fake):
-    """Two plugins add model types to one backend with the same config class; the first fails later in another hook
-    and is withdrawn. It took the config class with it: the second plugin's engine was listed, not buildable."""
-    impl = f"fake_impl_{fake.suffix}"
-    fake.module("fake_impl", IMPL)
-    first = fake.module(
-        "first_half",
-        f"""
-        from drivetrain_engine_core.hookspecs import hookimpl
-
-        @hookimpl
-        def register_engines(registry):
-            registry.register(model_type="language_model", backend="fake", devices=["*"],
-                              engine="{impl}:FakeEngine", config="{impl}:FakeConfig")
-
+FAILING_ROLES_HOOK = """
         @hookimpl
         def register_roles(registry):
             raise RuntimeError("boom in register_roles")
-        """,
-    )
-    second = fake.module(
-        "second_half",
-        f"""
+"""
+
+
+def _engine_plugin(
+    fake: FakePlugins,
+    stem: str,
+    *,
+    model_type: str,
+    devices: list[str],
+    config: str = "FakeConfig",
+    extra: str = "",
+) -> str:
+    """A plugin module registering the fake engine for ``model_type`` on backend ``fake`` with ``config``."""
+    fake.module("fake_impl", IMPL)
+    impl = f"fake_impl_{fake.suffix}"
+    source = f"""
         from drivetrain_engine_core.hookspecs import hookimpl
 
         @hookimpl
         def register_engines(registry):
-            registry.register(model_type="value_model", backend="fake", devices=["*"],
-                              engine="{impl}:FakeEngine", config="{impl}:FakeConfig")
-        """,
+            registry.register(model_type={model_type!r}, backend="fake", devices={devices!r},
+                              engine="{impl}:FakeEngine", config="{impl}:{config}")
+"""
+    return fake.module(stem, source + extra)
+
+
+def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agreed_on_it(fake):
+    """Two plugins add model types to one backend with the same config class; the first fails later in another hook
+    and is withdrawn. It took the config class with it: the second plugin's engine was listed, not buildable."""
+    first = _engine_plugin(
+        fake, "first_half", model_type="language_model", devices=["*"], extra=FAILING_ROLES_HOOK
     )
+    second = _engine_plugin(fake, "second_half", model_type="value_model", devices=["*"])
     loaded = get_plugin_manager(
         entry_points=[fake.entry_point("a", first, "dist-a"), fake.entry_point("b", second, "dist-b")]
     )
     assert [(p.name, p.status) for p in loaded.plugins] == [("a", "failed"), ("b", "loaded")]
     assert loaded.engines.config_class("fake").__name__ == "FakeConfig"
-    assert [entry.config for entry in loaded.engines.entries()] == [f"{impl}:FakeConfig"]
+    assert [entry.config for entry in loaded.engines.entries()] == [f"fake_impl_{fake.suffix}:FakeConfig"]
     # A third plugin with another config class conflicts with both that agreed, and the conflict names both.
-    other = fake.module(
-        "other_config",
-        f"""
-        from drivetrain_engine_core.hookspecs import hookimpl
-
-        @hookimpl
-        def register_engines(registry):
-            registry.register(model_type="language_model", backend="fake", devices=["cuda"],
-                              engine="{impl}:FakeEngine", config="{impl}:FakeEngine")
-        """,
+    other = _engine_plugin(
+        fake, "other_config", model_type="language_model", devices=["cuda"], config="FakeEngine"
     )
     three = get_plugin_manager(
         entry_points=[
@@ -457,19 +455,7 @@ def test_a_failed_plugin_leaves_a_shared_backend_config_to_the_plugin_that_agree
 
 def test_a_plugin_registering_a_key_twice_is_told_it_is_its_own_bug(fake):
     """The message read "registered twice: by X (plugin 'p') and by X (plugin 'p'). Uninstall one of them"."""
-    impl = f"fake_impl_{fake.suffix}"
-    fake.module("fake_impl", IMPL)
-    twice = fake.module(
-        "twice",
-        f"""
-        from drivetrain_engine_core.hookspecs import hookimpl
-
-        @hookimpl
-        def register_engines(registry):
-            registry.register(model_type="language_model", backend="fake", devices=["cpu", "cpu"],
-                              engine="{impl}:FakeEngine", config="{impl}:FakeConfig")
-        """,
-    )
+    twice = _engine_plugin(fake, "twice", model_type="language_model", devices=["cpu", "cpu"])
     (info,) = get_plugin_manager(entry_points=[fake.entry_point("dup", twice, "dist-dup")]).plugins
     assert info.status == "failed"
     assert (
