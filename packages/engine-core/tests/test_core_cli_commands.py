@@ -220,3 +220,11 @@ def test_a_command_two_plugins_add_is_a_conflict_neither_wins():
         "(drivetrain-hello 0.5.0). There is no precedence, so neither is offered"
     ) in hello.stderr
     assert explode.exit_code == 0, "the plugins' other commands stay"
+
+
+def test_every_cli_of_a_process_gets_the_plugins_commands(fake_cli):
+    """The plugins are loaded once per process and serve every CLI built in it; the second CLI took the commands
+    the first had registered for a conflict with themselves and offered none."""
+    for cli in (fake_cli, build_cli()):
+        result = CliRunner().invoke(cli, ["hello", "--name", "again"])
+        assert (result.exit_code, result.stdout) == (0, "hello again\n")

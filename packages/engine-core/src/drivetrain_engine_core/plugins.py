@@ -105,6 +105,8 @@ class DrivetrainPlugins:
         Returns:
             The plugins whose command registration failed (the CLI reports them on stderr).
         """
+        # Per CLI: the process-wide plugins serve every CLI built in the process (tests build one per call).
+        self._commands, self._command_conflicts, self._command_refusals = {}, {}, []
         failures = []
         for plugin_name in self._implementers("register_commands"):
             before = dict(cli.commands)
