@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.data.jagged import offsets_of
 from drivetrain_engine_core.errors import BatchError
 from torch.distributed import ProcessGroup
 
+from .losses.aggregation import FlatTokens, flat_values
 from .losses.kl import kl_penalty
 
 
@@ -41,16 +41,15 @@ def token_rewards(scores: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor
     Raises:
         BatchError: ``scores`` does not hold one number per sequence, or a sequence has no loss token.
     """
-    offsets, mask = offsets_of(loss_mask), loss_mask.values().bool()
-    count = len(offsets) - 1
+    tokens = FlatTokens.from_jagged(loss_mask)
+    count = tokens.num_sequences
     if scores.shape != (count,):
         raise BatchError(
             f"token_rewards: scores has shape {tuple(scores.shape)}, want ({count},): one per sequence."
         )
-    last = _last_loss_token(mask, offsets)
-    flat = torch.zeros(len(mask), dtype=torch.float32, device=mask.device)
-    flat[last] = scores.to(device=mask.device, dtype=torch.float32)
-    return jagged(flat, offsets)
+    flat = torch.zeros_like(tokens.mask)
+    flat[_last_loss_token(tokens)] = scores.to(device=flat.device, dtype=torch.float32)
+    return jagged(flat, tokens.offsets)
 
 
 def apply_kl_penalty(
@@ -67,12 +66,11 @@ def apply_kl_penalty(
     of Ziegler et al.), and the token-mean KL over the loss tokens of every rank of ``group``, which an
     :class:`AdaptiveKLController` follows.
     """
-    mask = loss_mask.values().bool()
-    kl = kl_penalty(_flat(log_probs), _flat(ref_log_probs), estimator)
-    kl = torch.where(mask, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
-    total, tokens = distributed.all_reduce_sums([float(kl.sum()), int(mask.sum())], group)
-    penalised = _flat(rewards) - coef * kl
-    return jagged(penalised, offsets_of(loss_mask)), total / max(tokens, 1)
+    tokens = FlatTokens.from_jagged(loss_mask)
+    kl = tokens.select(kl_penalty(_float_values(log_probs), _float_values(ref_log_probs), estimator))
+    total, count = distributed.all_reduce_sums([float(kl.sum()), int(tokens.mask.sum())], group)
+    penalised = _float_values(rewards) - coef * kl
+    return jagged(penalised, tokens.offsets), total / max(count, 1)
 
 
 def compute_gae(
@@ -92,14 +90,15 @@ def compute_gae(
     Returns:
         ``(advantages, returns)``, jagged like ``loss_mask``, 0 off the loss tokens (float32).
     """
-    mask, offsets = loss_mask.values().bool(), offsets_of(loss_mask)
-    rows, columns, width = _loss_token_grid(mask, offsets)
-    shape = (len(offsets) - 1, width)
-    dense_rewards = _to_grid(_flat(rewards), mask, rows, columns, shape)
-    dense_values = _to_grid(_flat(values), mask, rows, columns, shape)
-    valid = _to_grid(torch.ones_like(mask, dtype=torch.float32), mask, rows, columns, shape)
+    tokens = FlatTokens.from_jagged(loss_mask)
+    mask, offsets = tokens.mask.bool(), tokens.offsets
+    rows, columns, width = _loss_token_grid(tokens)
+    shape = (tokens.num_sequences, width)
+    dense_rewards = _to_grid(_float_values(rewards), mask, rows, columns, shape)
+    dense_values = _to_grid(_float_values(values), mask, rows, columns, shape)
+    valid = _to_grid(tokens.mask, mask, rows, columns, shape)
     advantages = torch.zeros_like(dense_rewards)
-    following_advantage = torch.zeros(len(offsets) - 1, dtype=torch.float32, device=mask.device)
+    following_advantage = torch.zeros(tokens.num_sequences, dtype=torch.float32, device=mask.device)
     following_value = torch.zeros_like(following_advantage)
     for t in reversed(range(width)):
         delta = dense_rewards[:, t] + gamma * following_value - dense_values[:, t]
@@ -122,13 +121,13 @@ def whiten(
     """``(x - mean) / sqrt(var + 1e-8)`` over the loss tokens of every rank of ``group`` (verl's
     ``masked_whiten``, unbiased variance); ``shift_mean=False`` adds the mean back. 0 off the loss tokens.
     """
-    mask = loss_mask.values().bool()
-    flat = _flat(values)
+    tokens = FlatTokens.from_jagged(loss_mask)
+    flat = _float_values(values)
     # Sums in float64: the one-pass variance (sum of squares minus count x mean^2) cancels in float32 when the
     # values sit far from 0 (returns, shifted rewards).
-    selected = torch.where(mask, flat.double(), torch.zeros((), dtype=torch.float64, device=flat.device))
+    selected = tokens.select(flat.double())
     total, squares, count = distributed.all_reduce_sums(
-        [float(selected.sum()), float(selected.square().sum()), int(mask.sum())], group
+        [float(selected.sum()), float(selected.square().sum()), int(tokens.mask.sum())], group
     )
     if count < 2:
         raise BatchError(f"whiten: {int(count)} loss tokens over the group; whitening needs at least 2.")
@@ -137,7 +136,7 @@ def whiten(
     whitened = (flat - mean) / math.sqrt(max(variance, 0.0) + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
-    return jagged(torch.where(mask, whitened, torch.zeros((), device=flat.device)), offsets_of(loss_mask))
+    return jagged(tokens.select(whitened), tokens.offsets)
 
 
 @dataclass
@@ -180,24 +179,24 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    return (tensor.values() if tensor.is_nested else tensor).float()
+def _float_values(tensor: torch.Tensor) -> torch.Tensor:
+    return flat_values(tensor).float()
 
 
-def _last_loss_token(mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _last_loss_token(tokens: FlatTokens) -> torch.Tensor:
     """Flat index of each sequence's last loss token."""
+    mask = tokens.mask.bool()
     positions = torch.arange(len(mask), device=mask.device)
-    sequence = torch.repeat_interleave(torch.arange(len(offsets) - 1, device=mask.device), offsets.diff())
-    last = torch.full((len(offsets) - 1,), -1, dtype=torch.int64, device=mask.device)
-    last = last.scatter_reduce(0, sequence[mask], positions[mask], reduce="amax")
+    last = torch.full((tokens.num_sequences,), -1, dtype=torch.int64, device=mask.device)
+    last = last.scatter_reduce(0, tokens.sequence_ids()[mask], positions[mask], reduce="amax")
     if bool((last < 0).any()):
         raise BatchError(f"sequences {(last < 0).nonzero().flatten().tolist()} have no loss token to score.")
     return last
 
 
-def _loss_token_grid(mask: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _loss_token_grid(tokens: FlatTokens) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Row (sequence) and column (step among its loss tokens) of every loss token, and the widest row."""
-    sequence = torch.repeat_interleave(torch.arange(len(offsets) - 1, device=mask.device), offsets.diff())
+    mask, offsets, sequence = tokens.mask.bool(), tokens.offsets, tokens.sequence_ids()
     rows = sequence[mask]
     before = torch.cumsum(mask.long(), 0) - mask.long()  # loss tokens before each position, over the batch
     starts = torch.cumsum(torch.nn.functional.pad(mask.long(), (1, 0)), 0)[offsets[:-1]]
