@@ -2,8 +2,8 @@
 
 Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``n`` responses per
 prompt (whole groups stay on one rank, so advantages need no communication); the rewards
-(``algorithm.reward_function``: exact answers, or the user's function) are normalised within each group; the actor recomputes the old log-probs and the reference its log-probs; one
-PPO-clip update with the KL penalty; then ``engine.weight_buckets(version=step)`` streams the new weights to
+(``algorithm.reward_function``: exact answers, or the user's function) are normalised within each group; the
+actor recomputes the old log-probs and the reference its log-probs; one PPO-clip update with the KL penalty; then ``engine.weight_buckets(version=step)`` streams the new weights to
 the rollout, which serves only complete, newer versions.
 """
 
@@ -69,22 +69,31 @@ def score(
     examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, config: GRPOConfig
 ) -> RolloutBatch:
     """Reward ``output`` (``output.n`` responses per example, prompt-major) and build the actor's batch."""
-    n = output.n
-    answers = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
-    rewards = compute_rewards(
-        config.algorithm.reward_function,
-        prompts=[examples[i // n].prompt_text for i in range(len(answers))],
-        completions=answers,
-        references=[examples[i // n].response_text for i in range(len(answers))],
-    )
     algorithm = config.algorithm
-    advantages = group_advantages(rewards, n, algorithm.epsilon, scale_by_std=algorithm.scale_by_std)
+    _, rewards = answer_rewards(examples, output, tokenizer, algorithm.reward_function)
+    advantages = group_advantages(rewards, output.n, algorithm.epsilon, scale_by_std=algorithm.scale_by_std)
     return RolloutBatch(
         batch=_batch(examples, output, advantages),
         rollout_log_probs=output.log_probs,
         rewards=rewards,
         response_lengths=[len(r) for r in output.responses],
     )
+
+
+def answer_rewards(
+    examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, reward_function: str
+) -> tuple[list[str], torch.Tensor]:
+    """The decoded answers of ``output`` (``output.n`` per example, prompt-major) and their rewards from
+    ``reward_function`` (``algorithm.reward_function``), each answer with its example's prompt and reference."""
+    n = output.n
+    answers = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
+    rewards = compute_rewards(
+        reward_function,
+        prompts=[examples[i // n].prompt_text for i in range(len(answers))],
+        completions=answers,
+        references=[examples[i // n].response_text for i in range(len(answers))],
+    )
+    return answers, rewards
 
 
 def _batch(examples: Sequence[Example], output: RolloutOutput, advantages: torch.Tensor) -> TensorDict:

@@ -43,8 +43,8 @@ from ..sft.data import Example
 from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
 from ..sft.metrics import MetricsWriter, format_record, plot_curves
 from .config import GRPOConfig, check_mini_batch_share
-from .rewards import compute_rewards, exact_match, load_reward_function
-from .step import SEED_STRIDE, hand_off, sample, update
+from .rewards import exact_match, load_reward_function
+from .step import SEED_STRIDE, answer_rewards, hand_off, sample, update
 from .warm_start import start_model
 
 logger = logging.getLogger(__name__)
@@ -131,9 +131,8 @@ class GRPOTrainer:
         )
         check_mini_batch_share(config, distributed.world_size())
         plugins().rollouts.get(config.rollout.name)  # a missing rollout is refused before the warm start
-        load_reward_function(
-            config.algorithm.reward_function
-        )  # and so is a reward function that does not load
+        # ... and so is a reward function that does not load.
+        load_reward_function(config.algorithm.reward_function)
         model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         tokenizer, train, val = load_splits(
             model_path,
@@ -302,16 +301,10 @@ class _Loop:
             if local:
                 sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
                 output = self.rollout.generate([e.prompt_ids for e in local], sampling)
-                answers = [
-                    self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses
-                ]
-                correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
-                rewards = compute_rewards(
-                    config.algorithm.reward_function,
-                    prompts=[e.prompt_text for e in local],
-                    completions=answers,
-                    references=[e.response_text for e in local],
+                answers, rewards = answer_rewards(
+                    local, output, self.tokenizer, config.algorithm.reward_function
                 )
+                correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
                 reward = float(rewards.sum())
         correct, reward = distributed.all_reduce_sums([correct, reward])
         values = {"val/accuracy": correct / len(samples), "val/reward": reward / len(samples)}
