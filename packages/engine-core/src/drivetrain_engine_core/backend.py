@@ -43,7 +43,7 @@ from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateErr
 from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
 from .linear_log_probs import linear_log_probs
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
-from .packed_attention import flash_kernel_missing, packed_causal_attention
+from .packed_attention import flash_kernel_applies, flash_kernel_missing, packed_causal_attention
 from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
 
 __all__ = [
@@ -84,6 +84,7 @@ __all__ = [
     "disable_dropout_in_config",
     "disable_dropout_modules",
     "distributed",
+    "flash_kernel_applies",
     "flash_kernel_missing",
     "host_floats",
     "linear_log_probs",

@@ -139,12 +139,18 @@ def _sdpa_causal(
     return out.squeeze(0).transpose(0, 1)
 
 
+def flash_kernel_applies(device: str, param_dtype: str) -> bool:
+    """Whether packed attention of an engine on ``device`` computing in ``param_dtype`` takes torch's flash kernel
+    (CUDA, half precision) rather than SDPA per sequence (absent dropout)."""
+    return torch.device(device).type == "cuda" and getattr(torch, param_dtype, None) in _FLASH_DTYPES
+
+
 def flash_kernel_missing(device: str, param_dtype: str) -> bool:
     """Whether packed attention in ``param_dtype`` on ``device`` would take torch's flash kernel on a GPU that
     cannot run it (compute capability below 8.0, Ampere). Engines refuse that when they build: V100 and T4 in
     half precision would fail inside attention."""
-    half = getattr(torch, param_dtype, None) in _FLASH_DTYPES
-    return device == "cuda" and half and not torch.cuda.get_device_capability() >= (8, 0)
+    applies = device == "cuda" and flash_kernel_applies(device, param_dtype)
+    return applies and not torch.cuda.get_device_capability() >= (8, 0)
 
 
 def _flash_applies(query: torch.Tensor, scale: float | None, dropout: float, window: int | None) -> bool:

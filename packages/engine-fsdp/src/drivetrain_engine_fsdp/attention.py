@@ -17,7 +17,12 @@ import logging
 
 import torch
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.backend import ConfigError, flash_kernel_missing, packed_causal_attention
+from drivetrain_engine_core.backend import (
+    ConfigError,
+    flash_kernel_applies,
+    flash_kernel_missing,
+    packed_causal_attention,
+)
 from transformers import AttentionInterface, PretrainedConfig
 
 VARLEN_ATTENTION = "drivetrain_varlen"
@@ -127,8 +132,7 @@ def warn_compiled_per_sequence_attention(compile_layers: bool, device: str, para
     recompiles it, and past dynamo's recompile limit (8) the layers run uncompiled. The flash path (CUDA,
     bfloat16/float16) is one graph for every micro-batch.
     """
-    flash = device.startswith("cuda") and param_dtype in ("bfloat16", "float16")
-    if compile_layers and not flash and distributed.rank() == 0:
+    if compile_layers and not flash_kernel_applies(device, param_dtype) and distributed.rank() == 0:
         logger.warning(
             "engine.compile_layers=True with packed attention per sequence (device %s, param_dtype %s): each new "
             "number of sequences in a micro-batch recompiles the layers, and past torch's recompile limit they "
