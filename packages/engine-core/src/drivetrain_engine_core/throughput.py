@@ -4,8 +4,8 @@ FLOPs of one forward over sequences of lengths ``L_i`` (``T = sum L_i`` tokens),
 
 - matmuls: ``2 * N * T``, where ``N`` is the number of weights multiplied per token: per layer
   ``H * (n_q + 2 * n_kv) * d`` (q, k, v), ``n_q * d * H`` (o) and ``3 * H * I`` for a gated MLP (``2 * H * I``
-  otherwise), plus the output projection ``H * V`` (``V`` the vocabulary; 1 for a value model's head). Embedding lookups, norms and elementwise work are not
-  counted (PaLM's and Megatron's convention).
+  otherwise), plus the output projection ``H * V`` (``V`` the vocabulary; 1 for a value model's head).
+  Embedding lookups, norms and elementwise work are not counted (PaLM's and Megatron's convention).
 - attention: ``2 * n_q * d * sum(L_i ** 2)`` per layer: ``Q K^T`` and ``A V`` each cost ``2 * L^2 * n_q * d``
   without a mask, and a causal mask halves both. Per-sequence lengths, not the packed row's: a packed row of
   several sequences does not attend across them.

@@ -4,8 +4,9 @@ The padded form is the one rollout engines produce (verl's layout): ``(B, L)`` t
 left-padded and the responses right-padded, ``attention_mask`` at real tokens, ``response_mask`` where the
 loss applies, other per-token fields (``old_log_probs``, ``advantages``, ...) of the same ``(B, L)`` width
 (verl keeps these response-wide, ``(B, R)``: widen them to the whole row), and per-sequence ``(B,)`` fields
-(``uid``, scores) kept as they are. Core converts it exactly (:func:`drivetrain_engine_core.data.padding.padded_to_nopad`); the roles
-compute on the no-padding form only and scatter per-token outputs back to the real-token positions.
+(``uid``, scores) kept as they are. Core converts it exactly
+(:func:`drivetrain_engine_core.data.padding.padded_to_nopad`); the roles compute on the no-padding form only
+and scatter per-token outputs back to the real-token positions.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``n`` responses per
 prompt (whole groups stay on one rank, so advantages need no communication); the rewards
 (``algorithm.reward_function``: exact answers, or the user's function) are normalised within each group; the
-actor recomputes the old log-probs and the reference its log-probs; one PPO-clip update with the KL penalty; then ``engine.weight_buckets(version=step)`` streams the new weights to
-the rollout, which serves only complete, newer versions.
+actor recomputes the old log-probs and the reference its log-probs; one PPO-clip update with the KL penalty;
+then ``engine.weight_buckets(version=step)`` streams the new weights to the rollout, which serves only
+complete, newer versions.
 """
 
 from __future__ import annotations
