@@ -1,7 +1,8 @@
 """drivetrain-engine-core installs and runs alone, and every plugin depends on it by a compatible range.
 
 Builds real wheels with ``uv build``, installs core into a fresh venv (no transformers, peft or
-megatron-core), and runs the ``drivetrain`` console script there. Fast with a warm uv cache.
+megatron-core, and none of the job runtime's libraries: OmegaConf, psutil), and runs the ``drivetrain``
+console script there. Fast with a warm uv cache.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ PLUGINS = (
     "drivetrain-ckpt-tools",
 )
 HEAVY = ("transformers", "peft", "megatron")
+JOB_RUNTIME = ("omegaconf", "psutil")
+"""What drivetrain-roles' job runtime needs and a backend author's install (core + a backend) does not."""
 
 pytestmark = [
     pytest.mark.slow,
@@ -67,6 +70,12 @@ def core_venv(tmp_path_factory) -> Path:
 def test_core_alone_imports_and_lists(core_venv):
     probe = f"import importlib.util as u, json; print(json.dumps([m for m in {HEAVY!r} if u.find_spec(m)]))"
     assert json.loads(_run(core_venv / "python", "-c", probe)) == [], "the isolated venv must lack backends"
+    runtime = (
+        f"import importlib.util as u, json; print(json.dumps([m for m in {JOB_RUNTIME!r} if u.find_spec(m)]))"
+    )
+    assert json.loads(_run(core_venv / "python", "-c", runtime)) == [], (
+        "core must not install the job runtime"
+    )
     assert json.loads(_run(core_venv / "drivetrain", "plugins", "--json")) == []
     assert "no engines registered" in _run(core_venv / "drivetrain", "engines")
     no_torch = (

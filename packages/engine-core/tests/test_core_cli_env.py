@@ -1,30 +1,15 @@
-"""``drivetrain env`` for bug reports, the install hint for a missing command, and the one silenced upstream log."""
+"""The install hint for a missing command, and the one silenced upstream log."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 
 import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import build_cli, missing_command_message
-from drivetrain_engine_core.plugins import plugins, reset_plugins
+from drivetrain_engine_core.plugins import reset_plugins
 from drivetrain_engine_core.upstream_noise import silence_upstream_noise
-
-
-def test_env_prints_torch_libraries_and_every_plugin() -> None:
-    result = CliRunner().invoke(build_cli(), ["env", "--json"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
-    assert report["libraries"]["torch"] == importlib.metadata.version("torch")
-    assert report["libraries"]["transformers"] == importlib.metadata.version("transformers")
-    assert report["libraries"]["megatron-core"] == importlib.metadata.version("megatron-core")
-    assert {"cuda_build", "cuda_available", "nccl"} <= set(report["accelerator"])
-    for info in plugins().plugins:
-        assert report["plugins"][info.name].startswith(f"{info.distribution} {info.version}")
-    text = CliRunner().invoke(build_cli(), ["env"]).output
-    assert f"  torch: {importlib.metadata.version('torch')}" in text
 
 
 def test_missing_first_party_command_names_the_distribution(monkeypatch) -> None:

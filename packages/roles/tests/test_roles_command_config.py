@@ -10,7 +10,10 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from drivetrain_engine_core.command_config import (
+from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig
+from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.plugins import get_plugin_manager
+from drivetrain_roles.runtime.command_config import (
     build_config,
     config_options,
     describe_fields,
@@ -18,10 +21,7 @@ from drivetrain_engine_core.command_config import (
     to_plain,
     to_yaml,
 )
-from drivetrain_engine_core.command_config.layers import parse_override
-from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager
+from drivetrain_roles.runtime.command_config.layers import parse_override
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -6,8 +6,8 @@ import dataclasses
 import importlib
 
 import pytest
-from drivetrain_engine_core.command_config import describe_fields
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_roles.runtime.command_config import describe_fields
 
 COMMANDS = ["sft", "grpo", "dpo", "rm"]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from drivetrain_engine_core.errors import CollectiveTimeoutError
-from drivetrain_engine_core.heartbeat import Heartbeat
 from drivetrain_engine_core.testing.launcher import run_distributed
+from drivetrain_roles.runtime.heartbeat import Heartbeat
 
 
 def test_describe_orders_ranks_furthest_behind_first(tmp_path: Path) -> None:

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.tracking import read_records
 from drivetrain_roles.dpo.config import load_config as load_dpo_config
 from drivetrain_roles.dpo.trainer import DPOTrainer
 from drivetrain_roles.preference.config import PairDataConfig
 from drivetrain_roles.preference.data import load_pairs
 from drivetrain_roles.rm.config import load_config as load_rm_config
 from drivetrain_roles.rm.trainer import RMTrainer
+from drivetrain_roles.runtime.tracking import read_records
 from drivetrain_roles.sft.data import DataError
 from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
 from drivetrain_roles.sft.reference import reference_page

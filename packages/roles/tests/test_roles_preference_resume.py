@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.errors import CheckpointError
-from drivetrain_engine_core.tracking import read_records
 from drivetrain_roles.dpo.config import load_config
 from drivetrain_roles.dpo.trainer import DPOTrainer
+from drivetrain_roles.runtime.tracking import read_records
 from safetensors.torch import load_file
 
 STEPS = [

@@ -128,8 +128,8 @@ def test_resume_starts_from_the_runs_own_config(full_run) -> None:
     on with other data sizes, model and learning rate on the first part's checkpoint, and its config.yaml was
     rewritten to say so. It now starts from the run's config.yaml; overrides go on top."""
     import click
-    from drivetrain_engine_core.command_config import config_options
     from drivetrain_roles.jobs.run_options import run_options
+    from drivetrain_roles.runtime.command_config import config_options
 
     full_dir, _ = full_run
     seen = []

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.command_config import describe_fields, to_plain
 from drivetrain_engine_core.config import ConfigError, EngineConfig
+from drivetrain_roles.runtime.command_config import describe_fields, to_plain
 from drivetrain_roles.sft.config import SFTConfig, load_config
 from drivetrain_roles.sft.reference import reference_page
 

@@ -189,7 +189,7 @@ def test_a_resolved_config_file_keeps_its_derived_values_following(tmp_path) -> 
     """``--print-config`` output and a run's config.yaml hold every derived value; read back with ``--config``
     each counted as set, so ``trainer.total_steps=400`` on top left the cosine schedule at the old length.
     A value that equals what the file alone derives follows again; one set apart from it stays."""
-    from drivetrain_engine_core.command_config import to_yaml
+    from drivetrain_roles.runtime.command_config import to_yaml
 
     derived = tmp_path / "derived.yaml"
     derived.write_text(to_yaml(load_config(None, ["trainer.total_steps=50"])))
@@ -207,7 +207,7 @@ def test_a_resolved_config_file_keeps_its_derived_values_following(tmp_path) -> 
 def test_a_pinned_cpu_device_beside_a_gpu_is_warned_about(monkeypatch, caplog) -> None:
     """A config printed on a machine without a GPU holds ``engine.device: cpu``; read on a GPU node it kept
     the engine on the CPU without a word."""
-    from drivetrain_engine_core.command_config import build
+    from drivetrain_roles.runtime.command_config import build
 
     monkeypatch.setattr(build, "machine_device", lambda: "cuda")
     with caplog.at_level("WARNING"):

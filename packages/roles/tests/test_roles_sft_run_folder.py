@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.factory import create_engine
 from drivetrain_engine_core.testing.reference import reference_log_probs
+from drivetrain_roles.runtime.command_config import to_plain
 from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.data import load_examples
@@ -228,7 +228,7 @@ def test_every_tracker_is_closed_and_a_failing_one_does_not_hide_the_runs_error(
 
 def test_tensorboard_events_are_flushed_before_a_checkpoint():
     """``SummaryWriter`` flushes every 120 s: a run killed after a checkpoint lost the steps before it for good."""
-    from drivetrain_engine_core.tracking.tensorboard import TensorBoardTracker
+    from drivetrain_roles.runtime.tracking.tensorboard import TensorBoardTracker
 
     tracker = TensorBoardTracker.__new__(TensorBoardTracker)
     flushed: list[bool] = []

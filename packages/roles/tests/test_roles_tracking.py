@@ -8,7 +8,7 @@ import types
 
 import pytest
 from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.tracking import RunInfo, check_report_to, open_trackers, read_records
+from drivetrain_roles.runtime.tracking import RunInfo, check_report_to, open_trackers, read_records
 
 
 def _run(tmp_path, resume_step=None) -> RunInfo:

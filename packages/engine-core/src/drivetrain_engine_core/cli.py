@@ -1,9 +1,12 @@
 """The ``drivetrain`` command line: built-in ``plugins`` and ``engines`` listings, plus plugin commands.
 
+drivetrain-roles adds the job commands (``sft``, ``dpo``, ``rm``, ``grpo``) and ``env``; drivetrain-ckpt-tools
+adds ``ckpt``.
+
 Plugins add sub-commands through the ``register_commands(cli)`` hook when the CLI first looks up a command.
 Plugins that failed to load, keys that several plugins registered, and a plugin whose command registration
 fails are reported on stderr whatever command runs, and the other commands keep working. Errors users can
-fix (:class:`~.errors.DrivetrainError`, :class:`~.config.ConfigError`) end the command with a short message
+fix (:class:`~.errors.DrivetrainError`, :class:`~.errors.ConfigError` among them) end the command with a short message
 and exit status 1, never a traceback.
 """
 
@@ -16,7 +19,6 @@ from typing import Any, NoReturn
 
 import click
 
-from .config import ConfigError
 from .errors import DrivetrainError
 from .plugins import DrivetrainPlugins, PluginInfo, plugins
 from .process_exit import run_then_exit
@@ -48,7 +50,7 @@ class DrivetrainGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (DrivetrainError, ConfigError) as e:
+        except DrivetrainError as e:
             # One line, because click prints the message after "Error: " and users read it in a terminal.
             raise click.ClickException(" ".join(str(e).split("\n"))) from e
 
@@ -74,6 +76,7 @@ FIRST_PARTY_COMMANDS: dict[str, str] = {
     "dpo": "drivetrain-roles",
     "rm": "drivetrain-roles",
     "grpo": "drivetrain-roles",
+    "env": "drivetrain-roles",
     "ckpt": "drivetrain-ckpt-tools",
 }
 """Commands that drivetrain's own distributions add, so a missing one names what to install."""
@@ -133,19 +136,6 @@ def engines_command(as_json: bool) -> None:
         click.echo(f"{e.model_type}/{e.backend}/{e.device} -> {e.engine} ({e.distribution} {e.version})")
 
 
-@click.command("env")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def env_command(as_json: bool) -> None:
-    """Print versions for bug reports: Python, torch (CUDA, cuDNN, NCCL), key libraries, every plugin."""
-    from .environment import environment_report, format_report
-
-    report = environment_report()
-    if as_json:
-        _echo_json(report)
-    else:
-        click.echo(format_report(report))
-
-
 def build_cli() -> DrivetrainGroup:
     """A fresh root group with the built-in commands (tests build one per case)."""
 
@@ -156,7 +146,6 @@ def build_cli() -> DrivetrainGroup:
 
     root.add_command(plugins_command)
     root.add_command(engines_command)
-    root.add_command(env_command)
     return root  # type: ignore[return-value]
 
 

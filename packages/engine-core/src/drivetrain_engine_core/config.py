@@ -11,14 +11,13 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
+from .config_build import build_dataclass
+from .errors import ConfigError
+
 ModelType = Literal["language_model", "value_model"]
 MODEL_TYPES: tuple[str, ...] = ("language_model", "value_model")
 LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and how to fix it."""
 
 
 def _require(condition: bool, message: str) -> None:
@@ -108,7 +107,7 @@ class MicroBatchConfig:
     max_tokens: int | None = None
 
     exclusive_fields: ClassVar[tuple[str, ...]] = ("micro_batch_size", "max_tokens")
-    """Setting one of these in a config layer clears the other (see :mod:`.command_config`)."""
+    """Setting one of these in a config layer clears the other (see :func:`.config_build.exclusive_limits`)."""
 
     def __post_init__(self) -> None:
         _require(
@@ -293,12 +292,10 @@ ConfigT = TypeVar("ConfigT")
 def config_from_dict(cls: type[ConfigT], values: dict[str, Any], *, where: str = "") -> ConfigT:
     """Build a (possibly nested) config dataclass from plain values, as read from YAML.
 
-    Goes through the command config layer (:mod:`.command_config`): unknown keys are an error that lists the
-    known ones and the closest match, and every value is checked against its annotation.
+    Unknown keys are an error that lists the known ones and the closest match, and every value is checked
+    against its annotation (:mod:`.config_build`; no config library, so a backend's install stays small).
 
     Raises:
         ConfigError: a key is unknown or a value fails validation.
     """
-    from .command_config import build_config
-
-    return build_config(cls, [values], where=where or cls.__name__)
+    return build_dataclass(cls, values, where=where or cls.__name__)

@@ -47,6 +47,31 @@ def type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+def how_to_write(annotation: Any, name: str) -> str:
+    """How to write a value of ``annotation``'s type for the field ``name`` (the end of a type error)."""
+    shown = type_name(annotation)
+    if shown.endswith(" | None"):
+        return f"{_hint(shown.removesuffix(' | None'), name).removesuffix('.')}, or null to unset it."
+    return _hint(shown, name)
+
+
+def _hint(shown: str, name: str) -> str:
+    """How to write a value of the type named ``shown`` for the field ``name``."""
+    if shown.startswith("bool"):
+        return f"write true or false, e.g. {name}=false."
+    if shown.startswith("tuple[") and "..." not in shown:
+        count = len(shown.removeprefix("tuple[").removesuffix("]").split(", "))
+        example = ", ".join("abcdefgh"[:count])
+        return f"write a list of exactly {count} values in brackets, e.g. {name}=[{example}]."
+    if shown.startswith(("tuple", "list")):
+        return f"write a list in brackets, e.g. {name}=[a, b] (one item: {name}=[a])."
+    if shown.startswith("int"):
+        return f"write a whole number, e.g. {name}=100."
+    if shown.startswith("float"):
+        return f"write a number, e.g. {name}=0.5."
+    return f"write a value of type {shown}."
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Help text of each field, read from the ``Attributes:`` sections of ``cls`` and its bases."""
     docs: dict[str, str] = {}
@@ -73,3 +98,6 @@ def _attribute_entries(docstring: str) -> dict[str, str]:
             for name in names:
                 entries[name] += " " + line.strip()
     return entries
+
+
+__all__ = ["field_docs", "field_types", "how_to_write", "nested_dataclass", "type_name"]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from .config import ConfigError
-
 
 class DrivetrainError(Exception):
     """Base class of drivetrain's own errors."""
+
+
+class ConfigError(DrivetrainError, ValueError):
+    """A configuration value is invalid; the message names the field and how to fix it.
+
+    Also a ``ValueError``, as it was before it joined the family: callers that catch ``ValueError`` still do.
+    """
 
 
 class EngineStateError(DrivetrainError, RuntimeError):

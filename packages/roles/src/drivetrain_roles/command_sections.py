@@ -108,7 +108,7 @@ class LoopConfig:
     report_to: tuple[str, ...] = ("jsonl",)
 
     def __post_init__(self) -> None:
-        from drivetrain_engine_core.tracking import check_report_to
+        from .runtime.tracking import check_report_to
 
         check_report_to(self.report_to)
         self._require_at_least(1, "total_steps")

@@ -1,4 +1,5 @@
-"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout and the ``sft``/``dpo``/``rm``/``grpo`` commands."""
+"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``sft``/``dpo``/``rm``/``grpo``
+commands and ``env``."""
 
 from drivetrain_engine_core.hookspecs import hookimpl
 
@@ -23,7 +24,8 @@ def register_rollouts(registry):
 def register_commands(cli):
     from drivetrain_roles.grpo.command import grpo
     from drivetrain_roles.preference.command import dpo, rm
+    from drivetrain_roles.runtime.environment import env_command
     from drivetrain_roles.sft.command import sft
 
-    for command in (sft, dpo, rm, grpo):
+    for command in (sft, dpo, rm, grpo, env_command):
         cli.add_command(command)

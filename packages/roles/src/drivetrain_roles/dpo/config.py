@@ -142,6 +142,6 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
     Raises:
         ConfigError: an unknown key or an invalid value (the message names the field and the fix).
     """
-    from drivetrain_engine_core.command_config import load_config as load_command_config
+    from ..runtime.command_config import load_config as load_command_config
 
     return load_command_config(DPOConfig, config_file, overrides)

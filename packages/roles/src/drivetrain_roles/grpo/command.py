@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-from drivetrain_engine_core.command_config import config_options
 
 from ..jobs.run_options import RunOptions, run_options
+from ..runtime.command_config import config_options
 
 if TYPE_CHECKING:
     from .trainer import GRPOResult

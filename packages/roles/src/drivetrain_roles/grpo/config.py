@@ -1,6 +1,6 @@
 """Typed configuration of ``drivetrain grpo``: its sections, their defaults (the embedded job) and derived values.
 
-Loading is core's command config layer (:mod:`drivetrain_engine_core.command_config`). The defaults are the
+Loading is core's command config layer (:mod:`drivetrain_roles.runtime.command_config`). The defaults are the
 embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 35% held-out
 accuracy, then trained by GRPO with an exact-answer reward.
 """
@@ -245,6 +245,6 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
         ConfigError: unreadable YAML, a malformed override, an unknown key or an invalid value.
         PluginError: ``engine.backend`` names a backend that is not installed.
     """
-    from drivetrain_engine_core.command_config import load_config as load_command_config
+    from ..runtime.command_config import load_config as load_command_config
 
     return load_command_config(GRPOConfig, config_file, overrides)

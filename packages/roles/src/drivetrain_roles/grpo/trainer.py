@@ -21,13 +21,11 @@ from typing import Any
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.checkpoint.durable import write_durably
-from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
-from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..actor import Actor, ActorConfig
 from ..jobs.launch import SUMMARY_FILE
@@ -37,6 +35,8 @@ from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
+from ..runtime.command_config import to_plain
+from ..runtime.tracking.jsonl import dumps
 from ..sft.assets import load_splits
 from ..sft.batches import StepSampler
 from ..sft.data import Example

@@ -25,7 +25,8 @@ from typing import NoReturn
 
 import click
 from drivetrain_engine_core.config import EngineConfig
-from drivetrain_engine_core.processes import owning_descendants
+
+from ..runtime.descendants import owning_descendants
 
 OUTPUTS_ROOT = Path("outputs")
 CHECKPOINT_DIR = "checkpoints"

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.checkpoint.durable import write_durably
-from drivetrain_engine_core.command_config import to_yaml
 from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import CheckpointError
-from drivetrain_engine_core.heartbeat import Heartbeat
-from drivetrain_engine_core.tracking import METRICS_FILE
 
 from ..command_sections import LoopConfig
+from ..runtime.command_config import to_yaml
+from ..runtime.heartbeat import Heartbeat
+from ..runtime.tracking import METRICS_FILE
 from ..sft.batches import check_batch_size
 from ..sft.final_model import FINAL_MODEL_DIR
 from .launch import CHECKPOINT_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir

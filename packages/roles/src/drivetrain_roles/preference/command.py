@@ -9,9 +9,9 @@ import importlib
 from typing import Any
 
 import click
-from drivetrain_engine_core.command_config import config_options
 
 from ..jobs.run_options import RunOptions, run_options
+from ..runtime.command_config import config_options
 
 
 def pair_command(

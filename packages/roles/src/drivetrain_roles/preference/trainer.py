@@ -21,16 +21,16 @@ from typing import Any, ClassVar
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.checkpoint.durable import write_durably
-from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
-from drivetrain_engine_core.tracking.jsonl import dumps
 from tensordict import TensorDict
 
 from ..jobs.launch import SUMMARY_FILE
 from ..jobs.run_folder import RunFolder, begin_run
 from ..jobs.step_loop import StepLoop
+from ..runtime.command_config import to_plain
+from ..runtime.tracking.jsonl import dumps
 from ..sft.assets import load_tokenizer, resolve_model_path
 from ..sft.batches import StepSampler, check_held_out_size
 from ..sft.final_model import FINAL_MODEL_DIR

@@ -1,12 +1,15 @@
-"""What ``drivetrain env`` reports for bug reports: Python, platform, torch and its CUDA/NCCL, key libraries,
-and every drivetrain plugin with its distribution and version."""
+"""``drivetrain env`` for bug reports: Python, platform, torch and its CUDA/NCCL, key libraries, and every
+drivetrain plugin with its distribution and version (drivetrain-roles adds the command to core's CLI root)."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import platform
 import sys
 from typing import Any
+
+import click
 
 LIBRARIES = (
     "torch",
@@ -26,7 +29,7 @@ LIBRARIES = (
 
 def environment_report() -> dict[str, Any]:
     """The report as plain values (imports torch to read its CUDA, cuDNN and NCCL versions)."""
-    from .plugins import plugins
+    from drivetrain_engine_core.plugins import plugins
 
     return {
         "python": sys.version.split()[0],
@@ -73,4 +76,12 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LIBRARIES", "environment_report", "format_report"]
+@click.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def env_command(as_json: bool) -> None:
+    """Print versions for bug reports: Python, torch (CUDA, cuDNN, NCCL), key libraries, every plugin."""
+    report = environment_report()
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else format_report(report))
+
+
+__all__ = ["LIBRARIES", "env_command", "environment_report", "format_report"]

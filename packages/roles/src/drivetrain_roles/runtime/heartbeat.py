@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
-
-from .errors import CollectiveTimeoutError
+from drivetrain_engine_core.errors import CollectiveTimeoutError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Typed configuration of ``drivetrain sft``: its sections, their defaults (the embedded job) and derived values.
 
 Loading (YAML + dotted overrides, type checks, messages) is core's command config layer
-(:mod:`drivetrain_engine_core.command_config`); this module only declares what the SFT command configures.
+(:mod:`drivetrain_roles.runtime.command_config`); this module only declares what the SFT command configures.
 The ``engine`` section is built by the chosen backend's own config class, so backend knobs
 (``engine.ulysses_sequence_parallel_size``) are checked too.
 """
@@ -197,6 +197,6 @@ def load_config(config_file: str | Path | None = None, overrides: Sequence[str] 
             (the message names the field and the fix).
         PluginError: ``engine.backend`` names a backend that is not installed.
     """
-    from drivetrain_engine_core.command_config import load_config as load_command_config
+    from ..runtime.command_config import load_config as load_command_config
 
     return load_command_config(SFTConfig, config_file, overrides)

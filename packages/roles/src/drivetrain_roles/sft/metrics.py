@@ -1,6 +1,6 @@
 """Where SFT metrics go: the console, the ``trainer.report_to`` trackers (``metrics.jsonl`` by default), a PNG.
 
-Only the output rank writes. Trackers come from core (:mod:`drivetrain_engine_core.tracking`); on resume the
+Only the output rank writes. Trackers come from core (:mod:`drivetrain_roles.runtime.tracking`); on resume the
 JSONL tracker drops records after the resumed step first, so the file and the curve describe one run.
 """
 
@@ -15,7 +15,8 @@ from typing import Any, cast
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
-from drivetrain_engine_core.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
+
+from ..runtime.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
 
 logger = logging.getLogger(__name__)
 CURVE_FILE = "loss_curve.png"

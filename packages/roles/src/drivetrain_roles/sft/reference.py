@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.command_config import describe_fields, format_reference
+from ..runtime.command_config import describe_fields, format_reference
 
 HEADER = """# `drivetrain {command}` config reference
 

@@ -21,15 +21,15 @@ from typing import Any
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.checkpoint.durable import write_durably
-from drivetrain_engine_core.command_config import to_plain
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.tracking.jsonl import dumps
 
 from ..jobs.launch import SUMMARY_FILE
 from ..jobs.run_folder import RunFolder, begin_run
 from ..jobs.step_loop import StepLoop
 from ..losses.sft import sft_loss_fn
+from ..runtime.command_config import to_plain
+from ..runtime.tracking.jsonl import dumps
 from .assets import load_splits, resolve_model_path
 from .batches import StepSampler, check_held_out_size, make_sft_batch
 from .config import SFTConfig

@@ -6,7 +6,7 @@ match, engine sections typed by the chosen backend's own config class, derived v
 messages that name the field and the fix.
 
 ```python
-from drivetrain_engine_core.command_config import load_config, to_yaml
+from drivetrain_roles.runtime.command_config import load_config, to_yaml
 
 config = load_config(MyCommandConfig, "run.yaml", ["trainer.total_steps=100"])
 print(to_yaml(config))
@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from .build import Derive, build_config, check_keys
+from drivetrain_engine_core.config_build import check_keys
+
+from .build import Derive, build_config
 from .layers import parse_override, read_yaml
 from .options import config_options
 from .render import FieldInfo, describe_fields, format_reference, to_plain, to_yaml

@@ -12,20 +12,20 @@ checks ranges and combinations).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..config import ConfigError, EngineConfig
-from .fields import field_types, nested_dataclass, type_name
+from drivetrain_engine_core.config import ConfigError, EngineConfig
+from drivetrain_engine_core.config_build import check_keys, exclusive_limits
+from drivetrain_engine_core.config_fields import field_types, how_to_write, nested_dataclass, type_name
+
 from .layers import lookup
 
 if TYPE_CHECKING:
+    from drivetrain_engine_core.plugins import DrivetrainPlugins
     from omegaconf import DictConfig
-
-    from ..plugins import DrivetrainPlugins
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def build_config(
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    plain = [_exclusive_limits(dict(layer), cls) for layer in layers]
+    plain = [exclusive_limits(dict(layer), cls) for layer in layers]
     backends = _backend_classes(cls, plain, plugins)
     classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
     for layer in plain:
@@ -102,20 +102,6 @@ def machine_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def check_keys(values: Mapping[str, Any], cls: type, where: str, backends: Mapping[str, type]) -> None:
-    """Every key of ``values`` is a field of ``cls`` (recursively); else one error with the close match."""
-    types = field_types(cls)
-    for key, value in values.items():
-        path = f"{where}.{key}" if where else key
-        if key not in types:
-            close = difflib.get_close_matches(key, list(types), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown option {path}; known options: {sorted(types)}.{hint}")
-        nested = backends.get(path) or nested_dataclass(types[key])
-        if nested is not None and isinstance(value, Mapping):
-            check_keys(value, nested, path, backends)
-
-
 def _schema(cls: type, backends: Mapping[str, tuple[str, type]]) -> DictConfig:
     """``cls``'s defaults as a typed OmegaConf node, each engine section typed by its backend's class.
 
@@ -139,7 +125,7 @@ def _backend_classes(
     """``{section: (backend, its config class)}`` for each section of ``cls`` typed as an engine config."""
     if issubclass(cls, EngineConfig):
         return {}
-    from ..plugins import plugins as default_plugins
+    from drivetrain_engine_core.plugins import plugins as default_plugins
 
     found = {}
     for name, annotation in field_types(cls).items():
@@ -202,20 +188,6 @@ def _without_echoes(layer: Mapping[str, Any], derived: Mapping[str, Any]) -> dic
     return kept
 
 
-def _exclusive_limits(layer: dict[str, Any], cls: type) -> dict[str, Any]:
-    """A layer that sets one of a dataclass's ``exclusive_fields`` clears the others (e.g. micro-batch limits)."""
-    types = field_types(cls)
-    exclusive = getattr(cls, "exclusive_fields", ())
-    chosen = [k for k in exclusive if layer.get(k) is not None]
-    if len(chosen) == 1:
-        layer = {**{k: None for k in exclusive}, **layer}
-    for key, value in list(layer.items()):
-        nested = nested_dataclass(types.get(key))
-        if nested is not None and isinstance(value, Mapping):
-            layer[key] = _exclusive_limits(dict(value), nested)
-    return layer
-
-
 _INDEX = re.compile(r"\[\d+\]")
 
 
@@ -269,7 +241,7 @@ def _field_error(
         message = (getattr(error, "msg", None) or str(error)).split("\n")[0]
         return ConfigError(f"{name or cls.__name__}: {message}")
     return ConfigError(
-        f"{name}={value!r} is not a valid {type_name(annotation)}; {_how_to_write(annotation, name)}"
+        f"{name}={value!r} is not a valid {type_name(annotation)}; {how_to_write(annotation, name)}"
     )
 
 
@@ -286,28 +258,4 @@ def _annotation_at(cls: type, path: tuple[str, ...], backends: Mapping[str, type
     return annotation
 
 
-def _how_to_write(annotation: Any, name: str) -> str:
-    shown = type_name(annotation)
-    if shown.endswith(" | None"):
-        return f"{_hint(shown.removesuffix(' | None'), name).removesuffix('.')}, or null to unset it."
-    return _hint(shown, name)
-
-
-def _hint(shown: str, name: str) -> str:
-    """How to write a value of the type named ``shown`` for the field ``name``."""
-    if shown.startswith("bool"):
-        return f"write true or false, e.g. {name}=false."
-    if shown.startswith("tuple[") and "..." not in shown:
-        count = len(shown.removeprefix("tuple[").removesuffix("]").split(", "))
-        example = ", ".join("abcdefgh"[:count])
-        return f"write a list of exactly {count} values in brackets, e.g. {name}=[{example}]."
-    if shown.startswith(("tuple", "list")):
-        return f"write a list in brackets, e.g. {name}=[a, b] (one item: {name}=[a])."
-    if shown.startswith("int"):
-        return f"write a whole number, e.g. {name}=100."
-    if shown.startswith("float"):
-        return f"write a number, e.g. {name}=0.5."
-    return f"write a value of type {shown}."
-
-
-__all__ = ["Derive", "build_config", "check_keys"]
+__all__ = ["Derive", "build_config"]

@@ -12,7 +12,8 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 
-from ..config import ConfigError
+from drivetrain_engine_core.errors import ConfigError
+
 from .base import RunInfo, Tracker
 from .jsonl import METRICS_FILE, read_records
 
