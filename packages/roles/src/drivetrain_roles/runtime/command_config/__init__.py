@@ -15,32 +15,13 @@ print(to_yaml(config))
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TypeVar
-
 from drivetrain_engine_core.config_build import check_keys
 
 from .build import Derive, build_config
 from .layers import parse_override, read_yaml
+from .load import load_config
 from .options import config_options
 from .render import FieldInfo, describe_fields, format_reference, to_plain, to_yaml
-
-ConfigT = TypeVar("ConfigT")
-
-
-def load_config(
-    cls: type[ConfigT], config_file: str | Path | None = None, overrides: Sequence[str] = ()
-) -> ConfigT:
-    """``cls``'s defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), fully checked.
-
-    Raises:
-        ConfigError: unreadable YAML, a malformed override, an unknown section or key, or an invalid value.
-        PluginError: ``engine.backend`` names a backend that is not installed.
-    """
-    layers = [read_yaml(config_file)] if config_file else []
-    return build_config(cls, [*layers, *(parse_override(o) for o in overrides)], file_layers=len(layers))
-
 
 __all__ = [
     "Derive",

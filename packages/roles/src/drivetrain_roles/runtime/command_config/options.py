@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from .load import load_config
 from .render import describe_fields, format_reference, to_yaml
 
 
@@ -30,8 +31,6 @@ def config_options(config_cls: type | str) -> Callable[[Callable[..., Any]], Cal
         @functools.wraps(command)
         def run(*, print_config: bool, help_config: bool, **kwargs: Any) -> Any:
             if print_config or help_config:
-                from . import load_config
-
                 config: Any = load_config(_resolve(config_cls), kwargs["config_file"], kwargs["overrides"])
                 click.echo(to_yaml(config) if print_config else format_reference(describe_fields(config)))
                 return None

@@ -1,0 +1,28 @@
+"""A command's config from its three layers: the dataclass defaults, a YAML file, dotted overrides."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from .build import build_config
+from .layers import parse_override, read_yaml
+
+ConfigT = TypeVar("ConfigT")
+
+
+def load_config(
+    cls: type[ConfigT], config_file: str | Path | None = None, overrides: Sequence[str] = ()
+) -> ConfigT:
+    """``cls``'s defaults, then ``config_file`` (YAML), then ``overrides`` (``a.b.c=value``), fully checked.
+
+    Raises:
+        ConfigError: unreadable YAML, a malformed override, an unknown section or key, or an invalid value.
+        PluginError: ``engine.backend`` names a backend that is not installed.
+    """
+    layers = [read_yaml(config_file)] if config_file else []
+    return build_config(cls, [*layers, *(parse_override(o) for o in overrides)], file_layers=len(layers))
+
+
+__all__ = ["load_config"]

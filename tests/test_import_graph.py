@@ -1,0 +1,62 @@
+"""No import circles inside any package, and the floors hold: core imports no sibling, the others only core.
+
+Read with grimp (the graph import-linter uses), which sees every ``import`` statement, including the lazy ones
+inside functions. Imports under ``if TYPE_CHECKING:`` are left out of the circle check: they never run, and an
+annotation naming a higher class (the checkpoint helpers' ``engine: Engine``) is not a load-order dependency.
+The floor check counts them too: core does not even name a sibling's types.
+"""
+
+from __future__ import annotations
+
+import grimp
+import pytest
+
+CORE = "drivetrain_engine_core"
+PACKAGES = (
+    CORE,
+    "drivetrain_engine_fsdp",
+    "drivetrain_engine_megatron",
+    "drivetrain_roles",
+    "drivetrain_ckpt_tools",
+)
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def _circles(graph: grimp.ImportGraph, package: str) -> list[list[str]]:
+    """Each circle once: a direct import ``a -> b`` inside ``package`` and the shortest way back ``b -> ... -> a``."""
+    circles: dict[frozenset[str], list[str]] = {}
+    for importer in sorted(graph.find_descendants(package) | {package}):
+        for imported in graph.find_modules_directly_imported_by(importer):
+            if not _inside(imported, package):
+                continue
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back:
+                circles.setdefault(frozenset(back), [importer, *back])
+    return list(circles.values())
+
+
+@pytest.fixture(scope="module")
+def runtime_graph() -> grimp.ImportGraph:
+    return grimp.build_graph(*PACKAGES, cache_dir=None, exclude_type_checking_imports=True)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_circle(runtime_graph: grimp.ImportGraph, package: str) -> None:
+    circles = _circles(runtime_graph, package)
+    assert circles == [], "import circles (each: a -> ... -> a):\n" + "\n".join(
+        " -> ".join(c) for c in circles
+    )
+
+
+def test_core_imports_no_sibling_and_the_others_only_core() -> None:
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    allowed = {package: set() if package == CORE else {CORE} for package in PACKAGES}
+    for importer in PACKAGES:
+        for imported in PACKAGES:
+            if imported == importer or imported in allowed[importer]:
+                continue
+            chains = graph.find_shortest_chains(importer=importer, imported=imported, as_packages=True)
+            assert not chains, f"{importer} must not import {imported}: {sorted(chains)}"
