@@ -22,8 +22,8 @@ POLICY_METRICS: tuple[str, ...] = ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower"
 
 @dataclass(frozen=True)
 class PolicyObjective:
-    """A policy loss for :meth:`Actor.update_policy`: PPO's clipped surrogate from :class:`ActorConfig` by default,
-    or the caller's (GSPO, a truncated importance-sampling correction against the rollout's log-probs, another
+    """A policy loss for :meth:`Actor.update_policy`: :class:`ActorConfig`'s (PPO-clip, GSPO or CISPO) by default,
+    or the caller's (a truncated importance-sampling correction against the rollout's log-probs, another
     KL form), with the actor's mini-batches, epochs, metric reduction and LR step around it.
 
     Attributes:

@@ -21,9 +21,10 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
+from ..advantage_estimators import OUTCOME_ESTIMATORS, AdvantageConfig
 from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, LoopConfig, builtin_model, for_a_user_model
-from ..losses.aggregation import AGGREGATION_MODES
-from ..losses.kl import canonical_estimator
+from ..losses.aggregation import CONSTANT_LENGTH_MODE
+from ..losses.policy import PolicyLossConfig
 from ..sft.config import DataConfig
 from ..sft.default_assets import BUILTIN_MODEL
 
@@ -62,16 +63,39 @@ class RolloutConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class AlgorithmConfig:
-    """The GRPO objective.
+    """The objective: advantage estimator, policy loss, aggregation, KL and reward shaping, by verl's names (the
+    roles README maps them to TRL's and writes out each formula).
 
     Attributes:
+        adv_estimator: ``grpo``, ``dr_grpo`` (grpo without the division by the deviation), ``rloo``,
+            ``reinforce_plus_plus`` or ``reinforce_plus_plus_baseline`` (verl's ``algorithm.adv_estimator``;
+            ``gae`` needs a critic, which this command does not train).
+        gamma: discount per response token of ``reinforce_plus_plus`` (no other estimator reads it).
+        epsilon: added to the group's reward standard deviation before dividing (``grpo``).
+        scale_by_std: ``grpo`` only: divide each group's centred rewards by their standard deviation (unset: yes;
+            ``false`` is Dr. GRPO's advantage; verl's ``norm_adv_by_std_in_grpo``, TRL's ``scale_rewards``).
+        loss_mode: the policy loss (verl's ``actor.policy_loss.loss_mode``): ``vanilla`` (PPO-clip, with dual-clip),
+            ``gspo`` (one clipped ratio per sequence; takes ``loss_agg_mode=seq-mean-token-mean``) or ``cispo``
+            (the clipped ratio as a constant weight of ``-A log pi``).
         clip_ratio: PPO clip range (ratio clipped to ``[1 - clip_ratio, 1 + clip_ratio]``).
+        clip_ratio_low: the lower clip range, ``1 - clip_ratio_low`` (unset: ``clip_ratio``).
+        clip_ratio_high: the upper clip range, ``1 + clip_ratio_high`` (unset: ``clip_ratio``); DAPO's clip-higher
+            sets it above ``clip_ratio_low`` (0.28 against 0.2).
+        clip_ratio_c: the dual-clip constant of ``vanilla`` (> 1): a negative advantage's loss is at most
+            ``clip_ratio_c x |A|``; ``null`` disables dual-clip.
         kl_loss_coef: weight of the KL penalty to the reference policy (0 disables it and the reference).
-        kl_estimator: ``k1``, ``k2`` or ``k3`` (``low_var_kl``).
-        loss_agg_mode: ``token-mean``, ``seq-mean-token-sum`` or ``seq-mean-token-mean``.
-        epsilon: added to the group's reward standard deviation before dividing.
-        scale_by_std: divide each group's centred rewards by their standard deviation; ``false`` keeps them
-            centred only (Dr. GRPO; verl's ``norm_adv_by_std_in_grpo``, TRL's ``scale_rewards``).
+        kl_estimator: ``k1``, ``k2``, ``k3`` (``low_var_kl``) or ``abs`` (verl's ``kl_loss_type``; also
+            ``kl``, ``mse``).
+        loss_agg_mode: ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
+            ``seq-mean-token-sum-norm`` (Dr. GRPO's constant length: token sums / ``loss_scale_factor``, averaged
+            over sequences) or ``token-sum``.
+        loss_scale_factor: the constant length of ``seq-mean-token-sum-norm`` (unset: ``rollout.max_new_tokens``,
+            TRL's ``max_completion_length``).
+        filter_groups: DAPO's dynamic sampling filter: groups whose rewards are all equal leave the loss (their
+            loss mask is emptied: no gradient, no tokens counted); no prompts are sampled to replace them.
+        overlong_buffer_len: DAPO's soft overlong punishment: a response longer than ``rollout.max_new_tokens -
+            overlong_buffer_len`` tokens loses up to ``overlong_penalty_factor`` reward, linearly; 0 disables it.
+        overlong_penalty_factor: the penalty of a response of ``rollout.max_new_tokens`` tokens.
         ppo_mini_batches: optimizer steps per epoch over one rollout (its sequences split evenly; whole
             groups are not kept together, each sequence carries its own advantage). 1 is on-policy GRPO: the
             ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
@@ -83,12 +107,22 @@ class AlgorithmConfig:
             ``completions`` the same way) and returning one number per completion.
     """
 
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    epsilon: float = 1e-6
+    scale_by_std: bool | None = None
+    loss_mode: str = "vanilla"
     clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float | None = 3.0
     kl_loss_coef: float = 0.001
     kl_estimator: str = "k3"
     loss_agg_mode: str = "token-mean"
-    epsilon: float = 1e-6
-    scale_by_std: bool = True
+    loss_scale_factor: int | None = None
+    filter_groups: bool = False
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 1.0
     ppo_mini_batches: int = 2
     ppo_epochs: int = 1
     reward_function: str = "exact_match"
@@ -108,16 +142,47 @@ class AlgorithmConfig:
             raise ConfigError(f"algorithm.epsilon must be > 0 (1e-6 is the default), got {self.epsilon}.")
         if not 0 < self.clip_ratio < 1:
             raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
-        if self.kl_loss_coef < 0:
-            raise ConfigError(f"algorithm.kl_loss_coef must be >= 0, got {self.kl_loss_coef}.")
-        try:
-            canonical_estimator(self.kl_estimator)
-        except ValueError as e:
-            raise ConfigError(f"algorithm.kl_estimator: {e}") from e
-        if self.loss_agg_mode not in AGGREGATION_MODES:
+        if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
             raise ConfigError(
-                f"algorithm.loss_agg_mode={self.loss_agg_mode!r} is not supported; choose one of {list(AGGREGATION_MODES)}."
+                "algorithm.overlong_buffer_len and algorithm.overlong_penalty_factor must be >= 0."
             )
+        if self.loss_scale_factor is not None and self.loss_agg_mode != CONSTANT_LENGTH_MODE:
+            raise ConfigError(
+                f"algorithm.loss_scale_factor={self.loss_scale_factor} is read only by loss_agg_mode="
+                f"{CONSTANT_LENGTH_MODE}, not {self.loss_agg_mode!r}; unset it or set that mode."
+            )
+        try:
+            estimator = self.advantage_config()
+            self.policy_loss(max_new_tokens=1)
+        except ValueError as e:
+            raise ConfigError(f"algorithm.{e}") from e
+        if estimator.needs_critic:
+            raise ConfigError(
+                f"algorithm.adv_estimator={self.adv_estimator!r} needs a critic's values, and drivetrain grpo trains "
+                f"no critic; choose one of {', '.join(OUTCOME_ESTIMATORS)} (GAE: a job with a critic, PPO)."
+            )
+
+    def advantage_config(self) -> AdvantageConfig:
+        """The estimator's settings."""
+        return AdvantageConfig(
+            adv_estimator=self.adv_estimator,
+            epsilon=self.epsilon,
+            scale_by_std=self.scale_by_std,
+            gamma=self.gamma,
+        )
+
+    def policy_loss(self, *, max_new_tokens: int) -> PolicyLossConfig:
+        """The actor's loss; ``max_new_tokens`` is the constant length unless ``loss_scale_factor`` is set."""
+        return PolicyLossConfig(
+            loss_mode=self.loss_mode,
+            clip_ratio_low=self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c,
+            loss_agg_mode=self.loss_agg_mode,
+            loss_scale_factor=self.loss_scale_factor or max_new_tokens,
+            kl_loss_coef=self.kl_loss_coef,
+            kl_estimator=self.kl_estimator,
+        )
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -209,6 +274,12 @@ class GRPOConfig:
                 "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
                 "its SFT warm start, so it needs at least 1 step (200 by default). Set trainer.warm_start_steps "
                 ">= 1, or give model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
+            )
+        buffer, longest = self.algorithm.overlong_buffer_len, self.rollout.max_new_tokens
+        if buffer >= longest:
+            raise ConfigError(
+                f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
+                f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
             )
         sequences = self.trainer.prompts_per_step * self.rollout.n
         if sequences % self.algorithm.ppo_mini_batches:

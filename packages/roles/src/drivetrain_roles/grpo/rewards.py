@@ -15,6 +15,9 @@ from pathlib import Path
 import torch
 from drivetrain_engine_core.errors import DrivetrainError
 
+# NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
+from ..advantage_estimators import group_advantages as group_advantages
+
 EXACT_MATCH = "exact_match"
 """The built-in reward function's name in ``algorithm.reward_function``."""
 
@@ -36,32 +39,6 @@ def exact_answer_rewards(answers: Sequence[str], references: Sequence[str]) -> t
     return torch.tensor(
         [float(exact_match(a, r)) for a, r in zip(answers, references, strict=True)], dtype=torch.float32
     )
-
-
-def group_advantages(
-    rewards: torch.Tensor, group_size: int, epsilon: float = 1e-6, *, scale_by_std: bool = True
-) -> torch.Tensor:
-    """GRPO's outcome advantage: each reward minus its group's mean, over the group's standard deviation.
-
-    Args:
-        rewards: ``(groups * group_size,)`` rewards, group-major (the ``n`` responses of a prompt together).
-        group_size: responses per prompt.
-        epsilon: added to the (unbiased) standard deviation; a group whose rewards are all equal gets 0.
-        scale_by_std: divide by the deviation; ``False`` keeps the centred rewards (Dr. GRPO: the division
-            weights prompts whose rewards barely differ most; verl's ``norm_adv_by_std_in_grpo``, TRL's
-            ``scale_rewards``).
-
-    Returns:
-        Advantages of the same shape; with one response per prompt, the rewards themselves (verl's mean 0 and
-        standard deviation 1 for a group of one, whose unbiased deviation is NaN).
-    """
-    if group_size == 1:
-        return rewards.clone()
-    grouped = rewards.reshape(-1, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_by_std:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + epsilon)
-    return centred.reshape(-1)
 
 
 def exact_match_reward(

@@ -1,9 +1,10 @@
 """One GRPO step over any engine and any rollout: sample, score, normalise, update, hand the weights off.
 
 Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``n`` responses per
-prompt (whole groups stay on one rank, so advantages need no communication); the rewards
-(``algorithm.reward_function``: exact answers, or the user's function) are normalised within each group; the
-actor recomputes the old log-probs and the reference its log-probs; one PPO-clip update with the KL penalty;
+prompt (whole groups stay on one rank, so group baselines need no communication); the rewards
+(``algorithm.reward_function``: exact answers, or the user's function), shaped as DAPO's options say, become
+advantages by ``algorithm.adv_estimator`` (the whitening ones reduce over the data-parallel group); the actor
+recomputes the old log-probs and the reference its log-probs; one policy update (``algorithm.loss_mode``);
 then ``engine.weight_buckets(version=step)`` streams the new weights to the rollout, which serves only
 complete, newer versions.
 """
@@ -20,12 +21,15 @@ from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 from tensordict import TensorDict
+from torch.distributed import ProcessGroup
 
 from ..actor import Actor
+from ..advantage_estimators import outcome_advantages
 from ..reference import Reference
+from ..reward_shaping import equal_reward_groups, overlong_penalty
 from ..sft.data import Example
 from .config import GRPOConfig
-from .rewards import compute_rewards, group_advantages
+from .rewards import compute_rewards
 
 SEED_STRIDE = 1_000_003
 """Sampling seeds are ``seed + SEED_STRIDE * step + rank``: distinct per step and rank, repeatable on resume."""
@@ -36,16 +40,19 @@ class RolloutBatch:
     """A step's samples as the actor trains on them, plus what the metrics need.
 
     Attributes:
-        batch: no-padding prompt+response sequences with ``loss_mask`` (response tokens), ``advantages``.
+        batch: no-padding prompt+response sequences with ``loss_mask`` (response tokens; none in a filtered
+            group), ``advantages``.
         rollout_log_probs: the rollout's log-probs of each response's tokens.
-        rewards: one reward per response.
+        rewards: one reward per response (with the overlong penalty, when on).
         response_lengths: tokens per response.
+        filtered_groups: groups that ``algorithm.filter_groups`` took out of the loss.
     """
 
     batch: TensorDict
     rollout_log_probs: list[torch.Tensor]
     rewards: torch.Tensor
     response_lengths: list[int]
+    filtered_groups: int = 0
 
 
 def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
@@ -57,27 +64,62 @@ def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
 
 
 def sample(
-    rollout: Rollout, examples: Sequence[Example], tokenizer: Any, config: GRPOConfig, *, seed: int
+    rollout: Rollout,
+    examples: Sequence[Example],
+    tokenizer: Any,
+    config: GRPOConfig,
+    *,
+    seed: int,
+    group: ProcessGroup | None = None,
 ) -> RolloutBatch:
     """Sample ``rollout.n`` responses per example, reward them and build the actor's batch (collective: a reward
-    function failing on one rank raises the same error on every rank, none waits in the update)."""
+    function failing on one rank raises the same error on every rank, none waits in the update; ``group``: the
+    data-parallel ranks whose tokens a whitening estimator reduces over)."""
     output = rollout.generate([e.prompt_ids for e in examples], sampling_config(config, seed=seed))
     with agreed_checks():
-        return score(examples, output, tokenizer, config)
+        _, rewards = answer_rewards(examples, output, tokenizer, config.algorithm.reward_function)
+    return rollout_batch(examples, output, rewards, config, group)
 
 
 def score(
-    examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, config: GRPOConfig
+    examples: Sequence[Example],
+    output: RolloutOutput,
+    tokenizer: Any,
+    config: GRPOConfig,
+    group: ProcessGroup | None = None,
 ) -> RolloutBatch:
     """Reward ``output`` (``output.n`` responses per example, prompt-major) and build the actor's batch."""
+    _, rewards = answer_rewards(examples, output, tokenizer, config.algorithm.reward_function)
+    return rollout_batch(examples, output, rewards, config, group)
+
+
+def rollout_batch(
+    examples: Sequence[Example],
+    output: RolloutOutput,
+    rewards: torch.Tensor,
+    config: GRPOConfig,
+    group: ProcessGroup | None = None,
+) -> RolloutBatch:
+    """The actor's batch from the rewards: the overlong penalty, the group filter, then the advantages."""
     algorithm = config.algorithm
-    _, rewards = answer_rewards(examples, output, tokenizer, algorithm.reward_function)
-    advantages = group_advantages(rewards, output.n, algorithm.epsilon, scale_by_std=algorithm.scale_by_std)
+    lengths = [len(r) for r in output.responses]
+    rewards = rewards + overlong_penalty(
+        torch.tensor(lengths),
+        config.rollout.max_new_tokens,
+        algorithm.overlong_buffer_len,
+        algorithm.overlong_penalty_factor,
+    )
+    filtered = equal_reward_groups(rewards, output.n) & algorithm.filter_groups
+    batch = _batch(examples, output, keep=~filtered.repeat_interleave(output.n))
+    batch["advantages"] = outcome_advantages(
+        rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
+    )
     return RolloutBatch(
-        batch=_batch(examples, output, advantages),
+        batch=batch,
         rollout_log_probs=output.log_probs,
         rewards=rewards,
-        response_lengths=[len(r) for r in output.responses],
+        response_lengths=lengths,
+        filtered_groups=int(filtered.sum()),
     )
 
 
@@ -97,15 +139,15 @@ def answer_rewards(
     return answers, rewards
 
 
-def _batch(examples: Sequence[Example], output: RolloutOutput, advantages: torch.Tensor) -> TensorDict:
+def _batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
+    """Prompt+response sequences; the loss mask holds the responses of the ``keep`` sequences."""
     prompts = [examples[i // output.n].prompt_ids for i in range(len(output.responses))]
     sequences = [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)]
     masks = [
-        torch.tensor([False] * len(p) + [True] * len(r))
-        for p, r in zip(prompts, output.responses, strict=True)
+        torch.tensor([False] * len(p) + [bool(k)] * len(r))
+        for p, r, k in zip(prompts, output.responses, keep, strict=True)
     ]
-    per_token = [a.expand(len(s)).clone() for a, s in zip(advantages, sequences, strict=True)]
-    return make_batch(sequences, loss_mask=masks, advantages=per_token)
+    return make_batch(sequences, loss_mask=masks)
 
 
 def update(actor: Actor, reference: Reference | None, samples: RolloutBatch) -> dict[str, float]:

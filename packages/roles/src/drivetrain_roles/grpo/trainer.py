@@ -31,7 +31,6 @@ from ..actor import Actor, ActorConfig
 from ..jobs.launch import SUMMARY_FILE
 from ..jobs.run_folder import RunFolder, begin_run
 from ..jobs.step_loop import StepLoop
-from ..losses.policy import PolicyLossConfig
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
@@ -52,16 +51,10 @@ CURVE_FILE = "reward_curve.png"
 
 
 def actor_config(config: GRPOConfig) -> ActorConfig:
-    """The GRPO actor: PPO-clip loss with the KL penalty, ``algorithm.ppo_mini_batches`` optimizer steps per
-    pass over a rollout, ``algorithm.ppo_epochs`` passes (1 and 1: on-policy GRPO)."""
+    """The GRPO actor: ``algorithm.loss_mode``'s loss with the KL penalty, ``algorithm.ppo_mini_batches``
+    optimizer steps per pass over a rollout, ``algorithm.ppo_epochs`` passes (1 and 1: on-policy GRPO)."""
     algorithm = config.algorithm
-    loss = PolicyLossConfig(
-        clip_ratio_low=algorithm.clip_ratio,
-        clip_ratio_high=algorithm.clip_ratio,
-        loss_agg_mode=algorithm.loss_agg_mode,
-        kl_loss_coef=algorithm.kl_loss_coef,
-        kl_estimator=algorithm.kl_estimator,
-    )
+    loss = algorithm.policy_loss(max_new_tokens=config.rollout.max_new_tokens)
     sequences = config.trainer.prompts_per_step * config.rollout.n
     schedule = UpdateSchedule(
         mini_batch_size=-(-sequences // algorithm.ppo_mini_batches),
@@ -256,17 +249,21 @@ class _Loop:
         local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
         started = time.perf_counter()
         seed = config.trainer.seed + SEED_STRIDE * step + distributed.rank()
-        samples = sample(self.rollout, [self.train[i] for i in local], self.tokenizer, config, seed=seed)
+        examples = [self.train[i] for i in local]
+        samples = sample(
+            self.rollout, examples, self.tokenizer, config, seed=seed, group=engine.data_parallel_group
+        )
         metrics = update(self.actor, self.reference, samples)
         hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb)
         seconds = time.perf_counter() - started
         group = engine.data_parallel_group
-        reward_sum, count, response_tokens, tokens = distributed.all_reduce_sums(
+        reward_sum, count, response_tokens, tokens, filtered = distributed.all_reduce_sums(
             [
                 float(samples.rewards.sum()),
                 len(samples.rewards),
                 sum(samples.response_lengths),
                 int(samples.batch["input_ids"].values().numel()),
+                samples.filtered_groups,
             ],
             group,
         )
@@ -284,6 +281,8 @@ class _Loop:
         }
         if "kl_loss" in metrics:
             values["train/kl"] = metrics["kl_loss"]
+        if config.algorithm.filter_groups:
+            values["train/filtered_group_fraction"] = filtered * config.rollout.n / count
         self.result.rewards.append(values["train/reward"])
         return values
 

@@ -9,20 +9,35 @@ batching or data-parallel size, and so does the gradient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.outputs import LossContext
 
-AggregationMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+from .names import choose
+
 AGGREGATION_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+"""The means (what ``drivetrain sft`` offers)."""
+CONSTANT_LENGTH_MODE = "seq-mean-token-sum-norm"
+"""Dr. GRPO's mode: token sums over ``sequences x loss_scale_factor``, a constant length (verl's name)."""
+POLICY_AGGREGATION_MODES: tuple[str, ...] = (*AGGREGATION_MODES, CONSTANT_LENGTH_MODE, "token-sum")
+"""Every mode :func:`aggregate` knows (the policy losses take them all)."""
 
 
-def check_aggregation_mode(mode: str) -> None:
-    """Raise ``ValueError`` naming the valid modes when ``mode`` is not one of them."""
-    if mode not in AGGREGATION_MODES:
-        raise ValueError(
-            f"loss aggregation mode {mode!r} is not supported; choose one of {list(AGGREGATION_MODES)}."
+def check_aggregation_mode(
+    mode: str, loss_scale_factor: float | None = None, *, option: str = "loss_agg_mode"
+) -> None:
+    """Refuse an unknown ``mode`` (naming the known ones and the closest), and the constant-length mode without
+    its constant.
+
+    Raises:
+        ConfigError: (a ``ValueError``) the message starts with ``option=mode``.
+    """
+    choose(option, mode, POLICY_AGGREGATION_MODES)
+    if mode == CONSTANT_LENGTH_MODE and not (loss_scale_factor is not None and loss_scale_factor > 0):
+        raise ConfigError(
+            f"{option}={mode!r} divides by a constant length, loss_scale_factor, which is {loss_scale_factor}; "
+            "give loss_scale_factor > 0 (e.g. the longest response, TRL's max_completion_length)."
         )
 
 
@@ -81,7 +96,12 @@ def flat_values(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(
-    values: torch.Tensor, tokens: FlatTokens, context: LossContext, mode: str = "token-mean"
+    values: torch.Tensor,
+    tokens: FlatTokens,
+    context: LossContext,
+    mode: str = "token-mean",
+    *,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """This micro-batch's contribution to the mini-batch aggregate of per-token ``values``.
 
@@ -90,15 +110,23 @@ def aggregate(
         tokens: the micro-batch's mask and sequence layout.
         context: the global counts.
         mode: ``token-mean`` (masked sum / global loss tokens), ``seq-mean-token-sum`` (per-sequence masked
-            sums, summed and divided by the global sequence count) or ``seq-mean-token-mean`` (per-sequence
-            masked means, likewise; a sequence without loss tokens counts as 0).
+            sums, summed and divided by the global sequence count), ``seq-mean-token-mean`` (per-sequence
+            masked means, likewise; a sequence without loss tokens counts as 0), ``seq-mean-token-sum-norm``
+            (masked sum / (global sequences x ``loss_scale_factor``): Dr. GRPO's constant length) or
+            ``token-sum`` (masked sum, not normalised).
+        loss_scale_factor: the constant length of ``seq-mean-token-sum-norm``; not read by the other modes.
 
     Returns:
         A scalar; the sum over every micro-batch on every rank is the mini-batch aggregate.
     """
-    check_aggregation_mode(mode)
-    if mode == "token-mean":
-        return tokens.weighted(values).sum() / max(context.global_token_count, 1)
+    check_aggregation_mode(mode, loss_scale_factor)
+    if mode in ("token-mean", "token-sum", CONSTANT_LENGTH_MODE):
+        total = tokens.weighted(values).sum()
+        if mode == "token-sum":
+            return total
+        if mode == "token-mean":
+            return total / max(context.global_token_count, 1)
+        return total / (max(context.global_sequence_count, 1) * float(loss_scale_factor))  # type: ignore[arg-type]
     per_sequence = tokens.per_sequence_sum(values)
     if mode == "seq-mean-token-mean":
         counts = tokens.per_sequence_sum(torch.ones_like(values)).clamp(min=1.0)

@@ -2,14 +2,18 @@
 
 With ``delta = log pi_ref - log pi`` (sampled from pi): ``k1 = -delta`` is unbiased but high-variance and can
 be negative; ``k2 = delta**2 / 2`` is low-variance but biased; ``k3 = exp(delta) - 1 - delta`` (the "low
-variance" estimator) is unbiased and always >= 0. See J. Schulman, "Approximating KL Divergence" (2020).
+variance" estimator) is unbiased and always >= 0; ``abs = |delta|`` (verl's ``abs``) is >= 0 but biased. See
+J. Schulman, "Approximating KL Divergence" (2020). Aliases are verl's names: ``kl`` (k1), ``mse`` (k2),
+``low_var_kl`` (k3).
 """
 
 from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+from .names import choose
+
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 K3_CLAMP = 10.0
 """k3 is clamped to [-10, 10] per token: one token whose ratio explodes must not dominate the batch."""
@@ -22,15 +26,9 @@ def canonical_estimator(name: str) -> str:
     """Map aliases (``kl``, ``mse``, ``low_var_kl``) to ``k1``/``k2``/``k3``.
 
     Raises:
-        ValueError: the estimator is unknown.
+        ConfigError: (a ``ValueError``) the estimator is unknown; the message names the known ones and the closest.
     """
-    canonical = _ALIASES.get(name, name)
-    if canonical not in KL_ESTIMATORS:
-        raise ValueError(
-            f"KL estimator {name!r} is not supported; choose one of {list(KL_ESTIMATORS)} "
-            f"(aliases: {sorted(_ALIASES)})."
-        )
-    return canonical
+    return choose("kl_estimator", name, KL_ESTIMATORS, _ALIASES)
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -39,7 +37,7 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: 
     Args:
         log_probs: log pi of the sampled tokens (any shape).
         ref_log_probs: log pi_ref of the same tokens.
-        estimator: ``k1``, ``k2`` or ``k3`` (or an alias).
+        estimator: ``k1``, ``k2``, ``k3`` or ``abs`` (or an alias).
 
     Returns:
         A tensor of the same shape as ``log_probs``.
@@ -50,5 +48,7 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: 
         return -delta
     if estimator == "k2":
         return 0.5 * delta.square()
+    if estimator == "abs":
+        return delta.abs()
     delta = delta.clamp(min=-DELTA_CLAMP, max=DELTA_CLAMP)
     return (torch.exp(delta) - 1.0 - delta).clamp(min=-K3_CLAMP, max=K3_CLAMP)

@@ -1,54 +1,72 @@
-"""PPO's clipped policy loss with dual-clip, an optional KL penalty and an entropy bonus."""
+"""The actor's policy loss: a surrogate chosen by ``loss_mode`` (PPO-clip with dual-clip, GSPO, CISPO), an optional
+KL penalty and an entropy bonus, aggregated by ``loss_agg_mode``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.outputs import LossContext, LossFn
 from tensordict import TensorDict
 
 from .aggregation import FlatTokens, aggregate, check_aggregation_mode, flat_values, masked_fraction
 from .kl import canonical_estimator, kl_penalty
-
-LOG_RATIO_CLAMP = 20.0
-"""The log-ratio is clamped before ``exp`` so that a stale token cannot overflow the ratio to inf."""
+from .names import choose
+from .surrogates import POLICY_LOSS_MODES, SURROGATES
 
 
 @dataclass(kw_only=True, frozen=True)
 class PolicyLossConfig:
-    """Settings of the PPO policy loss.
+    """Settings of the policy loss.
 
     Attributes:
+        loss_mode: the surrogate (verl's ``actor.policy_loss.loss_mode``): ``vanilla`` (PPO-clip with dual-clip),
+            ``gspo`` (one clipped ratio per sequence) or ``cispo`` (clipped ratio as a constant weight); see
+            :mod:`.surrogates`.
         clip_ratio_low: the ratio is clipped below at ``1 - clip_ratio_low``.
         clip_ratio_high: the ratio is clipped above at ``1 + clip_ratio_high`` (DAPO's clip-higher when larger).
-        clip_ratio_c: dual-clip bound: for negative advantages the loss is at most ``-A * clip_ratio_c``
-            (must be > 1); ``None`` disables dual-clip.
+        clip_ratio_c: dual-clip bound of ``vanilla``: for negative advantages the loss is at most
+            ``-A * clip_ratio_c`` (must be > 1); ``None`` disables dual-clip. GSPO and CISPO have none.
         loss_agg_mode: aggregation over tokens (see :func:`~drivetrain_roles.losses.aggregation.aggregate`).
+        loss_scale_factor: the constant length of ``loss_agg_mode=seq-mean-token-sum-norm`` (read by no other).
         entropy_coeff: weight of the entropy bonus (subtracted from the loss).
         kl_loss_coef: weight of the KL penalty against ``ref_log_prob``; 0 disables it.
-        kl_estimator: ``k1``, ``k2`` or ``k3`` (``low_var_kl``).
+        kl_estimator: ``k1``, ``k2``, ``k3`` (``low_var_kl``) or ``abs``.
     """
 
+    loss_mode: str = "vanilla"
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float | None = 3.0
     loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0
     kl_estimator: str = "k3"
 
     def __post_init__(self) -> None:
+        choose("loss_mode", self.loss_mode, POLICY_LOSS_MODES)
         if not (0 <= self.clip_ratio_low < 1 and self.clip_ratio_high >= 0):
-            raise ValueError(
+            raise ConfigError(
                 f"clip_ratio_low must be in [0, 1) and clip_ratio_high >= 0, got {self.clip_ratio_low}, "
                 f"{self.clip_ratio_high}."
             )
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
-            raise ValueError(f"clip_ratio_c (dual-clip) must be > 1 or None, got {self.clip_ratio_c}.")
+            raise ConfigError(
+                f"clip_ratio_c={self.clip_ratio_c}: the dual-clip bound must be > 1 (the loss of a negative advantage "
+                "is capped at clip_ratio_c x |A|, above the clipped ratio's 1 + clip_ratio_high; verl's default is "
+                "3.0), or null to disable dual-clip."
+            )
         if self.kl_loss_coef < 0:
-            raise ValueError(f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}.")
-        check_aggregation_mode(self.loss_agg_mode)
+            raise ConfigError(f"kl_loss_coef must be >= 0, got {self.kl_loss_coef}.")
+        check_aggregation_mode(self.loss_agg_mode, self.loss_scale_factor)
+        if self.loss_mode == "gspo" and self.loss_agg_mode != "seq-mean-token-mean":
+            raise ConfigError(
+                f"loss_mode='gspo' with loss_agg_mode={self.loss_agg_mode!r}: GSPO's objective is a mean over "
+                "sequences of one ratio each, so it takes loss_agg_mode='seq-mean-token-mean'; set that (verl uses "
+                "it for GSPO whatever loss_agg_mode says)."
+            )
         canonical_estimator(self.kl_estimator)
 
     @property
@@ -61,42 +79,9 @@ class PolicyLossConfig:
         return self.entropy_coeff != 0
 
 
-@dataclass(frozen=True)
-class PolicyTerms:
-    """Per-token pieces of the clipped objective (flat tensors).
-
-    Attributes:
-        loss: per-token policy-gradient loss after clipping and dual-clip.
-        clipped: where the clipped surrogate was the active term.
-        dual_clipped: where dual-clip bounded the loss (negative advantages only).
-        log_ratio: ``log pi - log pi_old`` (for the approximate KL).
-    """
-
-    loss: torch.Tensor
-    clipped: torch.Tensor
-    dual_clipped: torch.Tensor
-    log_ratio: torch.Tensor
-
-
-def clipped_policy_terms(
-    log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, config: PolicyLossConfig
-) -> PolicyTerms:
-    """PPO's clipped surrogate per token: ``max(-A r, -A clip(r))``, with dual-clip for ``A < 0``."""
-    log_ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
-    loss = torch.maximum(unclipped, clipped)
-    dual_clipped = torch.zeros_like(loss, dtype=torch.bool)
-    if config.clip_ratio_c is not None:
-        bound = -advantages * config.clip_ratio_c
-        dual_clipped = (advantages < 0) & (loss > bound)
-        loss = torch.where(dual_clipped, bound, loss)
-    return PolicyTerms(loss=loss, clipped=clipped > unclipped, dual_clipped=dual_clipped, log_ratio=log_ratio)
-
-
 def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
-    """A loss function for the actor: batch fields ``old_log_probs``, ``advantages`` (+ ``ref_log_prob``).
+    """A loss function for the actor: batch fields ``old_log_probs``, ``advantages`` (+ ``ref_log_prob``); the
+    surrogate is ``config.loss_mode``'s.
 
     With an entropy bonus the model output must carry ``entropy`` (the actor then sets
     ``compute_entropy=True``). Metrics are contributions that sum to mini-batch values: ``pg_loss``,
@@ -107,13 +92,20 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
     def loss_fn(model_output: TensorDict, micro_batch: TensorDict, context: LossContext):
         tokens = FlatTokens.from_jagged(micro_batch["loss_mask"])
         log_probs = flat_values(model_output["log_probs"])
-        terms = clipped_policy_terms(
+
+        def aggregate_as_configured(values: torch.Tensor) -> torch.Tensor:
+            return aggregate(
+                values, tokens, context, config.loss_agg_mode, loss_scale_factor=config.loss_scale_factor
+            )
+
+        terms = SURROGATES[config.loss_mode](
             log_probs,
             tokens.select(flat_values(micro_batch["old_log_probs"])),
             tokens.select(flat_values(micro_batch["advantages"])),
             config,
+            tokens,
         )
-        loss = pg_loss = aggregate(terms.loss, tokens, context, config.loss_agg_mode)
+        loss = pg_loss = aggregate_as_configured(terms.loss)
         metrics = {
             "pg_loss": pg_loss.detach(),
             "pg_clipfrac": masked_fraction(terms.clipped, tokens, context),
@@ -121,7 +113,7 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
             "approx_kl": aggregate(-terms.log_ratio.detach(), tokens, context, "token-mean"),
         }
         if config.uses_entropy:
-            entropy = aggregate(flat_values(model_output["entropy"]), tokens, context, config.loss_agg_mode)
+            entropy = aggregate_as_configured(flat_values(model_output["entropy"]))
             loss = loss - config.entropy_coeff * entropy
             metrics["entropy"] = entropy.detach()
         if config.uses_kl:
@@ -130,7 +122,7 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
                 tokens.select(flat_values(micro_batch["ref_log_prob"])),
                 config.kl_estimator,
             )
-            kl_loss = aggregate(per_token_kl, tokens, context, config.loss_agg_mode)
+            kl_loss = aggregate_as_configured(per_token_kl)
             loss = loss + config.kl_loss_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()
         return loss, metrics
