@@ -257,6 +257,38 @@ def test_cispo_weights_log_pi_by_the_clipped_ratio_without_its_gradient():
     torch.testing.assert_close(grad, flat_grad(leaves, positions))
 
 
+@pytest.mark.parametrize("loss_mode", ["gspo", "cispo"])
+def test_the_new_surrogates_read_nothing_back_from_the_device(monkeypatch, loss_mode):
+    """As PPO-clip's (test_roles_losses): metrics stay device tensors, read once per step by the engine."""
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("a loss function read a tensor back to the host")
+
+    aggregation = "seq-mean-token-mean" if loss_mode == "gspo" else "seq-mean-token-sum-norm"
+    config = PolicyLossConfig(
+        loss_mode=loss_mode,
+        loss_agg_mode=aggregation,
+        loss_scale_factor=4,
+        kl_loss_coef=0.1,
+        kl_estimator="abs",
+    )
+    batch = TensorDict(
+        {
+            "loss_mask": jagged_rows(POLICY_MASKS),
+            "old_log_probs": jagged_rows(OLD),
+            "advantages": jagged_rows(broadcast(ADVANTAGES, POLICY_MASKS)),
+            "ref_log_prob": jagged_rows(OLD),
+        },
+        batch_size=[2],
+    )
+    context = LossContext(global_token_count=6, global_sequence_count=2)
+    for name in ("__float__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, no_read)
+    _, metrics = policy_loss_fn(config)(TensorDict({"log_probs": jagged_rows(NEW)}, [2]), batch, context)
+    monkeypatch.undo()
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in metrics.values())
+
+
 def test_kl_abs_is_the_absolute_log_ratio():
     value = kl_penalty(torch.tensor([-1.0, -3.0]), torch.tensor([-2.0, -2.5]), "abs")
     assert value.tolist() == pytest.approx([1.0, 0.5])

@@ -109,7 +109,9 @@ def rollout_batch(
         algorithm.overlong_buffer_len,
         algorithm.overlong_penalty_factor,
     )
-    filtered = equal_reward_groups(rewards, output.n) & algorithm.filter_groups
+    filtered = equal_reward_groups(rewards, output.n)
+    if not algorithm.filter_groups:
+        filtered = torch.zeros_like(filtered)
     batch = _batch(examples, output, keep=~filtered.repeat_interleave(output.n))
     batch["advantages"] = outcome_advantages(
         rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
