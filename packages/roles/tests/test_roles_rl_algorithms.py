@@ -239,15 +239,17 @@ def test_gspo_clips_one_sequence_level_ratio_and_has_its_gradient():
     assert float(metrics["pg_clipfrac_lower"]) == 0.0  # GSPO has no dual clip
 
 
-def test_cispo_weights_log_pi_by_the_clipped_ratio_without_its_gradient():
-    config = PolicyLossConfig(loss_mode="cispo", clip_ratio_low=0.1, clip_ratio_high=0.2)
+@pytest.mark.parametrize("low", [0.1, 10.0])
+def test_cispo_weights_log_pi_by_the_clipped_ratio_without_its_gradient(low):
+    """``clip_ratio_low=10`` (verl's CISPO example) leaves the weight unbounded below."""
+    config = PolicyLossConfig(loss_mode="cispo", clip_ratio_low=low, clip_ratio_high=0.2)
     loss, metrics, grad = policy_loss_and_grad(config)
     leaves, positions = response_tokens(NEW)
     terms, clipped = [], 0
     for new, old, advantage in zip(leaves, response_tokens(OLD)[0], ADVANTAGES, strict=True):
         for t in range(len(new)):
             ratio = math.exp(float(new[t].detach()) - float(old[t].detach()))
-            weight = min(max(ratio, 0.9), 1.2)
+            weight = min(max(ratio, 1 - low), 1.2)
             clipped += weight != ratio
             terms.append(-weight * advantage * new[t])
     expected = torch.stack(terms).sum() / 6
@@ -376,6 +378,10 @@ def test_filtered_groups_leave_the_loss_and_the_rest_get_their_estimator():
         ),
         ("algorithm.clip_ratio_c=1.0", r"clip_ratio_c=1.0: the dual-clip bound must be > 1 .* or null"),
         ("algorithm.loss_mode=gspo", r"loss_mode='gspo' with loss_agg_mode='token-mean'.* set that"),
+        (
+            "algorithm.clip_ratio_low=1.5",
+            r"clip_ratio_low=1.5 with loss_mode='vanilla': .* Only loss_mode=cispo takes >= 1",
+        ),
         (
             "algorithm.adv_estimator=rloo algorithm.scale_by_std=false",
             r"scale_by_std=False with adv_estimator='rloo': "

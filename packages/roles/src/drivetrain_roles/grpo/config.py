@@ -78,7 +78,8 @@ class AlgorithmConfig:
             ``gspo`` (one clipped ratio per sequence; takes ``loss_agg_mode=seq-mean-token-mean``) or ``cispo``
             (the clipped ratio as a constant weight of ``-A log pi``).
         clip_ratio: PPO clip range (ratio clipped to ``[1 - clip_ratio, 1 + clip_ratio]``).
-        clip_ratio_low: the lower clip range, ``1 - clip_ratio_low`` (unset: ``clip_ratio``).
+        clip_ratio_low: the lower clip range, ``1 - clip_ratio_low`` (unset: ``clip_ratio``); ``cispo`` takes
+            ``>= 1`` for no lower bound (verl's CISPO example: 10).
         clip_ratio_high: the upper clip range, ``1 + clip_ratio_high`` (unset: ``clip_ratio``); DAPO's clip-higher
             sets it above ``clip_ratio_low`` (0.28 against 0.2).
         clip_ratio_c: the dual-clip constant of ``vanilla`` (> 1): a negative advantage's loss is at most

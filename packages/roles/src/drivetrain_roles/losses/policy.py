@@ -24,7 +24,8 @@ class PolicyLossConfig:
         loss_mode: the surrogate (verl's ``actor.policy_loss.loss_mode``): ``vanilla`` (PPO-clip with dual-clip),
             ``gspo`` (one clipped ratio per sequence) or ``cispo`` (clipped ratio as a constant weight); see
             :mod:`.surrogates`.
-        clip_ratio_low: the ratio is clipped below at ``1 - clip_ratio_low``.
+        clip_ratio_low: the ratio is clipped below at ``1 - clip_ratio_low``; in [0, 1), except for ``cispo``,
+            where ``>= 1`` leaves its weight unbounded below.
         clip_ratio_high: the ratio is clipped above at ``1 + clip_ratio_high`` (DAPO's clip-higher when larger).
         clip_ratio_c: dual-clip bound of ``vanilla``: for negative advantages the loss is at most
             ``-A * clip_ratio_c`` (must be > 1); ``None`` disables dual-clip. GSPO and CISPO have none.
@@ -47,10 +48,16 @@ class PolicyLossConfig:
 
     def __post_init__(self) -> None:
         choose("loss_mode", self.loss_mode, POLICY_LOSS_MODES)
-        if not (0 <= self.clip_ratio_low < 1 and self.clip_ratio_high >= 0):
+        if not (self.clip_ratio_low >= 0 and self.clip_ratio_high >= 0):
             raise ConfigError(
-                f"clip_ratio_low must be in [0, 1) and clip_ratio_high >= 0, got {self.clip_ratio_low}, "
-                f"{self.clip_ratio_high}."
+                f"clip_ratio_low and clip_ratio_high must be >= 0, got {self.clip_ratio_low}, {self.clip_ratio_high}."
+            )
+        if self.clip_ratio_low >= 1 and self.loss_mode != "cispo":
+            # NOTE: CISPO's weight has no lower bound in its paper; verl's CISPO example sets clip_ratio_low=10.
+            raise ConfigError(
+                f"clip_ratio_low={self.clip_ratio_low} with loss_mode={self.loss_mode!r}: the ratio's lower bound "
+                f"1 - clip_ratio_low would be <= 0, so the clip could never act; choose clip_ratio_low in [0, 1) "
+                "(0.2 is PPO's and DAPO's). Only loss_mode=cispo takes >= 1, for no lower bound."
             )
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
             raise ConfigError(
