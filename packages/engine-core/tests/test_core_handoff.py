@@ -112,7 +112,7 @@ def test_receiver_refuses_stale_reordered_and_interleaved_streams():
     receiver.accept(_bucket(5, 0, False))
     with pytest.raises(HandoffError, match="ended before its last bucket"):
         receiver.commit()
-    receiver.abort()
+    receiver.abort(applied=False)
     with pytest.raises(HandoffError, match="received no bucket"):
         receiver.commit()
     receiver.accept(_bucket(6, 0, True))
@@ -126,7 +126,7 @@ def test_a_stream_that_failed_at_its_last_bucket_leaves_the_previous_version_ser
     receiver.accept(_bucket(1, 0, True))
     receiver.commit()
     receiver.accept(_bucket(2, 0, True))
-    receiver.abort()  # applying the bucket failed
+    receiver.abort(applied=True)  # applying the bucket failed
     assert receiver.version == 1
     receiver.accept(_bucket(2, 0, True))
     assert receiver.commit() == 2

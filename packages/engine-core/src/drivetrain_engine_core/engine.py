@@ -31,7 +31,7 @@ from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
 from .data.values import TokenLimits, check_batch_values
 from .errors import DivergenceError, EngineStateError
-from .handoff import DEFAULT_BUCKET_BYTES, LORA_MODES, LoraMode, WeightBucket, bucket_tensors
+from .handoff import DEFAULT_BUCKET_BYTES, LORA_MODES, LoraMode, SentVersions, WeightBucket
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
@@ -84,6 +84,7 @@ class Engine(ABC):
         self.init_usage: ResourceUsage | None = None
         self._shape: TransformerShape | None = None
         self._step_work = (0.0, 0.0)  # global (tokens, FLOPs) of the last forward_backward_batch
+        self._sent_versions = SentVersions()  # digests of the last weight streams: bases of delta streams
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -361,6 +362,7 @@ class Engine(ABC):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         dtype: torch.dtype | None = None,
         lora: LoraMode = "merged",
+        base_version: int | None = None,
     ) -> Iterator[WeightBucket]:
         """Stream the weights to a rollout engine in buckets of at most ``bucket_bytes`` (a collective).
 
@@ -375,6 +377,9 @@ class Engine(ABC):
             lora: ``merged`` (full Hugging Face weights, adapters folded in: what ``export_weights`` yields) or
                 ``adapter`` (only the PEFT adapter tensors, named as in ``adapter_model.safetensors``, with the
                 PEFT config in every bucket).
+            base_version: the version the receiver serves (``rollout.delta_base``): send only the tensors whose
+                bytes changed since then, the others as digests (a delta stream, §8). ``None``, or a version this
+                engine no longer remembers, sends every tensor.
 
         Raises:
             EngineStateError: not initialised, or ``lora="adapter"`` on an engine without LoRA adapters.
@@ -389,9 +394,10 @@ class Engine(ABC):
             tensors = self._export_adapter_weights()
         else:
             tensors = self._export_weights()
-        yield from bucket_tensors(
+        yield from self._sent_versions.stream(
             tensors,
             version=version,
+            base_version=base_version,
             bucket_bytes=bucket_bytes,
             dtype=dtype,
             lora=lora,

@@ -2,12 +2,15 @@
 
 Rollouts are plugins (``register_rollouts``), so an inference backend (vLLM, SGLang) is a separate install;
 drivetrain-roles ships the Hugging Face ``generate`` one (``hf``). Public methods own the checks (template
-method): a rollout serves only complete, newer weight versions (:class:`~.handoff.BucketReceiver`), refuses
-to generate while asleep or while an update is partial, and answers with the version its weights come from.
+method): a rollout serves only complete, newer weight versions (:class:`~.handoff.BucketReceiver`), applies a
+delta stream only on the base it serves intact, checks what it serves against the stream's digests when its
+:class:`~.handoff.VerifyConfig` says, refuses to generate while asleep or while an update is partial or failed
+verification, and answers with the version its weights come from.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,9 +18,10 @@ from typing import ClassVar
 
 import torch
 
+from . import distributed
 from .config import ConfigError
 from .errors import EngineStateError
-from .handoff import BucketReceiver, WeightBucket
+from .handoff import BucketReceiver, SyncMetrics, VerifyConfig, WeightBucket, verify_served
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -69,17 +73,24 @@ class Rollout(ABC):
     Args:
         model_path: the Hugging Face model directory whose architecture (and initial weights) it serves.
         device: where it runs (``cpu``, ``cuda``).
+        verify: when to check the served weights against the stream's digests (default: the first version
+            and every 10th).
     """
 
     name: ClassVar[str] = ""
     """The name the rollout registers under (``hf``)."""
 
-    def __init__(self, *, model_path: str, device: str = "cpu") -> None:
+    def __init__(self, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None) -> None:
         self.model_path = model_path
         self.device = device
+        self.verify = verify or VerifyConfig()
+        self.last_sync: SyncMetrics | None = None
+        """What the last completed ``update_weights`` cost (``None`` before one)."""
         self._receiver = BucketReceiver()
         self._asleep = False
-        self._partial = False
+        self._unusable: str | None = None  # why generate() is refused until a complete version arrives
+        self._committed = 0
+        self._verify_next = False
 
     @property
     def weights_version(self) -> int | None:
@@ -87,38 +98,74 @@ class Rollout(ABC):
         return self._receiver.version
 
     @property
+    def delta_base(self) -> int | None:
+        """The version a delta stream may build on (``weight_buckets(base_version=...)``): the served version
+        while the served weights are exactly it; ``None`` (send in full) before any, or after a failed update."""
+        return self._receiver.version if self._receiver.intact else None
+
+    @property
     def asleep(self) -> bool:
         return self._asleep
 
     def update_weights(self, buckets: Iterable[WeightBucket]) -> int:
-        """Load one complete hand-off (``engine.weight_buckets(...)``), bucket by bucket.
+        """Load one complete hand-off (``engine.weight_buckets(...)``), bucket by bucket, then verify it if due.
 
         Returns:
-            The new weight version.
+            The new weight version (:attr:`last_sync` says what the update cost).
 
         Raises:
             HandoffError: a bucket is stale, reordered or from another stream, the stream ended before its
-                last bucket, or the weights do not fit the served model; the rollout then refuses to generate
-                until a complete version arrives.
+                last bucket, the weights do not fit the served model, or they failed verification; the rollout
+                then refuses to generate until a complete version arrives.
+            DeltaBaseError: a delta stream whose base is not the intact served version (nothing was applied;
+                send the version in full).
             EngineStateError: the rollout is asleep.
         """
         self._require_awake("update_weights()")
-        self._partial = True
+        started, applied, verifying = time.perf_counter(), False, False
         try:
             for bucket in buckets:
                 self._receiver.accept(bucket)
+                applied = True
                 self._load_bucket(bucket)
             if self._receiver.ended:
                 self._finish_update()
+                verifying = self._verify_next or self.verify.due(self._committed)
+                if verifying:
+                    self._check_served()
+            sync = self._sync_metrics(started, verifying)
             # NOTE: the version is recorded only now, once every bucket is applied: recorded at the last
             # bucket, a failure applying it left the failed version reported as served (and its retry stale).
             version = self._receiver.commit()
         except BaseException:
-            self._receiver.abort()
+            if applied:
+                self._unusable = (
+                    f"the last update_weights() failed {'verification' if verifying else 'midway'}"
+                )
+            # A failed verification makes the next version verified whatever the period.
+            self._verify_next = self._verify_next or verifying
+            self._receiver.abort(applied=applied)
             self._abort_update()
             raise
-        self._partial = False
+        self._unusable, self._verify_next, self.last_sync = None, False, sync
+        self._committed += 1
         return version
+
+    def _check_served(self) -> None:
+        version = self._receiver.pending_version
+        verify_served(self._receiver.manifest, self._served_tensor, version=version, rank=distributed.rank())
+
+    def _sync_metrics(self, started: float, verified: bool) -> SyncMetrics:
+        receiver = self._receiver
+        total = sum(held.nbytes for held in receiver.manifest)
+        return SyncMetrics(
+            version=receiver.pending_version,
+            delta=receiver.delta,
+            bytes_sent=receiver.bytes_received,
+            fraction_changed=receiver.tensor_bytes_sent / total if total else 1.0,
+            seconds=time.perf_counter() - started,
+            verified=verified,
+        )
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> RolloutOutput:
         """Sample ``sampling.n`` responses to each prompt (token ids) with the served weights.
@@ -128,10 +175,10 @@ class Rollout(ABC):
             ValueError: no prompts, or an empty prompt.
         """
         self._require_awake("generate()")
-        if self._partial:
+        if self._unusable is not None:
             raise EngineStateError(
-                "generate(): the last update_weights() failed midway, so the served weights are partial; hand "
-                "off a complete version first."
+                f"generate(): {self._unusable}, so the served weights are partial or wrong; hand off a complete "
+                "version first."
             )
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("generate() needs at least one prompt, each with at least one token.")
@@ -171,6 +218,12 @@ class Rollout(ABC):
         """Forget what a failed stream left (what it covered, what it held back): the next stream starts clean."""
 
     @abstractmethod
+    def _served_tensor(self, name: str) -> torch.Tensor | None:
+        """The tensor served under the stream name ``name``, read back from the model after every layout
+        transform was undone (a fused QKV split, vocabulary padding cut, an adapter as it is bound), in any
+        dtype (core casts it to the stream's); ``None`` when nothing is served under that name."""
+
+    @abstractmethod
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -183,8 +236,10 @@ class Rollout(ABC):
     def _wake(self) -> None: ...
 
 
-def create_rollout(name: str, *, model_path: str, device: str = "cpu") -> Rollout:
-    """Build the rollout registered under ``name`` by an installed plugin.
+def create_rollout(
+    name: str, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None
+) -> Rollout:
+    """Build the rollout registered under ``name`` by an installed plugin (``verify``: see :class:`Rollout`).
 
     Raises:
         PluginError: no rollout of that name (the message lists the registered ones and the install command).
@@ -192,7 +247,7 @@ def create_rollout(name: str, *, model_path: str, device: str = "cpu") -> Rollou
     from .plugins import plugins
 
     cls = plugins().rollouts.get(name)
-    return cls(model_path=model_path, device=device)
+    return cls(model_path=model_path, device=device, verify=verify)
 
 
 __all__ = ["Rollout", "RolloutOutput", "SamplingConfig", "create_rollout"]

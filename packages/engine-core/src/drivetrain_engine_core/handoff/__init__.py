@@ -2,22 +2,40 @@
 
 ``Engine.weight_buckets`` streams the model as :class:`WeightBucket` objects: full tensors under Hugging Face
 names, packed into flat buffers of at most ``bucket_bytes`` (a larger tensor is a bucket of its own), cast to
-one dtype, numbered by ``version`` (the training step they come from) and ``index``, the last one flagged.
-A receiver checks the stream with :class:`BucketReceiver`, so stale, partial or reordered weights are refused
-instead of silently served. See docs/architecture.md §8.
+one dtype, numbered by ``version`` (the training step they come from) and ``index``, the last one flagged,
+each tensor with the digest of its bytes. A delta stream (``base_version``) sends only the tensors that
+changed and lists the others. A receiver checks the stream with :class:`BucketReceiver`, so stale, partial,
+reordered or wrongly based weights are refused instead of silently served, and checks what it serves against
+the digests (:func:`verify_served`, when :class:`VerifyConfig` says). See docs/architecture.md §8.
 """
 
-from .bucket import LORA_MODES, LoraMode, TensorSpec, WeightBucket
-from .receiver import BucketReceiver, HandoffError
-from .stream import DEFAULT_BUCKET_BYTES, bucket_tensors
+from .adapters import check_adapter_binding
+from .bucket import LORA_MODES, LoraMode, TensorDigest, TensorSpec, WeightBucket
+from .digest import digest_of
+from .history import SentVersions
+from .metrics import SyncMetrics
+from .receiver import BucketReceiver, DeltaBaseError, HandoffError
+from .stream import DEFAULT_BUCKET_BYTES, BaseVersion, bucket_tensors
+from .verify import VERIFY_MODES, VerifyConfig, VerifyMode, verify_served
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "LORA_MODES",
+    "VERIFY_MODES",
+    "BaseVersion",
     "BucketReceiver",
+    "DeltaBaseError",
     "HandoffError",
     "LoraMode",
+    "SentVersions",
+    "SyncMetrics",
+    "TensorDigest",
     "TensorSpec",
+    "VerifyConfig",
+    "VerifyMode",
     "WeightBucket",
     "bucket_tensors",
+    "check_adapter_binding",
+    "digest_of",
+    "verify_served",
 ]

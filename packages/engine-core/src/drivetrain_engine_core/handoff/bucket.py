@@ -1,4 +1,5 @@
-"""One unit of the hand-off stream: a flat byte buffer holding whole tensors, and what each tensor is."""
+"""One unit of the hand-off stream: a flat byte buffer holding whole tensors, what each tensor is, and the
+digest of its bytes."""
 
 from __future__ import annotations
 
@@ -17,25 +18,45 @@ ALIGNMENT = 8
 
 
 @dataclass(frozen=True)
-class TensorSpec:
-    """Where one tensor lives in a bucket's buffer.
+class TensorDigest:
+    """One tensor of a version as the stream holds it: name, full shape, element type and bytes' digest.
 
     Attributes:
         name: Hugging Face name (``model.layers.0.mlp.up_proj.weight``), or the PEFT adapter name
             (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``) in adapter mode.
         shape: the full (unsharded) shape.
-        dtype: the element type.
-        offset: first byte in the buffer (a multiple of :data:`ALIGNMENT`).
+        dtype: the element type in the stream (after the stream's cast).
+        digest: :func:`.digest.digest_of` the tensor's bytes in ``dtype``, row-major.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    offset: int
+    digest: str
 
     @property
     def nbytes(self) -> int:
         return _numel(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+    def same_bytes(self, other: TensorDigest | None) -> bool:
+        """Whether ``other`` is the same tensor with the same bytes (wherever either lives in a buffer)."""
+        return other is not None and (self.name, self.shape, self.dtype, self.digest) == (
+            other.name,
+            other.shape,
+            other.dtype,
+            other.digest,
+        )
+
+
+@dataclass(frozen=True)
+class TensorSpec(TensorDigest):
+    """A tensor sent in a bucket, and where it lives in the bucket's buffer.
+
+    Attributes:
+        offset: first byte in the buffer (a multiple of :data:`ALIGNMENT`).
+    """
+
+    offset: int
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -50,6 +71,9 @@ class WeightBucket:
         specs: the tensors in the buffer, in stream order.
         buffer: the flat bytes (on the engine's device), ``buffer.numel()`` bytes long.
         adapter_config: in adapter mode, the PEFT ``adapter_config.json`` content; else ``None``.
+        base_version: ``None`` for a full stream; for a delta stream, the version it applies to: only tensors
+            whose bytes differ from that version's are sent, the others are listed in ``unchanged``.
+        unchanged: tensors of the version not sent (unchanged since ``base_version``), in stream order.
     """
 
     version: int
@@ -59,6 +83,8 @@ class WeightBucket:
     specs: tuple[TensorSpec, ...]
     buffer: torch.Tensor
     adapter_config: Mapping[str, Any] | None = field(default=None)
+    base_version: int | None = None
+    unchanged: tuple[TensorDigest, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -68,6 +94,11 @@ class WeightBucket:
     def nbytes(self) -> int:
         """Bytes of the buffer (the tensors plus alignment padding)."""
         return int(self.buffer.numel())
+
+    @property
+    def digests(self) -> tuple[TensorDigest, ...]:
+        """Every tensor of the version this bucket accounts for: those sent, then those unchanged."""
+        return (*self.specs, *self.unchanged)
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` views into the buffer (no copy); copy them if the buffer is to be reused."""

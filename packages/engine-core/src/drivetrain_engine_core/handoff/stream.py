@@ -5,19 +5,32 @@ and the producer's tensor is released before the next one is requested, so at an
 buffer (at most ``bucket_bytes``) plus the one tensor the backend just gathered. A bucket is handed out only
 when the next tensor does not fit (so ``last`` is known) or the producer is exhausted; the consumer should
 drop a bucket before asking for the next one.
+
+A delta stream (``base`` given) packs only tensors whose digest differs from the base version's and lists the
+others as ``unchanged`` in the bucket being filled; each tensor is hashed as it arrives, in the stream dtype.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .bucket import LoraMode, TensorSpec, WeightBucket, aligned, as_bytes
+from .bucket import LoraMode, TensorDigest, TensorSpec, WeightBucket, aligned, as_bytes
+from .digest import digest_of
 
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 """512 MiB, verl's default bucket size for weight updates."""
+
+
+@dataclass(frozen=True)
+class BaseVersion:
+    """The version a delta stream applies to, and each of its tensors as it was sent (by name)."""
+
+    version: int
+    digests: Mapping[str, TensorDigest]
 
 
 class _Buffer:
@@ -31,12 +44,21 @@ class _Buffer:
     def fits(self, size: int) -> bool:
         return aligned(self.used) + size <= self.bytes.numel()
 
-    def add(self, name: str, tensor: torch.Tensor) -> None:
+    def add(self, held: TensorDigest, tensor: torch.Tensor) -> None:
         offset = aligned(self.used)
         flat = as_bytes(tensor)
         self.bytes[offset : offset + flat.numel()].copy_(flat)
-        self.specs.append(TensorSpec(name=name, shape=tuple(tensor.shape), dtype=tensor.dtype, offset=offset))
+        self.specs.append(TensorSpec(**held.__dict__, offset=offset))
         self.used = offset + flat.numel()
+
+
+class _Pending:
+    """What the next bucket accounts for: its buffer (made when a tensor is to be sent) and the unchanged
+    tensors listed since the last bucket."""
+
+    def __init__(self) -> None:
+        self.buffer: _Buffer | None = None
+        self.unchanged: list[TensorDigest] = []
 
 
 def bucket_tensors(
@@ -47,6 +69,7 @@ def bucket_tensors(
     dtype: torch.dtype | None = None,
     lora: LoraMode = "merged",
     adapter_config: Mapping[str, Any] | None = None,
+    base: BaseVersion | None = None,
 ) -> Iterator[WeightBucket]:
     """Pack ``tensors`` (consumed lazily, one at a time) into buckets of at most ``bucket_bytes`` bytes.
 
@@ -57,6 +80,8 @@ def bucket_tensors(
         dtype: cast every floating-point tensor to this dtype (``None`` keeps each tensor's dtype).
         lora: what the tensors are (``merged`` full weights or ``adapter`` tensors), recorded in each bucket.
         adapter_config: the PEFT adapter config, recorded in each bucket in adapter mode.
+        base: for a delta stream, the version the receiver serves and the digests it was sent with: a tensor
+            equal to its base (name, shape, dtype and digest) is listed as unchanged instead of sent.
 
     Yields:
         Buckets numbered from 0; the final one has ``last=True`` (an empty model yields one empty bucket).
@@ -66,20 +91,31 @@ def bucket_tensors(
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}.")
-    meta = {"version": version, "lora": lora, "adapter_config": adapter_config}
-    current: _Buffer | None = None
+    meta = {
+        "version": version,
+        "lora": lora,
+        "adapter_config": adapter_config,
+        "base_version": None if base is None else base.version,
+    }
+    pending = _Pending()
     index = 0
     for name, tensor in tensors:
         tensor = _cast(tensor.detach(), dtype)
+        held = TensorDigest(
+            name=name, shape=tuple(tensor.shape), dtype=tensor.dtype, digest=digest_of(tensor)
+        )
+        if base is not None and held.same_bytes(base.digests.get(name)):
+            pending.unchanged.append(held)
+            continue
         size = tensor.numel() * tensor.element_size()
-        if current is not None and not current.fits(size):
-            yield _finish(current, index, last=False, **meta)
-            current, index = None, index + 1
-        if current is None:
-            current = _Buffer(max(bucket_bytes, size), tensor.device)
-        current.add(name, tensor)
+        if pending.buffer is not None and not pending.buffer.fits(size):
+            yield _finish(pending, index, last=False, **meta)
+            pending, index = _Pending(), index + 1
+        if pending.buffer is None:
+            pending.buffer = _Buffer(max(bucket_bytes, size), tensor.device)
+        pending.buffer.add(held, tensor)
         del tensor  # release the gathered tensor before the producer gathers the next one
-    yield _finish(current or _Buffer(0, torch.device("cpu")), index, last=True, **meta)
+    yield _finish(pending, index, last=True, **meta)
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -88,7 +124,13 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return tensor.to(dtype)
 
 
-def _finish(buffer: _Buffer, index: int, *, last: bool, **meta: Any) -> WeightBucket:
+def _finish(pending: _Pending, index: int, *, last: bool, **meta: Any) -> WeightBucket:
+    buffer = pending.buffer or _Buffer(0, torch.device("cpu"))
     return WeightBucket(
-        index=index, last=last, specs=tuple(buffer.specs), buffer=buffer.bytes[: buffer.used], **meta
+        index=index,
+        last=last,
+        specs=tuple(buffer.specs),
+        buffer=buffer.bytes[: buffer.used],
+        unchanged=tuple(pending.unchanged),
+        **meta,
     )

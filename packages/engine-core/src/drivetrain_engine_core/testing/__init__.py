@@ -25,6 +25,7 @@ _EXPORTS = {
     "reference_train_losses": "reference",
     "grad_norm": "reference",
     "EngineConformanceTests": "conformance",
+    "RolloutConformanceTests": "rollout_conformance",
     "TinyTorchEngine": "tiny_engine",
     "TinyEngineConfig": "tiny_engine",
     "train_history": "training",

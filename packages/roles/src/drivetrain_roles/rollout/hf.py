@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import WeightBucket
+from drivetrain_engine_core.handoff import VerifyConfig, WeightBucket
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
 from .weights import ServedWeights
@@ -27,10 +27,10 @@ class HFRollout(Rollout):
 
     name = "hf"
 
-    def __init__(self, *, model_path: str, device: str = "cpu") -> None:
+    def __init__(self, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        super().__init__(model_path=model_path, device=device)
+        super().__init__(model_path=model_path, device=device, verify=verify)
         model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model = model.to(device).eval()
         self._eos_ids = end_of_sequence_ids(self.model.config, self.model.generation_config)
@@ -48,6 +48,9 @@ class HFRollout(Rollout):
 
     def _abort_update(self) -> None:
         self._weights.forget_stream()
+
+    def _served_tensor(self, name: str) -> torch.Tensor | None:
+        return self._weights.served(name)
 
     @torch.no_grad()
     def _generate(

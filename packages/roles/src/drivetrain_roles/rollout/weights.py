@@ -1,7 +1,10 @@
 """Served weights of the Hugging Face rollout: full tensors copied in place, or LoRA adapters folded in.
 
 Adapters are folded exactly as the engines merge them for ``export_weights`` (``W + (B @ A in fp32) * alpha / r``
-cast back), so an adapter hand-off serves the same bits as a merged one.
+cast back), so an adapter hand-off serves the same bits as a merged one. A delta stream sends only what changed:
+the tensors it lists as unchanged count as covered (merged), or are taken from the adapters folded last time
+(adapter mode). What is served is read back by stream name for verification: a model weight from the model, an
+adapter tensor from the adapters folded in.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.checkpoint import PEFT_PREFIX
-from drivetrain_engine_core.handoff import HandoffError, WeightBucket
+from drivetrain_engine_core.handoff import HandoffError, WeightBucket, check_adapter_binding
 
 
 class ServedWeights:
@@ -30,8 +33,10 @@ class ServedWeights:
         self._base: dict[str, torch.Tensor] | None = None
         self._merged_seen = False
         self._seen: set[str] = set()
-        self._adapters: dict[str, torch.Tensor] = {}
+        self._incoming: dict[str, torch.Tensor] = {}  # the adapter tensors of the stream in progress
+        self._unchanged_adapters: set[str] = set()
         self._adapter_config: Mapping[str, Any] | None = None
+        self._adapters: dict[str, torch.Tensor] = {}  # the adapter tensors folded into the served weights
 
     @property
     def _tensors(self) -> dict[str, torch.Tensor]:
@@ -50,13 +55,15 @@ class ServedWeights:
                     "adapters fold into; hand off with one lora mode for the rollout's whole life."
                 )
             self._adapter_config = bucket.adapter_config
-            self._adapters.update((name, tensor.clone()) for name, tensor in bucket.tensors())
+            self._incoming.update((name, tensor.clone()) for name, tensor in bucket.tensors())
+            self._unchanged_adapters.update(held.name for held in bucket.unchanged)
             return
         self._merged_seen = True
         with torch.no_grad():
             for name, tensor in bucket.tensors():
                 self._target(name, tensor).copy_(tensor)
                 self._seen.add(name)
+        self._seen.update(held.name for held in bucket.unchanged)
 
     def finish(self) -> None:
         """Fold held adapters in, or check that a merged stream covered every weight of the model."""
@@ -80,18 +87,42 @@ class ServedWeights:
         coverage check for tensors it never sent, its adapters were folded in again, and its cached state dict
         (stale once sleep/wake moved the model) took the next stream's copies away from the model.
         """
-        self._seen, self._adapters, self._adapter_config, self._stream = set(), {}, None, None
+        self._seen, self._incoming, self._adapter_config, self._stream = set(), {}, None, None
+        self._unchanged_adapters = set()
+
+    def served(self, name: str) -> torch.Tensor | None:
+        """The served tensor under a stream name: an adapter tensor folded in, or the model's weight."""
+        if name in self._adapters:
+            return self._adapters[name]
+        return self._model.state_dict().get(name)
 
     def move_base(self, device: str) -> None:
-        """Move the base weights kept for adapter folding with the model (``sleep``/``wake``)."""
+        """Move the base weights and adapters kept for adapter folding with the model (``sleep``/``wake``)."""
         if self._base is not None:
             self._base = {name: tensor.to(device) for name, tensor in self._base.items()}
+        self._adapters = {name: tensor.to(device) for name, tensor in self._adapters.items()}
+
+    def _stream_adapters(self) -> dict[str, torch.Tensor]:
+        """The adapters of the version: those sent, and those listed unchanged from the ones folded last."""
+        kept = sorted(self._unchanged_adapters - set(self._adapters))
+        if kept:
+            raise HandoffError(
+                f"the adapter stream lists {kept[:3]} as unchanged, but this rollout holds no such adapter; "
+                "send the version in full."
+            )
+        return {**{name: self._adapters[name] for name in self._unchanged_adapters}, **self._incoming}
 
     def _fold_adapters(self) -> None:
         config = self._adapter_config or {}
+        adapters = self._stream_adapters()
         scale = float(config["lora_alpha"]) / float(config["r"])
-        modules = [n.removesuffix(".lora_A.weight") for n in self._adapters if n.endswith(".lora_A.weight")]
+        modules = [n.removesuffix(".lora_A.weight") for n in adapters if n.endswith(".lora_A.weight")]
         adapted = {module: module.removeprefix(PEFT_PREFIX) + ".weight" for module in modules}
+        check_adapter_binding(
+            config,
+            [name for name, _ in self._model.named_modules()],
+            [m.removeprefix(PEFT_PREFIX) for m in modules],
+        )
         if self._base is None:
             # The first adapter hand-off: the model still holds the base weights. Only the adapted ones are kept
             # (a copy of the whole model doubled the rollout's memory for the run).
@@ -106,10 +137,10 @@ class ServedWeights:
             for module, hf_name in adapted.items():
                 base = self._base[hf_name]
                 delta = (
-                    self._adapters[f"{module}.lora_B.weight"].float()
-                    @ self._adapters[f"{module}.lora_A.weight"].float()
+                    adapters[f"{module}.lora_B.weight"].float() @ adapters[f"{module}.lora_A.weight"].float()
                 ).to(base.dtype)
                 self._target(hf_name, base).copy_(base + delta * scale)
+        self._adapters = adapters
 
     def _target(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         target = self._tensors.get(name)

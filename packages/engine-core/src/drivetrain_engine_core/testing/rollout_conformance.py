@@ -1,0 +1,257 @@
+"""``RolloutConformanceTests``: the test class every rollout subclasses to prove it keeps the Rollout contract.
+
+Like :mod:`.conformance` for engines: a rollout's test file holds a short subclass naming it, and inherits
+every check below. The weights come from core's own stream (``SentVersions``, what ``Engine.weight_buckets``
+runs) over tiny-model versions made by :mod:`.policies`; the reference is the plain Hugging Face model with
+the same weights, never the rollout itself.
+
+Example::
+
+    from drivetrain_engine_core.testing.rollout_conformance import RolloutConformanceTests
+
+    class TestMyRolloutConformance(RolloutConformanceTests):
+        rollout_name = "mine"        # built through the plugin registry with create_rollout
+        supports_adapters = False    # skip what the rollout does not offer
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+
+from drivetrain_engine_core.errors import EngineStateError
+from drivetrain_engine_core.handoff import (
+    DeltaBaseError,
+    HandoffError,
+    SentVersions,
+    VerifyConfig,
+    WeightBucket,
+)
+from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
+from drivetrain_engine_core.testing.device import device_under_test
+from drivetrain_engine_core.testing.models import make_tiny_model_dir
+from drivetrain_engine_core.testing.policies import (
+    State,
+    actor_log_probs,
+    base_state,
+    folded,
+    lora_adapters,
+    moved,
+    save_policy,
+    stream,
+)
+
+PROMPTS = ([1, 5, 6, 7], [1, 9], [1, 12, 13])
+SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=5)
+EVERY = VerifyConfig(mode="every")
+CHANGED_AT_2 = ("model.layers.0.self_attn.q_proj.weight", "model.norm.weight")
+"""What version 2 changes of version 1: a delta stream sends these two tensors only."""
+
+
+class RolloutConformanceTests:
+    """Checks every rollout must pass; subclass it in a ``Test*`` class of the rollout's test suite."""
+
+    rollout_name: ClassVar[str] = ""
+    """Registered rollout name used by the default :meth:`rollout_factory`."""
+    device: ClassVar[str] = device_under_test()
+    arch: ClassVar[str] = "qwen2"
+    log_prob_atol: ClassVar[float] = 1e-5
+    """Largest gap between the rollout's sampled log-probs and the plain model's (fp32)."""
+    supports_adapters: ClassVar[bool] = True
+    """Whether the rollout takes ``lora="adapter"`` streams."""
+    skip_tests: ClassVar[frozenset[str]] = frozenset()
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    def rollout_factory(self, model_dir: Path, *, verify: VerifyConfig) -> Rollout:
+        """Build the rollout under test over ``model_dir`` with the given verification schedule."""
+        if not self.rollout_name:
+            raise NotImplementedError(
+                f"{type(self).__name__}: set `rollout_name = ...` or override rollout_factory()."
+            )
+        return create_rollout(self.rollout_name, model_path=str(model_dir), device=self.device, verify=verify)
+
+    # ------------------------------------------------------------------ fixtures
+    @pytest.fixture(autouse=True)
+    def _skip_unsupported(self, request: pytest.FixtureRequest) -> None:
+        if request.function.__name__ in self.skip_tests:
+            pytest.skip(f"{type(self).__name__} lists {request.function.__name__} in skip_tests")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return make_tiny_model_dir(tmp_path_factory.mktemp("rollout_model"), arch=cls.arch)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def versions(cls, model_dir: Path) -> dict[int, State]:
+        """Version 1 moves every weight; version 2 moves :data:`CHANGED_AT_2` of version 1 only."""
+        first = moved(base_state(model_dir), seed=1)
+        return {1: first, 2: moved(first, seed=2, names=CHANGED_AT_2)}
+
+    # ------------------------------------------------------------------ helpers
+    def make(self, model_dir: Path, verify: VerifyConfig = EVERY) -> Rollout:
+        return self.rollout_factory(model_dir, verify=verify)
+
+    @staticmethod
+    def same_outputs(first: Rollout, second: Rollout) -> bool:
+        """Whether both rollouts sample and decode the same tokens with the same log-probs, bit for bit."""
+        for sampling in (SAMPLED, GREEDY):
+            a, b = first.generate(list(PROMPTS), sampling), second.generate(list(PROMPTS), sampling)
+            pairs = zip(a.responses + a.log_probs, b.responses + b.log_probs, strict=True)
+            if not all(torch.equal(x.cpu(), y.cpu()) for x, y in pairs):
+                return False
+        return True
+
+    def assert_log_probs_match(self, rollout: Rollout, policy_dir: Path) -> None:
+        output = rollout.generate(list(PROMPTS), SAMPLED)
+        expected = actor_log_probs(policy_dir, PROMPTS, output, SAMPLED.temperature)
+        for rolled, actor in zip(output.log_probs, expected, strict=True):
+            torch.testing.assert_close(rolled.cpu(), actor, atol=self.log_prob_atol, rtol=0)
+
+    # ------------------------------------------------------------------ versions and refusals
+    def test_versions_are_recorded_only_for_complete_newer_streams(self, model_dir: Path, versions) -> None:
+        rollout, sender = self.make(model_dir), SentVersions()
+        assert (rollout.weights_version, rollout.delta_base) == (None, None)
+        assert rollout.update_weights(stream(sender, versions[1], 1)) == 1
+        assert rollout.generate(list(PROMPTS), GREEDY).version == 1 and rollout.delta_base == 1
+        with pytest.raises(HandoffError, match="stale weights: version 1 arrived after version 1"):
+            rollout.update_weights(stream(sender, versions[2], 1))
+        # Refused at its first bucket, the stale stream applied nothing: version 1 is still served.
+        assert rollout.weights_version == 1 and rollout.generate(list(PROMPTS), GREEDY).version == 1
+
+    def test_reordered_and_partial_streams_are_refused(self, model_dir: Path, versions) -> None:
+        rollout, sender = self.make(model_dir), SentVersions()
+        buckets = stream(sender, versions[1], 1)
+        assert len(buckets) > 2, "the kit's streams must span several buckets"
+        for broken, error in (
+            (
+                [buckets[0], buckets[2], buckets[1], *buckets[3:]],
+                "bucket 2 of version 1 arrived, but bucket 1",
+            ),
+            (buckets[:-1], "ended before its last bucket"),
+        ):
+            with pytest.raises(HandoffError, match=error):
+                rollout.update_weights(broken)
+            with pytest.raises(EngineStateError, match="partial or wrong"):
+                rollout.generate(list(PROMPTS), GREEDY)
+            assert rollout.weights_version is None and rollout.delta_base is None
+        assert rollout.update_weights(buckets) == 1 and rollout.generate(list(PROMPTS), GREEDY).version == 1
+
+    # ------------------------------------------------------------------ full and delta streams
+    def test_a_full_stream_samples_with_the_actors_log_probs(
+        self, model_dir: Path, versions, tmp_path
+    ) -> None:
+        rollout, buckets = self.make(model_dir), stream(SentVersions(), versions[1], 1)
+        rollout.update_weights(buckets)
+        self.assert_log_probs_match(rollout, save_policy(model_dir, versions[1], tmp_path / "v1"))
+        sync = rollout.last_sync
+        assert sync is not None and (sync.version, sync.delta, sync.verified) == (1, False, True)
+        assert sync.bytes_sent == sum(b.nbytes for b in buckets) and sync.fraction_changed == 1.0
+
+    def test_a_bfloat16_stream_is_served_and_verified_in_its_dtype(self, model_dir: Path, versions) -> None:
+        """A served model in another dtype than the stream's passes verification when casting what it serves back
+        to the stream dtype gives the bytes sent."""
+        rollout = self.make(model_dir)
+        rollout.update_weights(stream(SentVersions(), versions[1], 1, dtype=torch.bfloat16))
+        assert rollout.last_sync is not None and rollout.last_sync.verified
+
+    def test_a_delta_stream_serves_what_the_full_stream_serves(self, model_dir: Path, versions) -> None:
+        sender, by_delta, by_full = SentVersions(), self.make(model_dir), self.make(model_dir)
+        by_delta.update_weights(stream(sender, versions[1], 1))
+        delta = stream(sender, versions[2], 2, base_version=1)
+        assert sorted(name for b in delta for name in b.names) == sorted(CHANGED_AT_2)
+        assert by_delta.update_weights(delta) == 2  # verified: every served tensor has version 2's digest
+        by_full.update_weights(stream(SentVersions(), versions[2], 2))
+        assert self.same_outputs(by_delta, by_full)
+        sync, nbytes = by_delta.last_sync, {n: t.numel() * t.element_size() for n, t in versions[2].items()}
+        assert sync is not None and sync.delta and sync.verified
+        assert sync.fraction_changed == pytest.approx(
+            sum(nbytes[n] for n in CHANGED_AT_2) / sum(nbytes.values())
+        )
+
+    def test_a_delta_on_another_base_is_refused_before_anything_is_applied(
+        self, model_dir: Path, versions
+    ) -> None:
+        sender, rollout = SentVersions(), self.make(model_dir)
+        rollout.update_weights(stream(sender, versions[1], 1))
+        stream(sender, versions[2], 2)  # sent elsewhere: this rollout never received version 2
+        with pytest.raises(DeltaBaseError, match="delta on version 2, but this receiver serves version 1"):
+            rollout.update_weights(stream(sender, versions[1], 3, base_version=2))
+        assert rollout.generate(list(PROMPTS), GREEDY).version == 1 and rollout.delta_base == 1
+        with pytest.raises(HandoffError, match="ended before its last bucket"):
+            rollout.update_weights(stream(sender, versions[2], 4)[:-1])
+        assert rollout.delta_base is None  # partial weights are no base
+        with pytest.raises(DeltaBaseError, match="holds partial weights"):
+            rollout.update_weights(stream(sender, versions[2], 4, base_version=1))
+        assert rollout.update_weights(stream(sender, versions[2], 4)) == 4 and rollout.delta_base == 4
+
+    # ------------------------------------------------------------------ verification
+    def test_verification_catches_a_tensor_corrupted_in_flight(self, model_dir: Path, versions) -> None:
+        rollout, buckets = self.make(model_dir), stream(SentVersions(), versions[1], 1)
+        target = buckets[1].specs[0]
+        corrupted = [*buckets[:1], _flip_a_byte(buckets[1], target.offset), *buckets[2:]]
+        with pytest.raises(
+            HandoffError, match=f"version 1 on rank 0: {target.name} is served with other bytes"
+        ):
+            rollout.update_weights(corrupted)
+        assert rollout.weights_version is None
+        with pytest.raises(EngineStateError, match="failed verification"):
+            rollout.generate(list(PROMPTS), GREEDY)
+        assert rollout.update_weights(buckets) == 1 and rollout.generate(list(PROMPTS), GREEDY).version == 1
+
+    def test_the_verification_schedule_is_kept(self, model_dir: Path, versions) -> None:
+        sender, rollout = SentVersions(), self.make(model_dir, VerifyConfig(every_n=2))
+        verified = []
+        for version in (1, 2, 3):
+            rollout.update_weights(stream(sender, versions[1 + version % 2], version))
+            verified.append(rollout.last_sync.verified if rollout.last_sync else None)
+        assert verified == [True, False, True]
+        unchecked = self.make(model_dir, VerifyConfig(mode="never"))
+        buckets = stream(SentVersions(), versions[1], 1)
+        unchecked.update_weights(
+            [*buckets[:1], _flip_a_byte(buckets[1], buckets[1].specs[0].offset), *buckets[2:]]
+        )
+        assert unchecked.last_sync is not None and not unchecked.last_sync.verified
+
+    # ------------------------------------------------------------------ adapters
+    def test_adapter_streams_serve_the_folded_weights(self, model_dir: Path, tmp_path: Path) -> None:
+        if not self.supports_adapters:
+            pytest.skip(f"{type(self).__name__} does not take adapter streams")
+        base, sender = base_state(model_dir), SentVersions()
+        first, rollout = lora_adapters(model_dir, seed=1), self.make(model_dir)
+        rollout.update_weights(stream(sender, first, 1, lora="adapter"))
+        self.assert_log_probs_match(rollout, save_policy(model_dir, folded(base, first), tmp_path / "v1"))
+        # Version 2 retrains layer 0's adapters only: the delta sends those, and serves the full stream's bits.
+        second = {**first, **lora_adapters(model_dir, seed=2, layers=[0])}
+        delta = stream(sender, second, 2, base_version=1, lora="adapter")
+        assert {name.split(".")[4] for b in delta for name in b.names} == {"0"}
+        rollout.update_weights(delta)
+        full = self.make(model_dir)
+        full.update_weights(stream(SentVersions(), second, 2, lora="adapter"))
+        assert self.same_outputs(rollout, full)
+
+    def test_an_adapter_stream_that_binds_no_module_is_refused(self, model_dir: Path) -> None:
+        if not self.supports_adapters:
+            pytest.skip(f"{type(self).__name__} does not take adapter streams")
+        rollout, adapters = self.make(model_dir), lora_adapters(model_dir, seed=1)
+        with pytest.raises(HandoffError, match="bound zero modules"):
+            rollout.update_weights(stream(SentVersions(), {}, 1, lora="adapter"))
+        only_q = {name: tensor for name, tensor in adapters.items() if ".v_proj." not in name}
+        with pytest.raises(
+            HandoffError, match=r"left \d+ modules that target_modules=.* selects without an adapter"
+        ):
+            rollout.update_weights(stream(SentVersions(), only_q, 1, lora="adapter"))
+        with pytest.raises(EngineStateError, match="partial or wrong"):
+            rollout.generate(list(PROMPTS), GREEDY)
+
+
+def _flip_a_byte(bucket: WeightBucket, offset: int) -> WeightBucket:
+    """``bucket`` with one byte of its buffer changed after the sender hashed it: corruption in flight."""
+    buffer = bucket.buffer.clone()
+    buffer[offset] ^= 0x40
+    fields = {name: getattr(bucket, name) for name in bucket.__dataclass_fields__}
+    return WeightBucket(**{**fields, "buffer": buffer})
