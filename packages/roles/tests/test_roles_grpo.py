@@ -323,6 +323,15 @@ def test_run_folder_and_resume(tmp_path):
     assert keys <= set(records[-2]) and all(
         r["rollout/log_prob_diff_max"] < 1e-5 for r in records if "rollout/log_prob_diff_max" in r
     )
+    # Every step's hand-off reports its cost: the first of a run is full and verified, later ones are deltas on
+    # the version served (here they send nothing: every reward is 0, so the policy never changes).
+    syncs = [
+        {k.removeprefix("rollout/sync_"): v for k, v in r.items() if "sync" in k}
+        for r in records
+        if "train/reward" in r
+    ]
+    assert (syncs[0]["delta"], syncs[0]["verified"], syncs[0]["fraction_changed"]) == (0.0, 1.0, 1.0)
+    assert syncs[0]["bytes"] > 0 and all(s["delta"] == 1.0 for s in syncs[1:]), syncs
 
 
 def test_shipped_example_yaml_holds_the_defaults():

@@ -262,6 +262,11 @@ def log_prob_gap(
     return gap
 
 
-def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> None:
-    """Stream the actor's weights to the rollout as ``version`` (collective over the actor's ranks)."""
-    rollout.update_weights(actor.engine.weight_buckets(version=version, bucket_bytes=int(bucket_mb * 2**20)))
+def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> dict[str, float]:
+    """Stream the actor's weights to the rollout as ``version`` (collective over the actor's ranks): a delta on
+    the version the rollout serves intact, else in full. Returns the sync's metrics (``rollout/sync_bytes``, ...)."""
+    buckets = actor.engine.weight_buckets(
+        version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=rollout.delta_base
+    )
+    rollout.update_weights(buckets)
+    return rollout.last_sync.as_metrics() if rollout.last_sync is not None else {}

@@ -254,7 +254,7 @@ class _Loop:
             self.rollout, examples, self.tokenizer, config, seed=seed, group=engine.data_parallel_group
         )
         metrics = update(self.actor, self.reference, samples)
-        hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb)
+        sync = hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb)
         seconds = time.perf_counter() - started
         group = engine.data_parallel_group
         reward_sum, count, response_tokens, tokens, filtered = distributed.all_reduce_sums(
@@ -283,6 +283,7 @@ class _Loop:
             values["train/kl"] = metrics["kl_loss"]
         if config.algorithm.filter_groups:
             values["train/filtered_group_fraction"] = filtered * config.rollout.n / count
+        values.update(sync)
         self.result.rewards.append(values["train/reward"])
         return values
 

@@ -141,13 +141,16 @@ class ColocatedWorker(RoleWorker):
         """Hand the ``weights_from`` part's weights to the local rollout as ``version`` (a collective).
 
         The engine holds its parameters on the device for the stream (``eval_mode`` loads offloaded ones and
-        offloads them again after), so the hand-off never leaves the worker.
+        offloads them again after), so the hand-off never leaves the worker. It is a delta on the version the
+        rollout serves intact (the full version otherwise).
         """
         rollout = self._awake_rollout()
         spec = self.rollout_spec
         engine = self._part(spec.weights_from).engine
         with engine.eval_mode():
-            buckets = engine.weight_buckets(version=version, bucket_bytes=int(spec.bucket_mb * 2**20))
+            buckets = engine.weight_buckets(
+                version=version, bucket_bytes=int(spec.bucket_mb * 2**20), base_version=rollout.delta_base
+            )
             return rollout.update_weights(buckets)
 
     def state(self) -> dict[str, Any]:
