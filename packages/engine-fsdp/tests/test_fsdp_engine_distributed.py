@@ -74,6 +74,7 @@ def run_scenario(engine, batch, shares=None):
         local = batch[torch.tensor(shares[rank])]
     with engine.eval_mode():
         outputs = engine.infer_batch(local, options=ForwardOptions(temperature=0.9)).outputs
+    bases = {mode: received(engine.weight_buckets(version=0, lora=mode)) for mode in lora_modes(engine)}
     with engine.train_mode():
         step = engine.train_batch(local, token_mean_nll)
     log_probs = None if outputs is None else [t.clone() for t in outputs["log_probs"].unbind()]
@@ -82,6 +83,7 @@ def run_scenario(engine, batch, shares=None):
         "loss": step.loss,
         "grad_norm": step.metrics["grad_norm"],
         "hand_off": hand_off(engine),
+        "delta": {mode: delta_hand_off(engine, base, mode) for mode, base in bases.items()},
     }
 
 
@@ -108,6 +110,21 @@ def hand_off(engine):
 
 def received(buckets):
     return {name: tensor.clone() for bucket in buckets for name, tensor in bucket.tensors()}
+
+
+def lora_modes(engine):
+    return ("merged", "adapter") if engine.model_config.lora is not None else ("merged",)
+
+
+def delta_hand_off(engine, base, lora):
+    """Version 1 as a delta on version 0 (streamed before the step), applied to what version 0 delivered."""
+    buckets = list(engine.weight_buckets(version=1, base_version=0, bucket_bytes=HAND_OFF_BOUND, lora=lora))
+    return {
+        "base": base,
+        "applied": {**base, **received(buckets)},
+        "sent": [name for bucket in buckets for name in bucket.names],
+        "bases": {bucket.base_version for bucket in buckets},
+    }
 
 
 def two_rank_worker(rank, world_size, model_dir, checkpoint_root):
@@ -218,6 +235,31 @@ def test_two_rank_weight_buckets_equal_export_weights(launched, scenario):
             hf_name = module.removeprefix("base_model.model.") + ".weight"
             delta = (adapters[f"{module}.lora_B.weight"].float() @ adapters[name].float()) * scale
             assert torch.equal(first["received"][hf_name], base[hf_name] + delta), hf_name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_two_rank_delta_streams_equal_full_streams(launched, scenario):
+    """Version 1 as a delta on version 0, applied to version 0, equals the full version 1 bit for bit on every
+    rank, and sends exactly the tensors that differ between the two. A full fine-tuning step with Adam moves
+    every tensor, so the delta sends all of them; a LoRA step moves only the adapted weights (merged)."""
+    _, _, results = launched
+    for rank_result in results:
+        full, deltas = rank_result[scenario]["hand_off"], rank_result[scenario]["delta"]
+        expected = {"merged": full["received"], "adapter": full.get("adapters")}
+        for mode, delta in deltas.items():
+            assert delta["bases"] == {0}, mode
+            assert list(delta["applied"]) == list(expected[mode]), mode
+            for name, tensor in expected[mode].items():
+                assert torch.equal(delta["applied"][name], tensor), (mode, name)
+        adapted = [
+            n for n in full["received"] if n.endswith(".weight") and n.split(".")[-2] in LORA.target_modules
+        ]
+        assert deltas["merged"]["sent"] == (
+            adapted if scenario.startswith("lora") else list(full["received"])
+        )
+        if "adapter" in deltas:
+            assert deltas["adapter"]["sent"] == list(full["adapters"])
 
 
 @pytest.mark.slow

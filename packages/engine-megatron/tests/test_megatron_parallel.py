@@ -125,6 +125,7 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
     batches = _batches(vocab_size)
     engine = _engine(path, layout)
     result = {"exported": dict(engine.export_weights())}
+    base = _received(engine.weight_buckets(version=0))  # the base of a delta stream after training
     result["packed"] = _infer(engine, batches[0], ("log_probs", "entropy"))
     # Sequence parallelism splits packed rows only (padded rows are refused).
     result["padded"] = (
@@ -136,6 +137,12 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
     engine.save_checkpoint(checkpoint_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
     result["exported_at_save"] = dict(engine.export_weights())
     result["hand_off"] = _hand_off(engine)
+    delta = list(engine.weight_buckets(version=SAVE_AT, base_version=0, bucket_bytes=HAND_OFF_BOUND))
+    result["delta"] = {
+        "base": base,
+        "applied": {**base, **_received(delta)},
+        "sent": [name for bucket in delta for name in bucket.names],
+    }
     continued = train_history(engine, batches[SAVE_AT:], token_mean_nll)
     result["history"] += continued
     resumed_engine = _engine(path, layout)
@@ -148,6 +155,10 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
 
 
 HAND_OFF_BOUND = 4096
+
+
+def _received(buckets) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for bucket in buckets for name, tensor in bucket.tensors()}
 
 
 def _hand_off(engine) -> dict:
@@ -171,6 +182,12 @@ def _assert_hand_off_equals_export(language: dict) -> None:
     assert [(index, last) for *_, index, last in buckets] == [
         (i, i == len(buckets) - 1) for i in range(len(buckets))
     ]
+    # The delta on the untrained version, applied to it, is the full stream bit for bit, and sends exactly the
+    # tensors the steps changed.
+    delta = language["delta"]
+    assert list(delta["applied"]) == list(received)
+    assert all(torch.equal(delta["applied"][name], tensor) for name, tensor in received.items())
+    assert delta["sent"] == [n for n, t in received.items() if not torch.equal(t, delta["base"][n])]
 
 
 def _value_checks(path: str, layout: dict, vocab_size: int, root: str) -> dict:

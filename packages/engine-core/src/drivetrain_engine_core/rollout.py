@@ -171,7 +171,8 @@ class Rollout(ABC):
         """Sample ``sampling.n`` responses to each prompt (token ids) with the served weights.
 
         Raises:
-            EngineStateError: asleep, or the last weight update failed midway (the weights are partial).
+            EngineStateError: asleep, or the last weight update failed midway (the weights are partial) or failed
+                verification (they are not what was sent).
             ValueError: no prompts, or an empty prompt.
         """
         self._require_awake("generate()")

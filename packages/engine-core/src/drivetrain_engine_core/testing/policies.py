@@ -87,8 +87,10 @@ def stream(
     base_version: int | None = None,
     lora: LoraMode = "merged",
     dtype: torch.dtype | None = None,
+    device: str = "cpu",
 ) -> list[WeightBucket]:
-    """The buckets of ``state`` as an engine streams them (4 KiB each, so a tiny model spans many)."""
+    """The buckets of ``state`` as an engine on ``device`` streams them (4 KiB each, so a tiny model spans
+    many)."""
     config = None
     if lora == "adapter":
         from drivetrain_engine_core.checkpoint.peft import peft_adapter_config
@@ -100,7 +102,7 @@ def stream(
         )
     return list(
         sender.stream(
-            iter(state.items()),
+            ((name, tensor.to(device)) for name, tensor in state.items()),
             version=version,
             base_version=base_version,
             dtype=dtype,

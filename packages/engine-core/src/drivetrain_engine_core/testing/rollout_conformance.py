@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -96,6 +96,10 @@ class RolloutConformanceTests:
     def make(self, model_dir: Path, verify: VerifyConfig = EVERY) -> Rollout:
         return self.rollout_factory(model_dir, verify=verify)
 
+    def stream(self, sender: SentVersions, state: State, version: int, **options: Any) -> list[WeightBucket]:
+        """:func:`.policies.stream` from an engine on the rollout's device."""
+        return stream(sender, state, version, device=self.device, **options)
+
     @staticmethod
     def same_outputs(first: Rollout, second: Rollout) -> bool:
         """Whether both rollouts sample and decode the same tokens with the same log-probs, bit for bit."""
@@ -116,16 +120,16 @@ class RolloutConformanceTests:
     def test_versions_are_recorded_only_for_complete_newer_streams(self, model_dir: Path, versions) -> None:
         rollout, sender = self.make(model_dir), SentVersions()
         assert (rollout.weights_version, rollout.delta_base) == (None, None)
-        assert rollout.update_weights(stream(sender, versions[1], 1)) == 1
+        assert rollout.update_weights(self.stream(sender, versions[1], 1)) == 1
         assert rollout.generate(list(PROMPTS), GREEDY).version == 1 and rollout.delta_base == 1
         with pytest.raises(HandoffError, match="stale weights: version 1 arrived after version 1"):
-            rollout.update_weights(stream(sender, versions[2], 1))
+            rollout.update_weights(self.stream(sender, versions[2], 1))
         # Refused at its first bucket, the stale stream applied nothing: version 1 is still served.
         assert rollout.weights_version == 1 and rollout.generate(list(PROMPTS), GREEDY).version == 1
 
     def test_reordered_and_partial_streams_are_refused(self, model_dir: Path, versions) -> None:
         rollout, sender = self.make(model_dir), SentVersions()
-        buckets = stream(sender, versions[1], 1)
+        buckets = self.stream(sender, versions[1], 1)
         assert len(buckets) > 2, "the kit's streams must span several buckets"
         for broken, error in (
             (
@@ -145,7 +149,7 @@ class RolloutConformanceTests:
     def test_a_full_stream_samples_with_the_actors_log_probs(
         self, model_dir: Path, versions, tmp_path
     ) -> None:
-        rollout, buckets = self.make(model_dir), stream(SentVersions(), versions[1], 1)
+        rollout, buckets = self.make(model_dir), self.stream(SentVersions(), versions[1], 1)
         rollout.update_weights(buckets)
         self.assert_log_probs_match(rollout, save_policy(model_dir, versions[1], tmp_path / "v1"))
         sync = rollout.last_sync
@@ -156,16 +160,16 @@ class RolloutConformanceTests:
         """A served model in another dtype than the stream's passes verification when casting what it serves back
         to the stream dtype gives the bytes sent."""
         rollout = self.make(model_dir)
-        rollout.update_weights(stream(SentVersions(), versions[1], 1, dtype=torch.bfloat16))
+        rollout.update_weights(self.stream(SentVersions(), versions[1], 1, dtype=torch.bfloat16))
         assert rollout.last_sync is not None and rollout.last_sync.verified
 
     def test_a_delta_stream_serves_what_the_full_stream_serves(self, model_dir: Path, versions) -> None:
         sender, by_delta, by_full = SentVersions(), self.make(model_dir), self.make(model_dir)
-        by_delta.update_weights(stream(sender, versions[1], 1))
-        delta = stream(sender, versions[2], 2, base_version=1)
+        by_delta.update_weights(self.stream(sender, versions[1], 1))
+        delta = self.stream(sender, versions[2], 2, base_version=1)
         assert sorted(name for b in delta for name in b.names) == sorted(CHANGED_AT_2)
         assert by_delta.update_weights(delta) == 2  # verified: every served tensor has version 2's digest
-        by_full.update_weights(stream(SentVersions(), versions[2], 2))
+        by_full.update_weights(self.stream(SentVersions(), versions[2], 2))
         assert self.same_outputs(by_delta, by_full)
         sync, nbytes = by_delta.last_sync, {n: t.numel() * t.element_size() for n, t in versions[2].items()}
         assert sync is not None and sync.delta and sync.verified
@@ -177,21 +181,21 @@ class RolloutConformanceTests:
         self, model_dir: Path, versions
     ) -> None:
         sender, rollout = SentVersions(), self.make(model_dir)
-        rollout.update_weights(stream(sender, versions[1], 1))
-        stream(sender, versions[2], 2)  # sent elsewhere: this rollout never received version 2
+        rollout.update_weights(self.stream(sender, versions[1], 1))
+        self.stream(sender, versions[2], 2)  # sent elsewhere: this rollout never received version 2
         with pytest.raises(DeltaBaseError, match="delta on version 2, but this receiver serves version 1"):
-            rollout.update_weights(stream(sender, versions[1], 3, base_version=2))
+            rollout.update_weights(self.stream(sender, versions[1], 3, base_version=2))
         assert rollout.generate(list(PROMPTS), GREEDY).version == 1 and rollout.delta_base == 1
         with pytest.raises(HandoffError, match="ended before its last bucket"):
-            rollout.update_weights(stream(sender, versions[2], 4)[:-1])
+            rollout.update_weights(self.stream(sender, versions[2], 4)[:-1])
         assert rollout.delta_base is None  # partial weights are no base
         with pytest.raises(DeltaBaseError, match="holds partial weights"):
-            rollout.update_weights(stream(sender, versions[2], 4, base_version=1))
-        assert rollout.update_weights(stream(sender, versions[2], 4)) == 4 and rollout.delta_base == 4
+            rollout.update_weights(self.stream(sender, versions[2], 4, base_version=1))
+        assert rollout.update_weights(self.stream(sender, versions[2], 4)) == 4 and rollout.delta_base == 4
 
     # ------------------------------------------------------------------ verification
     def test_verification_catches_a_tensor_corrupted_in_flight(self, model_dir: Path, versions) -> None:
-        rollout, buckets = self.make(model_dir), stream(SentVersions(), versions[1], 1)
+        rollout, buckets = self.make(model_dir), self.stream(SentVersions(), versions[1], 1)
         target = buckets[1].specs[0]
         corrupted = [*buckets[:1], _flip_a_byte(buckets[1], target.offset), *buckets[2:]]
         with pytest.raises(
@@ -207,11 +211,11 @@ class RolloutConformanceTests:
         sender, rollout = SentVersions(), self.make(model_dir, VerifyConfig(every_n=2))
         verified = []
         for version in (1, 2, 3):
-            rollout.update_weights(stream(sender, versions[1 + version % 2], version))
+            rollout.update_weights(self.stream(sender, versions[1 + version % 2], version))
             verified.append(rollout.last_sync.verified if rollout.last_sync else None)
         assert verified == [True, False, True]
         unchecked = self.make(model_dir, VerifyConfig(mode="never"))
-        buckets = stream(SentVersions(), versions[1], 1)
+        buckets = self.stream(SentVersions(), versions[1], 1)
         unchecked.update_weights(
             [*buckets[:1], _flip_a_byte(buckets[1], buckets[1].specs[0].offset), *buckets[2:]]
         )
@@ -223,15 +227,15 @@ class RolloutConformanceTests:
             pytest.skip(f"{type(self).__name__} does not take adapter streams")
         base, sender = base_state(model_dir), SentVersions()
         first, rollout = lora_adapters(model_dir, seed=1), self.make(model_dir)
-        rollout.update_weights(stream(sender, first, 1, lora="adapter"))
+        rollout.update_weights(self.stream(sender, first, 1, lora="adapter"))
         self.assert_log_probs_match(rollout, save_policy(model_dir, folded(base, first), tmp_path / "v1"))
         # Version 2 retrains layer 0's adapters only: the delta sends those, and serves the full stream's bits.
         second = {**first, **lora_adapters(model_dir, seed=2, layers=[0])}
-        delta = stream(sender, second, 2, base_version=1, lora="adapter")
+        delta = self.stream(sender, second, 2, base_version=1, lora="adapter")
         assert {name.split(".")[4] for b in delta for name in b.names} == {"0"}
         rollout.update_weights(delta)
         full = self.make(model_dir)
-        full.update_weights(stream(SentVersions(), second, 2, lora="adapter"))
+        full.update_weights(self.stream(SentVersions(), second, 2, lora="adapter"))
         assert self.same_outputs(rollout, full)
 
     def test_an_adapter_stream_that_binds_no_module_is_refused(self, model_dir: Path) -> None:
@@ -239,12 +243,12 @@ class RolloutConformanceTests:
             pytest.skip(f"{type(self).__name__} does not take adapter streams")
         rollout, adapters = self.make(model_dir), lora_adapters(model_dir, seed=1)
         with pytest.raises(HandoffError, match="bound zero modules"):
-            rollout.update_weights(stream(SentVersions(), {}, 1, lora="adapter"))
+            rollout.update_weights(self.stream(SentVersions(), {}, 1, lora="adapter"))
         only_q = {name: tensor for name, tensor in adapters.items() if ".v_proj." not in name}
         with pytest.raises(
             HandoffError, match=r"left \d+ modules that target_modules=.* selects without an adapter"
         ):
-            rollout.update_weights(stream(SentVersions(), only_q, 1, lora="adapter"))
+            rollout.update_weights(self.stream(SentVersions(), only_q, 1, lora="adapter"))
         with pytest.raises(EngineStateError, match="partial or wrong"):
             rollout.generate(list(PROMPTS), GREEDY)
 
