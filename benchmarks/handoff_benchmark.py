@@ -11,7 +11,7 @@ applying and verifying on the receiver).
 
 Models: ``grpo-default`` (the embedded ``builtin:arithmetic`` model ``drivetrain grpo`` trains by default) and
 ``qwen2.5-0.5b-shape`` (Qwen2.5-0.5B's config, random weights built from it: no download). ``--tiny`` swaps
-the second for the test suites' tiny model: the dry run that checks the script, not a measurement.
+the second for the test suites' tiny model (``tiny``): the dry run that checks the script, not a measurement.
 
 What to expect: a full fine-tuning step with Adam moves every element of every tensor, so whole-tensor deltas
 of a float32 stream send the whole model; in bfloat16 small updates may round to the same value, but every
@@ -45,7 +45,7 @@ STREAMS = (("float32", None), ("bfloat16", "bfloat16"))
 MODES = ("full", "delta")
 
 
-def build_model(name: str, directory: Path, tiny: bool) -> Path:
+def build_model(name: str, directory: Path) -> Path:
     """The model directory of ``name`` (random weights from a config: nothing is downloaded)."""
     if name == "grpo-default":
         from drivetrain_roles.sft.default_assets import write_model_dir
@@ -53,8 +53,7 @@ def build_model(name: str, directory: Path, tiny: bool) -> Path:
         return write_model_dir(directory)
     from drivetrain_engine_core.testing.models import make_tiny_model_dir
 
-    overrides = {} if tiny else QWEN_05B
-    return make_tiny_model_dir(directory, arch="qwen2", **overrides)
+    return make_tiny_model_dir(directory, arch="qwen2", **({} if name == "tiny" else QWEN_05B))
 
 
 def make_engine(model_dir: Path, device: str) -> Any:
@@ -93,12 +92,12 @@ def sync(engine: Any, rollout: Any, version: int, mode: str, dtype: Any) -> dict
     }
 
 
-def measure(name: str, root: Path, device: str, steps: int, tiny: bool) -> dict[str, Any]:
+def measure(name: str, root: Path, device: str, steps: int) -> dict[str, Any]:
     import torch
     from drivetrain_engine_core.handoff import VerifyConfig
     from drivetrain_engine_core.rollout import create_rollout
 
-    model_dir = build_model(name, root / name, tiny)
+    model_dir = build_model(name, root / name)
     engine = make_engine(model_dir, device)
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     receivers = {
@@ -126,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--tiny", action="store_true", help="dry run: the tiny model instead of the 0.5B shape")
+    parser.add_argument(
+        "--tiny", action="store_true", help="dry run: the tiny model instead of the 0.5B shape"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        results = [
-            measure(name, Path(tmp), args.device, args.steps, args.tiny)
-            for name in ("grpo-default", "qwen2.5-0.5b-shape")
-        ]
+        models = ("grpo-default", "tiny" if args.tiny else "qwen2.5-0.5b-shape")
+        results = [measure(name, Path(tmp), args.device, args.steps) for name in models]
     json.dump({"benchmark": "handoff", "tiny": args.tiny, "results": results}, sys.stdout, indent=1)
     print()
     return 0

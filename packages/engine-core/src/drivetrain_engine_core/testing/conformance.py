@@ -477,10 +477,15 @@ class EngineConformanceTests:
 
     def test_weight_buckets_equal_export_weights(self, model_dir: Path) -> None:
         """Buckets (of a trained engine) carry ``export_weights()`` bit for bit, each within the byte bound
-        unless it is one oversized tensor, numbered and versioned; ``dtype`` casts like ``Tensor.to``."""
+        unless it is one oversized tensor, numbered and versioned; ``dtype`` casts like ``Tensor.to``; a delta
+        on the untrained version, applied to it, carries the same bits."""
         engine = self.make_engine(model_dir)
+        base = {n: t.cpu().clone() for b in engine.weight_buckets(version=0) for n, t in b.tensors()}
         with engine.train_mode():
             engine.train_batch(self.make_batch(model_dir), token_mean_nll)
+        applied = dict(base)  # version 1 as a delta on version 0, applied to what version 0 delivered
+        for delta in engine.weight_buckets(version=1, base_version=0):
+            applied.update((name, tensor.cpu().clone()) for name, tensor in delta.tensors())
         exported = {name: tensor.detach().cpu().clone() for name, tensor in engine.export_weights()}
         bound = 4096
         received: dict[str, torch.Tensor] = {}
@@ -491,6 +496,7 @@ class EngineConformanceTests:
         assert bucket.last and list(received) == list(exported)
         for name, tensor in exported.items():
             assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+            assert torch.equal(applied[name], tensor), f"delta stream: {name}"
         cast = {
             n: t.cpu() for b in engine.weight_buckets(version=2, dtype=torch.bfloat16) for n, t in b.tensors()
         }
