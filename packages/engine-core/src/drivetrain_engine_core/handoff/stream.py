@@ -44,9 +44,9 @@ class _Buffer:
     def fits(self, size: int) -> bool:
         return aligned(self.used) + size <= self.bytes.numel()
 
-    def add(self, held: TensorDigest, tensor: torch.Tensor) -> None:
+    def add(self, held: TensorDigest, flat: torch.Tensor) -> None:
+        """Copy ``flat`` (the tensor's bytes, :func:`.bucket.as_bytes`) in at the next aligned offset."""
         offset = aligned(self.used)
-        flat = as_bytes(tensor)
         self.bytes[offset : offset + flat.numel()].copy_(flat)
         self.specs.append(TensorSpec(**held.__dict__, offset=offset))
         self.used = offset + flat.numel()
@@ -101,20 +101,21 @@ def bucket_tensors(
     index = 0
     for name, tensor in tensors:
         tensor = _cast(tensor.detach(), dtype)
-        held = TensorDigest(
-            name=name, shape=tuple(tensor.shape), dtype=tensor.dtype, digest=digest_of(tensor)
-        )
+        flat = as_bytes(tensor)  # hashed and copied from the same bytes (one contiguous copy at most)
+        held = TensorDigest(name=name, shape=tuple(tensor.shape), dtype=tensor.dtype, digest=digest_of(flat))
+        del (
+            tensor
+        )  # release the gathered tensor before the producer gathers the next one (flat holds its bytes)
         if base is not None and held.same_bytes(base.digests.get(name)):
             pending.unchanged.append(held)
             continue
-        size = tensor.numel() * tensor.element_size()
-        if pending.buffer is not None and not pending.buffer.fits(size):
+        if pending.buffer is not None and not pending.buffer.fits(flat.numel()):
             yield _finish(pending, index, last=False, **meta)
             pending, index = _Pending(), index + 1
         if pending.buffer is None:
-            pending.buffer = _Buffer(max(bucket_bytes, size), tensor.device)
-        pending.buffer.add(held, tensor)
-        del tensor  # release the gathered tensor before the producer gathers the next one
+            pending.buffer = _Buffer(max(bucket_bytes, flat.numel()), flat.device)
+        pending.buffer.add(held, flat)
+        del flat
     yield _finish(pending, index, last=True, **meta)
 
 
