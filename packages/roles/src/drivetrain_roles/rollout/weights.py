@@ -104,10 +104,10 @@ class ServedWeights:
 
     def _stream_adapters(self) -> dict[str, torch.Tensor]:
         """The adapters of the version: those sent, and those listed unchanged from the ones folded last."""
-        kept = sorted(self._unchanged_adapters - set(self._adapters))
-        if kept:
+        missing = sorted(self._unchanged_adapters - set(self._adapters))
+        if missing:
             raise HandoffError(
-                f"the adapter stream lists {kept[:3]} as unchanged, but this rollout holds no such adapter; "
+                f"the adapter stream lists {missing[:3]} as unchanged, but this rollout holds no such adapter; "
                 "send the version in full."
             )
         return {**{name: self._adapters[name] for name in self._unchanged_adapters}, **self._incoming}
