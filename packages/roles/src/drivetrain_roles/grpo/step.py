@@ -5,8 +5,8 @@ prompt (whole groups stay on one rank, so group baselines need no communication)
 (``algorithm.reward_function``: exact answers, or the user's function), shaped as DAPO's options say, become
 advantages by ``algorithm.adv_estimator`` (the whitening ones reduce over the data-parallel group); the actor
 recomputes the old log-probs and the reference its log-probs; one policy update (``algorithm.loss_mode``);
-then ``engine.weight_buckets(version=step)`` streams the new weights to the rollout, which serves only
-complete, newer versions.
+then ``engine.weight_buckets(version=step, base_version=rollout.delta_base)`` streams what changed to the
+rollout, which serves only complete, newer versions on the base it holds intact.
 """
 
 from __future__ import annotations
