@@ -22,7 +22,6 @@ from tensordict import TensorDict
 from . import distributed
 from .agreement import agreed_checks
 from .checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
-from .checkpoint.peft import peft_adapter_config
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from .data.batch import INPUT_IDS, require_tensordict, validate_batch
 from .data.jagged import offsets_of
@@ -31,7 +30,8 @@ from .data.options import ForwardOptions, refuse_batch_options
 from .data.tokens import global_counts
 from .data.values import TokenLimits, check_batch_values
 from .errors import DivergenceError, EngineStateError
-from .handoff import DEFAULT_BUCKET_BYTES, LORA_MODES, LoraMode, WeightBucket, bucket_tensors
+from .handoff import DEFAULT_BUCKET_BYTES, LoraMode, WeightBucket
+from .handoff.engine_buckets import engine_weight_buckets
 from .lr_schedule import LRSchedule
 from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
 from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
@@ -381,36 +381,14 @@ class Engine(ABC):
             ValueError: ``lora`` is not one of ``merged``/``adapter``, or ``bucket_bytes`` is not positive.
         """
         self._require_initialized("weight_buckets()")
-        if lora not in LORA_MODES:
-            raise ValueError(f"weight_buckets(lora={lora!r}): choose one of {list(LORA_MODES)}.")
-        adapter_config = None
-        if lora == "adapter":
-            adapter_config = self._adapter_config()
-            tensors = self._export_adapter_weights()
-        else:
-            tensors = self._export_weights()
-        yield from bucket_tensors(
-            tensors,
+        yield from engine_weight_buckets(
+            model_config=self.model_config,
+            export_weights=self._export_weights,
+            export_adapter_weights=self._export_adapter_weights,
             version=version,
             bucket_bytes=bucket_bytes,
             dtype=dtype,
             lora=lora,
-            adapter_config=adapter_config,
-        )
-
-    def _adapter_config(self) -> dict[str, Any]:
-        lora = self.model_config.lora
-        if lora is None:
-            raise EngineStateError(
-                "weight_buckets(lora='adapter') needs LoRA adapters, and this engine trains the full model "
-                "(model.lora is unset); hand off with lora='merged'."
-            )
-        value_model = self.model_config.model_type == "value_model"
-        return peft_adapter_config(
-            {**lora.__dict__, "target_modules": list(lora.target_modules)},
-            model_type=self.model_config.model_type,
-            model_path=str(Path(self.model_config.path).resolve()),
-            modules_to_save=["score"] if value_model else [],
         )
 
     # ------------------------------------------------------------------ checkpoints
