@@ -133,6 +133,7 @@ class ToyEngine(Engine):
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach().cpu().clone()
+
     def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
         (step_dir / MODEL_FILE).parent.mkdir(parents=True, exist_ok=True)
         save_file(dict(self._export_weights()), step_dir / MODEL_FILE)
