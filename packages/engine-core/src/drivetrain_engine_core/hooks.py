@@ -143,26 +143,26 @@ class BackendHooks(ABC):
 
     def _load_to_device(self, *, params: bool, optimizer: bool) -> None:
         """Bring offloaded parameters / optimizer state to the device (entering a mode)."""
-        raise self._undeclared("offload", "_load_to_device")
+        raise _undeclared(self, "offload", "_load_to_device")
 
     def _offload_to_host(self, params: bool, optimizer: bool) -> None:
         """Move parameters / optimizer state to CPU where the flags ask for it (initialising, leaving a mode)."""
-        raise self._undeclared("offload", "_offload_to_host")
+        raise _undeclared(self, "offload", "_offload_to_host")
 
     def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
         """Move what is asked to ``device`` (``engine.to``)."""
-        raise self._undeclared("offload", "_to")
+        raise _undeclared(self, "offload", "_to")
 
     # ------------------------------------------------------------------ capability "lora"
 
     def _disable_adapter(self) -> AbstractContextManager[Any]:
         """A context manager under which the model runs without its LoRA adapters."""
-        raise self._undeclared("lora", "_disable_adapter")
+        raise _undeclared(self, "lora", "_disable_adapter")
 
     def _export_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(peft_name, full tensor)`` for every LoRA adapter tensor (and ``modules_to_save`` weight),
         named as in a PEFT ``adapter_model.safetensors`` (:func:`.checkpoint.split_peft_name`)."""
-        raise self._undeclared("lora", "_export_adapter_weights")
+        raise _undeclared(self, "lora", "_export_adapter_weights")
 
     # ------------------------------------------------------------------ capability "sequence_parallel"
 
@@ -170,10 +170,11 @@ class BackendHooks(ABC):
         """How packed rows are split over sequence-parallel ranks (``None``: not split)."""
         return None
 
-    def _undeclared(self, capability: str, hook: str) -> EngineStateError:
-        """The error of a capability hook reached on a backend without it: the public methods refuse such a
-        request first, so only a direct call of the hook gets here."""
-        return EngineStateError(
-            f"{type(self).__name__}.{hook}() belongs to the {capability!r} capability, which the "
-            f"{self.backend_name or type(self).__name__} backend does not declare."
-        )
+
+def _undeclared(engine: BackendHooks, capability: str, hook: str) -> EngineStateError:
+    """The error of a capability hook reached on a backend without it: the public methods refuse such a request
+    first, so only a direct call of the hook gets here."""
+    return EngineStateError(
+        f"{type(engine).__name__}.{hook}() belongs to the {capability!r} capability, which the "
+        f"{engine.backend_name or type(engine).__name__} backend does not declare."
+    )
