@@ -96,14 +96,19 @@ def test_pruning_happens_only_after_the_new_step_is_published(tmp_path: Path) ->
 def test_round_trip_restores_weights_optimizer_schedule_rng_and_extra_state(tmp_path: Path) -> None:
     engine = make_engine()
     train_step(engine, seed=0)
-    engine.skipped_steps, engine._consecutive_skips = 2, 1  # two updates skipped, the last one in a row
+    engine.skips.skipped_steps, engine.skips.consecutive_skips = (
+        2,
+        1,
+    )  # two updates skipped, the last one in a row
     engine.save_checkpoint(tmp_path, global_step=1, extra_state={"data_position": 12})
     after_save = torch.rand(3)
     expected = train_step(engine, seed=1)
     resumed = make_engine()
     assert resumed.load_checkpoint(tmp_path) == {"global_step": 1, "data_position": 12}
     assert torch.equal(torch.rand(3), after_save)
-    assert resumed.skipped_steps == 2 and resumed._consecutive_skips == 1  # max_consecutive_skips spans it
+    assert (
+        resumed.skipped_steps == 2 and resumed.skips.consecutive_skips == 1
+    )  # max_consecutive_skips spans it
     assert resumed.current_lr == pytest.approx(0.1 * 2 / 3)  # warm-up step 1 of 3
     assert train_step(resumed, seed=1) == expected
     assert all(

@@ -14,5 +14,3 @@ pytestmark = pytest.mark.slow
 
 class TestMegatronEngineConformance(EngineConformanceTests):
     backend = "megatron"
-    supports_lora = False
-    low_precision_dtypes = ("bfloat16", "float16")

@@ -2,19 +2,20 @@
 
 It shows what a backend must provide: the core ``Engine`` owns the checks, micro-batching, the micro-batch
 round trip (layout, labels, outputs back to tokens, loss scaling), LR schedule and checkpoint layout; the
-backend implements only the ``_`` hooks below and imports only ``drivetrain_engine_core.backend``. No
-sharding, no offload (the model stays on the engine device), no LoRA.
+backend implements only the required ``_`` hooks below and imports only ``drivetrain_engine_core.backend``.
+Its one optional capability is padded rows; it declares no offload, LoRA, value head or low-precision compute,
+so core refuses those options before it builds anything, and it has no hooks for them.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from drivetrain_engine_core.backend import (
+    BackendCapabilities,
     ConfigError,
     Engine,
     MicroBatch,
@@ -40,6 +41,7 @@ class ToyEngine(Engine):
 
     backend_name = "toy"
     config_class = ToyEngineConfig
+    capabilities = BackendCapabilities(padded_inputs=True)  # float32 only, no offload, LoRA or value head
 
     # ------------------------------------------------------------------ parallel layout: one process
     data_parallel_rank = 0
@@ -57,8 +59,8 @@ class ToyEngine(Engine):
         return self.model.config
 
     def _initialize(self) -> None:
-        if distributed.world_size() > 1 or self.model_config.lora is not None:
-            raise ConfigError("the toy backend runs one process without LoRA; use the fsdp backend for more.")
+        if distributed.world_size() > 1:
+            raise ConfigError("the toy backend runs one process; use the fsdp backend for more.")
         torch.manual_seed(self.engine_config.seed)
         hf_config = AutoConfig.from_pretrained(self.model_config.path)
         if self.model_config.disable_dropout:
@@ -127,30 +129,11 @@ class ToyEngine(Engine):
     def _optimizer_step(self) -> None:
         self.optimizer.step()
 
-    # ------------------------------------------------------------------ placement (nothing is offloaded)
-    def _load(self, *, params: bool, optimizer: bool) -> None:
-        """Nothing to load: the toy engine never offloads."""
-
-    def _offload(self, params: bool, optimizer: bool) -> None:
-        """Offload is not supported; parameters and optimizer state stay on the engine device."""
-
-    def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
-        if model or grad:
-            self.model.to(device)  # Module.to moves parameters together with their gradients
-        if optimizer and self.optimizer is not None:
-            for state in self.optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and key != "step":
-                        state[key] = value.to(device)
-
-    def _disable_adapter(self) -> Any:
-        return contextlib.nullcontext()  # unreachable: the base class refuses engines without LoRA
-
+    # ------------------------------------------------------------------ weights and checkpoints
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach().cpu().clone()
 
-    # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
         (step_dir / MODEL_FILE).parent.mkdir(parents=True, exist_ok=True)
         save_file(dict(self._export_weights()), step_dir / MODEL_FILE)

@@ -1,6 +1,6 @@
 """The ``toy`` entry point: registers the engine by name, so listing plugins imports nothing heavy."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 
 @hookimpl

@@ -1,48 +1,52 @@
 """The backend-agnostic ``Engine``: one interface for FSDP2, Megatron-Core or any third-party backend.
 
-Public methods own the checks, the micro-batching, the micro-batch round trip (:mod:`.round_trip`: layout,
-labels, outputs back to tokens, the one loss-scaling rule), the LR schedule, the checkpoint layout and the
-metrics; backends implement the ``_``-prefixed hooks (template method, as in torchtitan).
-Algorithm code (the roles) uses only the public methods.
+Public methods own the checks (:mod:`.state_checks`), the micro-batching, the micro-batch round trip
+(:mod:`.round_trip`), the LR schedule and skip policy (:mod:`.skips`), the checkpoint sequence
+(:mod:`.checkpoint.orchestration`), the weight hand-off (:mod:`.handoff.engine_buckets`) and the metrics
+(:mod:`.step_results`); backends implement the hooks of :class:`~.hooks.BackendHooks` (template method, as in
+torchtitan) and declare their optional capabilities (:mod:`.capabilities`). Roles use only the public methods.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 
 from . import distributed
+from . import state_checks as checks
 from .agreement import agreed_checks
+from .capabilities import refuse_missing_capabilities
 from .checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
-from .checkpoint.peft import peft_adapter_config
 from .config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
-from .data.batch import INPUT_IDS, require_tensordict, validate_batch
-from .data.jagged import offsets_of
-from .data.micro_batch import MicroBatchCountRule, split_micro_batches
-from .data.options import ForwardOptions, refuse_batch_options
+from .data.micro_batch import split_micro_batches
+from .data.options import ForwardOptions
 from .data.tokens import global_counts
-from .data.values import TokenLimits, check_batch_values
-from .errors import DivergenceError, EngineStateError
-from .handoff import DEFAULT_BUCKET_BYTES, LORA_MODES, LoraMode, SentVersions, WeightBucket
+from .data.values import TokenLimits
+from .errors import EngineStateError
+from .handoff import DEFAULT_BUCKET_BYTES, LoraMode, SentVersions, WeightBucket
+from .handoff.engine_buckets import engine_weight_buckets
+from .hooks import BackendHooks
 from .lr_schedule import LRSchedule
-from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
-from .round_trip import InputLayout, MicroBatch, RoundTrip, SequenceSplit
-from .throughput import StepClock, TransformerShape, peak_tflops, speed_metrics
+from .modes import Mode, ModeStack
+from .outputs import ForwardBackwardOutput, LossContext, LossFn
+from .round_trip import InputLayout, RoundTrip
+from .skips import SkipPolicy
+from .step_results import StepMeter
+from .throughput import StepClock, TransformerShape
 from .usage import ResourceUsage, measure_usage
 
 logger = logging.getLogger(__name__)
-Mode = Literal["train", "eval"]
+
+__all__ = ["Engine", "Mode"]
 
 
-class Engine(ABC):
+class Engine(BackendHooks):
     """A model, its optimizer and its sharding, behind one interface.
 
     Args:
@@ -52,12 +56,6 @@ class Engine(ABC):
         checkpoint_config: checkpoint contents and retention.
     """
 
-    backend_name: ClassVar[str] = ""
-    """Name the backend registers under; written into checkpoint manifests."""
-
-    config_class: ClassVar[type[EngineConfig]] = EngineConfig
-    """The engine-config type this backend accepts."""
-
     def __init__(
         self,
         *,
@@ -66,24 +64,25 @@ class Engine(ABC):
         optimizer_config: OptimizerConfig | None = None,
         checkpoint_config: CheckpointConfig | None = None,
     ) -> None:
-        if not isinstance(engine_config, self.config_class):
-            raise TypeError(
-                f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(engine_config).__name__}; "
-                f"build it with {self.config_class.__module__}.{self.config_class.__name__}(...)."
-            )
+        checks.check_config_class(type(self).__name__, self.config_class, engine_config)
         self.model_config = model_config
         self.engine_config = engine_config
         self.optimizer_config = optimizer_config
         self.checkpoint_config = checkpoint_config or CheckpointConfig()
         self._initialized = False
-        self._mode_stack: list[Mode] = []
-        self._lr_schedule: LRSchedule | None = None
-        self.skipped_steps = 0
-        self._consecutive_skips = 0
+        offload = self.capabilities.offload
+        self._modes = ModeStack(
+            self._set_mode,
+            load=self._load_to_device if offload else None,
+            offload=self._offload_configured if offload else None,
+        )
+        self.lr_schedule: LRSchedule | None = None
+        """The LR schedule (``None`` before ``initialize`` and on inference-only engines); checkpoints save it."""
+        self.skips = SkipPolicy(optimizer_config.max_consecutive_skips if optimizer_config else None)
+        """Skipped optimizer updates (non-finite grad norms) and the divergence limit (:mod:`.skips`)."""
         # Wall time and this rank's peak memory of initialize() (None before it).
         self.init_usage: ResourceUsage | None = None
-        self._shape: TransformerShape | None = None
-        self._step_work = (0.0, 0.0)  # global (tokens, FLOPs) of the last forward_backward_batch
+        self._meter = StepMeter(engine_config)
         self._sent_versions = SentVersions()  # digests of the last weight streams: bases of delta streams
 
     # ------------------------------------------------------------------ lifecycle
@@ -92,35 +91,37 @@ class Engine(ABC):
         """Build model, optimizer and LR schedule, then offload what the config asks to offload.
 
         Its wall time and this rank's peak host (and CUDA) memory are logged and kept in ``init_usage``.
+
+        Raises:
+            ConfigError: the configs ask for a capability the backend does not declare (as ``create_engine``).
         """
         if self._initialized:
             raise EngineStateError(f"{type(self).__name__}.initialize() was already called; call it once.")
+        refuse_missing_capabilities(
+            self.backend_name or type(self).__name__,
+            self.capabilities,
+            self.model_config,
+            self.engine_config,
+            self.optimizer_config,
+        )
         distributed.init_distributed(self.engine_config.device, self.engine_config.dist_timeout_s)
         with measure_usage(self.engine_config.device) as meter:
             self._initialize()
-            self._check_data_parallel_size()
+            checks.check_data_parallel_size(type(self).__name__, self.data_parallel_size, self.engine_config)
             value_head = self.model_config.model_type == "value_model"
-            self._shape = TransformerShape.from_hf_config(self._hf_config(), value_head=value_head)
+            self._meter.shape = TransformerShape.from_hf_config(self._hf_config(), value_head=value_head)
             if self.optimizer_config is not None:
-                self._lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
+                self.lr_schedule = LRSchedule(self.optimizer_config, self._optimizer_param_groups)
             self._initialized = True
-            self._offload(self.engine_config.param_offload, self.engine_config.optimizer_offload)
+            if self.capabilities.offload:
+                self._offload_configured()
         self.init_usage = meter.usage
         if meter.usage is not None:
             metrics = meter.usage.as_metrics("initialize")
             logger.info("%s.initialize() on rank %d: %s", type(self).__name__, distributed.rank(), metrics)
 
-    def _check_data_parallel_size(self) -> None:
-        """The layout the backend built is the one its config predicts (trainers check batch sizes with the
-        prediction before any engine exists)."""
-        world = distributed.world_size()
-        predicted = self.engine_config.data_parallel_size(world)
-        if self.data_parallel_size != predicted:
-            raise EngineStateError(
-                f"{type(self).__name__} built {self.data_parallel_size} data-parallel ranks on {world} ranks, but "
-                f"{type(self.engine_config).__name__}.data_parallel_size({world}) predicts {predicted}; the backend's "
-                "config must override EngineConfig.data_parallel_size to describe the layout it builds."
-            )
+    def _require_optimizer(self, what: str) -> None:
+        checks.require_optimizer(self._initialized, self.optimizer_config is not None, what)
 
     @property
     def is_initialized(self) -> bool:
@@ -129,42 +130,32 @@ class Engine(ABC):
     @property
     def mode(self) -> Mode | None:
         """``"train"`` or ``"eval"`` inside the mode context managers, else ``None``."""
-        return self._mode_stack[-1] if self._mode_stack else None
+        return self._modes.current
 
     @contextmanager
     def train_mode(self) -> Iterator[Engine]:
         """Train mode: load offloaded state on entry, offload again on exit. Re-entrant."""
-        with self._enter(mode="train"):
+        checks.require_initialized(self._initialized, "train_mode()")
+        with self._modes.enter("train"):
             yield self
 
     @contextmanager
     def eval_mode(self) -> Iterator[Engine]:
         """Eval mode (no dropout): load offloaded parameters on entry, offload on exit. Re-entrant."""
-        with self._enter(mode="eval"):
+        checks.require_initialized(self._initialized, "eval_mode()")
+        with self._modes.enter("eval"):
             yield self
 
     @contextmanager
-    def _enter(self, mode: Mode) -> Iterator[None]:
-        self._require_initialized(f"{mode}_mode()")
-        outermost = not self._mode_stack
-        if outermost:
-            self._load(params=True, optimizer=mode == "train")
-        elif mode == "train" and "train" not in self._mode_stack:
-            # NOTE: an eval block loaded the parameters only: a train block inside it needs the optimizer state
-            # too (it stayed on the host, and the step failed on mixed devices).
-            self._load(params=False, optimizer=True)
-        previous = self.mode
-        self._mode_stack.append(mode)
-        if previous != mode:
-            self._set_mode(mode)
-        try:
+    def holding_state(self) -> Iterator[None]:
+        """Hold offloaded state on the device for the duration of the block (loading a checkpoint); inside an
+        eval block as well, which loaded the parameters alone."""
+        with self.train_mode() if self.optimizer_config is not None else self.eval_mode():
             yield
-        finally:
-            self._mode_stack.pop()
-            if self._mode_stack and self.mode != mode:
-                self._set_mode(self._mode_stack[-1])
-            if outermost:
-                self._offload(self.engine_config.param_offload, self.engine_config.optimizer_offload)
+
+    def _offload_configured(self) -> None:
+        """Offload what the config asks to keep on the host outside mode blocks."""
+        self._offload_to_host(self.engine_config.param_offload, self.engine_config.optimizer_offload)
 
     # ------------------------------------------------------------------ compute
 
@@ -195,11 +186,8 @@ class Engine(ABC):
         """
         clock = StepClock(self.engine_config.device)
         with agreed_checks():  # a bad batch on one rank fails every rank, none waits for it
-            self._check_compute_allowed(loss_fn, forward_only)
-            require_tensordict(batch)
-            refuse_batch_options(batch)
-            validate_batch(batch, required=self._required_fields(loss_fn is not None))
-            check_batch_values(batch, self._token_limits())
+            checks.check_compute(self._initialized, self.mode, self.optimizer_config, loss_fn, forward_only)
+            checks.check_batch(batch, with_loss=loss_fn is not None, limits=self.token_limits)
         split = split_micro_batches(
             batch, self.engine_config.micro_batch, self.data_parallel_group, self.micro_batch_count_rule
         )
@@ -215,25 +203,23 @@ class Engine(ABC):
             gradient_divisor=self.gradient_divisor,
             keep_outputs=self.is_output_rank,
         )
-        sequence_split = self._sequence_split()
-        fillers = [split.filler()] * split.fillers
-        micro_batches = [
-            MicroBatch.build(
-                micro_batch,
-                index,
-                device=self.engine_config.device,
-                layout=self.input_layout,
-                round_trip=round_trip,
-                sequence_split=sequence_split,
-                filler=index >= len(split.batches),
-            )
-            for index, micro_batch in enumerate([*split.batches, *fillers])
-        ]
+        micro_batches = round_trip.micro_batches(
+            split,
+            device=self.engine_config.device,
+            layout=self.input_layout,
+            sequence_split=self._sequence_split(),
+        )
         with torch.no_grad() if forward_only else torch.enable_grad():
             results = self._forward_backward_micro_batches(micro_batches, forward_only)
-        real = results[: len(split.batches)]  # a filler's result is empty
-        output = self._assemble(real, split, loss_fn is not None, self._local_work(batch, forward_only))
-        output.metrics.update(self._speed_metrics(clock))
+        output = self._meter.assemble(
+            results[: len(split.batches)],  # a filler's result is empty
+            split,
+            with_loss=loss_fn is not None,
+            work=self._meter.local_work(batch, forward_only),
+            group=self.data_parallel_group,
+            keep_outputs=self.is_output_rank,
+        )
+        output.metrics.update(self._meter.speed_metrics(clock))
         return output
 
     def train_batch(
@@ -243,13 +229,13 @@ class Engine(ABC):
 
         Its ``perf/*`` metrics time the whole step, optimizer included.
         """
-        self._check_compute_allowed(loss_fn, forward_only=False)
+        checks.check_compute(self._initialized, self.mode, self.optimizer_config, loss_fn, False)
         clock = StepClock(self.engine_config.device)
         self.optimizer_zero_grad()
         output = self.forward_backward_batch(batch, loss_fn, options=options)
         output.metrics["grad_norm"] = self.optimizer_step()
         output.metrics["lr"] = self.current_lr
-        output.metrics.update(self._speed_metrics(clock))
+        output.metrics.update(self._meter.speed_metrics(clock))
         return output
 
     def infer_batch(
@@ -257,8 +243,6 @@ class Engine(ABC):
     ) -> ForwardBackwardOutput:
         """Forward only (no gradients), optionally evaluating ``loss_fn``."""
         return self.forward_backward_batch(batch, loss_fn, forward_only=True, options=options)
-
-    # ------------------------------------------------------------------ optimizer
 
     def optimizer_zero_grad(self) -> None:
         self._require_optimizer("optimizer_zero_grad()")
@@ -281,25 +265,11 @@ class Engine(ABC):
         config = self.optimizer_config
         assert config is not None
         grad_norm = float(self._clip_grad_norm(config.clip_grad))
-        if math.isfinite(grad_norm):
-            self._consecutive_skips = 0
+        if self.skips.admit(grad_norm):
             self._optimizer_step()
             return grad_norm
-        self.skipped_steps += 1
-        self._consecutive_skips += 1
-        logger.warning(
-            "grad norm is %s: skipping this optimizer update (%d skipped so far)",
-            grad_norm,
-            self.skipped_steps,
-        )
         self._optimizer_zero_grad()
-        limit = config.max_consecutive_skips
-        if limit is not None and self._consecutive_skips >= limit:
-            raise DivergenceError(
-                f"{self._consecutive_skips} optimizer updates in a row had a non-finite grad norm (last: "
-                f"{grad_norm}) and were skipped: the run diverged. Lower optimizer.lr, set optimizer.clip_grad, "
-                "check the data for broken rows, or raise optimizer.max_consecutive_skips."
-            )
+        self.skips.raise_if_diverged(grad_norm)
         return grad_norm
 
     def lr_scheduler_step(self) -> float:
@@ -309,50 +279,46 @@ class Engine(ABC):
         so warm-up and decay are not consumed by steps that changed nothing (as Megatron-LM does).
         """
         self._require_optimizer("lr_scheduler_step()")
-        assert self._lr_schedule is not None
-        if self._consecutive_skips:
-            return self._lr_schedule.current_lr
-        return self._lr_schedule.step()
+        assert self.lr_schedule is not None
+        if self.skips.consecutive_skips:
+            return self.lr_schedule.current_lr
+        return self.lr_schedule.step()
 
     @property
     def current_lr(self) -> float:
         self._require_optimizer("current_lr")
-        assert self._lr_schedule is not None
-        return self._lr_schedule.current_lr
+        assert self.lr_schedule is not None
+        return self.lr_schedule.current_lr
 
-    # ------------------------------------------------------------------ placement and adapters
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer updates skipped for a non-finite grad norm over the run (resumes with a checkpoint)."""
+        return self.skips.skipped_steps
 
     def to(self, device: str, *, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
         """Move parameters, optimizer state and/or gradients to ``device`` (``"cpu"`` or the engine device).
 
         Gradients live on their parameters' device, so they move with the model: ``grad=True`` without
-        ``model`` is refused (assigning a host gradient to a GPU parameter failed inside torch).
+        ``model`` is refused (assigning a host gradient to a GPU parameter failed inside torch). A backend
+        without the ``offload`` capability keeps its state on the engine device: moving it elsewhere is refused.
         """
-        self._require_initialized("to()")
-        allowed = {"cpu", self.engine_config.device}
-        if device not in allowed:
-            raise ValueError(f"engine.to({device!r}): the device must be one of {sorted(allowed)}.")
-        if grad and not model:
-            raise ValueError(
-                f"engine.to({device!r}, model=False, grad=True): a gradient lives on its parameter's device, so "
-                "gradients move with the model; pass model=True, or grad=False to move the optimizer state alone."
-            )
-        self._to(device, model=model, optimizer=optimizer, grad=grad)
+        checks.require_initialized(self._initialized, "to()")
+        offload, backend = self.capabilities.offload, self.backend_name or type(self).__name__
+        if checks.check_move(
+            device, self.engine_config.device, model, grad, offload=offload, backend=backend
+        ):
+            self._to(device, model=model, optimizer=optimizer, grad=grad)
 
     @contextmanager
     def disable_adapter(self) -> Iterator[None]:
         """Run the frozen base model (LoRA adapters off) inside the block."""
-        self._require_initialized("disable_adapter()")
-        if self.model_config.lora is None:
-            raise EngineStateError(
-                "disable_adapter() needs LoRA adapters; set model.lora to train with adapters."
-            )
+        checks.require_adapters(self._initialized, self.model_config)
         with self._disable_adapter():
             yield
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hugging_face_name, full tensor)`` pairs, adapters merged into the base weights."""
-        self._require_initialized("export_weights()")
+        checks.require_initialized(self._initialized, "export_weights()")
         yield from self._export_weights()
 
     def weight_buckets(
@@ -366,57 +332,32 @@ class Engine(ABC):
     ) -> Iterator[WeightBucket]:
         """Stream the weights to a rollout engine in buckets of at most ``bucket_bytes`` (a collective).
 
-        Every rank iterates (backends gather across their shards) and every rank receives the same buckets.
-        Memory stays bounded: one bucket plus the one full tensor the backend just gathered
-        (:mod:`.handoff.stream`); drop each bucket before asking for the next.
+        Every rank iterates (backends gather across their shards) and receives the same buckets. Memory stays
+        bounded (one bucket and one gathered tensor, :mod:`.handoff.stream`): drop each bucket before the next.
 
         Args:
             version: the training step of the weights; a receiver refuses a version not newer than its own.
             bucket_bytes: the most bytes one bucket holds; a larger tensor is a bucket of its own.
             dtype: cast floating-point tensors to this dtype (``None`` keeps the training dtype).
-            lora: ``merged`` (full Hugging Face weights, adapters folded in: what ``export_weights`` yields) or
-                ``adapter`` (only the PEFT adapter tensors, named as in ``adapter_model.safetensors``, with the
-                PEFT config in every bucket).
-            base_version: the version the receiver serves (``rollout.delta_base``): send only the tensors whose
-                bytes changed since then, the others as digests (a delta stream, §8). ``None``, or a version this
-                engine no longer remembers, sends every tensor.
+            lora: ``merged`` (what ``export_weights`` yields: adapters folded in) or ``adapter`` (the PEFT adapter
+                tensors alone, named as in ``adapter_model.safetensors``, the PEFT config in every bucket).
+            base_version: the version the receiver serves (``rollout.delta_base``): only tensors whose bytes changed
+                since then are sent (a delta stream, §8); ``None``, or a version no longer remembered: all of them.
 
         Raises:
             EngineStateError: not initialised, or ``lora="adapter"`` on an engine without LoRA adapters.
-            ValueError: ``lora`` is not one of ``merged``/``adapter``, or ``bucket_bytes`` is not positive.
-        """
-        self._require_initialized("weight_buckets()")
-        if lora not in LORA_MODES:
-            raise ValueError(f"weight_buckets(lora={lora!r}): choose one of {list(LORA_MODES)}.")
-        adapter_config = None
-        if lora == "adapter":
-            adapter_config = self._adapter_config()
-            tensors = self._export_adapter_weights()
-        else:
-            tensors = self._export_weights()
-        yield from self._sent_versions.stream(
-            tensors,
+            ValueError: ``lora`` is neither ``merged`` nor ``adapter``; ``bucket_bytes`` is not positive."""
+        checks.require_initialized(self._initialized, "weight_buckets()")
+        yield from engine_weight_buckets(
+            model_config=self.model_config,
+            export_weights=self._export_weights,
+            export_adapter_weights=self._export_adapter_weights,
+            sent_versions=self._sent_versions,
             version=version,
             base_version=base_version,
             bucket_bytes=bucket_bytes,
             dtype=dtype,
             lora=lora,
-            adapter_config=adapter_config,
-        )
-
-    def _adapter_config(self) -> dict[str, Any]:
-        lora = self.model_config.lora
-        if lora is None:
-            raise EngineStateError(
-                "weight_buckets(lora='adapter') needs LoRA adapters, and this engine trains the full model "
-                "(model.lora is unset); hand off with lora='merged'."
-            )
-        value_model = self.model_config.model_type == "value_model"
-        return peft_adapter_config(
-            {**lora.__dict__, "target_modules": list(lora.target_modules)},
-            model_type=self.model_config.model_type,
-            model_path=str(Path(self.model_config.path).resolve()),
-            modules_to_save=["score"] if value_model else [],
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -430,9 +371,8 @@ class Engine(ABC):
     ) -> Path:
         """Save ``<path>/global_step_<N>/`` atomically and durably (collective: every rank calls it).
 
-        The step is written under a temporary name, fsynced, completed by its manifest and renamed into place;
-        a step that already exists is replaced without a moment when no complete copy exists; pruning keeps
-        the step just saved whatever its number (see :mod:`.checkpoint.publish`).
+        The step is published atomically and old steps pruned, never the one just saved (see
+        :mod:`.checkpoint.orchestration`).
 
         Args:
             path: the checkpoint root.
@@ -443,8 +383,11 @@ class Engine(ABC):
         Returns:
             The published step directory.
         """
-        self._require_initialized("save_checkpoint()")
-        return save_engine_checkpoint(self, Path(path), global_step, max_ckpt_to_keep, extra_state)
+        checks.require_initialized(self._initialized, "save_checkpoint()")
+        write = self._save_checkpoint  # with save_optimizer from the checkpoint config
+        return save_engine_checkpoint(
+            self, Path(path), global_step, max_ckpt_to_keep, extra_state, write=write
+        )
 
     def load_checkpoint(
         self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True
@@ -457,212 +400,21 @@ class Engine(ABC):
         Raises:
             CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
         """
-        self._require_initialized("load_checkpoint()")
-        return load_engine_checkpoint(self, path, load_optimizer=load_optimizer, verify=verify)
-
-    @contextmanager
-    def _loaded(self) -> Iterator[None]:
-        """Hold offloaded state on the device for the duration of the block (loading a checkpoint); inside an
-        eval block as well, which loaded the parameters alone."""
-        with self.train_mode() if self.optimizer_config is not None else self.eval_mode():
-            yield
-
-    # ------------------------------------------------------------------ parallel layout
+        checks.require_initialized(self._initialized, "load_checkpoint()")
+        read = self._load_checkpoint  # called inside holding_state()
+        return load_engine_checkpoint(self, path, load_optimizer=load_optimizer, verify=verify, read=read)
 
     @property
-    @abstractmethod
-    def data_parallel_rank(self) -> int: ...
+    def token_limits(self) -> TokenLimits:
+        """The vocabulary and positions every batch is checked against (the backend's ``_token_limits``)."""
+        return self._token_limits()
 
     @property
-    @abstractmethod
-    def data_parallel_size(self) -> int: ...
-
-    @property
-    @abstractmethod
-    def data_parallel_group(self) -> distributed.ProcessGroup | None: ...
-
-    @property
-    @abstractmethod
-    def is_output_rank(self) -> bool:
-        """Whether this rank holds outputs and metrics of its data-parallel shard."""
-
-    @property
-    @abstractmethod
-    def gradient_divisor(self) -> int:
-        """How many ranks the backend's gradient reduction divides the summed gradients by.
-
-        Averaging over N ranks: N; summing (or one process): 1. Core multiplies every micro-batch loss by it
-        before backward, the one loss-scaling rule (:mod:`drivetrain_engine_core.round_trip`).
-        """
+    def checkpoint_backend_info(self) -> dict[str, Any]:
+        """The backend's layout details a checkpoint manifest records (parallel sizes, formats)."""
+        return self._checkpoint_backend_info()
 
     @property
     def input_layout(self) -> InputLayout:
         """The layout of :attr:`MicroBatch.inputs`: a packed row unless ``model.use_remove_padding`` is off."""
         return "packed" if self.model_config.use_remove_padding else "padded"
-
-    @property
-    def micro_batch_count_rule(self) -> MicroBatchCountRule:
-        """The micro-batch counts this backend's schedule accepts (any count unless a backend says so)."""
-        return MicroBatchCountRule()
-
-    # ------------------------------------------------------------------ backend hooks
-
-    @abstractmethod
-    def _initialize(self) -> None:
-        """Build the model (and optimizer when ``optimizer_config`` is set) on the configured device."""
-
-    @abstractmethod
-    def _forward_backward_micro_batches(
-        self, micro_batches: Sequence[MicroBatch], forward_only: bool
-    ) -> list[MicroBatchResult]:
-        """Run every micro-batch: the model on ``micro_batch.inputs``, the per-position fields to
-        ``micro_batch.finish``, and backward of the loss it returns unless ``forward_only``.
-
-        Gradients accumulate across micro-batches; gradient synchronisation may be deferred to the last one.
-        """
-
-    def _sequence_split(self) -> SequenceSplit | None:
-        """How packed rows are split over sequence-parallel ranks (``None``: not split)."""
-        return None
-
-    @abstractmethod
-    def _set_mode(self, mode: Mode) -> None:
-        """Switch dropout and friends (``model.train()`` / ``model.eval()``)."""
-
-    @abstractmethod
-    def _load(self, *, params: bool, optimizer: bool) -> None:
-        """Bring offloaded parameters / optimizer state to the device (no-op where nothing is offloaded)."""
-
-    @abstractmethod
-    def _offload(self, params: bool, optimizer: bool) -> None:
-        """Move parameters / optimizer state to CPU where the flags ask for it."""
-
-    @abstractmethod
-    def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
-        """The optimizer's parameter groups, whose ``lr`` the LR schedule sets."""
-
-    @abstractmethod
-    def _optimizer_zero_grad(self) -> None: ...
-
-    @abstractmethod
-    def _clip_grad_norm(self, max_norm: float | None) -> float:
-        """Global gradient norm before clipping, clipping to ``max_norm`` unless it is ``None``."""
-
-    @abstractmethod
-    def _optimizer_step(self) -> None: ...
-
-    @abstractmethod
-    def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None: ...
-
-    @abstractmethod
-    def _disable_adapter(self) -> Any:
-        """A context manager under which the model runs without its LoRA adapters."""
-
-    @abstractmethod
-    def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(hf_name, full tensor)`` lazily, adapters merged; gather one tensor (or layer) at a time."""
-
-    def _export_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``(peft_name, full tensor)`` for every LoRA adapter tensor (and ``modules_to_save`` weight).
-
-        Names are those of a PEFT ``adapter_model.safetensors`` (:func:`.checkpoint.split_peft_name`). Only
-        backends that train LoRA adapters override this; the default says the backend has none.
-        """
-        raise EngineStateError(
-            f"the {self.backend_name or type(self).__name__} backend cannot hand off LoRA adapters alone; use "
-            "weight_buckets(lora='merged')."
-        )
-
-    @abstractmethod
-    def _save_checkpoint(self, step_dir: Path, *, save_optimizer: bool) -> None:
-        """Write ``model/`` (and ``optimizer/``) under ``step_dir`` (collective)."""
-
-    @abstractmethod
-    def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
-        """Read what ``_save_checkpoint`` wrote (collective)."""
-
-    def _checkpoint_backend_info(self) -> dict[str, Any]:
-        """Backend layout details recorded in the manifest (parallel sizes, formats)."""
-        return {}
-
-    def _hf_config(self) -> Any | None:
-        """The model's transformers config, from which core counts FLOPs (``None``: no FLOP metrics)."""
-        return None
-
-    def _token_limits(self) -> TokenLimits:
-        """The vocabulary and positions batches are checked against; backends that know them override this."""
-        return TokenLimits()
-
-    def _required_fields(self, with_loss: bool) -> tuple[str, ...]:
-        """Batch fields the engine needs; ``loss_mask`` is needed to normalise losses."""
-        return ("input_ids", "position_ids", "loss_mask") if with_loss else ("input_ids", "position_ids")
-
-    # ------------------------------------------------------------------ shared checks
-
-    def _require_initialized(self, what: str) -> None:
-        if not self._initialized:
-            raise EngineStateError(f"{what} needs an initialised engine; call engine.initialize() first.")
-
-    def _require_optimizer(self, what: str) -> None:
-        self._require_initialized(what)
-        if self.optimizer_config is None:
-            raise EngineStateError(
-                f"{what} needs an optimizer; this engine was built with optimizer_config=None."
-            )
-
-    def _check_compute_allowed(self, loss_fn: LossFn | None, forward_only: bool) -> None:
-        self._require_initialized("forward_backward_batch()")
-        if self.mode is None:
-            raise EngineStateError(
-                "compute needs a mode: wrap the call in `with engine.train_mode():` or `with engine.eval_mode():`."
-            )
-        if not forward_only:
-            if self.mode != "train":
-                raise EngineStateError(
-                    "backward (train_batch / forward_only=False) must run inside `engine.train_mode()`."
-                )
-            if loss_fn is None:
-                raise EngineStateError(
-                    "backward needs a loss function: pass loss_fn=... (or use infer_batch)."
-                )
-            self._require_optimizer("training")
-
-    def _local_work(self, batch: TensorDict, forward_only: bool) -> tuple[float, float]:
-        """This rank's ``(tokens, FLOPs)`` of ``batch``, from its lengths on the host (NaN FLOPs: unknown)."""
-        lengths = offsets_of(batch[INPUT_IDS]).diff().tolist()
-        if self._shape is None:
-            return float(sum(lengths)), math.nan
-        return float(sum(lengths)), self._shape.step_flops(lengths, backward=not forward_only)
-
-    def _speed_metrics(self, clock: StepClock) -> dict[str, float]:
-        """The ``perf/*`` metrics of the work since ``clock`` started (see :mod:`.throughput`)."""
-        seconds, device_peak = clock.stop()
-        tokens, flops = self._step_work
-        return speed_metrics(
-            seconds=seconds,
-            tokens=tokens,
-            flops=None if math.isnan(flops) else flops,
-            devices=distributed.world_size(),
-            peak=peak_tflops(
-                self.engine_config.device, self.engine_config.peak_tflops, self.engine_config.param_dtype
-            ),
-            device_peak_bytes=device_peak,
-        )
-
-    def _assemble(
-        self, results: list[MicroBatchResult], micro_batches: Any, with_loss: bool, work: tuple[float, float]
-    ) -> ForwardBackwardOutput:
-        """Outputs in sample order and the metrics, with one collective for the loss, tokens and FLOPs."""
-        outputs = None
-        if self.is_output_rank:
-            outputs = micro_batches.restore([r.outputs for r in results])
-        losses = [r.loss for r in results if r.loss is not None]
-        numbers = iter(host_floats([*losses, *(v for r in results for v in r.metrics.values())]))
-        local_loss = sum(next(numbers) for _ in losses)
-        metrics: dict[str, list[float] | float] = {}
-        for result in results:
-            for name in result.metrics:
-                metrics.setdefault(name, []).append(next(numbers))  # type: ignore[union-attr]
-        total_loss, *step_work = distributed.all_reduce_sums([local_loss, *work], self.data_parallel_group)
-        self._step_work = (step_work[0], step_work[1])
-        return ForwardBackwardOutput(outputs=outputs, loss=total_loss if with_loss else None, metrics=metrics)

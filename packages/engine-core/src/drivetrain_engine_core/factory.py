@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .capabilities import refuse_missing_capabilities
 from .config import (
     CheckpointConfig,
     ConfigError,
@@ -45,7 +46,8 @@ def create_engine(
     Raises:
         PluginError: no engine is registered for the key (the message says what is and what to install), or the
             registered class's ``backend_name`` is not the backend it is registered for.
-        ConfigError: ``engine_config`` is not the backend's config class.
+        ConfigError: ``engine_config`` is not the backend's config class, or the configs ask for a capability
+            the backend does not declare (one error naming the backend, each capability and its option).
     """
     registry = (plugins or default_plugins()).engines
     engine_cls = registry.get(model_config.model_type, engine_config.backend, engine_config.device)
@@ -64,6 +66,9 @@ def create_engine(
             f"{type(engine_config).__qualname__}; build it with engine_config_from_dict({{'backend': "
             f"{engine_config.backend!r}, ...}}) or {expected.__qualname__}(...)."
         )
+    refuse_missing_capabilities(
+        engine_config.backend, engine_cls.capabilities, model_config, engine_config, optimizer_config
+    )
     return engine_cls(
         model_config=model_config,
         engine_config=engine_config,

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from .data.batch import INPUT_IDS, move_batch
 from .data.jagged import offsets_of
+from .data.micro_batch import MicroBatches
 from .data.options import ForwardOptions
 from .data.packing import (
     PackedRow,
@@ -109,6 +110,24 @@ class RoundTrip:
     context: LossContext
     gradient_divisor: int
     keep_outputs: bool
+
+    def micro_batches(
+        self, split: MicroBatches, *, device: str, layout: InputLayout, sequence_split: SequenceSplit | None
+    ) -> list[MicroBatch]:
+        """Every pass of ``split`` built (:meth:`MicroBatch.build`), its filler passes last."""
+        fillers = [split.filler()] * split.fillers
+        return [
+            MicroBatch.build(
+                micro_batch,
+                index,
+                device=device,
+                layout=layout,
+                round_trip=self,
+                sequence_split=sequence_split,
+                filler=index >= len(split.batches),
+            )
+            for index, micro_batch in enumerate([*split.batches, *fillers])
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 
 import torch
-from drivetrain_engine_core import distributed
 from drivetrain_engine_core.backend import (
     ConfigError,
+    distributed,
     flash_kernel_applies,
     flash_kernel_missing,
     packed_causal_attention,

@@ -6,7 +6,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from drivetrain_engine_core.config import DTYPES, ConfigError, EngineConfig
+from drivetrain_engine_core.backend import DTYPES, ConfigError, EngineConfig
 
 from .liger import check_liger_available
 

@@ -1,4 +1,4 @@
-"""``FSDPEngine``: core's :class:`~drivetrain_engine_core.engine.Engine` on PyTorch FSDP2 and transformers.
+"""``FSDPEngine``: core's :class:`~drivetrain_engine_core.backend.Engine` on PyTorch FSDP2 and transformers.
 
 This file only wires the hooks of core's template methods to the modules that do the work: ``model.py``,
 ``meta_build.py``, ``hf_weights.py`` and ``materialize.py`` (build and load), ``wrap.py`` (meshes,
@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.backend import (
+    DTYPES,
+    BackendCapabilities,
     ConfigError,
     Engine,
     MicroBatch,
@@ -51,13 +53,25 @@ class FSDPEngine(Engine):
 
     backend_name = "fsdp"
     config_class = FSDPEngineConfig
+    # NOTE: no float16 training: this backend has no loss scaling, so small fp16 gradients underflow to zero.
+    # bf16 has float32's exponent range and needs no loss scale; fp16 would need a sharded grad scaler (scale
+    # the loss, unscale before the norm, an inf check agreed by every rank, the scale in checkpoints).
+    # Inference in float16 needs none of it and stays allowed.
+    capabilities = BackendCapabilities(
+        offload=True,
+        lora=True,
+        value_model=True,
+        padded_inputs=True,
+        sequence_parallel=True,
+        param_dtypes=frozenset(DTYPES),
+        train_dtypes=frozenset({"float32", "bfloat16"}),
+    )
     engine_config: FSDPEngineConfig
 
     # ------------------------------------------------------------------ build
 
     def _initialize(self) -> None:
         config = self.engine_config
-        self._refuse_fp16_training()
         self._layout: ParallelLayout = build_layout(config)
         model, meta_model = self._build_model()
         check_soft_capping(model.config, config.attention_backend)
@@ -73,21 +87,6 @@ class FSDPEngine(Engine):
             build_optimizer(self.module, self.optimizer_config) if self.optimizer_config else None
         )
         self.placement = Placement(self.module, self.optimizer, config.device, self._home_device)
-
-    def _refuse_fp16_training(self) -> None:
-        """Refuse to train in float16: this backend has no loss scaling, so small gradients flush to zero.
-
-        NOTE: bf16 has float32's exponent range and needs no loss scale; fp16 would need a sharded grad
-        scaler (scale the loss, unscale before the norm, an inf check agreed by every rank, the scale in
-        checkpoints). Inference in float16 needs none of it and stays allowed.
-        """
-        if self.engine_config.param_dtype == "float16" and self.optimizer_config is not None:
-            raise ConfigError(
-                "engine.param_dtype='float16' cannot train with the fsdp backend: it has no loss scaling, so "
-                "small fp16 gradients underflow to zero. Set engine.param_dtype='bfloat16' (same memory, "
-                "float32's range, no loss scale needed), or use backend 'megatron' (dynamic loss scaling) on "
-                "GPUs without bf16. float16 inference engines (optimizer_config=None) are allowed."
-            )
 
     def _token_limits(self) -> TokenLimits:
         return self._limits
@@ -242,10 +241,10 @@ class FSDPEngine(Engine):
         """Where parameters and optimizer state live during compute (CPU under FSDP2's CPU offload policy)."""
         return "cpu" if self.engine_config.cpu_offload_policy else self.engine_config.device
 
-    def _load(self, *, params: bool, optimizer: bool) -> None:
+    def _load_to_device(self, *, params: bool, optimizer: bool) -> None:
         self.placement.load(params=params, optimizer=optimizer)
 
-    def _offload(self, params: bool, optimizer: bool) -> None:
+    def _offload_to_host(self, params: bool, optimizer: bool) -> None:
         self.placement.offload(params=params, optimizer=optimizer)
 
     @property

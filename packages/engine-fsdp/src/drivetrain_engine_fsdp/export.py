@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig
-from drivetrain_engine_core.checkpoint import split_peft_name
+from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig, split_peft_name
 from torch import nn
 from torch.distributed.tensor import DTensor
 

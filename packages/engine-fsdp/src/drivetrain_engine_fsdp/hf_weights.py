@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.backend import CheckpointIndex
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError, CheckpointIndex
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 
 _SHOWN = 5  # names listed in an error message before "... and N more"

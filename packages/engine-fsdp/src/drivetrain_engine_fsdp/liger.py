@@ -18,8 +18,7 @@ import importlib.util
 import math
 
 import torch
-from drivetrain_engine_core.backend import ForwardOptions
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError, ForwardOptions
 
 LIGER_INSTALL_HINT = 'pip install "drivetrain-engine-fsdp[liger]"'
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import CheckpointIndex, read_checkpoint_index
-from drivetrain_engine_core.config import ModelConfig
+from drivetrain_engine_core.backend import CheckpointIndex, ModelConfig, read_checkpoint_index
 from torch import nn
 
 from .export import ADAPTER, hf_name

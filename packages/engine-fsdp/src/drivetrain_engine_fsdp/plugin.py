@@ -1,6 +1,6 @@
 """The ``fsdp`` entry point: registers the FSDP2 engine and its checkpoint merger by name (nothing heavy)."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 ENGINE = "drivetrain_engine_fsdp.engine:FSDPEngine"
 CONFIG = "drivetrain_engine_fsdp.config:FSDPEngineConfig"

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR
-from drivetrain_engine_core.checkpoint import read_manifest
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, CheckpointError, read_manifest
 from megatron.core import dist_checkpointing
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer.module import MegatronModule

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drivetrain_engine_core.config import ConfigError, EngineConfig
+from drivetrain_engine_core.backend import ConfigError, EngineConfig
 
 
 def _require(condition: bool, message: str) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from drivetrain_engine_core.backend import (
+    DTYPES,
+    BackendCapabilities,
     ConfigError,
     Engine,
     EngineStateError,
@@ -52,6 +53,14 @@ class MegatronEngine(Engine):
 
     backend_name: ClassVar[str] = "megatron"
     config_class: ClassVar[type[MegatronEngineConfig]] = MegatronEngineConfig
+    # No offload and no LoRA yet; fp16 trains with megatron's dynamic loss scaling.
+    capabilities: ClassVar[BackendCapabilities] = BackendCapabilities(
+        value_model=True,
+        padded_inputs=True,
+        sequence_parallel=True,
+        param_dtypes=frozenset(DTYPES),
+        train_dtypes=frozenset(DTYPES),
+    )
 
     engine_config: MegatronEngineConfig
     _model: BuiltModel
@@ -100,10 +109,6 @@ class MegatronEngine(Engine):
     def _refuse_unsupported(self) -> None:
         """Refuse, before any group or model exists, what this backend cannot run here."""
         config = self.engine_config
-        if self.model_config.lora is not None:
-            raise ConfigError(
-                "model.lora is not supported by the megatron backend; use backend 'fsdp' for LoRA."
-            )
         if self.model_config.use_remove_padding and flash_kernel_missing(config.device, config.param_dtype):
             raise ConfigError(
                 f"packed rows in {config.param_dtype} attend through torch's flash kernel, which needs compute "
@@ -120,11 +125,6 @@ class MegatronEngine(Engine):
                 f"engine.context_parallel_size={config.context_parallel_size} needs Transformer Engine attention, "
                 "which drivetrain's layer spec does not build (its SDPA attention has no context-parallel path); "
                 "set context_parallel_size=1 (long sequences: sequence_parallel=True with TP, or FSDP's Ulysses)."
-            )
-        if config.param_offload or config.optimizer_offload:
-            raise ConfigError(
-                "engine.param_offload / optimizer_offload are not implemented by the megatron backend yet; "
-                "set both to False (or use backend 'fsdp')."
             )
 
     def _seed(self) -> None:
@@ -200,12 +200,6 @@ class MegatronEngine(Engine):
         for chunk in self._model.chunks:
             chunk.train(mode == "train")
 
-    def _load(self, *, params: bool, optimizer: bool) -> None:
-        """Nothing is offloaded (offload is refused at initialisation)."""
-
-    def _offload(self, params: bool, optimizer: bool) -> None:
-        """Nothing is offloaded (offload is refused at initialisation)."""
-
     # ------------------------------------------------------------------ optimizer
 
     def _optimizer_param_groups(self) -> Sequence[dict[str, Any]]:
@@ -249,17 +243,7 @@ class MegatronEngine(Engine):
             )
         return chunks
 
-    # ------------------------------------------------------------------ placement, adapters, export
-
-    def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
-        if device != self.engine_config.device:
-            raise EngineStateError(
-                f"engine.to({device!r}): the megatron backend keeps its state on {self.engine_config.device!r}; "
-                "moving it (offload) is not implemented yet."
-            )
-
-    def _disable_adapter(self) -> AbstractContextManager[None]:
-        raise EngineStateError("the megatron backend has no LoRA adapters to disable.")
+    # ------------------------------------------------------------------ export
 
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         from .bridge import export_hf_weights

@@ -1,6 +1,6 @@
 """drivetrain plugin entry point of the Megatron-Core backend (imports nothing heavy)."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 _ENGINE = "drivetrain_engine_megatron.engine:MegatronEngine"
 _CONFIG = "drivetrain_engine_megatron.config:MegatronEngineConfig"

@@ -12,6 +12,7 @@ skipped-step count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +34,21 @@ def save_engine_checkpoint(
     global_step: int,
     max_ckpt_to_keep: int | None,
     extra_state: dict[str, Any] | None,
+    *,
+    write: Callable[..., None],
 ) -> Path:
-    """Write ``<root>/global_step_<N>/`` atomically (collective); see ``Engine.save_checkpoint``."""
+    """Write ``<root>/global_step_<N>/`` atomically (collective); see ``Engine.save_checkpoint``.
+
+    ``write(step_dir, save_optimizer=...)`` is the backend's share (its ``_save_checkpoint`` hook, handed in by
+    the engine).
+    """
     require_json("extra_state", extra_state)
     temporary = temporary_step_dir(root, global_step)
     is_writer = distributed.rank() == 0
     if is_writer:
         prepare_temporary_step_dir(temporary)
     distributed.barrier()
-    engine._save_checkpoint(temporary, save_optimizer=engine.checkpoint_config.save_optimizer)
+    write(temporary, save_optimizer=engine.checkpoint_config.save_optimizer)
     save_extra_state(temporary / "extra", _core_state(engine, extra_state or {}))
     distributed.barrier()
     files = describe_on_every_rank(temporary)
@@ -55,9 +62,17 @@ def save_engine_checkpoint(
 
 
 def load_engine_checkpoint(
-    engine: Engine, path: str | Path, *, load_optimizer: bool, verify: bool
+    engine: Engine,
+    path: str | Path,
+    *,
+    load_optimizer: bool,
+    verify: bool,
+    read: Callable[..., None],
 ) -> dict[str, Any]:
     """Read a step written by the same backend (collective); see ``Engine.load_checkpoint``.
+
+    ``read(step_dir, load_optimizer=...)`` is the backend's read (its ``_load_checkpoint`` hook, handed in by
+    the engine); it runs with offloaded state held on the device.
 
     Raises:
         CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
@@ -77,13 +92,12 @@ def load_engine_checkpoint(
             "training needs. Load it with load_optimizer=False for a fresh optimizer, or start a new run from its "
             f"weights: `drivetrain ckpt merge {step_dir} OUT`, then model.path=OUT."
         )
-    with engine._loaded():
-        engine._load_checkpoint(step_dir, load_optimizer=load_optimizer)
+    with engine.holding_state():
+        read(step_dir, load_optimizer=load_optimizer)
     state = load_extra_state(step_dir / "extra")
-    if engine._lr_schedule is not None and "lr_schedule" in state:
-        engine._lr_schedule.load_state_dict(state["lr_schedule"])
-    engine.skipped_steps = int(state.get("skipped_steps", 0))
-    engine._consecutive_skips = int(state.get("consecutive_skips", 0))
+    if engine.lr_schedule is not None and "lr_schedule" in state:
+        engine.lr_schedule.load_state_dict(state["lr_schedule"])
+    engine.skips.load_state_dict(state)
     return {"global_step": manifest.global_step, **state["extra_state"]}
 
 
@@ -97,7 +111,7 @@ def _manifest(engine: Engine, global_step: int) -> Manifest:
         model_path=str(Path(engine.model_config.path).resolve()),
         lora=None if lora is None else {**lora.__dict__, "target_modules": list(lora.target_modules)},
         trust_remote_code=engine.model_config.trust_remote_code,
-        backend_info=engine._checkpoint_backend_info(),
+        backend_info=engine.checkpoint_backend_info,
     )
 
 
@@ -124,11 +138,7 @@ def _core_state(engine: Engine, caller_state: dict[str, Any]) -> dict[str, Any]:
     """What core saves beside the backend's state: caller state, skipped steps (the run's and the current
     streak, so that ``optimizer.max_consecutive_skips`` counts across a resume: a run that crashed and resumed
     in a loop restarted the streak each time), LR schedule."""
-    state: dict[str, Any] = {
-        "extra_state": caller_state,
-        "skipped_steps": engine.skipped_steps,
-        "consecutive_skips": engine._consecutive_skips,
-    }
-    if engine._lr_schedule is not None:
-        state["lr_schedule"] = engine._lr_schedule.state_dict()
+    state: dict[str, Any] = {"extra_state": caller_state, **engine.skips.state_dict()}
+    if engine.lr_schedule is not None:
+        state["lr_schedule"] = engine.lr_schedule.state_dict()
     return state

@@ -2,13 +2,13 @@
 
 It implements every backend hook in a few lines of plain torch, replicates the model on each rank and
 averages gradients over the default process group (like DDP), and records the order of its placement and
-mode hooks in ``calls``, so tests of the base ``Engine`` can see what the template methods do. Its per-token
-output depends only on the current token, which is all the base-class tests need.
+mode hooks in ``calls``, so tests of the base ``Engine`` can see what the template methods do: it declares
+the ``offload`` capability for that, though nothing moves. Its per-token output depends only on the current
+token, which is all the base-class tests need (packed or padded rows alike, and a one-column value head).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from drivetrain_engine_core import distributed
 from drivetrain_engine_core.backend import (
+    BackendCapabilities,
     ConfigError,
     Engine,
     EngineConfig,
@@ -27,6 +27,7 @@ from drivetrain_engine_core.backend import (
     MicroBatchResult,
     Mode,
     TokenLimits,
+    distributed,
 )
 
 MODEL_FILE = "model/model.pt"
@@ -60,6 +61,7 @@ class TinyTorchEngine(Engine):
 
     backend_name = "tiny"
     config_class = TinyEngineConfig
+    capabilities = BackendCapabilities(offload=True, value_model=True, padded_inputs=True)
     engine_config: TinyEngineConfig
 
     def __init__(self, **kwargs: Any) -> None:
@@ -156,17 +158,14 @@ class TinyTorchEngine(Engine):
         self._adamw.step()
 
     # ------------------------------------------------------------------ placement (recorded, nothing moves)
-    def _load(self, *, params: bool, optimizer: bool) -> None:
+    def _load_to_device(self, *, params: bool, optimizer: bool) -> None:
         self.calls.append(("load", f"params={params}", f"optimizer={optimizer}"))
 
-    def _offload(self, params: bool, optimizer: bool) -> None:
+    def _offload_to_host(self, params: bool, optimizer: bool) -> None:
         self.calls.append(("offload", f"params={params}", f"optimizer={optimizer}"))
 
     def _to(self, device: str, *, model: bool, optimizer: bool, grad: bool) -> None:
         self.calls.append(("to", device))
-
-    def _disable_adapter(self) -> Any:
-        return contextlib.nullcontext()
 
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.model.state_dict().items():
