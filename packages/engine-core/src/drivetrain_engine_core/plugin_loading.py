@@ -14,12 +14,13 @@ from typing import Any, Literal, Protocol
 
 import pluggy
 
+from .plugin_compat import core_incompatibility, installed_core_version
 from .registry import PluginSource
 
 DISABLE_ENV = "DRIVETRAIN_DISABLE_PLUGINS"
 """Comma-separated entry-point names that operators block from loading."""
 
-PluginStatus = Literal["loaded", "failed", "blocked"]
+PluginStatus = Literal["loaded", "failed", "blocked", "incompatible"]
 
 
 class EntryPointLike(Protocol):
@@ -41,8 +42,9 @@ class PluginInfo:
     Attributes:
         name: entry-point name (the name to block with ``DRIVETRAIN_DISABLE_PLUGINS``).
         distribution, version: the installed distribution that declares it.
-        status: ``loaded``, ``failed`` or ``blocked``.
-        error: the original exception, formatted on one line (``None`` unless failed).
+        status: ``loaded``, ``failed``, ``blocked`` or ``incompatible`` (its core range does not admit the
+            installed core; never imported).
+        error: the original exception, formatted on one line, or why it is incompatible (``None`` otherwise).
         traceback: the full formatted traceback of that exception, for debugging.
         registered: lines such as ``"engine language_model/fsdp/cpu -> pkg.mod:Cls"``.
     """
@@ -91,7 +93,9 @@ def load_entry_point(
 ) -> Exception | None:
     """Import ``entry_point`` and register it with ``manager``, recording its :class:`PluginInfo` in ``infos``.
 
-    A name declared twice is recorded as failed under a suffixed key; a blocked name is recorded as blocked.
+    A name declared twice is recorded as failed under a suffixed key; a blocked name is recorded as blocked; a
+    plugin whose distribution requires a core range that the installed core is outside of is recorded as
+    incompatible and not imported (:mod:`.plugin_compat`).
 
     Returns:
         The exception the import or pluggy's validation raised (the caller withdraws the plugin), else None.
@@ -109,6 +113,10 @@ def load_entry_point(
         manager.set_blocked(entry_point.name)
         infos[entry_point.name] = new_info(source, "blocked")
         return None
+    incompatible = core_incompatibility(entry_point.dist, installed_core_version())
+    if incompatible is not None:
+        infos[entry_point.name] = new_info(source, "incompatible", incompatible)
+        return None
     infos[entry_point.name] = new_info(source, "loaded")
     try:
         manager.register(entry_point.load(), name=entry_point.name)
@@ -116,6 +124,15 @@ def load_entry_point(
         manager.check_pending()
     except Exception as e:
         return e
+    return None
+
+
+def problem_line(info: PluginInfo) -> str | None:
+    """The line every command prints on stderr about a plugin that failed or is incompatible, else None."""
+    if info.status == "failed":
+        return f"plugin {info.name!r} ({info.distribution} {info.version}) failed to load: {info.error}"
+    if info.status == "incompatible":
+        return f"plugin {info.name!r} ({info.distribution} {info.version}) is incompatible: {info.error}"
     return None
 
 

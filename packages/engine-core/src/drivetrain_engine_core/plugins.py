@@ -27,6 +27,7 @@ from .plugin_loading import (
     disabled_from_env,
     failed,
     load_entry_point,
+    problem_line,
 )
 from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry, RolloutRegistry
 
@@ -77,7 +78,7 @@ class DrivetrainPlugins:
             self._call_registrar_hook(hook_name)
         for info in self._infos.values():
             for registry in self._registries():
-                if info.status == "failed":
+                if info.status in ("failed", "incompatible"):
                     registry.note_failed_plugin(
                         f"{info.name} ({info.distribution} {info.version}): {info.error}"
                     )
@@ -85,13 +86,10 @@ class DrivetrainPlugins:
                     registry.note_blocked_plugin(self._source(info.name))
 
     def problems(self) -> list[str]:
-        """What a command reports on stderr before it runs: failed plugins and keys several plugins claim."""
-        failed = [
-            f"plugin {info.name!r} ({info.distribution} {info.version}) failed to load: {info.error}"
-            for info in self._infos.values()
-            if info.status == "failed"
-        ]
-        return failed + [line for registry in self._registries() for line in registry.conflicts()]
+        """What a command reports on stderr before it runs: failed and incompatible plugins, keys several claim."""
+        plugin_lines = [problem_line(info) for info in self._infos.values()]
+        conflicts = [line for registry in self._registries() for line in registry.conflicts()]
+        return [line for line in plugin_lines if line is not None] + conflicts
 
     def register_commands(self, cli: click.Group) -> list[PluginInfo]:
         """Let every loaded plugin add sub-commands to ``cli``.
