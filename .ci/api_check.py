@@ -1,0 +1,179 @@
+"""API-break check: each distribution's Python API against its last release, with griffe.
+
+For every distribution in ``.ci/releases.toml``: find its last release (the newest ``<distribution>-v<version>``
+tag merged into HEAD, else the ref the file records), load the API modules there and in the working tree, and
+list griffe's breaking changes. Breaking changes pass only when the working tree's version allows them (a new
+minor in 0.x, a new major from 1.0) and its CHANGELOG.md has a section for that version; otherwise each changed
+symbol is printed with the fix, and the exit status is 1. Exit status 2: the check could not run (a missing ref).
+
+    uv run --all-packages --locked python .ci/api_check.py [DISTRIBUTION ...]
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import griffe
+from packaging.version import InvalidVersion, Version
+from releasing import (
+    RELEASES,
+    ROOT,
+    Release,
+    allows_breaking,
+    changelog_section,
+    find_release,
+    load_releases,
+    project_version,
+    tag_name,
+)
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(kw_only=True, frozen=True)
+class Baseline:
+    """The release a distribution's API is compared against."""
+
+    version: Version
+    ref: str
+
+
+def git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+
+def has_commit(ref: str) -> bool:
+    return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode == 0
+
+
+def ensure_ref(ref: str) -> None:
+    """Make ``ref`` available, fetching from ``origin`` once where a shallow or tag-less clone lacks it.
+
+    Raises:
+        SystemExit: (status 2) the ref cannot be found or fetched, with the command that gets it.
+    """
+    if has_commit(ref):
+        return
+    if git("remote", "get-url", "origin").returncode == 0:
+        shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
+        git("fetch", "--quiet", "--tags", *(["--unshallow"] if shallow else []), "origin")
+        if not has_commit(ref):
+            git("fetch", "--quiet", "origin", ref)
+    if not has_commit(ref):
+        raise SystemExit(
+            f"api-check: git ref {ref!r} (a last release recorded in {RELEASES.relative_to(ROOT)} or its tag) is "
+            "not in this clone and could not be fetched from origin. The check needs the history and tags: clone "
+            "without --depth, or run `git fetch --unshallow --tags origin`; if the release was cut without its "
+            "tag, create it (`git tag <distribution>-v<version> <commit>`)."
+        )
+
+
+def baseline(release: Release) -> Baseline:
+    """The newest of the recorded release and the distribution's release tags merged into HEAD."""
+    newest = Baseline(version=release.version, ref=release.ref)
+    prefix = tag_name(release.distribution, "")
+    for tag in git("tag", "--merged", "HEAD", "--list", f"{prefix}*").stdout.split():
+        try:
+            version = Version(tag.removeprefix(prefix))
+        except InvalidVersion:
+            continue
+        if version >= newest.version:
+            newest = Baseline(version=version, ref=tag)
+    return newest
+
+
+def load_package(package: str, src: str, ref: str | None) -> griffe.Object | None:
+    """The top-level ``package`` under ``src`` in the working tree (``ref`` None) or at git ``ref``; None if absent."""
+    try:
+        if ref is None:
+            return griffe.load(package, search_paths=[ROOT / src])
+        return griffe.load_git(package, ref=ref, repo=ROOT, search_paths=[src])
+    except ModuleNotFoundError:
+        return None
+
+
+def member(root: griffe.Object | None, dotted: str) -> griffe.Object | griffe.Alias | None:
+    """``dotted`` (e.g. ``pkg.data.batch``) inside the loaded top-level package ``root``, or None."""
+    if root is None:
+        return None
+    inner = dotted.partition(".")[2]
+    try:
+        return root[inner] if inner else root
+    except KeyError:
+        return None
+
+
+def breaking_changes(release: Release, against: str) -> list[str]:
+    """One line per breaking change of ``release``'s API modules since ``against`` (deduplicated, sorted).
+
+    Raises:
+        SystemExit: a listed module exists neither now nor at ``against`` (the list in releases.toml is stale).
+    """
+    src = f"{release.path}/src"
+    packages = sorted({module.partition(".")[0] for module in release.api})
+    old_roots = {p: load_package(p, src, against) for p in packages}
+    new_roots = {p: load_package(p, src, None) for p in packages}
+    lines: set[str] = set()
+    for module in release.api:
+        top = module.partition(".")[0]
+        old, new = member(old_roots[top], module), member(new_roots[top], module)
+        if old is None and new is None:
+            raise SystemExit(
+                f"api-check: {release.distribution}'s API module {module!r} (listed in "
+                f"{RELEASES.relative_to(ROOT)}) exists neither in the working tree nor at {against}; fix the list."
+            )
+        if new is None:
+            lines.add(f"{module}: module was removed")
+        elif old is not None:
+            lines.update(ANSI.sub("", b.explain()) for b in griffe.find_breaking_changes(old, new))
+    return sorted(lines)
+
+
+def check(release: Release) -> bool:
+    """Print ``release``'s verdict; True when it has no unmatched breaking change."""
+    folder = ROOT / release.path
+    current = project_version((folder / "pyproject.toml").read_text())
+    last = baseline(release)
+    name = f"{release.distribution} {current}"
+    if current < last.version:
+        print(f"FAIL {name}: its version is below its last release {last.version} ({last.ref}).")
+        return False
+    if not release.api:
+        print(f"ok   {name}: no Python API to check (releases.toml lists none)")
+        return True
+    ensure_ref(last.ref)
+    breaks = breaking_changes(release, last.ref)
+    if not breaks:
+        print(f"ok   {name}: no breaking change since {last.version} ({last.ref})")
+        return True
+    section = changelog_section((folder / "CHANGELOG.md").read_text(), current)
+    if allows_breaking(last.version, current) and section and section.strip():
+        print(f"ok   {name}: {len(breaks)} breaking change(s) since {last.version}, released as {current}")
+        return True
+    print(f"FAIL {name}: {len(breaks)} breaking change(s) since {last.version} ({last.ref}):")
+    print("\n".join(f"       {line}" for line in breaks))
+    print(
+        f"     A break needs a new {'minor' if last.version.major == 0 else 'major'} version with a changelog "
+        f"entry: set version in {release.path}/pyproject.toml and describe the break under its heading in "
+        f"{release.path}/CHANGELOG.md (`uv run python .ci/release.py {release.distribution} VERSION` does both), "
+        "or restore the old API (deprecate first: docs/versioning.md)."
+    )
+    return False
+
+
+def main(names: list[str]) -> int:
+    logging.getLogger("griffe").setLevel(
+        logging.ERROR
+    )  # unresolved imports of third-party code are not breaks
+    releases = load_releases()
+    selected = [find_release(releases, name) for name in names] if names else releases
+    results = [check(release) for release in selected]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

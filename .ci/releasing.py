@@ -1,0 +1,93 @@
+"""What the release tools share: the last releases (``.ci/releases.toml``), versions, tags and changelogs.
+
+Used by ``.ci/api_check.py`` (is a breaking change matched by a version bump and a changelog entry?) and
+``.ci/release.py`` (cut a version). Standard library and ``packaging`` only; docs/versioning.md is the policy.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+RELEASES = ROOT / ".ci" / "releases.toml"
+CORE = "drivetrain-engine-core"
+
+
+@dataclass(kw_only=True, frozen=True)
+class Release:
+    """One distribution's last release, as ``releases.toml`` records it.
+
+    Attributes:
+        distribution: its name on the index, e.g. ``drivetrain-engine-core``.
+        path: its folder, relative to the repository root.
+        version: the last released version.
+        ref: the git ref that release was cut from (a commit or its tag).
+        api: modules whose public names are its Python API.
+    """
+
+    distribution: str
+    path: str
+    version: Version
+    ref: str
+    api: tuple[str, ...]
+
+
+def load_releases(file: Path = RELEASES) -> list[Release]:
+    """Every distribution's last release, in the file's order."""
+    table = tomllib.loads(file.read_text())
+    return [
+        Release(
+            distribution=name,
+            path=entry["path"],
+            version=Version(entry["version"]),
+            ref=entry["ref"],
+            api=tuple(entry["api"]),
+        )
+        for name, entry in table.items()
+    ]
+
+
+def find_release(releases: list[Release], name: str) -> Release:
+    """The release named by its distribution (``drivetrain-roles``) or folder (``roles``, ``packages/roles``).
+
+    Raises:
+        SystemExit: no distribution has that name, listing the ones there are.
+    """
+    for release in releases:
+        if name in (release.distribution, release.path, Path(release.path).name):
+            return release
+    known = ", ".join(r.distribution for r in releases)
+    raise SystemExit(f"no distribution {name!r} in {RELEASES.relative_to(ROOT)}; there are: {known}")
+
+
+def tag_name(distribution: str, version: Version | str) -> str:
+    """The tag a release is cut at: ``<distribution>-v<version>``."""
+    return f"{distribution}-v{version}"
+
+
+def project_version(pyproject: str) -> Version:
+    """The static ``[project] version`` of a pyproject.toml's text."""
+    return Version(tomllib.loads(pyproject)["project"]["version"])
+
+
+def allows_breaking(old: Version, new: Version) -> bool:
+    """Whether going from ``old`` to ``new`` may break the API: a new minor in 0.x, a new major from 1.0 on."""
+    if old.major == 0 and new.major == 0:
+        return new.minor > old.minor
+    return new.major > old.major
+
+
+def changelog_section(changelog: str, version: Version | str) -> str | None:
+    """The body under ``## <version>`` (whatever follows it on the heading line, e.g. a date), or None."""
+    heading = re.compile(rf"^## {re.escape(str(version))}(?:\s.*)?$", re.MULTILINE)
+    found = heading.search(changelog)
+    if found is None:
+        return None
+    after = changelog[found.end() :]
+    following = re.search(r"^## ", after, re.MULTILINE)
+    return after[: following.start() if following else len(after)]

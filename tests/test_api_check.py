@@ -1,0 +1,113 @@
+"""``.ci/api_check.py`` on a throwaway git repository with one tiny distribution: a breaking change fails naming
+the symbol until the version is bumped (a new minor in 0.x) and the changelog has that version's section; a
+release tag becomes the new baseline; a ref the clone lacks is one clear message, not a traceback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="the API check reads releases from git")
+
+RELEASES = """[tiny-dist]
+path = "tiny"
+version = "0.1.0"
+ref = "{ref}"
+api = ["tiny_api"]
+"""
+
+
+class Repo:
+    """A git repository holding ``.ci`` (the real check) and the distribution ``tiny`` (module ``tiny_api``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / ".ci").mkdir()
+        for name in ("api_check.py", "releasing.py"):
+            shutil.copy(ROOT / ".ci" / name, root / ".ci" / name)
+        self.git("init", "--quiet")
+        self.write(version="0.1.0", source="def greet(name, punctuation='!'):\n    return name\n")
+        self.write_releases("HEAD")
+        self.commit("0.1.0")
+        self.write_releases(self.git("rev-parse", "HEAD"))
+
+    def git(self, *args: str) -> str:
+        identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+        done = subprocess.run(
+            ["git", *identity, *args], cwd=self.root, capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    def write(self, *, version: str, source: str, notes: str = "") -> None:
+        package = self.root / "tiny" / "src" / "tiny_api"
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(source)
+        (self.root / "tiny" / "pyproject.toml").write_text(
+            f'[project]\nname = "tiny-dist"\nversion = "{version}"\n'
+        )
+        (self.root / "tiny" / "CHANGELOG.md").write_text(f"# Changelog\n\n## Unreleased\n{notes}")
+
+    def write_releases(self, ref: str) -> None:
+        (self.root / ".ci" / "releases.toml").write_text(RELEASES.format(ref=ref))
+
+    def commit(self, message: str) -> None:
+        self.git("add", "-A")
+        self.git("commit", "--quiet", "-m", message)
+
+    def check(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, ".ci/api_check.py"], cwd=self.root, capture_output=True, text=True, check=False
+        )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Repo:
+    return Repo(tmp_path)
+
+
+def test_a_break_fails_until_a_new_minor_and_its_changelog_section(repo):
+    assert repo.check().returncode == 0
+    renamed = "def greet(who, punctuation='!'):\n    return who\n"
+    repo.write(version="0.1.0", source=renamed)
+    failed = repo.check()
+    assert failed.returncode == 1
+    assert "FAIL tiny-dist 0.1.0: 2 breaking change(s) since 0.1.0" in failed.stdout
+    assert "tiny/src/tiny_api/__init__.py:1: greet(name): Parameter was removed" in failed.stdout
+    assert "greet(who): Parameter was added as required" in failed.stdout
+
+    repo.write(version="0.1.1", source=renamed, notes="\n## 0.1.1\n\n- greet takes who.\n")
+    assert repo.check().returncode == 1, "a patch release may not break"
+    repo.write(version="0.2.0", source=renamed)
+    assert repo.check().returncode == 1, "a bump without a changelog section is not enough"
+    repo.write(version="0.2.0", source=renamed, notes="\n## 0.2.0 — 2026-11-27\n\n- greet takes who.\n")
+    passed = repo.check()
+    assert passed.returncode == 0, passed.stdout
+    assert "ok   tiny-dist 0.2.0: 2 breaking change(s) since 0.1.0, released as 0.2.0" in passed.stdout
+
+
+def test_a_release_tag_is_the_new_baseline(repo):
+    repo.write(version="0.2.0", source="def greet(who):\n    return who\n", notes="\n## 0.2.0\n\n- who.\n")
+    repo.commit("0.2.0")
+    repo.git("tag", "tiny-dist-v0.2.0")
+    repo.write(
+        version="0.2.0", source="def greet(who, loud):\n    return who\n", notes="\n## 0.2.0\n\n- who.\n"
+    )
+    failed = repo.check()
+    assert failed.returncode == 1
+    assert "since 0.2.0 (tiny-dist-v0.2.0)" in failed.stdout
+    assert "greet(loud): Parameter was added as required" in failed.stdout
+
+
+def test_a_missing_ref_is_one_message(repo):
+    repo.write_releases("tiny-dist-v0.1.0")  # cut without its tag
+    failed = repo.check()
+    assert failed.returncode == 1
+    assert "Traceback" not in failed.stderr
+    assert failed.stderr.startswith("api-check: git ref 'tiny-dist-v0.1.0'")
+    assert "git fetch --unshallow --tags origin" in failed.stderr
