@@ -4,7 +4,8 @@ For every distribution in ``.ci/releases.toml``: find its last release (the newe
 tag merged into HEAD, else the ref the file records), load the API modules there and in the working tree, and
 list griffe's breaking changes. Breaking changes pass only when the working tree's version allows them (a new
 minor in 0.x, a new major from 1.0) and its CHANGELOG.md has a section for that version; otherwise each changed
-symbol is printed with the fix, and the exit status is 1. Exit status 2: the check could not run (a missing ref).
+symbol is printed with the fix, and the exit status is 1. A check that cannot run (a ref this clone lacks and
+cannot fetch, a stale module list) says why on stderr, also with status 1.
 
     uv run --all-packages --locked python .ci/api_check.py [DISTRIBUTION ...]
 """
@@ -30,6 +31,7 @@ from releasing import (
     project_version,
     tag_name,
 )
+from subclass_contract import hook_breaks
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -54,7 +56,7 @@ def ensure_ref(ref: str) -> None:
     """Make ``ref`` available, fetching from ``origin`` once where a shallow or tag-less clone lacks it.
 
     Raises:
-        SystemExit: (status 2) the ref cannot be found or fetched, with the command that gets it.
+        SystemExit: the ref cannot be found or fetched, with the command that gets it.
     """
     if has_commit(ref):
         return
@@ -114,7 +116,7 @@ def breaking_changes(release: Release, against: str) -> list[str]:
         SystemExit: a listed module exists neither now nor at ``against`` (the list in releases.toml is stale).
     """
     src = f"{release.path}/src"
-    packages = sorted({module.partition(".")[0] for module in release.api})
+    packages = sorted({path.partition(".")[0] for path in (*release.api, *release.hooks)})
     old_roots = {p: load_package(p, src, against) for p in packages}
     new_roots = {p: load_package(p, src, None) for p in packages}
     lines: set[str] = set()
@@ -130,6 +132,13 @@ def breaking_changes(release: Release, against: str) -> list[str]:
             lines.add(f"{module}: module was removed")
         elif old is not None:
             lines.update(ANSI.sub("", b.explain()) for b in griffe.find_breaking_changes(old, new))
+    lines.update(
+        hook_breaks(
+            release.hooks,
+            lambda path: member(old_roots.get(path.partition(".")[0]), path),
+            lambda path: member(new_roots.get(path.partition(".")[0]), path),
+        )
+    )
     return sorted(lines)
 
 

@@ -28,6 +28,7 @@ class Release:
         version: the last released version.
         ref: the git ref that release was cut from (a commit or its tag).
         api: modules whose public names are its Python API.
+        hooks: what subclasses implement: classes (their abstract methods) and single overridable methods.
     """
 
     distribution: str
@@ -35,6 +36,7 @@ class Release:
     version: Version
     ref: str
     api: tuple[str, ...]
+    hooks: tuple[str, ...] = ()
 
 
 def load_releases(file: Path = RELEASES) -> list[Release]:
@@ -47,6 +49,7 @@ def load_releases(file: Path = RELEASES) -> list[Release]:
             version=Version(entry["version"]),
             ref=entry["ref"],
             api=tuple(entry["api"]),
+            hooks=tuple(entry.get("hooks", ())),
         )
         for name, entry in table.items()
     ]

@@ -20,6 +20,15 @@ path = "tiny"
 version = "0.1.0"
 ref = "{ref}"
 api = ["tiny_api"]
+hooks = ["tiny_api.hooks.Base"]
+"""
+
+HOOKS = """from abc import ABC, abstractmethod
+
+
+class Base(ABC):
+    @abstractmethod
+    def _step(self, batch): ...
 """
 
 
@@ -29,7 +38,7 @@ class Repo:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / ".ci").mkdir()
-        for name in ("api_check.py", "releasing.py"):
+        for name in ("api_check.py", "releasing.py", "subclass_contract.py"):
             shutil.copy(ROOT / ".ci" / name, root / ".ci" / name)
         self.git("init", "--quiet")
         self.write(version="0.1.0", source="def greet(name, punctuation='!'):\n    return name\n")
@@ -44,10 +53,11 @@ class Repo:
         )
         return done.stdout.strip()
 
-    def write(self, *, version: str, source: str, notes: str = "") -> None:
+    def write(self, *, version: str, source: str, notes: str = "", hooks: str = HOOKS) -> None:
         package = self.root / "tiny" / "src" / "tiny_api"
         package.mkdir(parents=True, exist_ok=True)
         (package / "__init__.py").write_text(source)
+        (package / "hooks.py").write_text(hooks)
         (self.root / "tiny" / "pyproject.toml").write_text(
             f'[project]\nname = "tiny-dist"\nversion = "{version}"\n'
         )
@@ -89,6 +99,22 @@ def test_a_break_fails_until_a_new_minor_and_its_changelog_section(repo):
     passed = repo.check()
     assert passed.returncode == 0, passed.stdout
     assert "ok   tiny-dist 0.2.0: 2 breaking change(s) since 0.1.0, released as 0.2.0" in passed.stdout
+
+
+def test_a_hook_subclasses_implement_breaks_when_its_parameters_change_or_one_is_added(repo):
+    """A keyword with a default is harmless to callers (griffe passes it) but not to an implementer."""
+    source = "def greet(name, punctuation='!'):\n    return name\n"
+    changed = HOOKS.replace("(self, batch)", "(self, batch, *, scale=1.0)")
+    repo.write(
+        version="0.1.0", source=source, hooks=changed + "\n    @abstractmethod\n    def _finish(self): ...\n"
+    )
+    failed = repo.check()
+    assert failed.returncode == 1
+    assert (
+        "tiny_api.hooks.Base._step: hook parameters changed: (self, batch) -> (self, batch, *, scale=1.0)"
+        in (failed.stdout)
+    )
+    assert "tiny_api.hooks.Base._finish: abstract method was added" in failed.stdout
 
 
 def test_a_release_tag_is_the_new_baseline(repo):
