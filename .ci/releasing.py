@@ -56,7 +56,8 @@ def load_releases(file: Path = RELEASES) -> list[Release]:
 
 
 def find_release(releases: list[Release], name: str) -> Release:
-    """The release named by its distribution (``drivetrain-roles``) or folder (``roles``, ``packages/roles``).
+    """The release named by its distribution (``drivetrain-roles``), folder (``roles``, ``packages/roles``) or a
+    distinct end of its name (``core``, ``fsdp``).
 
     Raises:
         SystemExit: no distribution has that name, listing the ones there are.
@@ -64,6 +65,9 @@ def find_release(releases: list[Release], name: str) -> Release:
     for release in releases:
         if name in (release.distribution, release.path, Path(release.path).name):
             return release
+    suffixed = [r for r in releases if r.distribution.endswith(f"-{name}")]
+    if len(suffixed) == 1:
+        return suffixed[0]
     known = ", ".join(r.distribution for r in releases)
     raise SystemExit(f"no distribution {name!r} in {RELEASES.relative_to(ROOT)}; there are: {known}")
 
