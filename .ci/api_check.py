@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 
 import griffe
+from cli_contract import cli_breaks
 from packaging.version import InvalidVersion, Version
 from releasing import (
     RELEASES,
@@ -132,6 +133,7 @@ def breaking_changes(release: Release, against: str) -> list[str]:
             lines.add(f"{module}: module was removed")
         elif old is not None:
             lines.update(ANSI.sub("", b.explain()) for b in griffe.find_breaking_changes(old, new))
+            lines.update(cli_breaks(old, new))
     lines.update(
         hook_breaks(
             release.hooks,

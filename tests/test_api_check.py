@@ -32,13 +32,24 @@ class Base(ABC):
 """
 
 
+CLI = """import click
+
+
+@click.command(name="merge")
+@click.argument("src")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None)
+def merge_command(src, as_json, dtype): ...
+"""
+
+
 class Repo:
     """A git repository holding ``.ci`` (the real check) and the distribution ``tiny`` (module ``tiny_api``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / ".ci").mkdir()
-        for name in ("api_check.py", "releasing.py", "subclass_contract.py"):
+        for name in ("api_check.py", "releasing.py", "subclass_contract.py", "cli_contract.py"):
             shutil.copy(ROOT / ".ci" / name, root / ".ci" / name)
         self.git("init", "--quiet")
         self.write(version="0.1.0", source="def greet(name, punctuation='!'):\n    return name\n")
@@ -53,11 +64,14 @@ class Repo:
         )
         return done.stdout.strip()
 
-    def write(self, *, version: str, source: str, notes: str = "", hooks: str = HOOKS) -> None:
+    def write(
+        self, *, version: str, source: str, notes: str = "", hooks: str = HOOKS, cli: str = CLI
+    ) -> None:
         package = self.root / "tiny" / "src" / "tiny_api"
         package.mkdir(parents=True, exist_ok=True)
         (package / "__init__.py").write_text(source)
         (package / "hooks.py").write_text(hooks)
+        (package / "cli.py").write_text(cli)
         (self.root / "tiny" / "pyproject.toml").write_text(
             f'[project]\nname = "tiny-dist"\nversion = "{version}"\n'
         )
@@ -115,6 +129,24 @@ def test_a_hook_subclasses_implement_breaks_when_its_parameters_change_or_one_is
         in (failed.stdout)
     )
     assert "tiny_api.hooks.Base._finish: abstract method was added" in failed.stdout
+
+
+def test_a_command_loses_an_option_a_choice_or_gains_a_required_argument(repo):
+    source = "def greet(name, punctuation='!'):\n    return name\n"
+    cli = (
+        CLI.replace('"--json", ', "")
+        .replace(', "bfloat16"', "")
+        .replace('("src")', '("src")\n@click.argument("dst")')
+    )
+    repo.write(version="0.1.0", source=source, cli=cli)
+    failed = repo.check()
+    assert failed.returncode == 1
+    for line in (
+        "tiny_api.cli:merge: arguments changed: src -> src dst",
+        "tiny_api.cli:merge: option --json was removed",
+        "tiny_api.cli:merge: option --dtype lost choices ['bfloat16']",
+    ):
+        assert line in failed.stdout
 
 
 def test_a_release_tag_is_the_new_baseline(repo):
