@@ -53,8 +53,9 @@ def has_commit(ref: str) -> bool:
     return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode == 0
 
 
-def ensure_ref(ref: str) -> None:
-    """Make ``ref`` available, fetching from ``origin`` once where a shallow or tag-less clone lacks it.
+def ensure_ref(ref: str, distribution: str) -> None:
+    """Make ``distribution``'s release ``ref`` available, fetching from ``origin`` once where a shallow or
+    tag-less clone lacks it.
 
     Raises:
         SystemExit: the ref cannot be found or fetched, with the command that gets it.
@@ -66,12 +67,17 @@ def ensure_ref(ref: str) -> None:
         git("fetch", "--quiet", "--tags", *(["--unshallow"] if shallow else []), "origin")
         if not has_commit(ref):
             git("fetch", "--quiet", "origin", ref)
+    if not has_commit(ref) and ref.startswith(f"{distribution}-v"):
+        raise SystemExit(
+            f"api-check: {distribution}'s last release is recorded as tag {ref!r}, which does not exist. Create it "
+            f"on the release commit (`git tag {ref} <commit>`; docs/versioning.md, Cutting a release), or fetch "
+            "tags (`git fetch --tags origin`)."
+        )
     if not has_commit(ref):
         raise SystemExit(
             f"api-check: git ref {ref!r} (a last release recorded in {RELEASES.relative_to(ROOT)} or its tag) is "
             "not in this clone and could not be fetched from origin. The check needs the history and tags: clone "
-            "without --depth, or run `git fetch --unshallow --tags origin`; if the release was cut without its "
-            "tag, create it (`git tag <distribution>-v<version> <commit>`)."
+            "without --depth, or run `git fetch --unshallow --tags origin`."
         )
 
 
@@ -156,7 +162,7 @@ def check(release: Release) -> bool:
     if not release.api:
         print(f"ok   {name}: no Python API to check (releases.toml lists none)")
         return True
-    ensure_ref(last.ref)
+    ensure_ref(last.ref, release.distribution)
     breaks = breaking_changes(release, last.ref)
     if not breaks:
         print(f"ok   {name}: no breaking change since {last.version} ({last.ref})")

@@ -162,10 +162,16 @@ def test_a_release_tag_is_the_new_baseline(repo):
     assert "greet(loud): Parameter was added as required" in failed.stdout
 
 
-def test_a_missing_ref_is_one_message(repo):
-    repo.write_releases("tiny-dist-v0.1.0")  # cut without its tag
-    failed = repo.check()
-    assert failed.returncode == 1
-    assert "Traceback" not in failed.stderr
-    assert failed.stderr.startswith("api-check: git ref 'tiny-dist-v0.1.0'")
-    assert "git fetch --unshallow --tags origin" in failed.stderr
+def test_a_missing_tag_or_commit_is_one_message(repo):
+    repo.write_releases("tiny-dist-v0.1.0")  # recorded by .ci/release.py, not tagged yet
+    untagged = repo.check()
+    assert untagged.returncode == 1 and "Traceback" not in untagged.stderr
+    assert untagged.stderr.startswith(
+        "api-check: tiny-dist's last release is recorded as tag 'tiny-dist-v0.1.0', which does not exist. Create "
+        "it on the release commit (`git tag tiny-dist-v0.1.0 <commit>`"
+    )
+    repo.write_releases("0123456789abcdef0123456789abcdef01234567")  # history a shallow clone lacks
+    missing = repo.check()
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith("api-check: git ref '0123456789abcdef0123456789abcdef01234567'")
+    assert "git fetch --unshallow --tags origin" in missing.stderr
