@@ -183,9 +183,8 @@ def check(release: Release) -> bool:
 
 
 def main(names: list[str]) -> int:
-    logging.getLogger("griffe").setLevel(
-        logging.ERROR
-    )  # unresolved imports of third-party code are not breaks
+    # Unresolved imports of third-party code are not breaks; griffe would log each one.
+    logging.getLogger("griffe").setLevel(logging.ERROR)
     releases = load_releases()
     selected = [find_release(releases, name) for name in names] if names else releases
     results = [check(release) for release in selected]
