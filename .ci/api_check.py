@@ -120,7 +120,7 @@ def breaking_changes(release: Release, against: str) -> list[str]:
     """One line per breaking change of ``release``'s API modules since ``against`` (deduplicated, sorted).
 
     Raises:
-        SystemExit: a listed module exists neither now nor at ``against`` (the list in releases.toml is stale).
+        SystemExit: a listed module or hook exists neither now nor at ``against`` (releases.toml is stale).
     """
     src = f"{release.path}/src"
     packages = sorted({path.partition(".")[0] for path in (*release.api, *release.hooks)})
@@ -140,13 +140,20 @@ def breaking_changes(release: Release, against: str) -> list[str]:
         elif old is not None:
             lines.update(ANSI.sub("", b.explain()) for b in griffe.find_breaking_changes(old, new))
             lines.update(cli_breaks(old, new))
-    lines.update(
-        hook_breaks(
-            release.hooks,
-            lambda path: member(old_roots.get(path.partition(".")[0]), path),
-            lambda path: member(new_roots.get(path.partition(".")[0]), path),
-        )
-    )
+
+    def released(path: str) -> griffe.Object | griffe.Alias | None:
+        return member(old_roots[path.partition(".")[0]], path)
+
+    def current(path: str) -> griffe.Object | griffe.Alias | None:
+        return member(new_roots[path.partition(".")[0]], path)
+
+    for entry in release.hooks:
+        if released(entry) is None and current(entry) is None:
+            raise SystemExit(
+                f"api-check: {release.distribution}'s hook {entry!r} (listed in {RELEASES.relative_to(ROOT)}) "
+                f"exists neither in the working tree nor at {against}; fix the list."
+            )
+    lines.update(hook_breaks(release.hooks, released, current))
     return sorted(lines)
 
 
