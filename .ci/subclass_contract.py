@@ -43,7 +43,8 @@ def _signature(hook: griffe.Object | griffe.Alias) -> str:
 
 
 def _abstract(cls: griffe.Object | griffe.Alias) -> set[str]:
-    return {name for name, member in cls.members.items() if _is_abstract(member)}
+    """Abstract methods, inherited ones included (a hook that moved to a base class is still a hook)."""
+    return {name for name, member in cls.all_members.items() if _is_abstract(member)}
 
 
 def _changed(
@@ -76,7 +77,7 @@ def hook_breaks(entries: Iterable[str], old: Lookup, new: Lookup) -> list[str]:
             lines.append(f"{entry}: class was removed")
             continue
         for name in sorted(_abstract(before)):
-            lines += _changed(f"{entry}.{name}", before.members[name], after.members.get(name))
+            lines += _changed(f"{entry}.{name}", before.all_members[name], after.all_members.get(name))
         for name in sorted(_abstract(after) - _abstract(before)):
             lines.append(f"{entry}.{name}: abstract method was added (every subclass must implement it)")
     return lines
