@@ -1,4 +1,4 @@
-"""``drivetrain sft``'s config: built on core's config layer, one source of defaults, printable and documented."""
+"""``drivetrain sft``'s config: built on the job runtime's config layer, one source of defaults, printable and documented."""
 
 from __future__ import annotations
 

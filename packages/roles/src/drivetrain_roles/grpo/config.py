@@ -1,6 +1,6 @@
 """Typed configuration of ``drivetrain grpo``: its sections, their defaults (the embedded job) and derived values.
 
-Loading is core's command config layer (:mod:`drivetrain_roles.runtime.command_config`). The defaults are the
+Loading is the job runtime's command config layer (:mod:`drivetrain_roles.runtime.command_config`). The defaults are the
 embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to about 35% held-out
 accuracy, then trained by GRPO with an exact-answer reward.
 """

@@ -1,7 +1,7 @@
 """Config sections shared by the pairwise commands ``drivetrain dpo`` and ``drivetrain rm``.
 
 Each command declares its own top-level dataclass (``DPOConfig``, ``RMConfig``) from these sections and
-core's; loading, checking and messages are core's command config layer.
+core's; loading, checking and messages are the job runtime's command config layer.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Typed configuration of ``drivetrain sft``: its sections, their defaults (the embedded job) and derived values.
 
-Loading (YAML + dotted overrides, type checks, messages) is core's command config layer
+Loading (YAML + dotted overrides, type checks, messages) is the job runtime's command config layer
 (:mod:`drivetrain_roles.runtime.command_config`); this module only declares what the SFT command configures.
 The ``engine`` section is built by the chosen backend's own config class, so backend knobs
 (``engine.ulysses_sequence_parallel_size``) are checked too.
