@@ -20,13 +20,13 @@ from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
 from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, score, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
-from drivetrain_roles.rollout.hf import HFRollout
-from drivetrain_roles.sft.data import Example
-from drivetrain_roles.sft.default_assets import (
+from drivetrain_roles.jobs.data import Example
+from drivetrain_roles.jobs.default_assets import (
     arithmetic_examples,
     build_arithmetic_tokenizer,
     write_model_dir,
 )
+from drivetrain_roles.rollout.hf import HFRollout
 
 N, TEMPERATURE, KL_COEF = 4, 0.8, 0.1
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])

@@ -15,8 +15,8 @@ from drivetrain_roles.grpo.controller import ColocatedGRPO, colocated_spec
 from drivetrain_roles.grpo.rewards import group_advantages
 from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
-from drivetrain_roles.sft.data import Example
-from drivetrain_roles.sft.default_assets import (
+from drivetrain_roles.jobs.data import Example
+from drivetrain_roles.jobs.default_assets import (
     arithmetic_examples,
     build_arithmetic_tokenizer,
     write_model_dir,

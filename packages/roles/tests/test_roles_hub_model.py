@@ -10,8 +10,8 @@ import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_roles.sft.default_assets import write_model_dir
-from drivetrain_roles.sft.metrics import read_records
+from drivetrain_roles.jobs.default_assets import write_model_dir
+from drivetrain_roles.jobs.metrics import read_records
 
 REPO = "acme/arithmetic-tiny"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

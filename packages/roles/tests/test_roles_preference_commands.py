@@ -11,14 +11,14 @@ import torch
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_roles.dpo.config import load_config as load_dpo_config
 from drivetrain_roles.dpo.trainer import DPOTrainer
+from drivetrain_roles.jobs.config_reference import reference_page
+from drivetrain_roles.jobs.data import DataError
+from drivetrain_roles.jobs.default_assets import build_arithmetic_tokenizer
 from drivetrain_roles.preference.config import PairDataConfig
 from drivetrain_roles.preference.data import load_pairs
 from drivetrain_roles.rm.config import load_config as load_rm_config
 from drivetrain_roles.rm.trainer import RMTrainer
 from drivetrain_roles.runtime.tracking import read_records
-from drivetrain_roles.sft.data import DataError
-from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
-from drivetrain_roles.sft.reference import reference_page
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,7 +35,7 @@ TINY = [
 @pytest.mark.parametrize("command", ["dpo", "rm", "grpo"])
 def test_reference_pages_are_generated_from_the_dataclasses(command) -> None:
     assert (REPO / "docs" / f"{command}-config.md").read_text() == reference_page(command), (
-        f'docs/{command}-config.md is stale; regenerate it with python -c "from drivetrain_roles.sft.reference '
+        f'docs/{command}-config.md is stale; regenerate it with python -c "from drivetrain_roles.jobs.config_reference '
         f"import reference_page; open('docs/{command}-config.md', 'w').write(reference_page('{command}'))\""
     )
 
@@ -111,7 +111,7 @@ def test_a_users_model_gets_lengths_that_hold_real_text(command) -> None:
 
 def test_answers_longer_than_a_response_may_be_are_warned_about(caplog) -> None:
     from drivetrain_roles.grpo.trainer import warn_unreachable_answers
-    from drivetrain_roles.sft.data import Example
+    from drivetrain_roles.jobs.data import Example
 
     def example(answer_tokens: int) -> Example:
         return Example(
@@ -494,8 +494,8 @@ def test_a_rank_without_pairs_in_the_last_precompute_chunk_still_joins_the_forwa
     monkeypatch.setattr(dpo_trainer.distributed, "world_size", lambda group=None: 2)
     # This process stands for rank 1 alone (a process group another test left in place has one rank).
     monkeypatch.setattr(dpo_trainer.distributed, "all_gather_objects", lambda obj, group=None: [obj])
+    from drivetrain_roles.jobs.data import Example
     from drivetrain_roles.preference.data import PairExample
-    from drivetrain_roles.sft.data import Example
 
     example = Example([1, 2], [3], "", "")
     trainer = SimpleNamespace(

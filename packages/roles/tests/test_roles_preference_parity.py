@@ -11,10 +11,10 @@ from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data import shard_data
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import make_tiny_model_dir, run_distributed
+from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.losses.preference import DPOLossConfig, bradley_terry_loss_fn, dpo_loss_fn
 from drivetrain_roles.preference.batches import make_pair_batch
 from drivetrain_roles.preference.data import PairExample
-from drivetrain_roles.sft.data import Example
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 VOCAB = 100

@@ -20,9 +20,9 @@ from drivetrain_engine_core.rollout import RolloutOutput
 from drivetrain_roles.advantage_estimators import AdvantageConfig, outcome_advantages
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.step import rollout_batch
+from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.losses import FlatTokens, PolicyLossConfig, aggregate, kl_penalty, policy_loss_fn
 from drivetrain_roles.reward_shaping import equal_reward_groups, overlong_penalty
-from drivetrain_roles.sft.data import Example
 from tensordict import TensorDict
 
 # Two groups of three responses. Prompt tokens have mask 0; the last response has a masked token inside it (a
@@ -419,7 +419,7 @@ def test_drivetrain_grpo_runs_a_non_default_combination(tmp_path):
     the response length as reward (the untrained model is never right), so that groups differ."""
     from click.testing import CliRunner
     from drivetrain_engine_core.cli import main as drivetrain_cli
-    from drivetrain_roles.sft.default_assets import write_model_dir
+    from drivetrain_roles.jobs.default_assets import write_model_dir
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     (tmp_path / "length.py").write_text(

@@ -16,11 +16,11 @@ from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, PluginError
+from drivetrain_roles.jobs.assets import ModelPathError
+from drivetrain_roles.jobs.data import DataError
 from drivetrain_roles.jobs.launch import spawn_ranks
-from drivetrain_roles.sft.assets import ModelPathError
+from drivetrain_roles.jobs.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.config import load_config
-from drivetrain_roles.sft.data import DataError
-from drivetrain_roles.sft.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.trainer import SFTTrainer
 
 SMALL = [
@@ -303,8 +303,8 @@ def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypa
     """Each data-parallel rank scores a share of the held-out set: with 3 examples on 4 ranks one rank had
     none and failed while the others waited in a collective."""
     from drivetrain_engine_core.config import EngineConfig
-    from drivetrain_roles.sft import batches
-    from drivetrain_roles.sft.batches import check_held_out_size
+    from drivetrain_roles.jobs import batches
+    from drivetrain_roles.jobs.batches import check_held_out_size
 
     monkeypatch.setattr(batches.distributed, "world_size", lambda group=None: 4)
     with pytest.raises(DataError, match="held-out set has 3 examples, fewer than the 4 data-parallel ranks"):
@@ -317,7 +317,7 @@ def test_a_new_run_regenerates_the_embedded_data_and_model(tmp_path) -> None:
     """The generated data and the untrained embedded model were written once per run folder: a new
     ``--overwrite`` run with other sizes or another seed silently trained on the old ones. A resumed run keeps
     the ones it started from."""
-    from drivetrain_roles.sft.assets import resolve_data_files, resolve_model_path
+    from drivetrain_roles.jobs.assets import resolve_data_files, resolve_model_path
     from drivetrain_roles.sft.config import DataConfig
     from safetensors.torch import load_file
 

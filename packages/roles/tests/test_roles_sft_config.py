@@ -11,9 +11,9 @@ import yaml
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError, EngineConfig
+from drivetrain_roles.jobs.config_reference import reference_page
 from drivetrain_roles.runtime.command_config import describe_fields, to_plain
 from drivetrain_roles.sft.config import SFTConfig, load_config
-from drivetrain_roles.sft.reference import reference_page
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -93,7 +93,7 @@ def test_shipped_example_yaml_holds_the_defaults() -> None:
 def test_reference_page_is_generated_from_the_dataclasses() -> None:
     assert (REPO / "docs" / "sft-config.md").read_text() == reference_page(), (
         "docs/sft-config.md is stale; regenerate it with "
-        'python -c "from drivetrain_roles.sft.reference import reference_page; '
+        'python -c "from drivetrain_roles.jobs.config_reference import reference_page; '
         "open('docs/sft-config.md', 'w').write(reference_page())\""
     )
 

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from drivetrain_engine_core.testing import build_tiny_tokenizer
-from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
+from drivetrain_roles.jobs.batches import StepSampler, make_sft_batch
+from drivetrain_roles.jobs.data import DataError, load_examples, read_rows, tokenize_prompt_response
+from drivetrain_roles.jobs.default_assets import build_arithmetic_tokenizer, write_model_dir
 from drivetrain_roles.sft.config import DataConfig, load_config
-from drivetrain_roles.sft.data import DataError, load_examples, read_rows, tokenize_prompt_response
-from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer, write_model_dir
 
 ROWS = [{"prompt": "hello ", "response": "world"}, {"prompt": "the answer is ", "response": "42"}]
 
@@ -57,7 +57,7 @@ def test_parquet_and_jsonl_give_the_same_examples_with_response_only_loss(tmp_pa
 
 
 def test_a_tokenizer_that_adds_a_bos_keeps_it_in_the_prompt() -> None:
-    from drivetrain_roles.sft.default_assets import build_arithmetic_tokenizer
+    from drivetrain_roles.jobs.default_assets import build_arithmetic_tokenizer
 
     tokenizer = build_arithmetic_tokenizer()
     example = tokenize_prompt_response("1+2=", "3", tokenizer, where="row 0", columns=("prompt", "response"))
@@ -79,7 +79,7 @@ def test_a_rendered_bos_and_eos_are_not_doubled() -> None:
 def test_a_sequences_first_token_is_never_a_loss_token() -> None:
     """With an empty prompt and a tokenizer without BOS (Qwen) the first response token opened the sequence:
     nothing precedes it, so it was never trained, yet it counted in the token mean and diluted the loss."""
-    from drivetrain_roles.sft.data import Example
+    from drivetrain_roles.jobs.data import Example
 
     batch = make_sft_batch(
         [
@@ -221,7 +221,7 @@ def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path) -> None:
     """transformers 5 loads an empty tokenizer from a directory without tokenizer files: every example became
     the bare EOS and a run "trained" with loss 0, then saved that tokenizer with the model."""
     from drivetrain_engine_core.testing import make_tiny_model_dir
-    from drivetrain_roles.sft.assets import ModelPathError, load_tokenizer
+    from drivetrain_roles.jobs.assets import ModelPathError, load_tokenizer
 
     bare = make_tiny_model_dir(tmp_path / "bare", arch="qwen2", with_tokenizer=False)
     with pytest.raises(
@@ -317,7 +317,7 @@ def test_overlong_examples_are_refused_or_dropped_as_data_overlong_says(tmp_path
 
 
 def _reloaded_arithmetic_tokenizer(tmp_path):
-    from drivetrain_roles.sft.default_assets import write_model_dir
+    from drivetrain_roles.jobs.default_assets import write_model_dir
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(write_model_dir(tmp_path / "model"))

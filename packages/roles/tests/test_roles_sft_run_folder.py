@@ -13,11 +13,11 @@ import torch
 import yaml
 from drivetrain_engine_core.factory import create_engine
 from drivetrain_engine_core.testing.reference import reference_log_probs
+from drivetrain_roles.jobs.batches import StepSampler, make_sft_batch
+from drivetrain_roles.jobs.data import load_examples
+from drivetrain_roles.jobs.metrics import read_records
 from drivetrain_roles.runtime.command_config import to_plain
-from drivetrain_roles.sft.batches import StepSampler, make_sft_batch
 from drivetrain_roles.sft.config import load_config
-from drivetrain_roles.sft.data import load_examples
-from drivetrain_roles.sft.metrics import read_records
 from drivetrain_roles.sft.trainer import SFTTrainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,8 +154,8 @@ def test_metric_lines_are_on_disk_before_the_checkpoint_that_follows_them(tmp_pa
     import os
     from types import SimpleNamespace
 
+    from drivetrain_roles.jobs.metrics import MetricsWriter
     from drivetrain_roles.jobs.run_folder import RunFolder
-    from drivetrain_roles.sft.metrics import MetricsWriter
 
     events: list[str] = []
     real_fsync = os.fsync
@@ -209,7 +209,7 @@ class _Tracker:
 def test_every_tracker_is_closed_and_a_failing_one_does_not_hide_the_runs_error(tmp_path):
     """``close`` runs in a ``finally``: a tracker failing to close (a service gone) replaced the run's own error and
     left the trackers after it open."""
-    from drivetrain_roles.sft.metrics import MetricsWriter
+    from drivetrain_roles.jobs.metrics import MetricsWriter
 
     writer = MetricsWriter(tmp_path, enabled=True, report_to=("jsonl",), config={}, resume_step=None)
     closed: list[str] = []

@@ -1,4 +1,5 @@
-"""Config pieces every training command shares: the ``trainer`` loop's common fields and the default model.
+"""Config pieces every training command shares: the ``trainer`` loop's common fields, the default model and the
+``data`` section of prompt/response examples (``sft``, ``grpo`` and the SFT warm starts read it).
 
 Each command's (``sft``, ``grpo``, ``dpo``, ``rm``) ``trainer`` section subclasses :class:`LoopConfig` or
 :class:`BatchLoopConfig`, gives the run length and cadence its own defaults and adds only its own fields, so a
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig
 
-from .sft.default_assets import BUILTIN_MODEL
+from .jobs.default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -140,3 +141,56 @@ class BatchLoopConfig(LoopConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._require_at_least(1, "batch_size", "max_new_tokens")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DataConfig:
+    """Where the examples come from and how they are tokenised.
+
+    Attributes:
+        train_files: parquet/jsonl files; empty selects the generated arithmetic data set.
+        val_files: held-out files; empty with generated data uses the generated held-out split, empty with
+            user files disables held-out evaluation.
+        prompt_key, response_key: columns of prompt/response pairs (loss on the response).
+        messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the assistant
+            turns that ``assistant_turns`` picks); when set, prompt/response columns are not read.
+        assistant_turns: which assistant turns of chat messages carry loss: ``all`` (verl's multi-turn SFT
+            dataset, TRL's ``assistant_only_loss``) or ``last`` (the final one, as a prompt/response pair).
+        apply_chat_template: render each prompt/response pair as a user turn and an assistant turn with the
+            tokenizer's chat template (what verl's SFT dataset and RL prompts do with a prompt column; for an
+            instruct model); off, the prompt is ``tokenizer(prompt)`` as written (TRL's prompt/completion).
+        max_length: token budget of one example (prompt + response).
+        overlong: what an example longer than ``max_length`` does: ``error`` (the run refuses the data, naming
+            the row) or ``drop`` (skipped with one warning counting them, as OpenRLHF filters them; a cut
+            response would train on text that never ends).
+        generated_train_size, generated_val_size: sizes of the generated arithmetic splits.
+    """
+
+    train_files: tuple[str, ...] = ()
+    val_files: tuple[str, ...] = ()
+    prompt_key: str = "prompt"
+    response_key: str = "response"
+    messages_key: str | None = None
+    assistant_turns: Literal["all", "last"] = "all"
+    apply_chat_template: bool = False
+    max_length: int = 32
+    overlong: Overlong = "error"
+    generated_train_size: int = 2000
+    generated_val_size: int = 200
+
+    def __post_init__(self) -> None:
+        check_val_files_have_train_files(self.train_files, self.val_files)
+        if self.max_length < 2:
+            raise ConfigError(f"data.max_length must be >= 2 tokens, got {self.max_length}.")
+        if self.apply_chat_template and self.messages_key is not None:
+            raise ConfigError(
+                "data.apply_chat_template renders prompt/response columns, but data.messages_key reads chat "
+                "messages (always rendered with the chat template); set one of them."
+            )
+        if self.generated_train_size < 1 or self.generated_val_size < 0:
+            raise ConfigError("data.generated_train_size must be >= 1 and data.generated_val_size >= 0.")
+
+    @property
+    def generated(self) -> bool:
+        """Whether the run uses the generated arithmetic data set."""
+        return not self.train_files

@@ -17,6 +17,8 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import LossFn
 from tensordict import TensorDict
 
+from ..jobs.evaluate import greedy_accuracy
+from ..jobs.final_model import save_final_model
 from ..losses.aggregation import FlatTokens
 from ..losses.preference import REF_LOGP, dpo_loss_fn
 from ..output_ranks import require_outputs_on_every_rank
@@ -24,8 +26,6 @@ from ..preference.batches import make_pair_batch
 from ..preference.data import PairExample
 from ..preference.trainer import PairTrainer
 from ..reference import Reference
-from ..sft.evaluate import greedy_accuracy
-from ..sft.final_model import save_final_model
 
 PRECOMPUTE_CHUNK = 256
 """Pairs scored per reference forward pass when the reference is precomputed."""

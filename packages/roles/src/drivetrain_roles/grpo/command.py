@@ -22,7 +22,7 @@ def grpo(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -
     OVERRIDES are dotted config values such as rollout.n=8 or trainer.total_steps=100; --help-config lists
     every field, --print-config shows the resolved config.
     """
-    from ..sft.assets import check_model_path
+    from ..jobs.assets import check_model_path
     from .config import load_config
 
     check_model_path(load_config(config_file, overrides).model.path)

@@ -22,11 +22,16 @@ from drivetrain_engine_core.config import (
 )
 
 from ..advantage_estimators import OUTCOME_ESTIMATORS, AdvantageConfig
-from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, LoopConfig, builtin_model, for_a_user_model
+from ..command_sections import (
+    USER_MODEL_MAX_NEW_TOKENS,
+    DataConfig,
+    LoopConfig,
+    builtin_model,
+    for_a_user_model,
+)
+from ..jobs.default_assets import BUILTIN_MODEL
 from ..losses.aggregation import CONSTANT_LENGTH_MODE
 from ..losses.policy import PolicyLossConfig
-from ..sft.config import DataConfig
-from ..sft.default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

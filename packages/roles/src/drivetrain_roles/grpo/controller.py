@@ -25,8 +25,8 @@ from typing import Any, Self
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import BatchError
 
-from ..sft.assets import model_directory
-from ..sft.data import Example
+from ..jobs.assets import model_directory
+from ..jobs.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
 from .config import GRPOConfig, check_mini_batch_share
 from .rewards import load_reward_function
@@ -92,7 +92,7 @@ class ColocatedGRPO:
     @classmethod
     def start(cls, config: GRPOConfig, *, world_size: int, **group_options: Any) -> Self:
         """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
-        from ..sft.assets import load_tokenizer
+        from ..jobs.assets import load_tokenizer
 
         check_mini_batch_share(config, world_size)
         load_reward_function(config.algorithm.reward_function)  # before the workers start

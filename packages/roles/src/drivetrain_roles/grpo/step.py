@@ -25,9 +25,9 @@ from torch.distributed import ProcessGroup
 
 from ..actor import Actor
 from ..advantage_estimators import outcome_advantages
+from ..jobs.data import Example
 from ..reference import Reference
 from ..reward_shaping import equal_reward_groups, overlong_penalty
-from ..sft.data import Example
 from .config import GRPOConfig
 from .rewards import compute_rewards
 

@@ -28,7 +28,12 @@ from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
 
 from ..actor import Actor, ActorConfig
+from ..jobs.assets import load_splits
+from ..jobs.batches import StepSampler
+from ..jobs.data import Example
+from ..jobs.final_model import FINAL_MODEL_DIR, save_final_model
 from ..jobs.launch import SUMMARY_FILE
+from ..jobs.metrics import MetricsWriter, format_record, plot_curves
 from ..jobs.run_folder import RunFolder, begin_run
 from ..jobs.step_loop import StepLoop
 from ..mini_batches import UpdateSchedule
@@ -36,11 +41,6 @@ from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
 from ..runtime.command_config import to_plain
 from ..runtime.tracking.jsonl import dumps
-from ..sft.assets import load_splits
-from ..sft.batches import StepSampler
-from ..sft.data import Example
-from ..sft.final_model import FINAL_MODEL_DIR, save_final_model
-from ..sft.metrics import MetricsWriter, format_record, plot_curves
 from .config import GRPOConfig, check_mini_batch_share
 from .rewards import exact_match, load_reward_function
 from .step import SEED_STRIDE, answer_rewards, hand_off, sample, update

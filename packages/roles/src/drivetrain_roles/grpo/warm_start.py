@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..sft.assets import model_directory
+from ..jobs.assets import model_directory
+from ..jobs.default_assets import BUILTIN_MODEL
 from ..sft.config import SFTConfig, TrainerConfig, schedule_length
-from ..sft.default_assets import BUILTIN_MODEL
 from .config import GRPOConfig
 
 

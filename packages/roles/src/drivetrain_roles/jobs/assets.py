@@ -9,7 +9,7 @@ from typing import Any
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
-from .config import DataConfig
+from ..command_sections import DataConfig
 from .data import Example, load_examples
 from .default_assets import BUILTIN_MODEL, write_arithmetic_data, write_model_dir
 

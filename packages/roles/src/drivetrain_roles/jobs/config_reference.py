@@ -8,7 +8,7 @@ from ..runtime.command_config import describe_fields, format_reference
 
 HEADER = """# `drivetrain {command}` config reference
 
-Generated from the config dataclasses by `drivetrain_roles.sft.reference.reference_page({command!r})` (a test
+Generated from the config dataclasses by `drivetrain_roles.jobs.config_reference.reference_page({command!r})` (a test
 keeps this page equal to it); `drivetrain {command} --help-config [engine.backend=...]` prints the same for any
 installed backend. Each entry: `section.field: type = default`, then its help. Set values in a YAML file
 (`--config`, see `drivetrain_roles/{package}/example.yaml`) or as `section.field=value` overrides;

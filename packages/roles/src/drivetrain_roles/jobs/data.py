@@ -18,7 +18,7 @@ from typing import Any
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
-from .config import DataConfig
+from ..command_sections import DataConfig
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
-from ..jobs.rank_zero_write import rank_zero_write
+from .rank_zero_write import rank_zero_write
 
 FINAL_MODEL_DIR = "final_model"
 

@@ -1,7 +1,7 @@
 """The run directory of a training job (``sft``, ``dpo``, ``rm``, ``grpo``): preparing it, checkpoints, resume.
 
 Every job's batches are a function of the step and a few config values (the seed, the batch size: see
-:class:`~drivetrain_roles.sft.batches.StepSampler`). Each checkpoint stores those values next to its step, and
+:class:`~drivetrain_roles.jobs.batches.StepSampler`). Each checkpoint stores those values next to its step, and
 a resumed run with other values is refused; with the model, optimizer, LR schedule and RNG state the engine
 restores, a resumed run therefore reproduces the uninterrupted one exactly, provided the data are the same:
 each checkpoint also stores a fingerprint of the tokenised training data, and a resumed run on other data is
@@ -32,12 +32,12 @@ from ..command_sections import LoopConfig
 from ..runtime.command_config import to_yaml
 from ..runtime.heartbeat import Heartbeat
 from ..runtime.tracking import METRICS_FILE
-from ..sft.batches import check_batch_size
-from ..sft.final_model import FINAL_MODEL_DIR
+from .batches import check_batch_size
+from .final_model import FINAL_MODEL_DIR
 from .launch import CHECKPOINT_DIR, CONFIG_FILE, SUMMARY_FILE, check_run_dir
 
 if TYPE_CHECKING:
-    from ..sft.metrics import MetricsWriter
+    from .metrics import MetricsWriter
 
 logger = logging.getLogger(__name__)
 DATA_FINGERPRINT_KEY = "data_fingerprint"

@@ -15,7 +15,7 @@ from typing import Any
 from drivetrain_engine_core.engine import Engine
 
 from ..command_sections import LoopConfig
-from ..sft.metrics import MetricsWriter
+from .metrics import MetricsWriter
 from .progress import progress_bar
 from .run_folder import RunFolder
 

@@ -18,9 +18,9 @@ from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.data.groups import UID
 from tensordict import TensorDict
 
+from ..jobs.batches import response_mask
+from ..jobs.data import DataError, Example
 from ..losses.preference import CHOSEN, MARGIN, REF_LOGP
-from ..sft.batches import response_mask
-from ..sft.data import DataError, Example
 from .data import PairExample
 
 

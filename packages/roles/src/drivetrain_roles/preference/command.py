@@ -31,7 +31,7 @@ def pair_command(
     @run_options(name)
     @config_options(config)
     def command(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
-        from ..sft.assets import check_model_path
+        from ..jobs.assets import check_model_path
 
         loaded = _load(config, config_file, overrides)
         check_model_path(loaded.model.path)  # once, before any rank starts or any folder is made

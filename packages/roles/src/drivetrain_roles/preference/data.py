@@ -1,6 +1,6 @@
 """Preference pairs: files of prompt/chosen/rejected (or chat conversations), tokenised like SFT examples.
 
-Each side of a pair is an SFT :class:`~drivetrain_roles.sft.data.Example` (bos + prompt, then response + eos,
+Each side of a pair is an SFT :class:`~drivetrain_roles.jobs.data.Example` (bos + prompt, then response + eos,
 or a chat conversation split before its last assistant turn), so a pair trains on exactly the tokens
 ``drivetrain sft`` would, and the warm start can train on the chosen side as it is. Problems are found before
 training and reported once with the file, row and fix.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sft.data import (
+from ..jobs.data import (
     DataError,
     Example,
     OverlongRows,

@@ -1,6 +1,6 @@
 """The embedded preference data: addition questions with the correct sum chosen and a wrong one rejected.
 
-The questions are the SFT job's (:func:`~drivetrain_roles.sft.default_assets.arithmetic_examples`); the wrong
+The questions are the SFT job's (:func:`~drivetrain_roles.jobs.default_assets.arithmetic_examples`); the wrong
 answer is the sum off by 1 to 10 (never negative, each offset equally likely), the near misses a model that
 half-learned addition makes (off by 10 is a dropped or spurious carry). A training question can come with
 several different wrong answers (``rejected_per_prompt``): with one fixed near miss per question a reward
@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-from ..sft.default_assets import arithmetic_examples
+from ..jobs.default_assets import arithmetic_examples
 
 MAX_OFFSET = 10
 

@@ -26,15 +26,11 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
 from tensordict import TensorDict
 
+from ..jobs.assets import load_tokenizer, resolve_model_path
+from ..jobs.batches import StepSampler, check_held_out_size
+from ..jobs.final_model import FINAL_MODEL_DIR
 from ..jobs.launch import SUMMARY_FILE
-from ..jobs.run_folder import RunFolder, begin_run
-from ..jobs.step_loop import StepLoop
-from ..runtime.command_config import to_plain
-from ..runtime.tracking.jsonl import dumps
-from ..sft.assets import load_tokenizer, resolve_model_path
-from ..sft.batches import StepSampler, check_held_out_size
-from ..sft.final_model import FINAL_MODEL_DIR
-from ..sft.metrics import (
+from ..jobs.metrics import (
     CURVE_FILE,
     MetricsWriter,
     format_record,
@@ -42,6 +38,10 @@ from ..sft.metrics import (
     speed_postfix,
     step_record,
 )
+from ..jobs.run_folder import RunFolder, begin_run
+from ..jobs.step_loop import StepLoop
+from ..runtime.command_config import to_plain
+from ..runtime.tracking.jsonl import dumps
 from ..sft.warm_start import run_warm_start
 from .batches import check_pair_micro_batches, check_pair_token_budget
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig

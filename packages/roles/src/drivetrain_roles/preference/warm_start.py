@@ -10,7 +10,8 @@ import dataclasses
 
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 
-from ..sft.config import DataConfig, SFTConfig, TrainerConfig, schedule_length
+from ..command_sections import DataConfig
+from ..sft.config import SFTConfig, TrainerConfig, schedule_length
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
 
 

@@ -22,8 +22,8 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.errors import DrivetrainError
 
+from ..jobs.final_model import gather_weights
 from ..jobs.rank_zero_write import rank_zero_write
-from ..sft.final_model import gather_weights
 
 VALUE_START_DIR = "initial_model"
 """Where the reward model's start is written: the start model's files, its config set up for one score."""

@@ -1,4 +1,5 @@
-"""The SFT trainer behind ``drivetrain sft``: config, data, embedded default job, loop, metrics, launch.
+"""The SFT trainer behind ``drivetrain sft``: its config, trainer, command and warm start (the data, assets,
+metrics and final model every command shares are in :mod:`drivetrain_roles.jobs`).
 
 Names are imported lazily so that registering the ``sft`` command (which imports ``sft.command``) stays cheap.
 """
@@ -12,7 +13,6 @@ _EXPORTS = {
     "SFTConfig": "config",
     "TrainerConfig": "config",
     "load_config": "config",
-    "DataError": "data",
     "SFTResult": "trainer",
     "SFTTrainer": "trainer",
 }

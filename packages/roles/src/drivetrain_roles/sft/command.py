@@ -22,7 +22,7 @@ def sft(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) ->
     OVERRIDES are dotted config values such as engine.micro_batch.max_tokens=512 or trainer.total_steps=100;
     --help-config lists every field, --print-config shows the resolved config.
     """
-    from .assets import check_model_path
+    from ..jobs.assets import check_model_path
     from .config import load_config
 
     # A bad config or model path fails here once, before any rank starts or any folder is made.

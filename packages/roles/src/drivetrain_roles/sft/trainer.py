@@ -24,19 +24,26 @@ from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 
+from ..jobs.assets import load_splits, resolve_model_path
+from ..jobs.batches import StepSampler, check_held_out_size, make_sft_batch
+from ..jobs.data import DataError, Example
+from ..jobs.evaluate import greedy_accuracy, held_out_loss
+from ..jobs.final_model import FINAL_MODEL_DIR, save_final_model
 from ..jobs.launch import SUMMARY_FILE
+from ..jobs.metrics import (
+    CURVE_FILE,
+    MetricsWriter,
+    format_record,
+    plot_loss_curve,
+    speed_postfix,
+    step_record,
+)
 from ..jobs.run_folder import RunFolder, begin_run
 from ..jobs.step_loop import StepLoop
 from ..losses.sft import sft_loss_fn
 from ..runtime.command_config import to_plain
 from ..runtime.tracking.jsonl import dumps
-from .assets import load_splits, resolve_model_path
-from .batches import StepSampler, check_held_out_size, make_sft_batch
 from .config import SFTConfig
-from .data import DataError, Example
-from .evaluate import greedy_accuracy, held_out_loss
-from .final_model import FINAL_MODEL_DIR, save_final_model
-from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve, speed_postfix, step_record
 
 logger = logging.getLogger(__name__)
 

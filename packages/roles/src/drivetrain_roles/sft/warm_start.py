@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..jobs.final_model import FINAL_MODEL_DIR
 from ..jobs.launch import SUMMARY_FILE
 from .config import SFTConfig
-from .final_model import FINAL_MODEL_DIR
 from .trainer import SFTTrainer
 
 WARM_START_DIR = "warm_start"
