@@ -7,6 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from drivetrain_engine_core.testing import build_tiny_tokenizer
 from drivetrain_roles.jobs.batches import StepSampler, make_sft_batch
 from drivetrain_roles.jobs.data import DataError, load_examples, read_rows, tokenize_prompt_response
@@ -185,23 +186,23 @@ def test_step_order_depends_on_seed_and_step_only_and_ranks_split_it() -> None:
     assert sampler.local_indices(3, 0, 2) + sampler.local_indices(3, 1, 2) == step3[0::2] + step3[1::2]
 
 
-def test_a_resolved_config_file_keeps_its_derived_values_following(tmp_path) -> None:
-    """``--print-config`` output and a run's config.yaml hold every derived value; read back with ``--config``
-    each counted as set, so ``trainer.total_steps=400`` on top left the cosine schedule at the old length.
-    A value that equals what the file alone derives follows again; one set apart from it stays."""
+def test_a_resolved_config_file_keeps_the_schedule_following_the_run(tmp_path) -> None:
+    """``--print-config`` output and a run's config.yaml used to hold a copy of the run length in the LR
+    schedule, so ``trainer.total_steps=400`` on top of one left the cosine schedule at the old length (then an
+    echo heuristic guessed which file values were copies). The schedule now holds ``null`` and reads the run's
+    length when the engine is made; a length the user sets stays."""
     from drivetrain_roles.runtime.command_config import to_yaml
 
-    derived = tmp_path / "derived.yaml"
-    derived.write_text(to_yaml(load_config(None, ["trainer.total_steps=50"])))
-    longer = load_config(derived, ["trainer.total_steps=400"])
-    assert (
-        longer.optimizer.total_steps
-        == 400
-        == load_config(None, ["trainer.total_steps=400"]).optimizer.total_steps
-    )
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(to_yaml(load_config(None, ["trainer.total_steps=50"])))
+    assert yaml.safe_load(resolved.read_text())["optimizer"]["total_steps"] is None
+    assert load_config(resolved) == load_config(None, ["trainer.total_steps=50"])  # re-runs as it was
+    longer = load_config(resolved, ["trainer.total_steps=400"]).run_optimizer()
+    assert (longer.total_steps, longer.warmup_steps) == (400, 10)
+    assert longer == load_config(None, ["trainer.total_steps=400"]).run_optimizer()
     pinned = tmp_path / "pinned.yaml"
     pinned.write_text(to_yaml(load_config(None, ["trainer.total_steps=50", "optimizer.total_steps=30"])))
-    assert load_config(pinned, ["trainer.total_steps=400"]).optimizer.total_steps == 30
+    assert load_config(pinned, ["trainer.total_steps=400"]).run_optimizer().total_steps == 30
 
 
 def test_a_pinned_cpu_device_beside_a_gpu_is_warned_about(monkeypatch, caplog) -> None:
@@ -256,7 +257,7 @@ def test_overrides_parse_numbers_and_micro_batch_limits_exclude_each_other() -> 
     assert config.optimizer.lr == 0.005
     assert (config.engine.micro_batch.micro_batch_size, config.engine.micro_batch.max_tokens) == (4, None)
     assert config.data.train_files == ("a.jsonl",)
-    assert config.optimizer.total_steps == config.trainer.total_steps
+    assert config.run_optimizer().total_steps == config.trainer.total_steps
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,12 @@ entry replaces its base's where the command means something more specific.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from drivetrain_engine_core.config import ConfigError, ModelConfig
+from drivetrain_engine_core.config import ConfigError, ModelConfig, OptimizerConfig
 
 from .jobs.default_assets import BUILTIN_MODEL
 
@@ -194,3 +195,40 @@ class DataConfig:
     def generated(self) -> bool:
         """Whether the run uses the generated arithmetic data set."""
         return not self.train_files
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunOptimizerConfig(OptimizerConfig):
+    """A command's ``optimizer`` section: core's AdamW and LR schedule, whose length follows the run.
+
+    The run's length has one home, ``trainer.total_steps``: the schedule reads it when the engine is made
+    (:meth:`for_run`) rather than holding a copy, so a saved ``config.yaml`` (``null`` here) re-runs to the
+    same schedule, and ``trainer.total_steps=400`` on top of it moves the schedule too.
+
+    Attributes:
+        warmup_steps: steps of linear warm-up from 0 to ``lr``; ``null``: the command's share of the run.
+        total_steps: schedule length; ``null``: the run's length (``trainer.total_steps``).
+    """
+
+    warmup_steps: int | None = None  # type: ignore[assignment]
+    total_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        # NOTE: core's checks need the run's length (cosine needs total_steps > warmup_steps); every command's
+        # config runs them through for_run when it is built, so no check is skipped.
+        return
+
+    def for_run(self, total_steps: int, warmup_steps: int) -> OptimizerConfig:
+        """Core's optimizer config for a run of ``total_steps``: each length left ``null`` takes the run's.
+
+        Args:
+            total_steps: the run's optimizer steps.
+            warmup_steps: the command's warm-up for that run, used when ``warmup_steps`` is ``null``.
+
+        Raises:
+            ConfigError: a value core's :class:`OptimizerConfig` refuses (the message names the field).
+        """
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(OptimizerConfig)}
+        values["total_steps"] = total_steps if self.total_steps is None else self.total_steps
+        values["warmup_steps"] = warmup_steps if self.warmup_steps is None else self.warmup_steps
+        return OptimizerConfig(**values)

@@ -20,7 +20,12 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, for_a_user_model, merged_sections
+from ..command_sections import (
+    USER_MODEL_MAX_NEW_TOKENS,
+    RunOptimizerConfig,
+    for_a_user_model,
+    merged_sections,
+)
 from ..losses.preference import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
@@ -66,8 +71,8 @@ USER_MODEL_BETA = 0.1
 """The DPO beta of any model but the embedded one (TRL's default)."""
 
 
-def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=1e-4, weight_decay=0.0, lr_schedule="constant", clip_grad=1.0)
+def _default_optimizer() -> RunOptimizerConfig:
+    return RunOptimizerConfig(lr=1e-4, weight_decay=0.0, lr_schedule="constant", clip_grad=1.0)
 
 
 def _default_trainer() -> PairTrainerConfig:
@@ -88,7 +93,8 @@ class DPOConfig:
         model: the starting model (``builtin:arithmetic`` is the embedded tiny model); the SFT warm start,
             if any, starts from it.
         engine: the backend's engine config.
-        optimizer: AdamW and its LR schedule for the DPO steps.
+        optimizer: AdamW and its LR schedule for the DPO steps (it spans ``trainer.total_steps`` and does not
+            warm up, unless set).
         checkpoint: checkpoint contents and retention.
         data: preference pairs.
         warm_start: the SFT run before DPO (``warm_start.sft_steps=0`` starts DPO from ``model.path``).
@@ -98,7 +104,7 @@ class DPOConfig:
 
     model: ModelConfig = field(default_factory=pairwise_model)
     engine: EngineConfig = field(default_factory=_default_engine)
-    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    optimizer: RunOptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))
     data: PairDataConfig = field(default_factory=PairDataConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -117,13 +123,17 @@ class DPOConfig:
                 f"data.margin_key={self.data.margin_key!r} is a reward-model option (TRL's RewardTrainer margin); "
                 "DPO has no margin: drop it, or train a reward model with drivetrain rm."
             )
+        self.run_optimizer()  # core's optimizer checks, with the run's length
+
+    def run_optimizer(self) -> OptimizerConfig:
+        """The optimizer the run's engine gets: the schedule spans ``trainer.total_steps`` unless set."""
+        return self.optimizer.for_run(self.trainer.total_steps, warmup_steps=0)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: the LR schedule spans the DPO steps; only the embedded model warms up; another model
-        trains at TRL's ``DPOConfig`` defaults (lr 1e-6, beta 0.1, 1024 tokens; 256 generated at evaluation)."""
+        """Unless set: only the embedded model warms up; another model trains at TRL's ``DPOConfig`` defaults
+        (lr 1e-6, beta 0.1, 1024 tokens; 256 generated at evaluation)."""
         return merged_sections(
-            {"optimizer": {"total_steps": config.trainer.total_steps}},
             warm_start_follows_the_model(config),
             for_a_user_model(
                 config,

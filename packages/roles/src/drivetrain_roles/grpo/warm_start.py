@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from ..jobs.assets import model_directory
 from ..jobs.default_assets import BUILTIN_MODEL
-from ..sft.config import SFTConfig, TrainerConfig, schedule_length
+from ..sft.config import SFTConfig, TrainerConfig
 from .config import GRPOConfig
 
 
@@ -38,7 +37,6 @@ def start_model(config: GRPOConfig, output_dir: Path, *, resume: bool) -> str:
 
 def _warm_start_config(config: GRPOConfig) -> SFTConfig:
     steps = config.trainer.warm_start_steps
-    schedule = schedule_length(steps)
     trainer = TrainerConfig(
         total_steps=steps,
         batch_size=config.trainer.warm_start_batch_size,
@@ -53,9 +51,6 @@ def _warm_start_config(config: GRPOConfig) -> SFTConfig:
     return SFTConfig(
         model=config.model,
         engine=config.engine,
-        optimizer=dataclasses.replace(
-            SFTConfig().optimizer, total_steps=schedule["total_steps"], warmup_steps=schedule["warmup_steps"]
-        ),
         data=config.data,
         trainer=trainer,
     )

@@ -147,7 +147,7 @@ class PairTrainer(ABC):
         check_pair_token_budget(train + val, self.engine_config.micro_batch)
         self.uids = dict(enumerate(train + val))
         model_path = self._start_model(result.start_model)
-        engine = self._build_engine(model_path, self.config.optimizer, self.config.checkpoint)
+        engine = self._build_engine(model_path, self.config.run_optimizer(), self.config.checkpoint)
         self._prepare(engine, model_path, tokenizer)
         # After _prepare: a reference taken from the actor must be the starting model, not the checkpoint.
         result.start_step = self.folder.start_step(engine)

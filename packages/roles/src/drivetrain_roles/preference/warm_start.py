@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig
 
-from ..command_sections import DataConfig
-from ..sft.config import SFTConfig, TrainerConfig, schedule_length
+from ..command_sections import DataConfig, RunOptimizerConfig
+from ..sft.config import SFTConfig, TrainerConfig
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
 
 
@@ -25,18 +25,11 @@ def warm_start_config(
     sft_files: tuple[list[str], list[str]],
 ) -> SFTConfig:
     """The SFT run of the warm start: the pairwise run's model and engine, its own steps and learning rate."""
-    schedule = schedule_length(warm_start.sft_steps)
     return SFTConfig(
         model=dataclasses.replace(model, model_type="language_model"),
         engine=engine,
-        optimizer=OptimizerConfig(
-            lr=warm_start.lr,
-            weight_decay=0.0,
-            lr_schedule="cosine",
-            min_lr_ratio=0.1,
-            clip_grad=1.0,
-            total_steps=schedule["total_steps"],
-            warmup_steps=schedule["warmup_steps"],
+        optimizer=RunOptimizerConfig(
+            lr=warm_start.lr, weight_decay=0.0, lr_schedule="cosine", min_lr_ratio=0.1, clip_grad=1.0
         ),
         checkpoint=CheckpointConfig(max_ckpt_to_keep=1),
         data=DataConfig(

@@ -19,7 +19,12 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, for_a_user_model, merged_sections
+from ..command_sections import (
+    USER_MODEL_MAX_NEW_TOKENS,
+    RunOptimizerConfig,
+    for_a_user_model,
+    merged_sections,
+)
 from ..losses.preference import RewardLossConfig
 from ..preference.config import (
     PairDataConfig,
@@ -34,7 +39,8 @@ if TYPE_CHECKING:
 
 
 WARMUP_STEPS = 200
-"""Linear LR warm-up of the reward-model steps (measured with lr 2e-3; the head starts random)."""
+"""Linear LR warm-up of the reward-model steps, at most a fifth of them, unless set (measured with lr 2e-3;
+the head starts random)."""
 USER_MODEL_LR = 1e-5
 """The reward-model learning rate of any model but the embedded one (TRL's and OpenRLHF's examples)."""
 
@@ -43,15 +49,9 @@ def _default_engine() -> EngineConfig:
     return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=2048))
 
 
-def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(
-        lr=2e-3,
-        weight_decay=0.0,
-        lr_schedule="cosine",
-        warmup_steps=WARMUP_STEPS,
-        min_lr_ratio=0.1,
-        clip_grad=1.0,
-        total_steps=_default_trainer().total_steps,
+def _default_optimizer() -> RunOptimizerConfig:
+    return RunOptimizerConfig(
+        lr=2e-3, weight_decay=0.0, lr_schedule="cosine", min_lr_ratio=0.1, clip_grad=1.0
     )
 
 
@@ -73,7 +73,8 @@ class RMConfig:
         model: the starting model (``builtin:arithmetic`` is the embedded tiny model); a value head is added
             on top of it (``model.model_type`` is set to ``value_model`` for the reward model).
         engine: the backend's engine config.
-        optimizer: AdamW and its LR schedule for the reward-model steps.
+        optimizer: AdamW and its LR schedule for the reward-model steps (it spans ``trainer.total_steps`` and
+            warms up for 200 of them, at most a fifth, unless set).
         checkpoint: checkpoint contents and retention.
         data: preference pairs.
         warm_start: the SFT run before reward modelling (``warm_start.sft_steps=0`` starts from ``model.path``).
@@ -83,7 +84,7 @@ class RMConfig:
 
     model: ModelConfig = field(default_factory=pairwise_model)
     engine: EngineConfig = field(default_factory=_default_engine)
-    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    optimizer: RunOptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))
     data: PairDataConfig = field(default_factory=_default_data)
     # A fully trained SFT start (the SFT job's 800 steps) gives the reward model features of a correct sum.
@@ -93,12 +94,9 @@ class RMConfig:
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: the LR schedule spans the reward-model steps and warms up for 200 of them (at most a
-        fifth); only the embedded model has an SFT warm start; another model trains at lr 1e-5 on
+        """Unless set: only the embedded model has an SFT warm start; another model trains at lr 1e-5 on
         sequences of up to 1024 tokens."""
-        steps = config.trainer.total_steps
         return merged_sections(
-            {"optimizer": {"total_steps": steps, "warmup_steps": min(WARMUP_STEPS, steps // 5)}},
             warm_start_follows_the_model(config),
             for_a_user_model(
                 config,
@@ -108,6 +106,14 @@ class RMConfig:
                 },
             ),
         )
+
+    def __post_init__(self) -> None:
+        self.run_optimizer()  # core's optimizer checks, with the run's length
+
+    def run_optimizer(self) -> OptimizerConfig:
+        """The optimizer the run's engine gets: the schedule spans ``trainer.total_steps`` unless set."""
+        steps = self.trainer.total_steps
+        return self.optimizer.for_run(steps, warmup_steps=min(WARMUP_STEPS, steps // 5))
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> RMConfig:

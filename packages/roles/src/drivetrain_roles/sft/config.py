@@ -26,9 +26,9 @@ from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     BatchLoopConfig,
     DataConfig,
+    RunOptimizerConfig,
     builtin_model,
     for_a_user_model,
-    merged_sections,
 )
 from ..losses.aggregation import AGGREGATION_MODES
 
@@ -58,9 +58,9 @@ class TrainerConfig(BatchLoopConfig):
             )
 
 
-def schedule_length(total_steps: int) -> dict[str, int]:
-    """The LR schedule of a run of ``total_steps``: it spans the run; warm-up is a tenth, at most 10 steps."""
-    return {"total_steps": total_steps, "warmup_steps": min(10, total_steps // 10)}
+def sft_warmup_steps(total_steps: int) -> int:
+    """The warm-up of an SFT run of ``total_steps`` unless set: a tenth of the run, at most 10 steps."""
+    return min(10, total_steps // 10)
 
 
 SFT_DIST_TIMEOUT_S = 300.0
@@ -80,16 +80,9 @@ USER_MODEL_LR = 1e-5
 """The SFT learning rate of any model but the embedded one (verl's SFT trainer default; TRL's is 2e-5)."""
 
 
-def _default_optimizer() -> OptimizerConfig:
-    schedule = schedule_length(TrainerConfig().total_steps)
-    return OptimizerConfig(
-        lr=3e-3,
-        weight_decay=0.0,
-        lr_schedule="cosine",
-        min_lr_ratio=0.1,
-        clip_grad=1.0,
-        total_steps=schedule["total_steps"],
-        warmup_steps=schedule["warmup_steps"],
+def _default_optimizer() -> RunOptimizerConfig:
+    return RunOptimizerConfig(
+        lr=3e-3, weight_decay=0.0, lr_schedule="cosine", min_lr_ratio=0.1, clip_grad=1.0
     )
 
 
@@ -105,7 +98,7 @@ class SFTConfig:
         model: the model (core ``ModelConfig``); ``builtin:arithmetic`` is the embedded tiny model.
         engine: the backend's engine config (``engine.backend`` picks the installed plugin).
         optimizer: AdamW and its LR schedule; ``total_steps`` and ``warmup_steps`` follow
-            ``trainer.total_steps`` unless set (see :func:`schedule_length`).
+            ``trainer.total_steps`` unless set (see :func:`sft_warmup_steps`).
         checkpoint: checkpoint contents and retention.
         data: training and held-out data.
         trainer: the training loop.
@@ -113,26 +106,27 @@ class SFTConfig:
 
     model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
-    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    optimizer: RunOptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Values that follow others unless the user sets them: the LR schedule follows the run length; another
-        model than the embedded one trains at lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and
-        its evaluation generates up to 256."""
-        return merged_sections(
-            {"optimizer": schedule_length(config.trainer.total_steps)},
-            for_a_user_model(
-                config,
-                {
-                    "optimizer": {"lr": USER_MODEL_LR},
-                    "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
-                },
-            ),
+        """Values that follow others unless the user sets them: another model than the embedded one trains at
+        lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and its evaluation generates up to 256."""
+        return for_a_user_model(
+            config,
+            {"optimizer": {"lr": USER_MODEL_LR}, "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
         )
+
+    def __post_init__(self) -> None:
+        self.run_optimizer()  # core's optimizer checks, with the run's length
+
+    def run_optimizer(self) -> OptimizerConfig:
+        """The optimizer the run's engine gets: the schedule spans ``trainer.total_steps`` unless set."""
+        steps = self.trainer.total_steps
+        return self.optimizer.for_run(steps, sft_warmup_steps(steps))
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> SFTConfig:

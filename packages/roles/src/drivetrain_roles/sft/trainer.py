@@ -176,7 +176,7 @@ class SFTTrainer:
         engine = create_engine(
             model_config=dataclasses.replace(self.config.model, path=model_path),
             engine_config=self.config.engine,
-            optimizer_config=self.config.optimizer,
+            optimizer_config=self.config.run_optimizer(),
             checkpoint_config=self.config.checkpoint,
         )
         engine.initialize()

@@ -40,20 +40,19 @@ def build_config(
     *,
     where: str = "",
     plugins: DrivetrainPlugins | None = None,
-    file_layers: int = 0,
 ) -> ConfigT:
     """The dataclass ``cls`` from its defaults and ``layers`` (later layers win), fully checked.
 
     Args:
         cls: a dataclass of sections or of plain fields; a ``derived_values`` static method, when it has one,
-            computes values that follow others (e.g. the LR schedule length from the run length).
+            computes values that follow others (e.g. the learning rate from the model).
         layers: plain nested mappings (a YAML file, then each override).
         where: the dotted prefix that names ``cls``'s fields in messages (``engine``), empty for a command.
         plugins: where backend config classes are looked up; default: the process-wide plugins.
-        file_layers: how many of the first ``layers`` are YAML files. A file may be a resolved config
-            (``--print-config``, a run's ``config.yaml``), which holds every derived value: one that equals
-            what ``derived_values`` computes from that file alone was derived when it was written, so it keeps
-            following (``trainer.total_steps=400`` on top of such a file moves the LR schedule too).
+
+    A value any layer sets is set, whatever it equals: a resolved config (``--print-config``, a run's
+    ``config.yaml``) re-runs as it was. A value that must follow another through such a file is ``null`` in
+    it and resolved by the command (the LR schedule's length: ``RunOptimizerConfig.for_run``).
 
     Raises:
         ConfigError: an unknown key (with the close match), a value that does not fit its annotation, or one
@@ -73,18 +72,12 @@ def build_config(
         derive: Derive | None = getattr(cls, "derived_values", None)
         if derive is not None or backends:
             # NOTE: built once as written first, so that a bad value is reported where the user wrote it and
-            # not in a section whose value follows it (trainer.total_steps=-1 read as optimizer.warmup_steps=-1).
+            # not in a section whose value follows it.
             OmegaConf.to_object(typed)
             machine = {name: {"device": machine_device()} for name in backends}
             _warn_cpu_beside_a_gpu(plain, machine)
             derived = derive(typed) if derive is not None else {}  # type: ignore[arg-type]
-            written = [
-                _without_echoes(layer, derive(OmegaConf.merge(_schema(cls, backends), layer)))  # type: ignore[arg-type]
-                if derive is not None and index < file_layers
-                else layer
-                for index, layer in enumerate(plain)
-            ]
-            follow = [_unset_only(machine, plain), _unset_only(derived, written)]
+            follow = [_unset_only(machine, plain), _unset_only(derived, plain)]
             typed = OmegaConf.merge(typed, *follow)
         return OmegaConf.to_object(typed)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
@@ -174,18 +167,6 @@ def _warn_cpu_beside_a_gpu(layers: Sequence[Mapping[str, Any]], machine: Mapping
                 name,
                 name,
             )
-
-
-def _without_echoes(layer: Mapping[str, Any], derived: Mapping[str, Any]) -> dict[str, Any]:
-    """``layer`` without the leaf values equal to ``derived``'s at the same key (derived when it was written)."""
-    kept: dict[str, Any] = {}
-    for key, value in layer.items():
-        echo = derived.get(key) if isinstance(derived, Mapping) else None
-        if isinstance(value, Mapping) and isinstance(echo, Mapping):
-            kept[key] = _without_echoes(value, echo)
-        elif echo is None or echo != value:
-            kept[key] = value
-    return kept
 
 
 _INDEX = re.compile(r"\[\d+\]")
