@@ -76,6 +76,28 @@ def test_only_the_embedded_model_gets_an_sft_warm_start_unless_asked(load, embed
 
 
 @pytest.mark.parametrize(
+    ("command", "overrides", "schedule"),
+    [
+        ("sft", [], (800, min(10, 800 // 10))),
+        ("sft", ["trainer.total_steps=50"], (50, min(10, 50 // 10))),
+        ("dpo", ["trainer.total_steps=40"], (40, 0)),
+        ("rm", [], (1500, min(200, 1500 // 5))),
+        ("rm", ["trainer.total_steps=300"], (300, min(200, 300 // 5))),
+        ("rm", ["trainer.total_steps=300", "optimizer.warmup_steps=7"], (300, 7)),
+    ],
+)
+def test_the_schedule_follows_the_run_from_one_source(command, overrides, schedule) -> None:
+    """The engine's schedule spans ``trainer.total_steps`` with the command's warm-up (the values the copied
+    ``derived_values`` gave), and the config holds no copy of the run's length."""
+    from importlib import import_module
+
+    config = import_module(f"drivetrain_roles.{command}.config").load_config(None, overrides)
+    optimizer = config.run_optimizer()
+    assert (optimizer.total_steps, optimizer.warmup_steps) == schedule
+    assert type(optimizer).__name__ == "OptimizerConfig" and config.optimizer.total_steps is None
+
+
+@pytest.mark.parametrize(
     ("command", "embedded", "user"),
     [("sft", 3e-3, 1e-5), ("dpo", 1e-4, 1e-6), ("rm", 2e-3, 1e-5), ("grpo", 2e-4, 1e-6)],
 )

@@ -205,6 +205,8 @@ class RunOptimizerConfig(OptimizerConfig):
     (:meth:`for_run`) rather than holding a copy, so a saved ``config.yaml`` (``null`` here) re-runs to the
     same schedule, and ``trainer.total_steps=400`` on top of it moves the schedule too.
 
+    Give an engine ``for_run``'s result (each command's ``run_optimizer()``), never the section itself.
+
     Attributes:
         warmup_steps: steps of linear warm-up from 0 to ``lr``; ``null``: the command's share of the run.
         total_steps: schedule length; ``null``: the run's length (``trainer.total_steps``).
@@ -214,9 +216,8 @@ class RunOptimizerConfig(OptimizerConfig):
     total_steps: int | None = None
 
     def __post_init__(self) -> None:
-        # NOTE: core's checks need the run's length (cosine needs total_steps > warmup_steps); every command's
-        # config runs them through for_run when it is built, so no check is skipped.
-        return
+        """Core's checks need the run's length (cosine needs ``total_steps > warmup_steps``): every command's
+        config runs them through :meth:`for_run` when it is built, so none is skipped."""
 
     def for_run(self, total_steps: int, warmup_steps: int) -> OptimizerConfig:
         """Core's optimizer config for a run of ``total_steps``: each length left ``null`` takes the run's.
