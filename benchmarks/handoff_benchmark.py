@@ -48,7 +48,7 @@ MODES = ("full", "delta")
 def build_model(name: str, directory: Path) -> Path:
     """The model directory of ``name`` (random weights from a config: nothing is downloaded)."""
     if name == "grpo-default":
-        from drivetrain_roles.sft.default_assets import write_model_dir
+        from drivetrain_roles.jobs.default_assets import write_model_dir
 
         return write_model_dir(directory)
     from drivetrain_engine_core.testing.models import make_tiny_model_dir
