@@ -61,9 +61,24 @@ def test_ls_skips_a_step_a_running_job_moves_while_it_is_read(synthetic_step, mo
 def test_ls_check_finds_a_corrupt_file(synthetic_step):
     shard = next((synthetic_step / "model").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-1])
-    listed = json.loads(_run("ls", str(synthetic_step.parent), "--json", "--check").output)
-    assert not listed[0]["complete"]
+    result = _run("ls", str(synthetic_step.parent), "--json", "--check")
+    listed = json.loads(result.stdout)
+    assert not listed[0]["complete"] and listed[0]["damaged"]
     assert shard.name in listed[0]["problem"]
+    # A check that cannot fail a script is no check: the exit status says so, naming the step and the file.
+    assert result.exit_code == 1
+    assert "step 5" in result.stderr and shard.name in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_ls_check_passes_an_intact_root_with_an_interrupted_save(synthetic_step):
+    """An interrupted save (no manifest) is what a running job leaves behind, not damage: exit status 0."""
+    interrupted = synthetic_step.parent / "global_step_9"
+    shutil.copytree(synthetic_step, interrupted)
+    (interrupted / "manifest.json").unlink()
+    result = _run("ls", str(synthetic_step.parent), "--check")
+    assert result.exit_code == 0, result.output
+    assert "BROKEN" in result.output
 
 
 def test_merge_command_writes_sharded_model(synthetic_step, tmp_path):

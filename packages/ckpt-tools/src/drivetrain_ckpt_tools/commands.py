@@ -26,7 +26,10 @@ def ckpt() -> None:
 @click.option("--check", is_flag=True, help="Also verify every file's size and SHA-256 against the manifest.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def ls_command(root: str, check: bool, as_json: bool) -> None:
-    """List the steps under ROOT: completeness, backend, world size, contents."""
+    """List the steps under ROOT: completeness, backend, world size, contents.
+
+    With ``--check`` the exit status is 1 when a published step fails the file check, so a script can rely on it.
+    """
     from drivetrain_engine_core.errors import DrivetrainError
 
     from .inspect import format_steps, list_steps
@@ -36,6 +39,12 @@ def ls_command(root: str, check: bool, as_json: bool) -> None:
     except DrivetrainError as e:
         _fail(e)
     click.echo(json.dumps([s.to_dict() for s in steps], indent=2) if as_json else format_steps(steps))
+    damaged = [s for s in steps if s.damaged]
+    if damaged:
+        raise click.ClickException(
+            "the file check failed for "
+            + "; ".join(f"step {s.global_step} ({s.path}): {s.problem}" for s in damaged)
+        )
 
 
 @ckpt.command(name="merge")

@@ -34,6 +34,8 @@ class StepInfo:
         contents: top-level entries of the step (``model``, ``optimizer``, ``extra``, ...).
         size_bytes: total size of the step's files.
         problem: why the step cannot be used (missing manifest, or a damaged file when checked), else ``None``.
+        damaged: whether a published step failed the file check (``check_files``): a missing, truncated or
+            altered file, which ``problem`` names. Interrupted saves are not damaged: a running job leaves them.
     """
 
     global_step: int
@@ -48,6 +50,7 @@ class StepInfo:
     contents: list[str] = field(default_factory=list)
     size_bytes: int = 0
     problem: str | None = None
+    damaged: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +105,7 @@ def _describe(entry: StepEntry, latest: bool, loadable: bool, check_files: bool)
         if check_files:
             verify_files(step_dir, manifest)
     except CheckpointError as e:
-        return replace(base, problem=str(e))
+        return replace(base, problem=str(e), damaged=check_files)
     return replace(
         base,
         complete=True,
