@@ -44,6 +44,14 @@ def test_loss_mask_is_bool_and_token_count_counts_it():
     assert global_token_count(batch) == 2 + 3 + 1
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_loss_mask_is_refused_not_made_true(bad):
+    """``bool(nan)`` is true: a NaN mask silently trained on every token it should have masked out."""
+    mask = [torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0.0, 0.0, bad, 1.0, 1.0]), torch.tensor([1.0, 0.0])]
+    with pytest.raises(BatchError, match=r"make_batch: loss_mask of sequence 1 holds 1 non-finite value"):
+        make_batch(_ids(), loss_mask=mask)
+
+
 def test_make_batch_rejects_length_mismatch_and_bad_dense():
     with pytest.raises(BatchError, match=r"'old_log_probs'.*\[3, 5, 2\]"):
         make_batch(_ids(), old_log_probs=[torch.zeros(3), torch.zeros(4), torch.zeros(2)])

@@ -101,6 +101,13 @@ def test_padded_to_nopad_defaults_loss_mask_to_real_tokens():
     assert batch["loss_mask"].values().all()
 
 
+def test_padded_to_nopad_refuses_a_nan_response_mask():
+    ids = torch.tensor([[5, 6, 7], [8, 9, PAD]])
+    response = torch.tensor([[0.0, 1.0, 1.0], [0.0, float("nan"), 0.0]])
+    with pytest.raises(BatchError, match=r"padded_to_nopad: response_mask of sequence 1 holds 1 non-finite"):
+        padded_to_nopad(ids, torch.tensor([[1, 1, 1], [1, 1, 0]]), response_mask=response)
+
+
 def test_padding_errors_name_the_problem():
     ids = torch.zeros(2, 4, dtype=torch.int64)
     with pytest.raises(BatchError, match=r"attention_mask has shape \(2, 3\)"):

@@ -111,7 +111,7 @@ def make_batch(
         )
     else:
         mask = _token_field(LOSS_MASK, loss_mask, offsets)
-        out[LOSS_MASK] = jagged(mask.values().to(LOSS_MASK_DTYPE), offsets)
+        out[LOSS_MASK] = jagged(as_loss_mask(mask.values(), offsets, "make_batch: loss_mask"), offsets)
     for name, value in fields.items():
         if isinstance(value, torch.Tensor):
             if value.dim() < 1 or value.shape[0] != n:
@@ -125,6 +125,29 @@ def make_batch(
     batch = TensorDict(out, batch_size=[n])
     validate_batch(batch, required=())
     return batch
+
+
+def as_loss_mask(flat: Tensor, offsets: Tensor, label: str) -> Tensor:
+    """``flat`` (one value per token, sequences delimited by ``offsets``) as a bool loss mask.
+
+    NOTE: ``bool(nan)`` is true, so a NaN mask (a division by a zero count upstream) became "train on every
+    token" without a word; the engine's own check of float fields never saw it once it was bool.
+
+    Raises:
+        BatchError: ``flat`` holds NaN or inf; ``label`` names the field, the message the first sequence.
+    """
+    if flat.dtype.is_floating_point:
+        bad = ~torch.isfinite(flat)
+        if bool(bad.any()):
+            token = int(bad.nonzero()[0, 0])
+            sequence = (
+                int(torch.searchsorted(offsets, torch.tensor(token, device=offsets.device), right=True)) - 1
+            )
+            raise BatchError(
+                f"{label} of sequence {sequence} holds {int(bad.sum())} non-finite value(s) (NaN or inf) in the "
+                "batch; a loss mask is 0 or 1 per token: fix the values that produced it."
+            )
+    return flat.to(LOSS_MASK_DTYPE)
 
 
 def move_batch(batch: TensorDict, device: str | torch.device, *, non_blocking: bool = False) -> TensorDict:

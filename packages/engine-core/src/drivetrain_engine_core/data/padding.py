@@ -13,7 +13,16 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from ..errors import BatchError
-from .batch import INPUT_IDS, LOSS_MASK, LOSS_MASK_DTYPE, POSITION_IDS, jagged, token_keys, validate_batch
+from .batch import (
+    INPUT_IDS,
+    LOSS_MASK,
+    LOSS_MASK_DTYPE,
+    POSITION_IDS,
+    as_loss_mask,
+    jagged,
+    token_keys,
+    validate_batch,
+)
 from .jagged import offsets_of
 
 ATTENTION_MASK = "attention_mask"
@@ -60,11 +69,17 @@ def padded_to_nopad(
     torch.cumsum(lengths, 0, out=offsets[1:])
     if position_ids is None:
         position_ids = torch.cumsum(mask, 1) - 1
-    loss_mask = mask if response_mask is None else response_mask.bool()
+    if response_mask is None:
+        loss_mask = mask.to(LOSS_MASK_DTYPE)
+    else:
+        rows = torch.arange(shape[0] + 1, device=input_ids.device) * shape[1]
+        loss_mask = as_loss_mask(response_mask.reshape(-1), rows, "padded_to_nopad: response_mask").view(
+            shape
+        )
     fields = {
         INPUT_IDS: input_ids,
         POSITION_IDS: position_ids,
-        LOSS_MASK: loss_mask.to(LOSS_MASK_DTYPE),
+        LOSS_MASK: loss_mask,
         **per_token_padded_fields,
     }
     batch = TensorDict({k: jagged(v[mask], offsets) for k, v in fields.items()}, batch_size=[len(lengths)])
