@@ -153,6 +153,20 @@ def test_user_errors_exit_with_one_line(fake_cli):
     assert "Traceback" not in result.output
 
 
+def test_ctrl_c_is_one_line_and_exit_status_130(fake_cli):
+    """click's own "Aborted!" and status 1 read as a failure to a script; a shell says 130 for Ctrl-C."""
+
+    def wait() -> None:
+        raise KeyboardInterrupt  # Ctrl-C while the command works
+
+    fake_cli.add_command(click.Command("wait", callback=wait))
+    result = CliRunner().invoke(fake_cli, ["wait"])
+    assert (
+        result.stderr.splitlines()[-1] == "drivetrain wait: interrupted."
+    )  # after the fake plugins' warnings
+    assert result.exit_code == 130 and "Aborted" not in result.output
+
+
 def test_real_installed_plugins_are_listed():
     reset_plugins()
     try:

@@ -203,7 +203,7 @@ def test_ctrl_c_ends_the_launcher_quietly(monkeypatch, capsys) -> None:
         return run
 
     monkeypatch.setattr(api, "elastic_launch", launch)
-    assert spawn_ranks(2, ["--output-dir", "x"], "sft") == 130
+    assert spawn_ranks(2, ["--output-dir", "x"], "sft", Path("x")) == 130
     assert capsys.readouterr().err == "drivetrain sft: interrupted; every rank was stopped.\n"
 
 

@@ -23,6 +23,9 @@ from .errors import DrivetrainError
 from .plugins import DrivetrainPlugins, PluginInfo, plugins
 from .process_exit import run_then_exit
 
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
 
 class DrivetrainGroup(click.Group):
     """Root group that pulls in plugin commands on first lookup and turns user errors into messages."""
@@ -53,6 +56,12 @@ class DrivetrainGroup(click.Group):
         except DrivetrainError as e:
             # One line, because click prints the message after "Error: " and users read it in a terminal.
             raise click.ClickException(" ".join(str(e).split("\n"))) from e
+        except KeyboardInterrupt:
+            # NOTE: click's own answer to Ctrl-C is "Aborted!" and exit status 1, which a script cannot tell
+            # from a failure; a shell reports an interrupted command with 128 + SIGINT.
+            name = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
+            click.echo(f"{name}: interrupted.", err=True)
+            raise SystemExit(INTERRUPTED) from None
 
     def _add_plugin_commands(self) -> None:
         loaded = plugins()
@@ -158,4 +167,12 @@ def run() -> NoReturn:
     run_then_exit(lambda: main.main(prog_name="drivetrain"))
 
 
-__all__ = ["FIRST_PARTY_COMMANDS", "DrivetrainGroup", "build_cli", "main", "missing_command_message", "run"]
+__all__ = [
+    "FIRST_PARTY_COMMANDS",
+    "INTERRUPTED",
+    "DrivetrainGroup",
+    "build_cli",
+    "main",
+    "missing_command_message",
+    "run",
+]

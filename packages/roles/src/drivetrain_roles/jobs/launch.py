@@ -4,10 +4,9 @@
 with the same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run
 needs no separate launcher; under an outer ``torchrun`` (``WORLD_SIZE`` set) the command runs as one rank.
 
-A user error inside the ranks is written by each rank to a file of a per-launch directory
-(:data:`ERROR_DIR_ENV`) instead of its console, and the launcher prints one line, from the lowest rank that
-failed, and exits 1: not ``N`` copies followed by torchrun's traceback. Ctrl-C ends every rank quietly and
-exits 130.
+A user error or a crash inside the ranks is reported by the launcher in one line (:mod:`.rank_failures`),
+which exits 1: not ``N`` copies followed by torchrun's traceback; a crash's full traceback is in
+``<run>/logs/rank<R>.log``. Ctrl-C stops every rank, prints one line and exits 130.
 """
 
 from __future__ import annotations
@@ -24,9 +23,11 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
+from drivetrain_engine_core.cli import INTERRUPTED
 from drivetrain_engine_core.config import EngineConfig
 
 from ..runtime.descendants import owning_descendants
+from .rank_failures import ERROR_DIR_ENV, LOG_DIR_ENV, failure_report, report_rank_crash, report_rank_error
 
 OUTPUTS_ROOT = Path("outputs")
 CHECKPOINT_DIR = "checkpoints"
@@ -34,9 +35,10 @@ CONFIG_FILE = "config.yaml"
 """The run's resolved config; a ``--resume`` without ``--config`` starts from it."""
 SUMMARY_FILE = "summary.json"
 """Written last by every job: a run folder with it holds a finished run."""
-ERROR_DIR_ENV = "DRIVETRAIN_ERROR_DIR"
-"""Set by :func:`spawn_ranks`: where each rank writes its one-line user error instead of printing it."""
-INTERRUPTED = 130
+LOG_DIR = "logs"
+"""In the run folder: a crashed rank's full traceback (``rank<R>.log``)."""
+_TORCH_HANDLED_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
+"""The signals torch's launcher turns into its ``SignalException``: its default list less SIGINT."""
 
 
 def under_launcher() -> bool:
@@ -120,12 +122,19 @@ def resolve_output_dir(output_dir: str | None, resume: bool, command: str) -> Pa
     return new_output_dir(command)
 
 
-def spawn_ranks(nproc: int, arguments: Sequence[str], command: str) -> int:
-    """Run ``nproc`` ranks of ``drivetrain <command> <arguments>``; returns the exit code for the command.
+def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Path) -> int:
+    """Run ``nproc`` ranks of ``drivetrain <command> <arguments>`` in ``run_dir``; returns the exit code for the
+    command.
+
+    NOTE: Ctrl-C stays Python's ``KeyboardInterrupt`` here: torch's launcher, left its default, turns SIGINT
+    into its ``SignalException``, an ``Exception`` that torch's own rendezvous and store code catches and
+    records, and forwards SIGINT to ranks still importing (a ``site`` traceback per rank). A
+    ``KeyboardInterrupt`` passes every ``except Exception``; the agent's ``finally`` stops the ranks with
+    SIGTERM, which ends them silently.
 
     Returns:
-        0 on success; 1 after printing the first rank's user error (or the launcher's failure summary for a
-        crash); 130 after Ctrl-C.
+        0 on success; 1 after printing one line for the failure (:func:`.rank_failures.failure_report`); 130
+        after Ctrl-C.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -141,16 +150,17 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str) -> int:
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
         max_restarts=0,
+        signals_to_handle=_TORCH_HANDLED_SIGNALS,
     )
     with (
         tempfile.TemporaryDirectory(prefix=f"drivetrain-{command}-errors-") as errors,
-        _rank_environment(errors),
+        _rank_environment(errors, run_dir / LOG_DIR),
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
             elastic_launch(config, sys.executable)("-m", f"drivetrain_roles.{command}.rank_main", *arguments)
         except ChildFailedError as e:
-            click.echo(_first_user_error(Path(errors)) or str(e), err=True)
+            click.echo(failure_report(Path(errors), command, e.failures), err=True)
             return 1
         except (KeyboardInterrupt, SignalException):
             click.echo(f"drivetrain {command}: interrupted; every rank was stopped.", err=True)
@@ -159,10 +169,14 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str) -> int:
 
 
 @contextlib.contextmanager
-def _rank_environment(error_dir: str) -> Iterator[None]:
-    """Environment of the spawned ranks, restored afterwards: the error directory, one thread per rank."""
+def _rank_environment(error_dir: str, log_dir: Path) -> Iterator[None]:
+    """Environment of the spawned ranks, restored afterwards: where to report failures, one thread per rank."""
     # Two ranks on a small CPU machine: one intra-op thread each avoids oversubscribing the cores.
-    values = {ERROR_DIR_ENV: error_dir, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    values = {
+        ERROR_DIR_ENV: error_dir,
+        LOG_DIR_ENV: str(log_dir),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     saved = {key: os.environ.get(key) for key in values}
     os.environ.update(values)
     try:
@@ -175,24 +189,9 @@ def _rank_environment(error_dir: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def report_rank_error(message: str) -> None:
-    """Hand a rank's one-line user error to the launcher (or print it when this rank was not spawned by it)."""
-    directory = os.environ.get(ERROR_DIR_ENV)
-    if directory is None:
-        click.echo(message, err=True)
-        return
-    rank = os.environ.get("RANK", "0")
-    Path(directory, f"rank{int(rank):05d}.txt").write_text(message)
-
-
-def _first_user_error(directory: Path) -> str | None:
-    reports = sorted(directory.glob("rank*.txt"))
-    return reports[0].read_text() if reports else None
-
-
 def rank_main(command: click.Command, name: str) -> NoReturn:
-    """Run one spawned rank of ``drivetrain <name>``: a user error is one line handed to the launcher, not a
-    traceback; Ctrl-C ends the rank quietly. The rank ends without the interpreter's teardown, where torch's
+    """Run one spawned rank of ``drivetrain <name>``: a user error or a crash is one line handed to the
+    launcher, not a traceback; Ctrl-C ends the rank quietly. The rank ends without the interpreter's teardown, where torch's
     gloo threads can abort a rank whose work is done (core's ``process_exit``).
 
     NOTE: the rank dies with its launcher: torch's launcher starts each rank in its own session, so a launcher
@@ -217,6 +216,10 @@ def _run_rank(command: click.Command, name: str) -> None:
         sys.exit(1)
     except (KeyboardInterrupt, click.exceptions.Abort):
         sys.exit(INTERRUPTED)
+    except Exception as e:
+        if not report_rank_crash(name, e):  # not spawned by drivetrain: the traceback prints as usual
+            raise
+        sys.exit(1)
 
 
 def agreed_output_dir(output_dir: str, engine: EngineConfig) -> str:

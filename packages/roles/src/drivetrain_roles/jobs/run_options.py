@@ -91,7 +91,9 @@ class RunOptions:
         if self.nproc > 1 and not under_launcher():
             check_run_dir(run_dir, resume=self.resume, overwrite=self.overwrite)
             sys.exit(
-                spawn_ranks(self.nproc, self._rank_arguments(run_dir, config_file, overrides), self.command)
+                spawn_ranks(
+                    self.nproc, self._rank_arguments(run_dir, config_file, overrides), self.command, run_dir
+                )
             )
         return run_dir
 

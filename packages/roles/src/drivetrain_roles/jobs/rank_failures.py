@@ -1,0 +1,96 @@
+"""How a spawned rank's failure reaches the user: one line from the launcher, not every rank's traceback.
+
+Each rank writes what went wrong to a file of a per-launch directory (:data:`ERROR_DIR_ENV`) instead of its
+console: a user error as its one-line message, a crash (any other exception) as a short summary, with the
+full traceback in the run folder (:data:`LOG_DIR_ENV`, ``<run>/logs/rank<R>.log``). The launcher prints one
+report: a user error first (every rank agrees on it, so the lowest rank's), else the crash written first
+(the rank that failed, not a peer that then lost its connection to it), else the exit status of the first
+failed rank (killed by a signal, out of memory: no report).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+
+ERROR_DIR_ENV = "DRIVETRAIN_ERROR_DIR"
+"""Set by the launcher: where each rank writes its one-line report instead of printing it."""
+LOG_DIR_ENV = "DRIVETRAIN_LOG_DIR"
+"""Set by the launcher: the run folder's ``logs/``, where a crashed rank writes its full traceback."""
+_USER_ERROR = "rank{:05d}.txt"
+_CRASH = "crash-rank{:05d}.txt"
+_MESSAGE_CHARS = 300
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def report_rank_error(message: str) -> None:
+    """Hand a rank's one-line user error to the launcher (or print it when this rank was not spawned by it)."""
+    directory = os.environ.get(ERROR_DIR_ENV)
+    if directory is None:
+        click.echo(message, err=True)
+        return
+    Path(directory, _USER_ERROR.format(_rank())).write_text(message)
+
+
+def report_rank_crash(command: str, error: BaseException) -> bool:
+    """Write the traceback of ``error`` (being handled) to ``<run>/logs/rank<R>.log`` and hand the launcher a
+    summary naming the rank, the exception, where it was raised and that file.
+
+    Returns:
+        False when this rank was not spawned by drivetrain's launcher (an outer torchrun): the caller lets the
+        exception print as usual.
+    """
+    directory, logs = os.environ.get(ERROR_DIR_ENV), os.environ.get(LOG_DIR_ENV)
+    if directory is None or logs is None:
+        return False
+    rank = _rank()
+    log = Path(logs, f"rank{rank}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(traceback.format_exc())
+    Path(directory, _CRASH.format(rank)).write_text(
+        f"drivetrain {command}: rank {rank} crashed with {_describe(error)}; full traceback: {log}"
+    )
+    return True
+
+
+def _describe(error: BaseException) -> str:
+    """``RuntimeError: message (file.py:12 in function)``, the message on one line and cut short."""
+    message = " ".join(str(error).split())
+    if len(message) > _MESSAGE_CHARS:
+        message = message[: _MESSAGE_CHARS - 3] + "..."
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
+
+
+def failure_report(directory: Path, command: str, failures: Mapping[int, Any]) -> str:
+    """The one line the launcher prints for a failed launch (see the module docstring for the order).
+
+    Args:
+        directory: the per-launch report directory.
+        command: the command's name, for the fallback line.
+        failures: torch's ``ChildFailedError.failures``: rank -> failure with ``exitcode`` and ``signal_name()``.
+    """
+    user_errors = sorted(directory.glob(_USER_ERROR.replace("{:05d}", "*")))
+    if user_errors:
+        return user_errors[0].read_text()
+    crashes = sorted(
+        directory.glob(_CRASH.replace("{:05d}", "*")), key=lambda p: (p.stat().st_mtime_ns, p.name)
+    )
+    if crashes:
+        return crashes[0].read_text()
+    rank = min(failures)
+    failure = failures[rank]
+    how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    return (
+        f"drivetrain {command}: rank {rank} ended with {how} before it could report why (killed from outside, "
+        "or out of memory: see the system log, e.g. `dmesg`)."
+    )

@@ -1,0 +1,133 @@
+"""``drivetrain sft --nproc 2`` interrupted or crashed: one line, the right exit status, the rest in a file.
+
+Regressions: Ctrl-C printed torch's "death signal" warning and, when it reached ranks still starting, a
+``site`` traceback per rank (torch's launcher forwarded SIGINT to them); a crash printed every rank's traceback
+and torch's failure table (123-181 lines) instead of naming the rank, the exception and the full log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+from drivetrain_roles.jobs.rank_failures import failure_report
+
+DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
+TINY = [
+    "data.generated_train_size=32",
+    "data.generated_val_size=4",
+    "trainer.batch_size=8",
+    "trainer.eval_samples=4",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=2",
+    "trainer.progress_bar=false",
+]
+_WAIT_S = 120
+
+
+def _start(run_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The launcher in a session of its own, as a terminal's foreground job is in its own process group."""
+    command = [str(DRIVETRAIN), "sft", "--nproc", "2", "--output-dir", str(run_dir), *TINY, *overrides]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
+    )
+
+
+def _wait_for(condition, launcher: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + _WAIT_S
+    while not condition():
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, "the launch never got there"
+        time.sleep(0.02)
+
+
+def _ranks_started(launcher_pid: int) -> bool:
+    """Whether the launcher has started a rank (not one of the helpers its imports run, such as ldconfig)."""
+    for child in psutil.Process(launcher_pid).children():
+        try:
+            if "drivetrain_roles.sft.rank_main" in child.cmdline():
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+def _finish(launcher: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        _, err = launcher.communicate(timeout=_WAIT_S)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    return launcher.returncode, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["ranks_starting", "ranks_training"])
+def test_ctrl_c_is_one_line_and_130(tmp_path, moment) -> None:
+    run_dir = tmp_path / "run"
+    launcher = _start(run_dir, "trainer.total_steps=1000")
+    if moment == "ranks_starting":  # the ranks' interpreters are still importing their site packages
+        _wait_for(lambda: _ranks_started(launcher.pid), launcher)
+    else:
+        _wait_for(lambda: len(list((run_dir / "heartbeat").glob("rank*.json"))) == 2, launcher)
+    os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    status, err = _finish(launcher)
+    assert (status, err) == (130, "drivetrain sft: interrupted; every rank was stopped.\n")
+
+
+SITECUSTOMIZE = """
+import os
+if os.environ.get("RANK") == "1":
+    from drivetrain_roles.sft import trainer
+
+    def run(self):
+        raise RuntimeError("injected fault on purpose")
+
+    trainer.SFTTrainer.run = run
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_crash_is_one_line_naming_the_rank_the_exception_and_the_log(tmp_path) -> None:
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "inject")}
+    run_dir = tmp_path / "run"
+    status, err = _finish(_start(run_dir, "trainer.total_steps=2", env=env))
+    log = run_dir / "logs" / "rank1.log"
+    assert status == 1
+    assert err == (
+        "drivetrain sft: rank 1 crashed with RuntimeError: injected fault on purpose (sitecustomize.py:7 in "
+        f"run); full traceback: {log}\n"
+    )
+    full = log.read_text()
+    assert full.startswith("Traceback (most recent call last):") and "injected fault on purpose" in full
+
+
+def _failure(exitcode: int, signal_name: str = "") -> SimpleNamespace:
+    return SimpleNamespace(exitcode=exitcode, signal_name=lambda: signal_name)
+
+
+def test_the_report_is_the_user_error_else_the_first_crash_else_the_exit_status(tmp_path) -> None:
+    """A peer that lost its connection to the crashed rank crashes later: its report must not hide the cause."""
+    failures = {0: _failure(1), 1: _failure(1)}
+    (tmp_path / "crash-rank00001.txt").write_text("rank 1 crashed first")
+    time.sleep(0.01)
+    (tmp_path / "crash-rank00000.txt").write_text("rank 0 lost its peer")
+    assert failure_report(tmp_path, "sft", failures) == "rank 1 crashed first"
+    (tmp_path / "rank00001.txt").write_text("drivetrain sft: error: a user error")
+    assert failure_report(tmp_path, "sft", failures) == "drivetrain sft: error: a user error"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert failure_report(empty, "sft", {1: _failure(-9, "SIGKILL")}).startswith(
+        "drivetrain sft: rank 1 ended with signal SIGKILL before it could report why"
+    )
