@@ -147,6 +147,20 @@ def test_every_value_is_checked_against_its_annotation_and_names_the_field(loade
         build(loaded, override)
 
 
+def test_a_section_that_is_not_a_mapping_is_reported_with_the_files_value(loaded):
+    """Once merged, ``loop: 5`` in the file was reported with an override's value (``loop={'steps': 3}``)."""
+    with pytest.raises(
+        ConfigError, match=r"^loop is a section of options, but the config file gives it the value 5;"
+    ):
+        build_config(
+            CommandConfig, [{"loop": 5}, parse_override("loop.steps=3")], plugins=loaded, file_layers=1
+        )
+    with pytest.raises(
+        ConfigError, match=r"^engine is a section of options, but an override gives it the value 4;"
+    ):
+        build(loaded, "engine=4")
+
+
 def test_defaults_come_from_the_dataclass_and_derived_values_follow_unless_set(loaded):
     config = build(loaded)
     assert config.loop == LoopConfig(steps=10, warmup=1)

@@ -52,11 +52,23 @@ def build_dataclass(cls: type[ConfigT], values: Mapping[str, Any], *, where: str
         raise ConfigError(f"{where}: {e}") from e
 
 
-def check_keys(values: Mapping[str, Any], cls: type, where: str, backends: Mapping[str, type]) -> None:
-    """Every key of ``values`` is a field of ``cls`` (recursively); else one error with the close match.
+def check_keys(
+    values: Mapping[str, Any],
+    cls: type,
+    where: str,
+    backends: Mapping[str, type],
+    *,
+    source: str | None = None,
+) -> None:
+    """Every key of ``values`` is a field of ``cls`` (recursively); else one error with the close match. With
+    ``source`` (a command's layer: "the config file", "an override") every section must also be a mapping;
+    else one error with the value ``source`` gave and how to write a section.
 
     ``backends`` maps a dotted section name to the config class that replaces its declared type there (a
     command's ``engine`` section is typed by the backend it names).
+
+    NOTE: a command checks each layer on its own: once merged, a section the file wrote as ``trainer: 5`` was
+    reported with the value an override gave (``trainer={'total_steps': 3}``), not the one to fix in the file.
     """
     types_ = field_types(cls)
     for key, value in values.items():
@@ -66,8 +78,16 @@ def check_keys(values: Mapping[str, Any], cls: type, where: str, backends: Mappi
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown option {path}; known options: {sorted(types_)}.{hint}")
         nested = backends.get(path) or nested_dataclass(types_[key])
-        if nested is not None and isinstance(value, Mapping):
-            check_keys(value, nested, path, backends)
+        if nested is None:
+            continue
+        if source is not None and not isinstance(value, Mapping) and value is not None:
+            raise ConfigError(
+                f"{path} is a section of options, but {source} gives it the value {value!r}; write its options "
+                f"under it (in YAML `{path.split('.')[-1]}:` then one indented `option: value` per line, or "
+                f"{path}.<option>=<value> on the command line); --help-config lists them."
+            )
+        if isinstance(value, Mapping):
+            check_keys(value, nested, path, backends, source=source)
 
 
 def exclusive_limits(layer: dict[str, Any], cls: type) -> dict[str, Any]:

@@ -65,8 +65,10 @@ def build_config(
     plain = [exclusive_limits(dict(layer), cls) for layer in layers]
     backends = _backend_classes(cls, plain, plugins)
     classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
-    for layer in plain:
-        check_keys(layer, cls, where, classes)
+    for index, layer in enumerate(plain):
+        check_keys(
+            layer, cls, where, classes, source="the config file" if index < file_layers else "an override"
+        )
     try:
         typed = OmegaConf.merge(_schema(cls, backends), *plain)
         derive: Derive | None = getattr(cls, "derived_values", None)
