@@ -72,6 +72,19 @@ class ToyBackendConfig(EngineConfig):
     knob: int = 3
 
 
+@dataclass(kw_only=True, frozen=True)
+class DialBackendConfig(EngineConfig):
+    """Another backend: its own knob, and its own default for a shared option.
+
+    Attributes:
+        dial: a backend-only setting.
+    """
+
+    backend: str = "dial"
+    dial: int = 5
+    seed: int = 7
+
+
 def _engine() -> EngineConfig:
     return EngineConfig(backend="toy", micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=64))
 
@@ -102,6 +115,9 @@ class CommandConfig:
 def _register(registry):
     registry.register(
         model_type="language_model", backend="toy", devices=["*"], engine="m:E", config=ToyBackendConfig
+    )
+    registry.register(
+        model_type="language_model", backend="dial", devices=["*"], engine="m:E", config=DialBackendConfig
     )
 
 
@@ -205,6 +221,29 @@ def test_resolved_config_round_trips_through_yaml(loaded, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(to_yaml(config))
     assert build_config(CommandConfig, [yaml.safe_load(path.read_text())], plugins=loaded) == config
+
+
+def test_a_saved_config_reused_with_another_backend_follows_it_where_the_user_set_nothing(loaded):
+    """A run's config.yaml holds every option of its backend; with engine.backend=<other> it failed on an
+    option the user never wrote. Options at the written backend's defaults follow the new one."""
+
+    def rebuilt(saved: dict[str, Any]) -> Any:
+        layers = [saved, parse_override("engine.backend=dial")]
+        return build_config(CommandConfig, layers, plugins=loaded, file_layers=1)
+
+    saved = to_plain(build(loaded, "loop.steps=30"))
+    assert (saved["engine"]["knob"], saved["engine"]["seed"]) == (3, 0)
+    engine = rebuilt(saved).engine
+    assert isinstance(engine, DialBackendConfig)
+    assert (engine.dial, engine.seed, engine.micro_batch.max_tokens) == (5, 7, 64)
+
+    engine = rebuilt(to_plain(build(loaded, "engine.seed=3"))).engine
+    assert engine.seed == 3  # set away from the default by the user: kept
+
+    with pytest.raises(
+        ConfigError, match=r"written for backend toy and sets engine.knob=9, which backend dial"
+    ):
+        rebuilt(to_plain(build(loaded, "engine.knob=9")))
 
 
 def test_field_reference_lists_type_default_and_help(loaded):

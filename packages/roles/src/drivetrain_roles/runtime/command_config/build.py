@@ -64,6 +64,10 @@ def build_config(
 
     plain = [exclusive_limits(dict(layer), cls) for layer in layers]
     backends = _backend_classes(cls, plain, plugins)
+    plain = [
+        _for_backend(layer, cls, backends, plugins) if index < file_layers else layer
+        for index, layer in enumerate(plain)
+    ]
     classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
     for index, layer in enumerate(plain):
         check_keys(
@@ -132,6 +136,70 @@ def _backend_classes(
             backend = _default_backend(cls, name)
         found[name] = (str(backend), (plugins or default_plugins()).engines.config_class(str(backend)))
     return found
+
+
+def _for_backend(
+    layer: dict[str, Any],
+    cls: type,
+    backends: Mapping[str, tuple[str, type]],
+    plugins: DrivetrainPlugins | None,
+) -> dict[str, Any]:
+    """A file ``layer`` whose engine section was written for another backend than the one chosen, with the
+    options it left at that backend's defaults taken out, so that they follow the chosen backend.
+
+    NOTE: a run's config.yaml holds every option of its backend; reused with ``engine.backend=megatron`` it
+    failed on ``engine.fsdp_size``, an option the user never wrote. An option that differs from the written
+    backend's default was set by someone: it is kept, and one that the chosen backend lacks is an error.
+
+    Raises:
+        ConfigError: the section sets an option of its backend, away from its default, that the chosen
+            backend does not have; the message names it.
+    """
+    from ..errors import PluginError
+    from ..plugins import plugins as default_plugins
+
+    changed = dict(layer)
+    for name, (backend, backend_cls) in backends.items():
+        section = layer.get(name)
+        written = section.get("backend") if isinstance(section, Mapping) else None
+        if written is None or written == backend:
+            continue
+        try:
+            written_cls = (plugins or default_plugins()).engines.config_class(str(written))
+        except PluginError:
+            continue  # not installed here: its options cannot be told apart, check_keys names them
+        defaults = _container(_schema(cls, {name: (str(written), written_cls)})[name])
+        kept = _set_away_from(defaults, {k: v for k, v in section.items() if k != "backend"})  # type: ignore[union-attr]
+        foreign = sorted(set(kept) - set(field_types(backend_cls)))
+        if foreign:
+            shown = ", ".join(f"{name}.{key}={kept[key]!r}" for key in foreign)
+            raise ConfigError(
+                f"the config file's {name} section was written for backend {written} and sets {shown}, which "
+                f"backend {backend} does not have; drop it from the file (options left at {written}'s defaults "
+                f"follow {backend} on their own)."
+            )
+        changed[name] = kept
+    return changed
+
+
+def _set_away_from(defaults: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``values`` that are not at their value in ``defaults`` (nested sections compared leaf by
+    leaf; ``None`` is a value like any other)."""
+    kept: dict[str, Any] = {}
+    for key, value in values.items():
+        default = defaults.get(key)
+        if isinstance(value, Mapping) and isinstance(default, Mapping):
+            if nested := _set_away_from(default, value):
+                kept[key] = nested
+        elif key not in defaults or value != default:
+            kept[key] = value
+    return kept
+
+
+def _container(node: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node)  # type: ignore[return-value]
 
 
 def _default_backend(cls: type, section: str) -> str:
