@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -16,6 +17,7 @@ from drivetrain_engine_core.config import (
     ModelConfig,
     OptimizerConfig,
 )
+from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,
@@ -113,6 +115,21 @@ def test_save_load_continue_is_bit_exact(model_dirs, tmp_path):
     manifest = json.loads((tmp_path / "global_step_2" / "manifest.json").read_text())
     assert manifest["backend_info"]["hf_class"] == "Qwen2ForCausalLM"
     assert manifest["backend_info"]["state_dict_format"] == "dcp"
+
+
+def test_resuming_into_a_model_of_another_shape_names_the_tensor_and_both_shapes(model_dirs, tmp_path):
+    """A --resume whose model.path named a wider model failed inside DCP's load with a traceback per rank."""
+    make_engine(model_dirs["qwen2"]).save_checkpoint(tmp_path / "ckpt", global_step=1)
+    wider = make_tiny_model_dir(tmp_path / "wider", arch="qwen2", hidden_size=48)
+    saved, now = AutoConfig.from_pretrained(model_dirs["qwen2"]), AutoConfig.from_pretrained(wider)
+    assert saved.hidden_size != now.hidden_size == 48
+    expected = (
+        f"holds model.embed_tokens.weight of shape [{saved.vocab_size}, {saved.hidden_size}], but the model "
+        f"being loaded has [{now.vocab_size}, {now.hidden_size}]: the checkpoint was saved from another model "
+        f"({model_dirs['qwen2'].resolve()})"
+    )
+    with pytest.raises(CheckpointError, match=re.escape(expected)):
+        make_engine(wider).load_checkpoint(tmp_path / "ckpt")
 
 
 def test_export_weights_are_the_hf_state_dict(model_dirs):

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR
+from drivetrain_engine_core.checkpoint import check_saved_shapes
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -34,6 +35,7 @@ def load_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_
     """Read what :func:`save_state` wrote, resharding to this run's layout; a collective on every rank (core
     has checked that a step read with ``optimizer`` holds optimizer state)."""
     model_state = get_model_state_dict(module)
+    check_saved_shapes(step_dir, step_dir / MODEL_DIR, {k: v.shape for k, v in model_state.items()})
     dcp.load(model_state, checkpoint_id=step_dir / MODEL_DIR)
     set_model_state_dict(module, model_state)
     if optimizer is None:

@@ -1,6 +1,6 @@
 """The on-disk checkpoint layout shared by every backend and by ckpt-tools (ARCHITECTURE §5)."""
 
-from .dcp_reader import DCPTensorReader
+from .dcp_reader import DCPTensorReader, check_saved_shapes
 from .layout import (
     LATEST_FILE,
     MODEL_DIR,
@@ -32,6 +32,7 @@ __all__ = [
     "DCPTensorReader",
     "Manifest",
     "StepEntry",
+    "check_saved_shapes",
     "complete_steps",
     "peft_adapter_config",
     "prepare_temporary_step_dir",

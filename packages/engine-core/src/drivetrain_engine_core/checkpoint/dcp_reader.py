@@ -7,6 +7,7 @@ group, so a merge never holds the whole model in memory.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -81,6 +82,31 @@ class DCPTensorReader:
             # DCP wraps per-file read failures in its own exception types; name the tensor and the directory.
             raise CheckpointError(f"cannot read tensor {name!r} from {self.directory}: {e}") from e
         return buffer[name] if index is None else buffer[name][0]
+
+
+def check_saved_shapes(step_dir: Path, directory: Path, shapes: Mapping[str, Sequence[int]]) -> None:
+    """Refuse to load ``directory`` (a DCP directory of step ``step_dir``) into a model whose tensors have other
+    shapes than the saved ones; ``shapes`` maps each key the backend loads to its global shape.
+
+    Run by every rank before the collective load (the metadata is the same file for all, so every rank raises
+    the same error and none waits in a load the others left). NOTE: DCP's own refusal was a traceback per rank
+    ("Size mismatch between saved ... and current ...") after the run had started, on a ``--resume`` whose
+    ``model.path`` named another model than the run's.
+
+    Raises:
+        CheckpointError: naming the first tensor whose shape differs, both shapes, and the step's model.
+    """
+    from .manifest import read_manifest
+
+    saved = DCPTensorReader(directory).tensors
+    for name, shape in shapes.items():
+        meta = saved.get(name)
+        if meta is not None and tuple(meta.size) != tuple(shape):
+            raise CheckpointError(
+                f"{step_dir} holds {name} of shape {list(meta.size)}, but the model being loaded has "
+                f"{list(shape)}: the checkpoint was saved from another model ({read_manifest(step_dir).model_path}). "
+                "Set model.path to the model the run started from, or start a new run without --resume."
+            )
 
 
 class _RegionLoadPlanner(DefaultLoadPlanner):
