@@ -35,7 +35,8 @@ def load_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_
     """Read what :func:`save_state` wrote, resharding to this run's layout; a collective on every rank (core
     has checked that a step read with ``optimizer`` holds optimizer state)."""
     model_state = get_model_state_dict(module)
-    check_saved_shapes(step_dir, step_dir / MODEL_DIR, {k: v.shape for k, v in model_state.items()})
+    shapes = {k: v.shape for k, v in model_state.items() if isinstance(v, torch.Tensor)}
+    check_saved_shapes(step_dir, step_dir / MODEL_DIR, shapes)
     dcp.load(model_state, checkpoint_id=step_dir / MODEL_DIR)
     set_model_state_dict(module, model_state)
     if optimizer is None:
