@@ -1,5 +1,6 @@
 """Data parallelism through the base ``Engine`` on two gloo ranks: global token counts and loss scaling make
-loss, gradient norm and updated weights equal those of one process training on the whole batch; a checkpoint
+loss, gradient norm and updated weights equal those of one process training on the whole batch (also when one
+rank is short of sequences and runs filler passes); a checkpoint
 that fails verification on rank 0, or a malformed batch on rank 1 only, fails every rank at once."""
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[st
     }
 
 
+def test_a_batch_that_needs_no_filler_builds_none(monkeypatch) -> None:
+    """The filler (a one-row slice of the first micro-batch) was built on every call, filler or not."""
+    from drivetrain_engine_core.data.micro_batch import MicroBatches
+
+    def no_filler_wanted(self):
+        raise AssertionError(f"a filler was built for a split with {self.fillers} filler passes")
+
+    monkeypatch.setattr(MicroBatches, "filler", no_filler_wanted)
+    assert train_once(None, micro_batch_size=2)["loss"] > 0
+
+
 def load_corrupt_checkpoint(rank: int, root: Path) -> str:
     """Save on every rank, corrupt a file on rank 0, load: every rank must get the error, none may wait."""
     engine = make_engine(micro_batch_size=1)
@@ -80,7 +92,13 @@ def train_with_bad_batch_on_rank_one(rank: int) -> str:
 def _rank_main(rank: int, world_size: int, root: Path) -> dict[str, object]:
     mine = list(range(rank, len(PROMPTS), world_size))
     return {
-        "trained": [train_once(mine, micro_batch_size=1), train_once(mine, micro_batch_size=2)],
+        "trained": [
+            train_once(mine, micro_batch_size=1),
+            train_once(mine, micro_batch_size=2),
+            # A short rank: rank 0 holds one sequence for the agreed 3 micro-batches, so it runs 2 filler passes;
+            # they must add nothing to the loss, the gradient or the update (the reference runs no filler).
+            train_once([0] if rank == 0 else [1, 2, 3], micro_batch_size=1),
+        ],
         "corrupt": load_corrupt_checkpoint(rank, root),
         "bad_batch": train_with_bad_batch_on_rank_one(rank),
     }

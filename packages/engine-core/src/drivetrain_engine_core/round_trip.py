@@ -115,7 +115,7 @@ class RoundTrip:
         self, split: MicroBatches, *, device: str, layout: InputLayout, sequence_split: SequenceSplit | None
     ) -> list[MicroBatch]:
         """Every pass of ``split`` built (:meth:`MicroBatch.build`), its filler passes last."""
-        fillers = [split.filler()] * split.fillers
+        fillers = [split.filler()] * split.fillers if split.fillers else []  # most calls need none: no slice
         return [
             MicroBatch.build(
                 micro_batch,
