@@ -6,6 +6,7 @@ import pytest
 import torch
 from drivetrain_engine_core.data import (
     LOSS_MASK_DTYPE,
+    expand_to_tokens,
     global_token_count,
     make_batch,
     sequence_lengths,
@@ -50,6 +51,32 @@ def test_a_non_finite_loss_mask_is_refused_not_made_true(bad):
     mask = [torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0.0, 0.0, bad, 1.0, 1.0]), torch.tensor([1.0, 0.0])]
     with pytest.raises(BatchError, match=r"make_batch: loss_mask of sequence 1 holds 1 non-finite value"):
         make_batch(_ids(), loss_mask=mask)
+
+
+def test_expand_to_tokens_repeats_each_sequences_value_over_its_tokens():
+    """verl's ``expand_as_nested`` (its unit test's case): [1, 2, 3] over lengths 2, 3, 4."""
+    like = jagged(torch.zeros(9, dtype=torch.int64), torch.tensor([0, 2, 5, 9]))
+    out = expand_to_tokens(torch.tensor([1, 2, 3]), like)
+    assert out.values().tolist() == [1, 1, 2, 2, 2, 3, 3, 3, 3]
+    assert out.offsets() is like.offsets()
+    # A per-sequence temperature per token combines with the batch's per-token fields (shared offsets).
+    batch = make_batch(_ids())
+    temperature = torch.tensor([0.5, 2.0, 1.0])
+    scaled = batch["position_ids"] / expand_to_tokens(temperature, batch["input_ids"])
+    expected = torch.cat([torch.arange(n) / t for n, t in zip(LENGTHS, temperature.tolist(), strict=True)])
+    assert torch.equal(scaled.values(), expected)
+    wide = expand_to_tokens(torch.arange(6.0).view(3, 2), batch["input_ids"])
+    assert wide.shape[2] == 2 and wide.values()[-1].tolist() == [4.0, 5.0]
+
+
+def test_expand_to_tokens_errors_name_the_problem():
+    batch = make_batch(_ids())
+    with pytest.raises(BatchError, match=r"one row per sequence \(3\)"):
+        expand_to_tokens(torch.tensor([1, 2, 3, 4]), batch["input_ids"])
+    with pytest.raises(BatchError, match=r"like must be a jagged \(n, j\) tensor"):
+        expand_to_tokens(torch.tensor([1, 2, 3]), torch.zeros(3, 4))
+    with pytest.raises(BatchError, match=r"like must be a jagged \(n, j\) tensor"):
+        expand_to_tokens(torch.tensor([1, 2, 3]), batch["input_ids"].unsqueeze(-1))
 
 
 def test_make_batch_rejects_length_mismatch_and_bad_dense():

@@ -8,6 +8,7 @@ from drivetrain_engine_core.data import (
     make_batch,
     nopad_to_padded,
     padded_to_nopad,
+    padded_to_response,
     response_to_padded,
     response_view,
 )
@@ -143,3 +144,31 @@ def test_response_errors_name_the_problem():
         response_view(batch["position_ids"], torch.tensor([1, 3]))
     with pytest.raises(BatchError, match=r"max_response_len=1"):
         response_to_padded(batch["position_ids"], torch.tensor([2, 1]), 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=shapes, seed=st.integers(0, 99), extra=st.sampled_from([(), (3,)]))
+def test_response_width_fields_round_trip_to_jagged(shapes, seed, extra):
+    """verl's ``response_to_nested``: row b of a (B, R, ...) tensor cut to its response length, per token."""
+    gen = torch.Generator().manual_seed(seed)
+    responses = torch.tensor([r for _, r in shapes])
+    width = int(responses.max()) + 2
+    dense = torch.randn(len(shapes), width, *extra, generator=gen)
+    nested = padded_to_response(dense, responses)
+    assert nested._ragged_idx == 1 and nested.offsets().diff().tolist() == responses.tolist()
+    expected = [dense[b, : int(r)] for b, r in enumerate(responses)]  # the definition, row by row
+    assert torch.equal(nested.values(), torch.cat(expected))
+    # The round trip: response-width padded values back to the response view of per-token values.
+    ids, logp, _, _ = _sequences(shapes, seed)
+    per_token = make_batch(ids, old_log_probs=logp)["old_log_probs"]
+    padded, _ = response_to_padded(per_token, responses, width)
+    assert torch.equal(
+        padded_to_response(padded, responses).values(), response_view(per_token, responses).values()
+    )
+
+
+def test_padded_to_response_errors_name_the_problem():
+    with pytest.raises(BatchError, match=r"response_lengths\[1\] = 4 is outside \[0, 3\]"):
+        padded_to_response(torch.zeros(2, 3), torch.tensor([1, 4]))
+    with pytest.raises(BatchError, match=r"dense \(n, R, \.\.\.\) tensor with one row per response length"):
+        padded_to_response(torch.zeros(3, 3), torch.tensor([1, 2]))

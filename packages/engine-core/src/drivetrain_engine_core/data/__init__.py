@@ -1,7 +1,15 @@
 """The no-padding batch format and its transforms: building, padding conversions, response views, packing,
 micro-batching and data-parallel sharding (ARCHITECTURE §4)."""
 
-from .batch import LOSS_MASK_DTYPE, TOKEN_FIELDS, make_batch, move_batch, sequence_lengths, validate_batch
+from .batch import (
+    LOSS_MASK_DTYPE,
+    TOKEN_FIELDS,
+    expand_to_tokens,
+    make_batch,
+    move_batch,
+    sequence_lengths,
+    validate_batch,
+)
 from .dp import shard_data, shard_indices, unshard_data
 from .groups import UID, sequence_fields, sequence_groups
 from .micro_batch import (
@@ -24,7 +32,7 @@ from .packing import (
 )
 from .padding import nopad_to_padded, padded_to_nopad
 from .partition import estimate_workload, karmarkar_karp
-from .response import response_to_padded, response_view
+from .response import padded_to_response, response_to_padded, response_view
 from .rows import select_rows, slice_rows
 from .tokens import global_counts, global_token_count, local_token_count
 
@@ -38,6 +46,7 @@ __all__ = [
     "PackedRow",
     "PaddedRows",
     "estimate_workload",
+    "expand_to_tokens",
     "global_counts",
     "global_token_count",
     "karmarkar_karp",
@@ -50,6 +59,7 @@ __all__ = [
     "pack_micro_batch",
     "pad_micro_batch",
     "padded_to_nopad",
+    "padded_to_response",
     "partition_micro_batches",
     "plan_micro_batches",
     "refuse_batch_options",

@@ -50,6 +50,30 @@ def jagged(values: Tensor, offsets: Tensor) -> Tensor:
     return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
 
 
+def expand_to_tokens(values: Tensor, like: Tensor) -> Tensor:
+    """A per-sequence ``(n, ...)`` tensor repeated over the tokens of the jagged ``(n, j)`` tensor ``like``: a
+    jagged ``(n, j, ...)`` tensor on ``like``'s offsets (verl's ``expand_as_nested``: a per-sequence temperature
+    or reward per token; the shared offsets let it combine with ``like``'s fields).
+
+    Raises:
+        BatchError: ``like`` is not a jagged ``(n, j)`` tensor, or ``values`` has not one row per sequence.
+    """
+    if not is_jagged(like) or like.dim() != 2 or ragged_dim_of(like) != 1:
+        raise BatchError(
+            f"expand_to_tokens: like must be a jagged (n, j) tensor such as input_ids, got {_describe(like)}."
+        )
+    offsets = offsets_of(like)
+    n = len(offsets) - 1
+    if values.is_nested or values.dim() < 1 or values.shape[0] != n:
+        raise BatchError(
+            f"expand_to_tokens: values must have one row per sequence ({n}), got {_describe(values)}."
+        )
+    flat = torch.repeat_interleave(
+        values.to(offsets.device), offsets.diff(), dim=0, output_size=like.values().shape[0]
+    )
+    return jagged(flat, offsets)
+
+
 def _flat_and_offsets(sequences: Sequence[Tensor], name: str) -> tuple[Tensor, Tensor]:
     if not sequences:
         raise BatchError(f"make_batch: {name} is empty; pass at least one sequence.")

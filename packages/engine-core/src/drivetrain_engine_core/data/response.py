@@ -1,4 +1,4 @@
-"""Response-aligned views of per-token tensors.
+"""Response-aligned views of per-token tensors, and response-width ``(n, R)`` fields back to jagged ones.
 
 With the alignment of docs §7.1 (position ``i`` scores token ``i``), a response of ``r`` tokens at the end of a
 sequence owns exactly its last ``r`` positions, so the response view is a slice, no shift.
@@ -74,3 +74,31 @@ def response_to_padded(
     mask = torch.zeros(n, max_response_len, dtype=torch.bool, device=flat.device)
     mask[row, col] = True
     return dense, mask
+
+
+def padded_to_response(dense: Tensor, response_lengths: Tensor) -> Tensor:
+    """The inverse of :func:`response_to_padded`: row ``b``'s first ``response_lengths[b]`` positions of a
+    right-padded response-width ``(n, R, ...)`` tensor, as a jagged ``(n, j, ...)`` tensor (verl's
+    ``response_to_nested``: advantages or returns computed padded, handed back per token).
+
+    Raises:
+        BatchError: ``dense`` is not ``(n, R, ...)`` with one row per length, or a length is outside ``[0, R]``.
+    """
+    lengths = response_lengths.to(device=dense.device, dtype=torch.int64)
+    if dense.is_nested or dense.dim() < 2 or lengths.shape != dense.shape[:1]:
+        raise BatchError(
+            f"padded_to_response: values must be a dense (n, R, ...) tensor with one row per response length, "
+            f"got shape {tuple(dense.shape)} for {tuple(lengths.shape)} lengths."
+        )
+    width = dense.shape[1]
+    bad = ((lengths < 0) | (lengths > width)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise BatchError(
+            f"padded_to_response: response_lengths[{i}] = {int(lengths[i])} is outside [0, {width}], the width "
+            "of the padded values."
+        )
+    keep = torch.arange(width, device=dense.device) < lengths[:, None]
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64, device=dense.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return jagged(dense[keep], offsets)
