@@ -6,8 +6,10 @@ import pytest
 import torch
 from drivetrain_engine_core.config import MicroBatchConfig
 from drivetrain_engine_core.data import (
+    MicroBatchCountRule,
     make_batch,
     micro_batch_count,
+    pad_micro_batch,
     partition_micro_batches,
     sequence_lengths,
     shard_data,
@@ -102,6 +104,48 @@ def test_over_budget_sequence_names_index_length_budget():
     batch = _batch([5, 9, 60, 3])
     with pytest.raises(BatchError, match=r"sequence 2 has 60 tokens, more than .* max_tokens=40"):
         split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=BUDGET))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 12), min_size=1, max_size=14), seed=st.integers(0, 9))
+def test_a_padded_budget_caps_rows_times_the_longest_sequence(lengths, seed):
+    """``budget="padded"``: what the padded layout computes on (its ``input_ids`` of rows x longest) stays
+    within max_tokens, every sequence lands in one micro-batch and the outputs come back in order."""
+    batch = _batch(lengths, seed)
+    config = MicroBatchConfig(micro_batch_size=None, max_tokens=24, budget="padded")
+    split = split_micro_batches(batch, config)
+    assert split.fillers == 0
+    for micro_batch in split.batches:
+        assert pad_micro_batch(micro_batch).input_ids.numel() <= 24
+    assert sorted(torch.cat(split.indices).tolist()) == list(range(len(lengths)))
+    _check_restore(batch, split)
+
+
+def test_a_padded_budget_separates_what_the_token_budget_packs_together():
+    """Eight sequences, one long: 15 real tokens fit one micro-batch of 16 tokens, but padded to the longest
+    they are 8 x 8 = 64; the padded budget puts the long one with one short one (2 x 8) and the rest apart."""
+    batch = _batch([8, 1, 1, 1, 1, 1, 1, 1])
+    tokens = split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=16))
+    padded = split_micro_batches(
+        batch, MicroBatchConfig(micro_batch_size=None, max_tokens=16, budget="padded")
+    )
+    assert [len(i) for i in tokens.indices] == [8]
+    assert sorted(sequence_lengths(mb).tolist() for mb in padded.batches) == [[1, 1, 1, 1, 1, 1], [8, 1]]
+    # A schedule that needs 4 micro-batches (another rank's count, or a pipeline multiple) splits the parts:
+    # a subset never costs more padded length than its part; 8 sequences fill 4 without fillers.
+    four = split_micro_batches(
+        batch,
+        MicroBatchConfig(micro_batch_size=None, max_tokens=16, budget="padded"),
+        rule=MicroBatchCountRule(multiple_of=4),
+    )
+    assert (len(four.batches), four.fillers) == (4, 0)
+    assert all(pad_micro_batch(mb).input_ids.numel() <= 16 for mb in four.batches)
+    with pytest.raises(
+        BatchError, match=r"sequence 0 has 8 tokens, more than the micro-batch limit max_tokens=6"
+    ):
+        split_micro_batches(batch, MicroBatchConfig(micro_batch_size=None, max_tokens=6, budget="padded"))
+    with pytest.raises(ValueError, match=r"micro_batch.budget='rows' is not supported; choose one of"):
+        MicroBatchConfig(micro_batch_size=None, max_tokens=6, budget="rows")  # type: ignore[arg-type]
 
 
 def test_restore_rejects_mismatched_outputs():

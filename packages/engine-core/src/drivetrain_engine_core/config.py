@@ -101,10 +101,13 @@ class MicroBatchConfig:
     Attributes:
         micro_batch_size: sequences per micro-batch (fixed batching).
         max_tokens: token budget per micro-batch (dynamic batching).
+        budget: what ``max_tokens`` counts: ``tokens``, the real tokens (the no-padding layout's cost), or
+            ``padded``, rows x the longest sequence of the micro-batch (what a padded layout computes on).
     """
 
     micro_batch_size: int | None = 1
     max_tokens: int | None = None
+    budget: Literal["tokens", "padded"] = "tokens"
 
     exclusive_fields: ClassVar[tuple[str, ...]] = ("micro_batch_size", "max_tokens")
     """Setting one of these in a config layer clears the other (see :func:`.config_build.exclusive_limits`)."""
@@ -122,6 +125,7 @@ class MicroBatchConfig:
             )
         if self.max_tokens is not None:
             _require(self.max_tokens > 0, f"micro_batch.max_tokens must be > 0, got {self.max_tokens}.")
+        _require_choice(self.budget, ("tokens", "padded"), "micro_batch.budget")
 
     @property
     def dynamic(self) -> bool:

@@ -38,6 +38,7 @@ from .cap_repair import repair_to_cap
 from .groups import describe_group, expand_groups, group_totals, sequence_fields, sequence_groups
 from .jagged import offsets_of
 from .merge import is_identity, merge_outputs
+from .padded_budget import padded_costs, plan_padded
 from .partition import estimate_workload, karmarkar_karp
 from .rows import select_groups, slice_rows
 
@@ -153,7 +154,9 @@ def split_micro_batches(
     if batch.batch_size[0] == 0:
         raise BatchError("micro-batching: the batch holds no sequence; give every rank at least one.")
     groups = sequence_groups(batch)
-    if config.max_tokens is not None:
+    if config.max_tokens is not None and config.budget == "padded":
+        indices, count = _padded_indices(batch, groups, config.max_tokens, rule, dp_group)
+    elif config.max_tokens is not None:
         indices, count = _dynamic_indices(batch, groups, config.max_tokens, rule, dp_group)
     else:
         assert config.micro_batch_size is not None  # MicroBatchConfig sets exactly one of the two limits
@@ -187,6 +190,26 @@ def _dynamic_indices(
     if count != local_count:
         parts = partition_micro_batches(lengths, max_tokens, min(count, len(lengths)), workloads)
     return expand_groups(parts, groups), count
+
+
+def _padded_indices(
+    batch: TensorDict,
+    groups: list[list[int]] | None,
+    max_tokens: int,
+    rule: MicroBatchCountRule,
+    dp_group: ProcessGroup | None,
+) -> tuple[list[Tensor], int]:
+    """Micro-batches whose rows x longest sequence stays within ``max_tokens`` (:mod:`.padded_budget`); and
+    the agreed count."""
+    lengths = sequence_lengths(batch).cpu()
+    members = groups if groups is not None else [[i] for i in range(len(lengths))]
+    rows = torch.tensor([len(m) for m in members])
+    longest = torch.stack([lengths[m].max() for m in members])
+    with agreed_checks(dp_group):
+        _require_within_budget(padded_costs(rows, longest), max_tokens, _namer(batch, groups))
+    parts = plan_padded(rows, longest, max_tokens)
+    count = agree_on_count(len(parts), rule, dp_group)
+    return expand_groups(_split_to_count(parts, min(count, len(members))), groups), count
 
 
 def _fixed_indices(
