@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,
@@ -118,6 +119,17 @@ def test_a_step_loaded_without_its_optimizer_state_trains_from_the_loaded_weight
         fresh.train_batch(_batches(model_dir, range(1, 2))[0], token_mean_nll)
     for name, tensor in fresh.export_weights():
         assert torch.equal(tensor, saved[name]), f"{name} lost the loaded weights"
+
+
+def test_resuming_into_a_model_of_another_shape_names_the_tensor_and_both_shapes(model_dir, tmp_path):
+    """A --resume whose model.path named a wider model failed inside dist_checkpointing with a traceback."""
+    _engine(model_dir, "float32").save_checkpoint(tmp_path / "ckpt", global_step=1)
+    wider = make_tiny_model_dir(tmp_path / "wider", arch="qwen2", hidden_size=48)
+    hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+    # Megatron stacks layers on a leading axis: the first differing tensor is [layers, hidden], [layers, 48].
+    expected = rf"holds \S+ of shape \[([\d, ]*){hidden}\], but the model being loaded has \[\1 ?48\]: the checkpoint"
+    with pytest.raises(CheckpointError, match=expected):
+        _engine(wider, "float32").load_checkpoint(tmp_path / "ckpt")
 
 
 def test_optimizer_state_of_another_layout_is_refused_with_the_way_out(model_dir, tmp_path):

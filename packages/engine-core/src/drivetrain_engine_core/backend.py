@@ -75,6 +75,7 @@ _EXPORTS = {
     "PEFT_PREFIX": "checkpoint",
     "CheckpointMerger": "checkpoint",
     "DCPTensorReader": "checkpoint",
+    "check_saved_shapes": "checkpoint",
     "peft_target_modules": "checkpoint.peft",
     "read_manifest": "checkpoint",
     "split_peft_name": "checkpoint",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
         PEFT_PREFIX,
         CheckpointMerger,
         DCPTensorReader,
+        check_saved_shapes,
         read_manifest,
         split_peft_name,
     )
@@ -159,6 +161,7 @@ __all__ = [
     "RowPadding",
     "SequenceSplit",
     "TokenLimits",
+    "check_saved_shapes",
     "disable_dropout_in_config",
     "disable_dropout_modules",
     "distributed",

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR
-from drivetrain_engine_core.checkpoint import check_saved_shapes
+from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, check_saved_shapes
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,

@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, CheckpointError, read_manifest
+from drivetrain_engine_core.backend import (
+    MODEL_DIR,
+    OPTIMIZER_DIR,
+    CheckpointError,
+    check_saved_shapes,
+    read_manifest,
+)
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer.module import MegatronModule
 
@@ -28,6 +36,16 @@ _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 def _model_sharded_state_dict(model: BuiltModel) -> dict[str, Any]:
     """Every chunk's sharded state dict under ``model<i>`` (keys inside are global, chunk-independent)."""
     return {f"model{i}": _chunk_sharded_state_dict(chunk) for i, chunk in enumerate(model.unwrapped)}
+
+
+def _global_shapes(sharded_state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The checkpoint key and global shape of every tensor a sharded state dict loads (those megatron lets
+    differ in shape left out)."""
+    return {
+        value.key: tuple(value.global_shape)
+        for value in nested_values(sharded_state)
+        if isinstance(value, ShardedTensor) and not value.allow_shape_mismatch
+    }
 
 
 def _chunk_sharded_state_dict(chunk: torch.nn.Module) -> dict[str, Any]:
@@ -98,6 +116,7 @@ def load_model_and_optimizer(
     """
     with torch.no_grad():
         model_state = _model_sharded_state_dict(model)
+        check_saved_shapes(step_dir, step_dir / MODEL_DIR, _global_shapes(model_state))
         loaded = dist_checkpointing.load(model_state, str(step_dir / MODEL_DIR))
         for i, chunk in enumerate(model.unwrapped):
             chunk.load_state_dict(loaded[f"model{i}"], strict=True)
