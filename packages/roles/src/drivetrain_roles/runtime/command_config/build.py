@@ -155,8 +155,8 @@ def _for_backend(
         ConfigError: the section sets an option of its backend, away from its default, that the chosen
             backend does not have; the message names it.
     """
-    from ..errors import PluginError
-    from ..plugins import plugins as default_plugins
+    from drivetrain_engine_core.errors import PluginError
+    from drivetrain_engine_core.plugins import plugins as default_plugins
 
     changed = dict(layer)
     for name, (backend, backend_cls) in backends.items():
