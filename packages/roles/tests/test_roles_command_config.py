@@ -171,9 +171,7 @@ def test_a_section_that_is_not_a_mapping_is_reported_with_the_files_value(loaded
         build_config(
             CommandConfig, [{"loop": 5}, parse_override("loop.steps=3")], plugins=loaded, file_layers=1
         )
-    with pytest.raises(
-        ConfigError, match=r"^engine is a section of options, but an override gives it the value 4;"
-    ):
+    with pytest.raises(ConfigError, match=r"^engine is a section of options, but it is given the value 4;"):
         build(loaded, "engine=4")
 
 

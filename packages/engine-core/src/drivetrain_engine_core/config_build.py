@@ -60,9 +60,8 @@ def check_keys(
     *,
     source: str | None = None,
 ) -> None:
-    """Every key of ``values`` is a field of ``cls`` (recursively); else one error with the close match. With
-    ``source`` (a command's layer: "the config file", "an override") every section must also be a mapping;
-    else one error with the value ``source`` gave and how to write a section.
+    """Every key of ``values`` is a field of ``cls`` (recursively) and every section a mapping; else one error
+    with the close match, or with the value given (by ``source``, when named: "the config file").
 
     ``backends`` maps a dotted section name to the config class that replaces its declared type there (a
     command's ``engine`` section is typed by the backend it names).
@@ -80,11 +79,12 @@ def check_keys(
         nested = backends.get(path) or nested_dataclass(types_[key])
         if nested is None:
             continue
-        if source is not None and not isinstance(value, Mapping) and value is not None:
+        if not isinstance(value, Mapping) and value is not None:
+            given = f"{source} gives it" if source else "it is given"
             raise ConfigError(
-                f"{path} is a section of options, but {source} gives it the value {value!r}; write its options "
-                f"under it (in YAML `{path.split('.')[-1]}:` then one indented `option: value` per line, or "
-                f"{path}.<option>=<value> on the command line); --help-config lists them."
+                f"{path} is a section of options, but {given} the value {value!r}; write its options under it "
+                f"(in YAML `{path.split('.')[-1]}:` then one indented `option: value` per line, or "
+                f"{path}.<option>=<value> on the command line)."
             )
         if isinstance(value, Mapping):
             check_keys(value, nested, path, backends, source=source)

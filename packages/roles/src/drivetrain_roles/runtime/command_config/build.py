@@ -40,6 +40,7 @@ def build_config(
     *,
     where: str = "",
     plugins: DrivetrainPlugins | None = None,
+    file_layers: int = 0,
 ) -> ConfigT:
     """The dataclass ``cls`` from its defaults and ``layers`` (later layers win), fully checked.
 
@@ -49,6 +50,9 @@ def build_config(
         layers: plain nested mappings (a YAML file, then each override).
         where: the dotted prefix that names ``cls``'s fields in messages (``engine``), empty for a command.
         plugins: where backend config classes are looked up; default: the process-wide plugins.
+        file_layers: how many of the first ``layers`` are YAML files: errors say which layer gave a bad section,
+            and a file written for another backend than the one chosen sheds the options it left at that
+            backend's defaults (``_for_backend``).
 
     A value any layer sets is set, whatever it equals: a resolved config (``--print-config``, a run's
     ``config.yaml``) re-runs as it was. A value that must follow another through such a file is ``null`` in
@@ -70,9 +74,7 @@ def build_config(
     ]
     classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
     for index, layer in enumerate(plain):
-        check_keys(
-            layer, cls, where, classes, source="the config file" if index < file_layers else "an override"
-        )
+        check_keys(layer, cls, where, classes, source="the config file" if index < file_layers else None)
     try:
         typed = OmegaConf.merge(_schema(cls, backends), *plain)
         derive: Derive | None = getattr(cls, "derived_values", None)

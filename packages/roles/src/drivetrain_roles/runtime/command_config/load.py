@@ -22,7 +22,7 @@ def load_config(
         PluginError: ``engine.backend`` names a backend that is not installed.
     """
     layers = [read_yaml(config_file)] if config_file else []
-    return build_config(cls, [*layers, *(parse_override(o) for o in overrides)])
+    return build_config(cls, [*layers, *(parse_override(o) for o in overrides)], file_layers=len(layers))
 
 
 __all__ = ["load_config"]
