@@ -3,7 +3,9 @@
 Sharded parameters are all-gathered one by one (``DTensor.full_tensor``), so peak memory is one full tensor,
 not the whole model. For a PEFT model, ``x.base_layer.weight`` is yielded as ``x.weight`` plus
 ``lora_B @ lora_A * alpha / rank``; PEFT's ``base_model.model.`` prefix and ``modules_to_save`` copies map
-back onto the plain names. ``export_adapter_weights`` streams the adapters alone, for a rollout that applies
+back onto the plain names. Weights transformers keeps in another layout than its checkpoints (fused MoE experts)
+leave in the checkpoint's layout, as ``save_pretrained`` writes them (``conversion.unfuse``).
+``export_adapter_weights`` streams the adapters alone, for a rollout that applies
 LoRA itself.
 """
 
@@ -16,6 +18,8 @@ from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig, split_peft_n
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .conversion import base_model, unfuse
+
 ADAPTER = "default"
 
 
@@ -24,7 +28,15 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def export_full_weights(module: nn.Module, lora: LoraConfig | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full tensor)`` for every weight of the model (a collective: every rank iterates)."""
+    """Yield ``(hf_name, full tensor)`` for every weight of the model in its checkpoint layout (a collective:
+    every rank iterates)."""
+    model = base_model(module)
+    for name, tensor in _module_layout(module, lora):
+        yield from unfuse(model, name, tensor).items()
+
+
+def _module_layout(module: nn.Module, lora: LoraConfig | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(hf_name, full tensor)`` of every weight as the module holds it, LoRA adapters folded in."""
     state = module.state_dict()
     if lora is None:
         for name, tensor in state.items():

@@ -2,7 +2,8 @@
 
 ``to_empty`` is FSDP2's documented way out of ``meta``: each sharded parameter gets storage for its local shard
 only. The shards are then filled from three places: the checkpoint (``hf_weights.load_checkpoint_shards``, each
-rank reading its own slices), the engine's own initial values (value head, LoRA adapters: small, full on every
+rank reading its own slices; a fused MoE expert weight is read whole, one at a time, and joined by transformers'
+conversion before each rank keeps its slice), the engine's own initial values (value head, LoRA adapters: small, full on every
 rank, of which each rank keeps its slice), and the buffers (rotary ``inv_freq``), which are not sharded.
 """
 
@@ -12,6 +13,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .conversion import FusedWeight, fuse
+from .export import hf_name
 from .hf_weights import load_checkpoint_shards
 from .meta_build import MetaModel
 
@@ -39,6 +42,22 @@ def materialize(module: nn.Module, built: MetaModel, device: str) -> None:
         # A PEFT module-to-save keeps two copies of one weight (``original_module`` and the trained one).
         for name in names[1:]:
             _local(tensors[name]).copy_(_local(tensors[names[0]]))
+    for name, fused in built.fused.items():
+        full = _read_fused(built, name, fused, tensors[name].dtype)
+        _local(tensors[name]).copy_(_local_slice(full.to(device), tensors[name]))
+
+
+def _read_fused(built: MetaModel, name: str, fused: FusedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The full weight ``name`` joined from its checkpoint pieces, read on every rank (a collective).
+
+    NOTE: each piece is read whole (no rank-local slicing): a fused weight's shard does not map onto slices of
+    the pieces in general (``gate_up_proj`` concatenates two of them). Peak memory is one fused weight.
+    """
+    pieces = {key: torch.empty(built.index.shapes[key], dtype=dtype) for key, _ in fused.sources}
+    load_checkpoint_shards(built.index, pieces)
+    hf = hf_name(name)
+    assert hf is not None  # adapters are never fused
+    return fuse(built.hf_model, hf, fused, pieces)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

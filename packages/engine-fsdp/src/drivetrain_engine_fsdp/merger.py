@@ -3,16 +3,23 @@
 The FSDP engine writes ``model/`` with torch.distributed.checkpoint (DCP); its keys are the
 ``get_model_state_dict`` names of the Hugging Face (or PEFT) model (see ``checkpoint.py``), full-shape in DCP's
 metadata whatever the number of writing ranks. Each key is loaded on its own into a full-size buffer: DCP
-stitches the ranks' shards together and reads only the bytes of that tensor.
+stitches the ranks' shards together and reads only the bytes of that tensor. Weights the module holds in
+another layout than Hugging Face checkpoints (fused MoE experts) are written in the checkpoint's layout, by
+transformers' own conversion of the source model's class (built on ``meta`` from its ``config.json``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import cached_property
+from typing import Any
 
 import torch
+import transformers
 from drivetrain_engine_core.backend import MODEL_DIR, CheckpointMerger, DCPTensorReader
+from transformers import AutoConfig
+
+from .conversion import unfuse
 
 
 class FSDPCheckpointMerger(CheckpointMerger):
@@ -25,10 +32,17 @@ class FSDPCheckpointMerger(CheckpointMerger):
     def _names(self) -> list[str]:
         return list(self._reader.tensors)
 
+    @cached_property
+    def _hf_model(self) -> Any:
+        """The source model's transformers class on ``meta``: what its weight conversions are registered for."""
+        config = AutoConfig.from_pretrained(self.manifest.model_path)
+        with torch.device("meta"):
+            return getattr(transformers, self.auto_class).from_config(config)
+
     def _tensors(self, wanted: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self._reader.tensors:
             if wanted(name):
-                yield name, self._reader.read(name)
+                yield from unfuse(self._hf_model, name, self._reader.read(name)).items()
 
 
 __all__ = ["FSDPCheckpointMerger"]

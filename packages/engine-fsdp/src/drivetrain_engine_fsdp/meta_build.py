@@ -11,7 +11,9 @@ full path:
   are initialised by transformers' own ``initialize_weights``, which skips what is marked loaded
   (``_is_hf_initialized``), exactly as ``from_pretrained`` finishes a load;
 - LoRA adapters are drawn by PEFT's own ``update_layer``, layer by layer in module order as ``get_peft_model``
-  draws them.
+  draws them;
+- the checkpoint's names are the module's as ``save_pretrained`` writes them (``conversion.py``): a weight
+  transformers stores renamed is read under its checkpoint name, and a fused one (MoE experts) from its pieces.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from drivetrain_engine_core.backend import CheckpointIndex, ModelConfig, read_checkpoint_index
 from torch import nn
 
+from .conversion import FusedWeight, base_model, checkpoint_layout, fused_weights
 from .export import ADAPTER, hf_name
 from .hf_weights import check_checkpoint
 from .model import VALUE_HEAD, add_training_wrappers, auto_class, check_model_dir, hf_config
@@ -36,15 +39,19 @@ class MetaModel:
         module: the module to shard; parameters the checkpoint holds are on ``meta``, the others on CPU.
         initial: full CPU values of the parameters the engine initialises (value head, LoRA adapters), by name.
         buffers: CPU values of the buffers (rotary ``inv_freq``) not read from the checkpoint, by name.
-        checkpoint_names: checkpoint name of every parameter or buffer read from the checkpoint, by name.
+        checkpoint_names: checkpoint name of every parameter or buffer read from the checkpoint as one tensor.
+        fused: how to join every parameter the checkpoint holds in pieces (fused MoE experts), by name.
         index: the checkpoint's names and shapes.
+        hf_model: the transformers model (inside PEFT's wrapper), whose conversions join the pieces.
     """
 
     module: Any
     initial: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
     checkpoint_names: dict[str, str]
+    fused: dict[str, FusedWeight]
     index: CheckpointIndex
+    hf_model: Any
 
 
 def build_meta_model(model_config: ModelConfig, *, attn_implementation: str, seed: int) -> MetaModel:
@@ -69,23 +76,29 @@ def build_meta_model(model_config: ModelConfig, *, attn_implementation: str, see
             trust_remote_code=model_config.trust_remote_code,
         )
     persistent = _unique(model.state_dict(keep_vars=True))
-    expected = {name: tuple(tensor.shape) for name, tensor in persistent.items()}
-    fresh = [name for name in expected if name.startswith(f"{VALUE_HEAD}.")]
-    fresh += [name for name, _ in model.named_buffers() if name in expected]
+    layout = checkpoint_layout(model, persistent)
+    expected = {key: shape for pieces in layout.values() for key, shape in pieces.items()}
+    fresh = [key for name in persistent if name.startswith(f"{VALUE_HEAD}.") for key in layout[name]]
+    fresh += [key for name, _ in model.named_buffers() if name in layout for key in layout[name]]
     loaded = check_checkpoint(index, expected, may_be_fresh=fresh)
-    _initialize_missing(model, {id(persistent[name]) for name in loaded})
+    _initialize_missing(model, {id(persistent[name]) for name in persistent if set(layout[name]) <= loaded})
+    renamed = {name: next(iter(pieces)) for name, pieces in layout.items() if len(pieces) == 1}
+    fused = fused_weights(model, index.shapes)
     # NOTE: the adapter structure is all that is kept from get_peft_model here (its draws are undone and its
     # adapters end up on the meta device of their base layers); the values are drawn again just below.
     with torch.random.fork_rng(devices=[]):
         model = add_training_wrappers(model, model_config)
     if model_config.lora is not None:
         _draw_adapters(model)
+    meta_names = _hf_names_on_meta(model)
     return MetaModel(
         module=model,
         initial={name: p.detach() for name, p in model.named_parameters() if not p.is_meta},
         buffers={name: b for name, b in model.named_buffers() if not b.is_meta},
-        checkpoint_names=_checkpoint_names(model),
+        checkpoint_names={name: renamed.get(hf, hf) for name, hf in meta_names.items() if hf not in fused},
+        fused={name: fused[hf] for name, hf in meta_names.items() if hf in fused},
         index=index,
+        hf_model=base_model(model),
     )
 
 
@@ -154,8 +167,9 @@ def _draw_adapters(model: Any) -> None:
             layer.base_layer = base_layer
 
 
-def _checkpoint_names(model: nn.Module) -> dict[str, str]:
-    """Name -> checkpoint name of every parameter and buffer still on ``meta`` (to be read from the checkpoint)."""
+def _hf_names_on_meta(model: nn.Module) -> dict[str, str]:
+    """Name -> transformers name of every parameter and buffer still on ``meta`` (to be read from the
+    checkpoint)."""
     names = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.is_meta:

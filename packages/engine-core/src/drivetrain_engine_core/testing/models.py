@@ -14,7 +14,25 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 
 from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 
-ARCHITECTURES = ("qwen2", "llama")
+MOE_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "norm_topk_prob": True,
+    },
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 32,
+    },
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+}
+"""Mixture-of-experts families and their tiny expert settings: 4 experts, top-2 (Qwen3-MoE and Mixtral route
+every layer; Qwen2-MoE adds a gated shared expert)."""
+
+ARCHITECTURES = ("qwen2", "llama", *MOE_CONFIGS)
 MODEL_TYPES = ("language_model", "value_model")
 
 TINY_CONFIG: dict[str, Any] = {
@@ -50,7 +68,7 @@ def make_tiny_model_dir(
 
     Args:
         path: Directory to write (created if missing).
-        arch: ``"qwen2"`` or ``"llama"``.
+        arch: ``"qwen2"``, ``"llama"`` or a mixture-of-experts family of :data:`MOE_CONFIGS`.
         model_type: ``"language_model"`` (``AutoModelForCausalLM``) or ``"value_model"``
             (``AutoModelForTokenClassification`` with one label, verl's critic convention).
         seed: Seed of the weight initialisation; the same seed gives the same weights.
@@ -69,6 +87,7 @@ def make_tiny_model_dir(
     tokenizer = build_tiny_tokenizer()
     fields = {
         **TINY_CONFIG,
+        **MOE_CONFIGS.get(arch, {}),
         "vocab_size": len(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,
