@@ -12,7 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_ckpt_tools.merge import merge_checkpoint
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.data.tokens import local_token_count
+from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,
@@ -23,15 +25,18 @@ from drivetrain_engine_core.testing import (
     train_history,
 )
 from drivetrain_engine_core.testing.device import device_under_test
+from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model, reference_outputs
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
+from drivetrain_engine_fsdp.router_loss import METRIC, RouterLoss, router_settings
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 OPTIMIZER = OptimizerConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0)
 WEIGHTS = "model.safetensors"
+COEFFICIENT = 0.5  # large enough that the balance loss moves the grad norm well past the tolerance
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +137,85 @@ def test_checkpoint_merge_writes_the_trained_experts_in_checkpoint_layout(model_
     assert_bit_equal(full_state(engine.module), reference_state(tmp_path / "merged"))
 
 
+class AuxRecorder(torch.nn.Module):
+    """The plain model asked for its router logits; keeps the ``aux_loss`` transformers computes for each call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.aux = model, []
+
+    def forward(self, **kwargs):
+        output = self.model(**kwargs, output_router_logits=True)
+        self.aux.append(output.aux_loss)
+        return output
+
+
+def reference_step_with_aux(path, batch, coefficient):
+    """``(loss, aux, grad norm)`` of plain HF: token-mean NLL plus ``coefficient`` times transformers'
+    ``load_balancing_loss_func`` of each sequence alone (the reference runs one sequence per call), averaged."""
+    recorder = AuxRecorder(load_reference_model(path))
+    outputs = reference_outputs(recorder, batch, "language_model")
+    context = LossContext(global_token_count=local_token_count(batch), global_sequence_count=len(batch))
+    nll, _ = token_mean_nll(outputs, batch, context)
+    assert len(recorder.aux) == len(batch)
+    aux = torch.stack(recorder.aux).mean()
+    loss = nll + coefficient * aux
+    loss.backward()
+    return float(loss.detach()), float(aux.detach()), grad_norm(list(recorder.model.parameters()))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_router_aux_loss_is_hf_per_sequence_whatever_the_micro_batching(model_dirs, arch):
+    path, batch = model_dirs[arch], make_batches(1)[0]
+    loss, aux, norm = reference_step_with_aux(path, batch, COEFFICIENT)
+    for micro_batch_size in (4, 2):
+        engine = make_engine(
+            path,
+            router_aux_loss_coef=COEFFICIENT,
+            micro_batch=MicroBatchConfig(micro_batch_size=micro_batch_size),
+        )
+        with engine.train_mode():
+            output = engine.train_batch(batch, token_mean_nll)
+        shares = output.metrics[METRIC]
+        assert len(shares) == 4 // micro_batch_size
+        assert sum(shares) == pytest.approx(aux, rel=1e-5)
+        assert output.loss == pytest.approx(loss, rel=1e-5)
+        assert output.metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
+
+
+def test_the_coefficient_follows_the_models_config_unless_set(model_dirs):
+    routed = AutoConfig.from_pretrained(model_dirs["qwen3_moe"])
+    lm = "language_model"
+    assert router_settings(FSDPEngineConfig(), routed, lm, 1) == RouterLoss(coefficient=0.0, top_k=2)
+    routed.output_router_logits = True  # transformers' own training then adds router_aux_loss_coef * aux
+    assert router_settings(FSDPEngineConfig(), routed, lm, 1) == RouterLoss(coefficient=0.001, top_k=2)
+    assert router_settings(FSDPEngineConfig(router_aux_loss_coef=0.0), routed, lm, 1).coefficient == 0.0
+    assert router_settings(FSDPEngineConfig(router_aux_loss_coef=0.0), routed, lm, 2) is None
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=2"):
+        router_settings(FSDPEngineConfig(router_aux_loss_coef=0.1), routed, lm, 2)
+    assert router_settings(FSDPEngineConfig(), routed, "value_model", 1) is None
+    dense = AutoConfig.for_model("qwen2")
+    assert router_settings(FSDPEngineConfig(), dense, lm, 1) is None
+    with pytest.raises(ConfigError, match=r"router_aux_loss_coef=0.1 .* Qwen2Config as a language_model"):
+        router_settings(FSDPEngineConfig(router_aux_loss_coef=0.1), dense, lm, 1)
+    with pytest.raises(ConfigError, match="router_aux_loss_coef must be >= 0"):
+        FSDPEngineConfig(router_aux_loss_coef=-1.0)
+
+
 def two_rank_worker(rank, world_size, path, device):
+    """Each rank holds sequences ``rank`` and ``rank + 2`` of every batch."""
+    batches = [batch[torch.tensor([rank, rank + 2])] for batch in make_batches()]
     engine = make_engine(path, device=device)
-    batches = make_batches()
+    routed = make_engine(path, device=device, router_aux_loss_coef=COEFFICIENT)
+    with routed.train_mode():
+        step = routed.train_batch(batches[0], token_mean_nll)
     return {
         "state": full_state(engine.module),
         "log_probs": log_probs(engine, batches[0]),
         "history": train_history(engine, batches, token_mean_nll),
-        "exported": exported(engine),
+        "exported": sorted(name for name, _ in engine.export_weights()),
         "local": sum(p.to_local().numel() for p in engine.module.parameters()),
+        "aux_step": (step.loss, sum(step.metrics[METRIC]), step.metrics["grad_norm"]),
     }
 
 
@@ -150,13 +225,18 @@ def test_two_ranks_load_shard_train_and_export_like_plain_hf(model_dirs):
     results = run_distributed(two_rank_worker, str(path), "cpu", world_size=2, timeout_s=600, device="cpu")
     reference = reference_state(path)
     batches = make_batches()
-    expected_log_probs = reference_log_probs(path, batches[0]).values()
     expected_history = reference_train_losses(path, batches, OPTIMIZER, token_mean_nll)
+    loss, aux, norm = reference_step_with_aux(path, batches[0], COEFFICIENT)
+    # Rank 0 holds sequences 0 and 2, rank 1 sequences 1 and 3.
+    produced_log_probs = torch.cat([results[0]["log_probs"], results[1]["log_probs"]])
+    expected_log_probs = reference_log_probs(path, batches[0][torch.tensor([0, 2, 1, 3])]).values()
+    assert float((produced_log_probs - expected_log_probs).abs().max()) < 1e-5
     for result in results:
         assert_bit_equal(result["state"], reference)
-        assert float((result["log_probs"] - expected_log_probs).abs().max()) < 1e-5
         assert flat(result["history"]) == pytest.approx(flat(expected_history), rel=1e-5)
-        assert sorted(result["exported"]) == sorted(load_file(path / WEIGHTS))
-        assert result["local"] == pytest.approx(
-            sum(t.numel() for t in reference.values() if t.requires_grad) / 2, rel=0.05
-        )
+        assert result["exported"] == sorted(load_file(path / WEIGHTS))
+        trainable = sum(t.numel() for t in reference.values() if t.requires_grad)
+        assert result["local"] == pytest.approx(trainable / 2, rel=0.05)
+        assert result["aux_step"][0] == pytest.approx(loss, rel=1e-5)
+        assert result["aux_step"][2] == pytest.approx(norm, rel=1e-5)
+    assert results[0]["aux_step"][1] + results[1]["aux_step"][1] == pytest.approx(aux, rel=1e-5)

@@ -48,6 +48,12 @@ class FSDPEngineConfig(EngineConfig):
             ``pip install "drivetrain-engine-fsdp[liger]"``; calls that ask for entropy, or for a temperature
             other than 1 in half precision, still take the torch path). Chunks hold about
             ``entropy_chunk_size`` positions either way.
+        router_aux_loss_coef: weight of a mixture-of-experts router's load-balancing loss in the loss
+            (``router_loss.py``: transformers' formula per sequence, averaged over the global batch's
+            sequences, so it does not depend on micro-batching or rank count). ``None`` follows the model's
+            config as transformers does: its ``router_aux_loss_coef`` when ``output_router_logits`` is true,
+            else off. The unscaled value is the metric ``router_aux_loss`` of every MoE model trained or
+            evaluated with a loss, whatever the weight.
     """
 
     fsdp_size: int = -1
@@ -60,6 +66,7 @@ class FSDPEngineConfig(EngineConfig):
     meta_init: bool = True
     compile_layers: bool = False
     log_prob_kernel: str = "torch"
+    router_aux_loss_coef: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,6 +97,11 @@ class FSDPEngineConfig(EngineConfig):
             )
         if self.log_prob_kernel == "liger":
             check_liger_available(self.device)
+        if self.router_aux_loss_coef is not None and self.router_aux_loss_coef < 0:
+            raise ConfigError(
+                f"engine.router_aux_loss_coef must be >= 0 (0 turns the load-balancing loss off, unset follows "
+                f"the model's config), got {self.router_aux_loss_coef}."
+            )
         if self.cpu_offload_policy and self.param_offload:
             raise ConfigError(
                 "engine.cpu_offload_policy and engine.param_offload both move parameters to CPU; set only one "
