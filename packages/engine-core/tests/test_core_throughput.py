@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from types import SimpleNamespace
 
 import pytest
 import torch
 from drivetrain_engine_core.outputs import host_floats
+from drivetrain_engine_core.testing.models import MOE_CONFIGS, TINY_CONFIG
 from drivetrain_engine_core.throughput import (
     PEAK_TFLOPS_VARIABLE,
     TransformerShape,
@@ -14,6 +16,7 @@ from drivetrain_engine_core.throughput import (
     speed_metrics,
     table_peak_tflops,
 )
+from transformers import AutoConfig, AutoModelForCausalLM
 
 TINY = SimpleNamespace(
     hidden_size=8,
@@ -44,9 +47,48 @@ def test_a_value_models_head_is_one_column_not_the_vocabulary():
     assert shape is not None and shape.matmul_weights == 2 * 576 + 8
 
 
-def test_mixture_of_experts_and_incomplete_configs_have_no_shape():
-    assert TransformerShape.from_hf_config(SimpleNamespace(**vars(TINY), num_experts=8)) is None
+def test_unknown_expert_layouts_and_incomplete_configs_have_no_shape():
+    assert TransformerShape.from_hf_config(SimpleNamespace(**vars(TINY), num_experts=8)) is None  # no top-k
+    deepseek = SimpleNamespace(**vars(TINY), n_routed_experts=8, num_experts_per_tok=2)
+    assert TransformerShape.from_hf_config(deepseek) is None
     assert TransformerShape.from_hf_config(SimpleNamespace(hidden_size=8)) is None
+
+
+def test_mixture_of_experts_counts_the_active_experts_by_hand():
+    """A token goes through its top-k experts only: counting all of them overstated FLOPs and MFU E / k-fold."""
+    moe = SimpleNamespace(
+        **vars(TINY), num_experts=8, num_experts_per_tok=2, moe_intermediate_size=4, mlp_only_layers=[1]
+    )
+    shape = TransformerShape.from_hf_config(moe)
+    # Attention 192 per layer (as above). Layer 0 routed: router 8x8 + 2 experts x 3 x 8x4 = 64 + 192;
+    # layer 1 dense (mlp_only_layers): 3 x 8x16 = 384. Head 8x10.
+    assert shape is not None and shape.matmul_weights == 2 * 192 + 256 + 384 + 80
+    shared = TransformerShape.from_hf_config(SimpleNamespace(**vars(moe), shared_expert_intermediate_size=6))
+    # Qwen2-MoE's shared expert 3 x 8x6 and its gate 8x1 in the routed layer.
+    assert shared is not None and shared.matmul_weights == shape.matmul_weights + 144 + 8
+    mixtral = TransformerShape.from_hf_config(
+        SimpleNamespace(**vars(TINY), num_local_experts=4, num_experts_per_tok=2)
+    )
+    # Every layer routed, experts of intermediate_size: router 8x4 + 2 x 3 x 8x16.
+    assert mixtral is not None and mixtral.matmul_weights == 2 * (192 + 32 + 768) + 80
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral"])
+def test_mixture_of_experts_count_is_the_models_matrices_with_experts_weighted_k_of_e(arch):
+    """Against the model itself: every matrix but the embedding, each expert's weighted by ``k / E`` (the
+    share of tokens an expert multiplies on average)."""
+    config = AutoConfig.for_model(arch, **TINY_CONFIG, **MOE_CONFIGS[arch], vocab_size=50)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    share = Fraction(config.num_experts_per_tok, experts)
+    expected = sum(
+        parameter.numel() * (share if ".experts." in name else 1)
+        for name, parameter in model.named_parameters()
+        if parameter.dim() > 1 and "embed_tokens" not in name
+    )
+    shape = TransformerShape.from_hf_config(config)
+    assert shape is not None and shape.matmul_weights == expected
 
 
 def test_peak_comes_from_config_then_environment_then_nothing_on_cpu(monkeypatch):

@@ -6,6 +6,11 @@ FLOPs of one forward over sequences of lengths ``L_i`` (``T = sum L_i`` tokens),
   ``H * (n_q + 2 * n_kv) * d`` (q, k, v), ``n_q * d * H`` (o) and ``3 * H * I`` for a gated MLP (``2 * H * I``
   otherwise), plus the output projection ``H * V`` (``V`` the vocabulary; 1 for a value model's head).
   Embedding lookups, norms and elementwise work are not counted (PaLM's and Megatron's convention).
+  A mixture-of-experts layer (Qwen3-MoE, Qwen2-MoE, Mixtral naming) multiplies a token by its router
+  (``H * E``), by the ``k`` experts it is routed to (``k * 3 * H * I_e``), not all ``E`` of them, and by a
+  shared expert and its one-output gate where the model has one (``3 * H * I_s + H``); layers the config keeps
+  dense (``mlp_only_layers``, ``decoder_sparse_step``) count their dense MLP. Other MoE layouts (DeepSeek's
+  ``n_routed_experts``) have no count.
 - attention: ``2 * n_q * d * sum(L_i ** 2)`` per layer: ``Q K^T`` and ``A V`` each cost ``2 * L^2 * n_q * d``
   without a mask, and a causal mask halves both. Per-sequence lengths, not the packed row's: a packed row of
   several sequences does not attend across them.
@@ -63,16 +68,22 @@ class TransformerShape:
     output_size: int
     """Width of the output projection: the vocabulary, or 1 for a value model's head."""
     gated_mlp: bool = True
+    experts: ExpertLayout | None = None
+    """The routed MLP of a mixture-of-experts model; ``None`` for a dense one."""
 
     @classmethod
     def from_hf_config(cls, config: Any, *, value_head: bool = False) -> TransformerShape | None:
-        """The shape of a transformers config (Llama/Qwen/Mistral naming); ``None`` for others (MoE, ...).
+        """The shape of a transformers config (Llama/Qwen/Mistral naming, their MoE variants and Mixtral);
+        ``None`` for others.
 
         ``value_head``: the model ends in a one-output head (critic, reward model) instead of the vocabulary
         projection, which is over a quarter of the matmuls of a 0.5B model with a 152k vocabulary.
         """
         names = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-        if any(getattr(config, name, None) is None for name in names) or _is_mixture_of_experts(config):
+        if any(getattr(config, name, None) is None for name in names):
+            return None
+        experts = ExpertLayout.from_hf_config(config)
+        if _is_mixture_of_experts(config) and experts is None:
             return None
         heads = config.num_attention_heads
         return cls(
@@ -83,6 +94,7 @@ class TransformerShape:
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             intermediate_size=config.intermediate_size,
             output_size=1 if value_head else config.vocab_size,
+            experts=experts,
         )
 
     @property
@@ -91,7 +103,11 @@ class TransformerShape:
         hidden, attention = self.hidden_size, self.num_heads * self.head_dim
         qkv = hidden * (attention + 2 * self.num_kv_heads * self.head_dim)
         mlp = (3 if self.gated_mlp else 2) * hidden * self.intermediate_size
-        return self.num_layers * (qkv + attention * hidden + mlp) + hidden * self.output_size
+        routed = 0 if self.experts is None else len(self.experts.routed_layers)
+        mlps = (self.num_layers - routed) * mlp
+        if self.experts is not None:
+            mlps += routed * self.experts.weights_per_token(hidden)
+        return self.num_layers * (qkv + attention * hidden) + mlps + hidden * self.output_size
 
     def forward_flops(self, lengths: Sequence[int]) -> float:
         """FLOPs of one forward over sequences of ``lengths`` tokens."""
@@ -102,6 +118,45 @@ class TransformerShape:
     def step_flops(self, lengths: Sequence[int], *, backward: bool) -> float:
         """FLOPs of a forward (and backward) over ``lengths``."""
         return self.forward_flops(lengths) * (TRAIN_FLOPS_PER_FORWARD if backward else 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertLayout:
+    """The routed MLP of a mixture-of-experts transformer: what one token multiplies in a routed layer."""
+
+    num_experts: int
+    experts_per_token: int
+    """Top-``k``: a token goes through this many experts, whatever ``num_experts`` is."""
+    expert_intermediate_size: int
+    shared_intermediate_size: int = 0
+    """Qwen2-MoE's shared expert, which every token goes through (0: none)."""
+    routed_layers: tuple[int, ...]
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> ExpertLayout | None:
+        """The layout of a Qwen-MoE or Mixtral config (``num_experts``/``num_local_experts``,
+        ``num_experts_per_tok``); ``None`` for dense models and other layouts."""
+        experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+        top_k = getattr(config, "num_experts_per_tok", None)
+        if not experts or not top_k or getattr(config, "n_routed_experts", None):
+            return None
+        dense = set(getattr(config, "mlp_only_layers", None) or ())
+        step = getattr(config, "decoder_sparse_step", None) or 1
+        layers = config.num_hidden_layers
+        return cls(
+            num_experts=experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=getattr(config, "moe_intermediate_size", None)
+            or config.intermediate_size,
+            shared_intermediate_size=getattr(config, "shared_expert_intermediate_size", None) or 0,
+            routed_layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+        )
+
+    def weights_per_token(self, hidden: int) -> int:
+        """Router, the ``k`` routed gated experts, and the shared expert with its one-output gate if any."""
+        shared = 3 * hidden * self.shared_intermediate_size + hidden if self.shared_intermediate_size else 0
+        routed = self.experts_per_token * 3 * hidden * self.expert_intermediate_size
+        return hidden * self.num_experts + routed + shared
 
 
 def _is_mixture_of_experts(config: Any) -> bool:
