@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_ckpt_tools.merge import merge_checkpoint
-from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
+from drivetrain_engine_core.config import (
+    ConfigError,
+    LoraConfig,
+    MicroBatchConfig,
+    ModelConfig,
+    OptimizerConfig,
+)
 from drivetrain_engine_core.data.tokens import local_token_count
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing import (
@@ -36,6 +42,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 OPTIMIZER = OptimizerConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0)
 WEIGHTS = "model.safetensors"
+# Attention only: PEFT's adapters on fused experts (not nn.Linear) are refused, as export and merge fold
+# nn.Linear adapters only.
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "o_proj"))
 COEFFICIENT = 0.5  # large enough that the balance loss moves the grad norm well past the tolerance
 
 
@@ -45,11 +54,11 @@ def model_dirs(tmp_path_factory):
     return {arch: make_tiny_model_dir(root / arch, arch=arch) for arch in ARCHS}
 
 
-def make_engine(path, *, optimizer=OPTIMIZER, **engine):
+def make_engine(path, *, optimizer=OPTIMIZER, lora=None, **engine):
     engine.setdefault("device", device_under_test())
     engine.setdefault("micro_batch", MicroBatchConfig(micro_batch_size=2))
     instance = FSDPEngine(
-        model_config=ModelConfig(path=str(path)),
+        model_config=ModelConfig(path=str(path), lora=lora),
         engine_config=FSDPEngineConfig(**engine),
         optimizer_config=optimizer,
     )
@@ -123,18 +132,28 @@ def test_log_probs_and_training_steps_equal_plain_hf(model_dirs, arch):
     assert flat(produced) == pytest.approx(flat(expected), rel=1e-5)
 
 
-def test_checkpoint_merge_writes_the_trained_experts_in_checkpoint_layout(model_dirs, tmp_path):
-    """After a step, ``ckpt merge`` writes what export yields, per expert, and ``from_pretrained`` of the merged
-    directory holds the engine's (fused) weights bit for bit."""
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_buckets_and_checkpoint_merge_write_the_trained_experts_in_checkpoint_layout(
+    model_dirs, tmp_path, lora
+):
+    """After a step, the hand-off's buckets and ``ckpt merge`` (LoRA folded in) carry what export yields, per
+    expert, and ``from_pretrained`` of the merged directory holds the engine's (fused) weights bit for bit."""
     path = model_dirs["qwen3_moe"]
-    engine = make_engine(path)
+    engine = make_engine(path, lora=lora)
     train_history(engine, make_batches(1), token_mean_nll)
+    expected = exported(engine)
+    assert sorted(expected) == sorted(load_file(path / WEIGHTS))
+    buckets = {
+        n: t.cpu().clone()
+        for b in engine.weight_buckets(version=1, bucket_bytes=4096)
+        for n, t in b.tensors()
+    }
+    assert_bit_equal(buckets, expected)
     engine.save_checkpoint(tmp_path / "ckpt", global_step=1)
-    merge_checkpoint(tmp_path / "ckpt", tmp_path / "merged")
-    merged = load_file(tmp_path / "merged" / WEIGHTS)
-    assert sorted(merged) == sorted(load_file(path / WEIGHTS))
-    assert_bit_equal(merged, exported(engine))
-    assert_bit_equal(full_state(engine.module), reference_state(tmp_path / "merged"))
+    merge_checkpoint(tmp_path / "ckpt", tmp_path / "merged", MergeOptions(merge_lora=lora is not None))
+    assert_bit_equal(load_file(tmp_path / "merged" / WEIGHTS), expected)
+    if lora is None:
+        assert_bit_equal(full_state(engine.module), reference_state(tmp_path / "merged"))
 
 
 class AuxRecorder(torch.nn.Module):
