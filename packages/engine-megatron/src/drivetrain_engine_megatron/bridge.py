@@ -175,6 +175,31 @@ def refuse_sliding_window(hf_config: PretrainedConfig) -> None:
         )
 
 
+def refuse_mixture_of_experts(hf_config: PretrainedConfig) -> None:
+    """Refuse a mixture-of-experts model, before megatron-core fails on it deep inside the build.
+
+    NOTE: what stands in the way (megatron-core 0.16, mbridge 0.15.1): mbridge's MoE bridges ask for
+    ``moe_grouped_gemm=True``, whose ``GroupedMLP`` needs the ``grouped_gemm`` CUDA package ("Grouped GEMM is
+    not available") and whose ``TEGroupedMLP`` needs Transformer Engine. With ``moe_grouped_gemm=False``
+    megatron builds ``SequentialMLP``, which runs on CPU, but mbridge maps (and remaps across expert-parallel
+    ranks) only the grouped names ``mlp.experts.linear_fc1.weight<N>``, not ``SequentialMLP``'s
+    ``mlp.experts.local_experts.<N>.linear_fc1.weight`` (its ``_weight_name_mapping_mlp`` raises
+    ``NotImplementedError``).
+
+    Raises:
+        ConfigError: the config routes tokens to experts.
+    """
+    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+    experts = experts or getattr(hf_config, "n_routed_experts", None)
+    if experts:
+        raise ConfigError(
+            f"{hf_config.model_type} is a mixture-of-experts model ({experts} experts), which the megatron "
+            "backend does not build yet (mbridge's expert layers need grouped GEMM kernels, and the sequential "
+            "expert MLP that runs without them has no weight mapping in mbridge); use the fsdp backend for "
+            "this model."
+        )
+
+
 def bridge_class(hf_config: PretrainedConfig, *, value_model: bool = False) -> type[Bridge]:
     """drivetrain's subclass of the mbridge bridge registered for ``hf_config.model_type``.
 
@@ -212,6 +237,7 @@ def make_bridge(
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
     refuse_sliding_window(hf_config)
+    refuse_mixture_of_experts(hf_config)
     if value_model and getattr(hf_config, "tie_word_embeddings", False):
         hf_config = copy.deepcopy(hf_config)
         hf_config.tie_word_embeddings = False
