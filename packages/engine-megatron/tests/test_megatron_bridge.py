@@ -44,17 +44,6 @@ def test_tied_then_untied_model_in_one_process(tmp_path):
     assert Qwen2Bridge._DIRECT_MAPPING["output_layer.weight"] == "lm_head.weight"
 
 
-def test_mixture_of_experts_models_are_refused_with_the_fix(tmp_path):
-    """megatron-core failed deep in GroupedMLP ("Grouped GEMM is not available"); the build refuses first."""
-    from drivetrain_engine_core.config import ConfigError
-
-    model_dir = make_tiny_model_dir(tmp_path / "moe", arch="qwen3_moe")
-    with pytest.raises(
-        ConfigError, match=r"qwen3_moe is a mixture-of-experts model \(4 experts\).*fsdp backend"
-    ):
-        _log_probs(model_dir)
-
-
 def test_sliding_window_models_are_refused(tmp_path):
     """mbridge maps no sliding window onto GPTModel: such a model would silently attend to every token."""
     from drivetrain_engine_core.config import ConfigError

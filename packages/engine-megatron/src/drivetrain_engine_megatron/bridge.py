@@ -14,7 +14,8 @@ transformers 4. Rather than patching it, :func:`make_bridge` subclasses the regi
 - pins the ``TransformerConfig`` values drivetrain relies on (sequence parallel off unless asked, per-token
   loss summation, no fused kernels) in the config's first build (mbridge's ``set_extra_args`` rebuilds it
   after a first build with megatron's defaults, which warn);
-- keeps the weight-name mappings per bridge instance (mbridge edits its class-level dicts for tied embeddings).
+- keeps the weight-name mappings per bridge instance (mbridge edits its class-level dicts for tied embeddings);
+- names the sequential expert MLP's weights as mbridge names grouped experts (:mod:`.moe`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import PretrainedConfig
 
 from .attention import SdpaCoreAttention
+from .moe import grouped_expert_name
 from .norm import DrivetrainNorm
 
 _NORM_MAPPING = {
@@ -98,6 +100,7 @@ class _DrivetrainBridgeMixin:
     def _weight_to_hf_format(
         self, mcore_weights_name: str, mcore_weights: torch.Tensor
     ) -> tuple[list[str], list[torch.Tensor]]:
+        mcore_weights_name = grouped_expert_name(mcore_weights_name)
         if self._is_value_head(mcore_weights_name):
             # NOTE: mbridge trims any ``output_layer.weight`` to the vocabulary (asserting the padded size
             # first); the value head has one row, so a padded vocabulary failed every export.
@@ -107,6 +110,7 @@ class _DrivetrainBridgeMixin:
     def _weight_to_mcore_format(
         self, mcore_weights_name: str, hf_weights: list[torch.Tensor]
     ) -> torch.Tensor:
+        mcore_weights_name = grouped_expert_name(mcore_weights_name)
         if self._is_value_head(mcore_weights_name):
             # NOTE: not padded to the vocabulary either (see ``_weight_to_hf_format``); in the model's dtype.
             dtype = getattr(self, "dtype", None)
@@ -117,6 +121,7 @@ class _DrivetrainBridgeMixin:
         return self.value_head and mcore_weights_name in _VALUE_HEAD_MAPPING
 
     def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
+        mcore_weights_name = grouped_expert_name(mcore_weights_name)
         if self._is_value_head(mcore_weights_name):
             return [_VALUE_HEAD_MAPPING[mcore_weights_name]]
         if mcore_weights_name == "output_layer.weight" and getattr(
@@ -175,31 +180,6 @@ def refuse_sliding_window(hf_config: PretrainedConfig) -> None:
         )
 
 
-def refuse_mixture_of_experts(hf_config: PretrainedConfig) -> None:
-    """Refuse a mixture-of-experts model, before megatron-core fails on it deep inside the build.
-
-    NOTE: what stands in the way (megatron-core 0.16, mbridge 0.15.1): mbridge's MoE bridges ask for
-    ``moe_grouped_gemm=True``, whose ``GroupedMLP`` needs the ``grouped_gemm`` CUDA package ("Grouped GEMM is
-    not available") and whose ``TEGroupedMLP`` needs Transformer Engine. With ``moe_grouped_gemm=False``
-    megatron builds ``SequentialMLP``, which runs on CPU, but mbridge maps (and remaps across expert-parallel
-    ranks) only the grouped names ``mlp.experts.linear_fc1.weight<N>``, not ``SequentialMLP``'s
-    ``mlp.experts.local_experts.<N>.linear_fc1.weight`` (its ``_weight_name_mapping_mlp`` raises
-    ``NotImplementedError``).
-
-    Raises:
-        ConfigError: the config routes tokens to experts.
-    """
-    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
-    experts = experts or getattr(hf_config, "n_routed_experts", None)
-    if experts:
-        raise ConfigError(
-            f"{hf_config.model_type} is a mixture-of-experts model ({experts} experts), which the megatron "
-            "backend does not build yet (mbridge's expert layers need grouped GEMM kernels, and the sequential "
-            "expert MLP that runs without them has no weight mapping in mbridge); use the fsdp backend for "
-            "this model."
-        )
-
-
 def bridge_class(hf_config: PretrainedConfig, *, value_model: bool = False) -> type[Bridge]:
     """drivetrain's subclass of the mbridge bridge registered for ``hf_config.model_type``.
 
@@ -237,10 +217,13 @@ def make_bridge(
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
     refuse_sliding_window(hf_config)
-    refuse_mixture_of_experts(hf_config)
     if value_model and getattr(hf_config, "tie_word_embeddings", False):
         hf_config = copy.deepcopy(hf_config)
         hf_config.tie_word_embeddings = False
+    if hasattr(hf_config, "head_dim") and hf_config.head_dim is None:
+        # NOTE: transformers 5's Mixtral config holds head_dim=None; mbridge's getattr default then never applies.
+        hf_config = copy.deepcopy(hf_config)
+        hf_config.head_dim = hf_config.hidden_size // hf_config.num_attention_heads
     cls = bridge_class(hf_config, value_model=value_model)
     return cls(
         hf_config,

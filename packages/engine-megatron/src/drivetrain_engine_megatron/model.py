@@ -26,6 +26,7 @@ from transformers import AutoConfig
 from .bridge import build_model_chunks, load_hf_weights, make_bridge
 from .config import MegatronEngineConfig
 from .head import check_output_layer
+from .moe import moe_overrides
 from .padding_row import freeze_padding_lookups
 from .value_head import attach_value_head, fresh_head_parameters, head_parameters_hidden
 
@@ -91,7 +92,7 @@ def build_model(
         disable_dropout_in_config(hf_config)
     value_model = model_config.model_type == "value_model"
     dtype = _DTYPES[engine_config.param_dtype]
-    overrides = transformer_overrides(engine_config)
+    overrides = {**transformer_overrides(engine_config), **moe_overrides(hf_config, engine_config)}
     if model_config.gradient_checkpointing:
         overrides.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     bridge = make_bridge(
