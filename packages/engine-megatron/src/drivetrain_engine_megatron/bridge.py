@@ -220,10 +220,6 @@ def make_bridge(
     if value_model and getattr(hf_config, "tie_word_embeddings", False):
         hf_config = copy.deepcopy(hf_config)
         hf_config.tie_word_embeddings = False
-    if hasattr(hf_config, "head_dim") and hf_config.head_dim is None:
-        # NOTE: transformers 5's Mixtral config holds head_dim=None; mbridge's getattr default then never applies.
-        hf_config = copy.deepcopy(hf_config)
-        hf_config.head_dim = hf_config.hidden_size // hf_config.num_attention_heads
     cls = bridge_class(hf_config, value_model=value_model)
     return cls(
         hf_config,

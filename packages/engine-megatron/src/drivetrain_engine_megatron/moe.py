@@ -27,8 +27,9 @@ from drivetrain_engine_core.backend import ConfigError
 from .config import MegatronEngineConfig
 
 VERIFIED_MOE_TYPES = ("qwen3_moe",)
-"""Mixture-of-experts model types whose megatron build equals transformers (tested). Mixtral's log-probs were
-4e-3 off transformers' through mbridge's bridge (its routing), and Qwen2-MoE's shared expert is untested."""
+"""Mixture-of-experts model types whose megatron build equals transformers (tested). Mixtral's ``head_dim=None``
+(transformers 5) breaks mbridge's QKV merge, and with it set the log-probs were 4e-3 off transformers' (the
+routing, presumably); Qwen2-MoE's shared expert is untested."""
 
 _LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
 
