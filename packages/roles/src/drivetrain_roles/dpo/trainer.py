@@ -36,6 +36,7 @@ class DPOTrainer(PairTrainer):
 
     command = "dpo"
     model_type = "language_model"
+    report_keys = ("val/loss", "val/rewards/accuracies", "val/rewards/margins", "val/accuracy")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -96,7 +97,7 @@ class DPOTrainer(PairTrainer):
         )
         return {"val/accuracy": accuracy}
 
-    def _save_final(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
+    def _export(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
         save_final_model(engine, model_path, tokenizer, target, max_new_tokens=self.trainer.max_new_tokens)
 
 

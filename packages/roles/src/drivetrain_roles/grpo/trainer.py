@@ -20,27 +20,22 @@ from typing import Any
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.plugins import plugins
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
+from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
 
 from ..actor import Actor, ActorConfig
 from ..jobs.assets import load_splits
 from ..jobs.batches import StepSampler
 from ..jobs.data import Example
-from ..jobs.final_model import FINAL_MODEL_DIR, save_final_model
-from ..jobs.launch import SUMMARY_FILE
-from ..jobs.metrics import MetricsWriter, format_record, plot_curves
-from ..jobs.run_folder import RunFolder, begin_run
-from ..jobs.step_loop import StepLoop
+from ..jobs.final_model import save_final_model
+from ..jobs.job import JobResult, TrainingJob
+from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
-from ..runtime.command_config import to_plain
-from ..runtime.tracking.jsonl import dumps
 from .config import GRPOConfig, check_mini_batch_share
 from .rewards import exact_match, load_reward_function
 from .step import SEED_STRIDE, answer_rewards, hand_off, sample, update
@@ -66,26 +61,19 @@ def actor_config(config: GRPOConfig) -> ActorConfig:
 
 
 @dataclass
-class GRPOResult:
-    """What a run did, on every rank.
+class GRPOResult(JobResult):
+    """What a run did, on every rank (see :class:`~drivetrain_roles.jobs.job.JobResult`).
 
     Attributes:
-        output_dir: the run directory.
-        start_step: 0, or the resumed checkpoint's step.
         rewards: mean training reward of each step this process ran.
-        evaluations: ``{"step", "val/accuracy"}`` of each evaluation of the run (a resumed run's earlier
-            ones from ``metrics.jsonl``).
         seconds: wall time of the GRPO loop (warm start and setup excluded).
     """
 
-    output_dir: Path
-    start_step: int
     rewards: list[float] = field(default_factory=list)
-    evaluations: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
 
 
-class GRPOTrainer:
+class GRPOTrainer(TrainingJob[GRPOResult]):
     """Group-relative policy optimisation with an exact-answer reward.
 
     Args:
@@ -95,85 +83,54 @@ class GRPOTrainer:
         overwrite: delete the checkpoints a previous run left in ``output_dir`` and start over.
     """
 
-    def __init__(
-        self, config: GRPOConfig, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
-    ) -> None:
-        self.config = config
-        self.output_dir = Path(output_dir)
-        trainer = config.trainer
-        self.folder = RunFolder(
-            path=self.output_dir,
-            resume=resume,
-            overwrite=overwrite,
-            data_order={
-                "trainer.seed": trainer.seed,
-                "trainer.prompts_per_step": trainer.prompts_per_step,
-                "rollout.n": config.rollout.n,
-            },
-        )
+    command = "grpo"
+    result_type = GRPOResult
+    curve_file = CURVE_FILE
 
-    def run(self) -> GRPOResult:
-        """Train for ``trainer.total_steps`` steps; returns this process's rewards and the run's evaluations."""
+    config: GRPOConfig
+
+    def _data_order(self) -> dict[str, int]:
+        trainer = self.config.trainer
+        return {
+            "trainer.seed": trainer.seed,
+            "trainer.prompts_per_step": trainer.prompts_per_step,
+            "rollout.n": self.config.rollout.n,
+        }
+
+    def _global_batch(self) -> tuple[str, int]:
+        return ("trainer.prompts_per_step", self.config.trainer.prompts_per_step)
+
+    def _setup(self) -> Engine:
+        """The start policy, the prompts, the actor, the reference and the rollout."""
         config = self.config
-        begin_run(
-            self.folder,
-            config,
-            engine=config.engine,
-            trainer=config.trainer,
-            batch=("trainer.prompts_per_step", config.trainer.prompts_per_step),
-        )
         check_mini_batch_share(config, distributed.world_size())
         plugins().rollouts.get(config.rollout.name)  # a missing rollout is refused before the warm start
         # ... and so is a reward function that does not load.
         load_reward_function(config.algorithm.reward_function)
-        model_path = start_model(config, self.output_dir, resume=self.folder.resume)
-        tokenizer, train, val = load_splits(
-            model_path,
-            self.config.data,
+        self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
+        self.tokenizer, self.train, self.val = load_splits(
+            self.model_path,
+            config.data,
             self.output_dir,
-            self.config.trainer.seed,
+            config.trainer.seed,
             resume=self.folder.resume,
             trust_remote_code=config.model.trust_remote_code,
         )
-        check_rollout_length(train + val, config, model_path)
-        warn_unreachable_answers(train, config.rollout.max_new_tokens, tokenizer.eos_token_id)
-        self.folder = self.folder.for_data(e.token_ids for e in train)
-        actor = self.make_actor(model_path)
-        reference = self.make_reference(actor, model_path)
-        rollout = create_rollout(config.rollout.name, model_path=model_path, device=config.engine.device)
-        start_step = self._maybe_resume(actor, rollout)
-        writer = MetricsWriter(
-            self.output_dir,
-            enabled=distributed.rank() == 0,
-            report_to=config.trainer.report_to,
-            config=to_plain(config),
-            resume_step=start_step if self.folder.resume else None,
+        check_rollout_length(self.train + self.val, config, self.model_path)
+        warn_unreachable_answers(self.train, config.rollout.max_new_tokens, self.tokenizer.eos_token_id)
+        self.folder = self.folder.for_data(e.token_ids for e in self.train)
+        self.actor = self.make_actor(self.model_path)
+        self.reference = self.make_reference(self.actor, self.model_path)
+        self.rollout = create_rollout(
+            config.rollout.name, model_path=self.model_path, device=config.engine.device
         )
-        result = GRPOResult(
-            output_dir=self.output_dir, start_step=start_step, evaluations=writer.earlier_evaluations()
+        self.sampler = StepSampler(
+            len(self.train),
+            config.trainer.prompts_per_step,
+            config.trainer.seed,
+            setting="trainer.prompts_per_step",
         )
-        loop = _Loop(self, actor, reference, rollout, tokenizer, train, val, writer, result)
-        started = time.perf_counter()
-        loop.run()
-        result.seconds = time.perf_counter() - started
-        save_final_model(
-            actor.engine,
-            model_path,
-            tokenizer,
-            self.output_dir / FINAL_MODEL_DIR,
-            max_new_tokens=config.rollout.max_new_tokens,
-        )
-        if distributed.rank() == 0:
-            plot_curves(
-                writer.records,
-                self.output_dir / CURVE_FILE,
-                left=[("train/reward", "train reward (exact answers)", "-")],
-                left_label="mean reward",
-            )
-            _write_summary(self.output_dir, result, to_plain(config))
-        return result
-
-    # ------------------------------------------------------------------ setup
+        return self.actor.engine
 
     def _engine(self, model_path: str, *, train: bool) -> Engine:
         from drivetrain_engine_core.factory import create_engine
@@ -207,46 +164,20 @@ class GRPOTrainer:
             return Reference(actor.engine, use_actor_base=True, temperature=temperature)
         return Reference(self._engine(model_path, train=False), temperature=temperature)
 
-    def _maybe_resume(self, actor: Actor, rollout: Rollout) -> int:
-        step = self.folder.start_step(actor.engine)
+    def _start_step(self, engine: Engine) -> int:
+        step = super()._start_step(engine)
         if step:
             # One policy update per step: the mini-batch shuffle continues its sequence; the rollout serves
             # the resumed weights.
-            actor.updates_done = step
-            hand_off(actor, rollout, step, self.config.rollout.bucket_mb)
+            self.actor.updates_done = step
+            hand_off(self.actor, self.rollout, step, self.config.rollout.bucket_mb)
         return step
 
+    # ------------------------------------------------------------------ loop
 
-@dataclass
-class _Loop:
-    """The steps of one run, with evaluation, metrics and checkpoints."""
-
-    trainer: GRPOTrainer
-    actor: Actor
-    reference: Reference | None
-    rollout: Rollout
-    tokenizer: Any
-    train: list[Example]
-    val: list[Example]
-    writer: MetricsWriter
-    result: GRPOResult
-
-    def run(self) -> None:
-        config = self.trainer.config.trainer
-        sampler = StepSampler(
-            len(self.train), config.prompts_per_step, config.seed, setting="trainer.prompts_per_step"
-        )
-        StepLoop("grpo", config, self.trainer.folder, self.writer).run(
-            self.actor.engine,
-            self.result.start_step,
-            step=lambda step: self._step(step, sampler),
-            evaluate=self._evaluate,
-            postfix=_postfix,
-        )
-
-    def _step(self, step: int, sampler: StepSampler) -> dict[str, float]:
-        engine, config = self.actor.engine, self.trainer.config
-        local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+    def _step(self, step: int, result: GRPOResult) -> dict[str, float]:
+        engine, config = self.actor.engine, self.config
+        local = self.sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
         started = time.perf_counter()
         seed = config.trainer.seed + SEED_STRIDE * step + distributed.rank()
         examples = [self.train[i] for i in local]
@@ -284,16 +215,16 @@ class _Loop:
         if config.algorithm.filter_groups:
             values["train/filtered_group_fraction"] = filtered * config.rollout.n / count
         values.update(sync)
-        self.result.rewards.append(values["train/reward"])
+        result.rewards.append(values["train/reward"])
         return values
 
-    def _evaluate(self, step: int, bar: Any) -> None:
+    def _evaluate(self, step: int) -> dict[str, float]:
         """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers)
         and ``val/reward`` (the mean of ``algorithm.reward_function``, the same number with ``exact_match``)."""
-        config = self.trainer.config
+        config = self.config
         samples = self.val[: config.trainer.eval_samples]
         if not samples:
-            return
+            return {}
         rank, size = distributed.rank(), distributed.world_size()
         local = samples[rank::size]
         correct, reward = 0.0, 0.0
@@ -307,11 +238,46 @@ class _Loop:
                 correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
                 reward = float(rewards.sum())
         correct, reward = distributed.all_reduce_sums([correct, reward])
-        values = {"val/accuracy": correct / len(samples), "val/reward": reward / len(samples)}
-        self.writer.write(step, values)
-        self.result.evaluations.append({"step": step, **values})
-        if rank == 0:
-            bar.write(f"[step {step}] {format_record(values)}")
+        return {"val/accuracy": correct / len(samples), "val/reward": reward / len(samples)}
+
+    def _postfix(self, values: dict[str, float]) -> dict[str, str]:
+        return _postfix(values)
+
+    # ------------------------------------------------------------------ end
+
+    def _save_final(self, engine: Engine, target: Path) -> None:
+        save_final_model(
+            engine, self.model_path, self.tokenizer, target, max_new_tokens=self.config.rollout.max_new_tokens
+        )
+
+    def _finish(self, result: GRPOResult, loop_seconds: float) -> None:
+        result.seconds = loop_seconds
+
+    def _plot(self, records: list[dict[str, Any]]) -> None:
+        plot_curves(
+            records,
+            self.output_dir / self.curve_file,
+            left=[("train/reward", "train reward (exact answers)", "-")],
+            left_label="mean reward",
+        )
+
+    def _summary(self, result: GRPOResult) -> dict[str, Any]:
+        return {
+            "start_step": result.start_step,
+            "final_train_reward": result.rewards[-1] if result.rewards else None,
+            "evaluations": result.evaluations,
+            "seconds": result.seconds,
+        }
+
+    def _report_lines(self, result: GRPOResult) -> list[str]:
+        lines = [f"run directory: {result.output_dir}"]
+        if result.evaluations:
+            first, last = result.evaluations[0], result.evaluations[-1]
+            lines.append(
+                f"val/accuracy: {first['val/accuracy']:.4f} (step {first['step']}) -> {last['val/accuracy']:.4f} "
+                f"(step {last['step']}) in {result.seconds:.0f} s of GRPO"
+            )
+        return lines
 
 
 def _postfix(values: dict[str, float]) -> dict[str, str]:
@@ -364,15 +330,3 @@ def check_rollout_length(examples: list[Example], config: GRPOConfig, model_path
                 f"tokens, over {setting}; lower rollout.max_new_tokens or data.max_length (which bounds the "
                 "prompts), or raise the limit."
             )
-
-
-def _write_summary(output_dir: Path, result: GRPOResult, config: dict[str, Any]) -> None:
-    summary = {
-        "start_step": result.start_step,
-        "final_train_reward": result.rewards[-1] if result.rewards else None,
-        "evaluations": result.evaluations,
-        "seconds": result.seconds,
-        "final_model": str(output_dir / FINAL_MODEL_DIR),
-        "config": config,
-    }
-    write_durably(output_dir / SUMMARY_FILE, dumps(summary, indent=2))

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
@@ -28,20 +27,8 @@ from tensordict import TensorDict
 
 from ..jobs.assets import load_tokenizer, resolve_model_path
 from ..jobs.batches import StepSampler, check_held_out_size
-from ..jobs.final_model import FINAL_MODEL_DIR
-from ..jobs.launch import SUMMARY_FILE
-from ..jobs.metrics import (
-    CURVE_FILE,
-    MetricsWriter,
-    format_record,
-    plot_loss_curve,
-    speed_postfix,
-    step_record,
-)
-from ..jobs.run_folder import RunFolder, begin_run
-from ..jobs.step_loop import StepLoop
-from ..runtime.command_config import to_plain
-from ..runtime.tracking.jsonl import dumps
+from ..jobs.job import JobResult, TrainingJob, evaluation_lines
+from ..jobs.metrics import step_record
 from ..sft.warm_start import run_warm_start
 from .batches import check_pair_micro_batches, check_pair_token_budget
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
@@ -51,31 +38,24 @@ from .warm_start import warm_start_config
 
 
 @dataclass
-class PairResult:
-    """What a run did, on every rank.
+class PairResult(JobResult):
+    """What a run did, on every rank (see :class:`~drivetrain_roles.jobs.job.JobResult`).
 
     Attributes:
-        output_dir: the run directory.
-        start_step: the step the pairwise training started from (0, or the resumed checkpoint's step).
         start_model: the model the pairwise training started from (the warm start's final model, or
             ``model.path``).
         warm_start: the warm start's last evaluation (``val/loss``, ``val/accuracy``), if it ran.
         train_losses: the loss of each step this process ran.
-        evaluations: ``{"step", "val/...": value}`` of each held-out evaluation of the run (a resumed run's
-            earlier ones from ``metrics.jsonl``).
         seconds: wall time of the whole run (warm start included).
     """
 
-    output_dir: Path
-    start_step: int = 0
     start_model: str = ""
     warm_start: dict[str, float] = field(default_factory=dict)
     train_losses: list[float] = field(default_factory=list)
-    evaluations: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
 
 
-class PairTrainer(ABC):
+class PairTrainer(TrainingJob[PairResult]):
     """Training on preference pairs over any installed engine backend.
 
     Args:
@@ -88,23 +68,15 @@ class PairTrainer(ABC):
             refused).
     """
 
-    command: ClassVar[str]
-    """The command's name, for progress bars and summaries."""
-
     model_type: ClassVar[str]
     """The engine's model type: ``language_model`` (DPO) or ``value_model`` (reward model)."""
+
+    result_type = PairResult
 
     def __init__(
         self, config: Any, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
     ) -> None:
-        self.config = config
-        self.output_dir = Path(output_dir)
-        self.folder = RunFolder(
-            path=self.output_dir,
-            resume=resume,
-            overwrite=overwrite,
-            data_order={"trainer.seed": config.trainer.seed, "trainer.batch_size": config.trainer.batch_size},
-        )
+        super().__init__(config, output_dir, resume=resume, overwrite=overwrite)
         self.uids: dict[int, PairExample] = {}
 
     # ------------------------------------------------------------------ sections, typed
@@ -120,24 +92,15 @@ class PairTrainer(ABC):
     def engine_config(self) -> EngineConfig:
         return self.config.engine
 
-    def run(self) -> PairResult:
-        """Warm start, then ``trainer.total_steps`` pairwise steps; returns this process's results."""
-        started = time.perf_counter()
-        begin_run(
-            self.folder,
-            self.config,
-            engine=self.engine_config,
-            trainer=self.trainer,
-            batch=("trainer.batch_size", self.trainer.batch_size),
-        )
+    def _setup(self) -> Engine:
+        """Pair files, warm start, pairs, the engine and the job's preparation (DPO: the reference)."""
         train_files, val_files = self._pair_files()
         # Before the warm start: pair data the pairwise steps could not use fails fast, on every rank.
         check_pair_micro_batches(self.engine_config.micro_batch)
         check_pair_rows(train_files, self.data)
         check_held_out_size(check_pair_rows(val_files, self.data), self.config.engine, "pairs")
-        result = PairResult(output_dir=self.output_dir)
-        result.start_model = self._warm_start(train_files, val_files, result)
-        tokenizer = load_tokenizer(result.start_model, trust_remote_code=self.config.model.trust_remote_code)
+        self.start_model, self.warm_start = self._warm_start(train_files, val_files)
+        tokenizer = load_tokenizer(self.start_model, trust_remote_code=self.config.model.trust_remote_code)
         train = load_pairs(train_files, tokenizer, self.data)
         self.folder = self.folder.for_data(
             side.token_ids for pair in train for side in (pair.chosen, pair.rejected)
@@ -146,35 +109,19 @@ class PairTrainer(ABC):
         check_held_out_size(len(val), self.config.engine, "pairs")  # again: data.overlong=drop may skip some
         check_pair_token_budget(train + val, self.engine_config.micro_batch)
         self.uids = dict(enumerate(train + val))
-        model_path = self._start_model(result.start_model)
-        engine = self._build_engine(model_path, self.config.run_optimizer(), self.config.checkpoint)
-        self._prepare(engine, model_path, tokenizer)
-        # After _prepare: a reference taken from the actor must be the starting model, not the checkpoint.
-        result.start_step = self.folder.start_step(engine)
-        writer = MetricsWriter(
-            self.output_dir,
-            enabled=distributed.rank() == 0,
-            report_to=self.trainer.report_to,
-            config=to_plain(self.config),
-            resume_step=result.start_step if self.folder.resume else None,
-        )
-        result.evaluations = writer.earlier_evaluations()
-        sampler = StepSampler(len(train), self.trainer.batch_size, self.trainer.seed)
-        val_uids = list(range(len(train), len(train) + len(val)))
-        StepLoop(self.command, self.trainer, self.folder, writer).run(
-            engine,
-            result.start_step,
-            step=lambda step: self._step(engine, sampler, step, result),
-            evaluate=lambda step, bar: self._record_eval(
-                engine, tokenizer, model_path, val_uids, step, writer, result, bar
-            ),
-            postfix=speed_postfix,
-        )
-        self._save_final(engine, model_path, tokenizer, self.output_dir / FINAL_MODEL_DIR)
-        result.seconds = time.perf_counter() - started
-        if distributed.rank() == 0:
-            plot_loss_curve(writer.records, self.output_dir / CURVE_FILE)
-            self._write_summary(result)
+        self.tokenizer = tokenizer
+        self.model_path = self._start_model(self.start_model)
+        self.engine = self._build_engine(self.model_path, self.config.run_optimizer(), self.config.checkpoint)
+        # Before the resume (the template's next step): a reference taken from the actor must be the starting
+        # model, not the checkpoint.
+        self._prepare(self.engine, self.model_path, tokenizer)
+        self.sampler = StepSampler(len(train), self.trainer.batch_size, self.trainer.seed)
+        self.val_uids = list(range(len(train), len(train) + len(val)))
+        return self.engine
+
+    def _new_result(self, start_step: int, evaluations: list[dict[str, float]]) -> PairResult:
+        result = super()._new_result(start_step, evaluations)
+        result.start_model, result.warm_start = self.start_model, self.warm_start
         return result
 
     # ------------------------------------------------------------------ setup
@@ -197,14 +144,16 @@ class PairTrainer(ABC):
         distributed.barrier()
         return [str(train)], [str(val)] if self.data.generated_val_size else []
 
-    def _warm_start(self, train_files: list[str], val_files: list[str], result: PairResult) -> str:
-        """The model the pairwise training starts from: the SFT warm start's final model, or ``model.path``."""
+    def _warm_start(self, train_files: list[str], val_files: list[str]) -> tuple[str, dict[str, float]]:
+        """The model the pairwise training starts from (the SFT warm start's final model, or ``model.path``)
+        and the warm start's last evaluation (empty without a warm start)."""
         warm: WarmStartConfig = self.config.warm_start
         model: ModelConfig = self.config.model
         if warm.sft_steps == 0:
-            return resolve_model_path(
+            path = resolve_model_path(
                 model.path, self.output_dir, self.engine_config.seed, resume=self.folder.resume
             )
+            return path, {}
         directory = self.output_dir / "data"
         sft_train = [str(directory / f"sft_train_{i}.jsonl") for i in range(len(train_files))]
         sft_val = [str(directory / f"sft_val_{i}.jsonl") for i in range(len(val_files))]
@@ -220,10 +169,9 @@ class PairTrainer(ABC):
             trainer=self.trainer,
             sft_files=(sft_train, sft_val),
         )
-        final_model, result.warm_start = run_warm_start(
+        return run_warm_start(
             sft_config, self.output_dir, reuse=self.folder.resume, batch_size_setting="warm_start.batch_size"
         )
-        return final_model
 
     def _build_engine(
         self, model_path: str, optimizer: OptimizerConfig | None, checkpoint: CheckpointConfig | None = None
@@ -241,8 +189,9 @@ class PairTrainer(ABC):
 
     # ------------------------------------------------------------------ loop
 
-    def _step(self, engine: Engine, sampler: StepSampler, step: int, result: PairResult) -> dict[str, float]:
-        local = sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+    def _step(self, step: int, result: PairResult) -> dict[str, float]:
+        engine = self.engine
+        local = self.sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
         batch = self._batch(engine, local)
         with engine.train_mode():
             output = engine.train_batch(batch, self._loss_fn())
@@ -254,45 +203,48 @@ class PairTrainer(ABC):
         result.train_losses.append(values["train/loss"])
         return values
 
-    def _record_eval(
-        self,
-        engine: Engine,
-        tokenizer: Any,
-        model_path: str,
-        val_uids: list[int],
-        step: int,
-        writer: MetricsWriter,
-        result: PairResult,
-        bar: Any,
-    ) -> None:
-        if not val_uids:
-            return
+    def _evaluate(self, step: int) -> dict[str, float]:
+        if not self.val_uids:
+            return {}
+        engine = self.engine
         rank, size = engine.data_parallel_rank, engine.data_parallel_size
-        batch = self._batch(engine, val_uids[rank::size])
+        batch = self._batch(engine, self.val_uids[rank::size])
         with engine.eval_mode():
             output = engine.infer_batch(batch, self._loss_fn())
         values = {"val/loss": float(output.loss)}  # type: ignore[arg-type]
         values.update({f"val/{k}": v for k, v in global_metrics(engine, output).items()})
+        pairs = [self.uids[u] for u in self.val_uids]
         # Building a Hugging Face model draws random weights: keep the training RNG untouched.
         with torch.random.fork_rng(devices=[]):
-            values.update(self._extra_eval(engine, tokenizer, model_path, [self.uids[u] for u in val_uids]))
-        writer.write(step, values)
-        result.evaluations.append({"step": step, **values})
-        if distributed.rank() == 0:
-            bar.write(f"[{self.command} step {step}] {format_record(values)}")
+            values.update(self._extra_eval(engine, self.tokenizer, self.model_path, pairs))
+        return values
 
-    def _write_summary(self, result: PairResult) -> None:
-        summary = {
+    def _eval_label(self, step: int) -> str:
+        return f"{self.command} step {step}"
+
+    def _save_final(self, engine: Engine, target: Path) -> None:
+        self._export(engine, self.model_path, self.tokenizer, target)
+
+    def _finish(self, result: PairResult, loop_seconds: float) -> None:
+        result.seconds = time.perf_counter() - self.started
+
+    def _summary(self, result: PairResult) -> dict[str, Any]:
+        return {
             "start_step": result.start_step,
             "start_model": result.start_model,
             "warm_start": result.warm_start,
             "final_train_loss": result.train_losses[-1] if result.train_losses else None,
             "evaluations": result.evaluations,
             "seconds": result.seconds,
-            "final_model": str(self.output_dir / FINAL_MODEL_DIR),
-            "config": to_plain(self.config),
         }
-        write_durably(self.output_dir / SUMMARY_FILE, dumps(summary, indent=2))
+
+    def _report_lines(self, result: PairResult) -> list[str]:
+        lines = [f"run directory: {result.output_dir} ({result.seconds:.0f} s)"]
+        if result.warm_start:
+            lines.append(
+                "warm start (SFT): " + ", ".join(f"{k}={v:.4f}" for k, v in result.warm_start.items())
+            )
+        return [*lines, *evaluation_lines(result.evaluations, self.report_keys)]
 
     # ------------------------------------------------------------------ hooks
 
@@ -300,7 +252,7 @@ class PairTrainer(ABC):
         """The directory the engine loads (default: the start model itself)."""
         return start_model
 
-    def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:  # noqa: B027
+    def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:
         """Work before the first step (DPO: the reference); nothing by default."""
 
     @abstractmethod
@@ -318,7 +270,7 @@ class PairTrainer(ABC):
         """More held-out measures (collective); the held-out loss and loss metrics are measured already."""
 
     @abstractmethod
-    def _save_final(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
+    def _export(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
         """Write the trained model as a plain Hugging Face folder (collective)."""
 
 

@@ -21,6 +21,7 @@ class RMTrainer(PairTrainer):
 
     command = "rm"
     model_type = "value_model"
+    report_keys = ("val/loss", "val/accuracy", "val/margin")
 
     def _start_model(self, start_model: str) -> str:
         return write_value_model_start(start_model, self.output_dir / VALUE_START_DIR)
@@ -48,5 +49,5 @@ class RMTrainer(PairTrainer):
     ) -> dict[str, float]:
         return {}
 
-    def _save_final(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
+    def _export(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
         export_reward_model(engine, model_path, tokenizer, target)

@@ -31,7 +31,9 @@ def config_options(config_cls: type | str) -> Callable[[Callable[..., Any]], Cal
         @functools.wraps(command)
         def run(*, print_config: bool, help_config: bool, **kwargs: Any) -> Any:
             if print_config or help_config:
-                config: Any = load_config(_resolve(config_cls), kwargs["config_file"], kwargs["overrides"])
+                config: Any = load_config(
+                    resolve_target(config_cls), kwargs["config_file"], kwargs["overrides"]
+                )
                 click.echo(to_yaml(config) if print_config else format_reference(describe_fields(config)))
                 return None
             return command(**kwargs)
@@ -43,7 +45,8 @@ def config_options(config_cls: type | str) -> Callable[[Callable[..., Any]], Cal
     return decorate
 
 
-def _resolve(target: type | str) -> type:
+def resolve_target(target: type | str) -> type:
+    """``target`` itself, or the class its ``"module:attr"`` path names (imported now)."""
     if isinstance(target, type):
         return target
     module, _, attr = target.partition(":")
