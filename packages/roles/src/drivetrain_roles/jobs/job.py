@@ -190,7 +190,8 @@ class TrainingJob(ABC, Generic[ResultT]):
         return result  # type: ignore[return-value]
 
     def _postfix(self, values: dict[str, float]) -> dict[str, str]:
-        """What the progress bar shows of a step's record."""
+        """What the progress bar shows of a step's record: by default the loss and speed of a record made by
+        :func:`~.metrics.step_record` (``train/loss``, ``perf/step_time_s``, ``perf/tokens_per_s``)."""
         return speed_postfix(values)
 
     def _eval_label(self, step: int) -> str:
