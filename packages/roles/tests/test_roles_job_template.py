@@ -85,7 +85,11 @@ class ToyJob(TrainingJob[ToyResult]):
         (target / "toy.txt").write_text("final")
 
     def _summary(self, result: ToyResult) -> dict[str, Any]:
-        return {"start_step": result.start_step, "last_value": result.values[-1], "evaluations": result.evaluations}
+        return {
+            "start_step": result.start_step,
+            "last_value": result.values[-1],
+            "evaluations": result.evaluations,
+        }
 
 
 toy = job_command("toy", job=ToyJob, config=ToyConfig, help="A toy job.")
