@@ -117,13 +117,7 @@ class TrainingJob(ABC, Generic[ResultT]):
         self._finish(result, loop_seconds)
         if distributed.rank() == 0:
             self._plot(writer.records)
-            summary = {
-                **self._summary(result),
-                "final_model": str(self.output_dir / FINAL_MODEL_DIR),
-                "config": to_plain(self.config),
-            }
-            # Whole or not at all: a warm start's reuse reads it.
-            write_durably(self.output_dir / SUMMARY_FILE, dumps(summary, indent=2))
+            self._write_summary(result)
         return result
 
     def report(self, result: ResultT) -> str:
@@ -135,6 +129,17 @@ class TrainingJob(ABC, Generic[ResultT]):
                 f"metrics: {result.output_dir}/metrics.jsonl, curve: {result.output_dir}/{self.curve_file}",
             ]
         )
+
+    def _write_summary(self, result: ResultT) -> None:
+        """``summary.json``, written last (a run folder with it holds a finished run): :meth:`_summary`'s
+        values, the final model's path and the config."""
+        summary = {
+            **self._summary(result),
+            "final_model": str(self.output_dir / FINAL_MODEL_DIR),
+            "config": to_plain(self.config),
+        }
+        # Whole or not at all: a warm start's reuse reads it.
+        write_durably(self.output_dir / SUMMARY_FILE, dumps(summary, indent=2))
 
     def _record_eval(self, step: int, writer: MetricsWriter, result: ResultT, bar: Any) -> None:
         values = self._evaluate(step)
