@@ -16,19 +16,17 @@ from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.handoff import HandoffError
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
-from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll
+from drivetrain_engine_core.testing import random_batch, token_mean_nll
 from drivetrain_rollout_vllm import VLLMRollout
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
 SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
 VERSIONS = itertools.count(1)
-SERVABLE = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
-"""The tiny model with heads of 64: vLLM's CPU attention has no kernel for the default tiny heads of 8."""
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("lm"), arch="qwen2", **SERVABLE)
+def model_dir(servable_model_dir):
+    return servable_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,23 @@
 """The ``vllm`` rollout, colocated: vLLM's ``LLM`` in the training process, weights reloaded in place.
 
 Buckets are held until the stream's last one and then handed to vLLM's reload path in one call: vLLM fuses
-checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``) and processes each fused layer once all
-its parts arrived, and a bucket may end between two parts. Log-probs are vLLM's *processed* ones: of the
+checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``) and rebuilds each layer from what the call
+holds, and a bucket may end between two parts (a delta stream's layers are completed from what is served).
+Verification reads back what vLLM computes with (:mod:`.worker`). Log-probs are vLLM's *processed* ones: of the
 distribution actually sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without
 truncation is the actor's distribution at the temperature.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import HandoffError, WeightBucket
+from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBucket
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
 
 from . import worker
@@ -34,11 +36,11 @@ class VLLMRollout(Rollout):
 
     name = "vllm"
 
-    def __init__(self, *, model_path: str, device: str = "cpu", **kwargs: Any) -> None:
+    def __init__(self, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None) -> None:
         vllm = import_vllm()
         from transformers import AutoConfig, GenerationConfig
 
-        super().__init__(model_path=model_path, device=device, **kwargs)
+        super().__init__(model_path=model_path, device=device, verify=verify)
         config = AutoConfig.from_pretrained(model_path)
         try:
             generation = GenerationConfig.from_pretrained(model_path)
@@ -48,6 +50,8 @@ class VLLMRollout(Rollout):
         self._names = checkpoint_names(model_path)
         self._optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
         self._pending: dict[str, torch.Tensor] = {}
+        self._unchanged: set[str] = set()
+        self._read_back: dict[str, torch.Tensor] | None = None
         # NOTE: colocated means in this process: vLLM's engine would otherwise run in a child process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.llm = vllm.LLM(
@@ -61,34 +65,62 @@ class VLLMRollout(Rollout):
             seed=0,
             **memory_options(device),
         )
+        self._packed = self.llm.collective_rpc(worker.packed_modules)[0]
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
+        if bucket.lora == "adapter":
+            raise HandoffError(
+                "the vllm rollout serves merged weights only; hand off with weight_buckets(lora='merged')."
+            )
         for name, tensor in bucket.tensors():
             if name not in self._names:
+                close = difflib.get_close_matches(name, sorted(self._names), n=1)
                 raise HandoffError(
-                    f"the weight stream holds {name!r}, which the served model does not have; hand off weights "
-                    "of the same architecture."
+                    f"the weight stream holds {name!r}, which the served model does not have"
+                    f"{f' (closest: {close[0]!r})' if close else ''}; hand off weights of the same architecture."
                 )
             self._pending[name] = tensor.clone()
+        self._unchanged.update(held.name for held in bucket.unchanged)
 
     def _finish_update(self) -> None:
         try:
-            missing = sorted(self._names - set(self._pending) - self._optional)
+            missing = sorted(self._names - set(self._pending) - self._unchanged - self._optional)
             if missing:
                 raise HandoffError(
                     f"the weight stream missed {len(missing)} of the model's tensors ({missing[:3]}); the "
                     "sender's export must yield every Hugging Face weight."
                 )
-            self.llm.collective_rpc(worker.reload, args=(list(self._pending.items()),))
+            weights = {**self._rest_of_touched_layers(), **self._pending}
+            self.llm.collective_rpc(worker.reload, args=(list(weights.items()),))
         finally:
-            self._pending = {}
+            self._pending, self._unchanged, self._read_back = {}, set(), None
+
+    def _rest_of_touched_layers(self) -> dict[str, torch.Tensor]:
+        """The served tensors of every layer a delta stream touches but does not send in full.
+
+        vLLM rebuilds a layer from what one reload call holds, so a delta that changes ``q_proj`` alone must
+        carry ``k_proj`` and ``v_proj`` (fused into ``qkv_proj``) as served now.
+        """
+        touched = {worker.layer_of(name, self._packed)[0] for name in self._pending}
+        rest = [
+            name
+            for name in sorted(self._names - set(self._pending))
+            if worker.layer_of(name, self._packed)[0] in touched
+        ]
+        return self.served_weights(rest) if rest else {}
 
     def _abort_update(self) -> None:
-        self._pending = {}
+        self._pending, self._unchanged, self._read_back = {}, set(), None
 
     def served_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """What vLLM computes with under each Hugging Face name (see :func:`.worker.served_weights`)."""
         return self.llm.collective_rpc(worker.served_weights, args=(list(names),))[0]
+
+    def _served_tensor(self, name: str) -> torch.Tensor | None:
+        # One read-back of every tensor per verification: each is a call into vLLM's worker.
+        if self._read_back is None:
+            self._read_back = self.served_weights(sorted(self._names))
+        return self._read_back.get(name)
 
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig

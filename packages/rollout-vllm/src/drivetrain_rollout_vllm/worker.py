@@ -6,7 +6,7 @@ engine process) and travel by reference to this importable module.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,9 +17,24 @@ def reload(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
 
     NOTE: the model's ``load_weights`` alone is not enough: vLLM processes weights after loading (the CPU
     linears pack theirs into oneDNN and drop the parameter), and its reload path restores the checkpoint
-    layout, loads, and processes again. A fused layer (``qkv_proj``) must receive all its parts in one call.
+    layout, loads, and processes again. Every tensor of a layer it touches must come in the same call (see
+    :func:`layer_of`): the layer is rebuilt from what the call holds.
     """
     worker.model_runner.reload_weights(weights_iterator=list(weights), is_checkpoint_format=True)
+
+
+def packed_modules(worker: Any) -> dict[str, list[str]]:
+    """The model's fused layers: vLLM name -> the checkpoint modules fused into it, in order."""
+    return dict(getattr(worker.model_runner.get_model(), "packed_modules_mapping", {}))
+
+
+def layer_of(name: str, packed: Mapping[str, Sequence[str]]) -> tuple[str, str | None]:
+    """The vLLM module serving the checkpoint tensor ``name`` and, for a fused one, the part it is
+    (``model.layers.0.self_attn.k_proj.weight`` -> ``model.layers.0.self_attn.qkv_proj``, ``k_proj``)."""
+    module, _, _ = name.rpartition(".")
+    parent, _, short = module.rpartition(".")
+    fused = next((f for f, parts in packed.items() if short in parts), None)
+    return (f"{parent}.{fused}" if fused else module), (short if fused else None)
 
 
 def served_weights(worker: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -27,26 +42,26 @@ def served_weights(worker: Any, names: Sequence[str]) -> dict[str, torch.Tensor]
 
     A fused layer's part is cut out of it (``q_proj`` from ``qkv_proj``); a linear whose weight vLLM packed
     into a CPU kernel is read back through that kernel (it multiplies an identity matrix, which gives every
-    weight exactly); a padded vocabulary is cut to the checkpoint's rows.
+    weight exactly); a padded vocabulary is cut to the checkpoint's rows. A name vLLM does not serve is left out.
     """
     model = worker.model_runner.get_model()
-    packed = getattr(model, "packed_modules_mapping", {})
+    packed = packed_modules(worker)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     served = {}
     for name in names:
-        module_name, _, leaf = name.rpartition(".")
-        parent, _, short = module_name.rpartition(".")
-        fused = next((f for f, parts in packed.items() if short in parts), None)
-        module = model.get_submodule(f"{parent}.{fused}" if fused else module_name)
-        tensor = _full_parameter(module, leaf)
-        if fused:
-            sizes = list(module.output_sizes)
-            index = packed[fused].index(short)
+        module_name, part = layer_of(name, packed)
+        try:
+            tensor = _full_parameter(model.get_submodule(module_name), name.rpartition(".")[2])
+        except AttributeError:
+            continue
+        if part is not None:
+            module = model.get_submodule(module_name)
+            sizes, parts = list(module.output_sizes), list(packed[module_name.rpartition(".")[2]])
+            index = parts.index(part)
             tensor = tensor.narrow(0, sum(sizes[:index]), sizes[index])
+        if name in ("model.embed_tokens.weight", "lm_head.weight") and vocab is not None:
+            tensor = tensor[:vocab]
         served[name] = tensor.detach().cpu().clone()
-    vocab = model.config.vocab_size if hasattr(model, "config") else None
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in served and vocab is not None:
-            served[name] = served[name][:vocab]
     return served
 
 
