@@ -23,6 +23,7 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_seque
 from . import worker
 from .install import import_vllm
 from .sampling import sampling_params
+from .servable import cannot_serve, check_head_size
 
 
 class VLLMRollout(Rollout):
@@ -54,17 +55,23 @@ class VLLMRollout(Rollout):
         self._read_back: dict[str, torch.Tensor] | None = None
         # NOTE: colocated means in this process: vLLM's engine would otherwise run in a child process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        self.llm = vllm.LLM(
-            model=model_path,
-            dtype="float32",
-            enforce_eager=True,
-            skip_tokenizer_init=True,
-            generation_config="vllm",
-            logprobs_mode="processed_logprobs",
-            enable_sleep_mode=device != "cpu",
-            seed=0,
-            **memory_options(device),
-        )
+        check_head_size(model_path, config, device)
+        try:
+            self.llm = vllm.LLM(
+                model=model_path,
+                dtype="float32",
+                enforce_eager=True,
+                skip_tokenizer_init=True,
+                generation_config="vllm",
+                logprobs_mode="processed_logprobs",
+                enable_sleep_mode=device != "cpu",
+                seed=0,
+                **memory_options(device),
+            )
+        # NOTE: vLLM refuses a model it cannot serve with errors of many types (ValueError, pydantic's
+        # ValidationError, RuntimeError); each becomes one error naming the model and the fix.
+        except Exception as e:
+            raise cannot_serve(model_path, config, e) from e
         self._packed = self.llm.collective_rpc(worker.packed_modules)[0]
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
