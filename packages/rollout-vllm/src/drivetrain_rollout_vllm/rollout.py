@@ -10,8 +10,10 @@ truncation is the actor's distribution at the temperature.
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,10 @@ class VLLMRollout(Rollout):
         except Exception as e:
             raise cannot_serve(model_path, config, e) from e
         self._packed = self.llm.collective_rpc(worker.packed_modules)[0]
+        # NOTE: vLLM tears its process groups down from a finalizer that runs after drivetrain destroyed the
+        # default group at exit, and then fails with a traceback; registered after drivetrain's handler, this
+        # one runs before it (exit handlers run last-in first-out).
+        atexit.register(_shut_down, weakref.ref(self.llm))
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
         if bucket.lora == "adapter":
@@ -150,6 +156,13 @@ class VLLMRollout(Rollout):
     def _wake(self) -> None:
         if self.device != "cpu":
             self.llm.wake_up()
+
+
+def _shut_down(llm: weakref.ref) -> None:
+    """Stop a vLLM engine still alive at exit (its finalizer then does nothing)."""
+    alive = llm()
+    if alive is not None:
+        alive.llm_engine.engine_core.shutdown()
 
 
 def sampled_log_probs(completion: Any) -> torch.Tensor:
