@@ -18,6 +18,7 @@ WORKSPACE = (
     "drivetrain-engine-megatron",
     "drivetrain-roles",
     "drivetrain-ckpt-tools",
+    "drivetrain-rollout-vllm",
 )
 
 
