@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.errors import EngineStateError, PluginError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
@@ -36,7 +36,7 @@ def trained_engine(model_dir, lora=None):
     engine = create_engine(
         model_config=ModelConfig(path=str(model_dir), lora=lora),
         engine_config=engine_config_from_dict(
-            {"backend": "fsdp", "device": "cpu", "micro_batch": MicroBatchConfig(micro_batch_size=2)}
+            {"backend": "fsdp", "device": "cpu", "micro_batch": {"micro_batch_size": 2}}
         ),
         optimizer_config=OptimizerConfig(lr=1e-2),
     )

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.handoff import HandoffError
@@ -39,7 +39,7 @@ def engine(model_dir):
     engine = create_engine(
         model_config=ModelConfig(path=str(model_dir)),
         engine_config=engine_config_from_dict(
-            {"backend": "fsdp", "device": "cpu", "micro_batch": MicroBatchConfig(micro_batch_size=2)}
+            {"backend": "fsdp", "device": "cpu", "micro_batch": {"micro_batch_size": 2}}
         ),
         optimizer_config=OptimizerConfig(lr=1e-2),
     )
