@@ -120,3 +120,30 @@ def test_ls_recognises_the_copy_an_interrupted_resave_left_aside(synthetic_step)
     assert (pending["kind"], pending["complete"]) == ("temporary", False)
     assert "never published" in pending["problem"]
     assert " aside " in _run("ls", str(root)).output
+
+
+def test_ls_shows_the_layout_that_wrote_a_step(write_step, source_model, source_dir, tmp_path):
+    megatron = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1, "vocab_size": 110}
+    info = {**megatron, "virtual_pipeline_model_parallel_size": None, "use_distributed_optimizer": False}
+    step = write_step(
+        tmp_path / "ckpt",
+        3,
+        source_model,
+        model_path=source_dir,
+        world_size=4,
+        backend="megatron",
+        backend_info=info,
+    )
+
+    listed = _run("ls", str(step.parent), "--json")
+    assert json.loads(listed.output)[0]["layout"] == {
+        "world_size": 4,
+        "pipeline_model_parallel_size": 1,
+        "tensor_model_parallel_size": 2,
+        "use_distributed_optimizer": False,
+    }
+    table = _run("ls", str(step.parent))
+    assert (
+        "layout: world=4 pipeline_model_parallel=1 tensor_model_parallel=2 use_distributed_optimizer=False"
+        in (table.output)
+    )

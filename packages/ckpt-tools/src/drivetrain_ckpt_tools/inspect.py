@@ -31,6 +31,8 @@ class StepInfo:
         kind: ``step`` (published), ``temporary`` (being written, never loaded) or ``aside`` (the previous copy
             of a step during a re-save).
         backend, world_size, model_type, lora: from the manifest (``None`` for incomplete steps).
+        layout: the parallel layout that wrote the step (``Manifest.layout``: world size, the backend's
+            ``*_size`` settings); another backend or layout can resume it (ARCHITECTURE §5).
         contents: top-level entries of the step (``model``, ``optimizer``, ``extra``, ...).
         size_bytes: total size of the step's files.
         problem: why the step cannot be used (missing manifest, or a damaged file when checked), else ``None``.
@@ -47,6 +49,7 @@ class StepInfo:
     world_size: int | None = None
     model_type: str | None = None
     lora: dict[str, Any] | None = None
+    layout: dict[str, Any] = field(default_factory=dict)
     contents: list[str] = field(default_factory=list)
     size_bytes: int = 0
     problem: str | None = None
@@ -113,6 +116,7 @@ def _describe(entry: StepEntry, latest: bool, loadable: bool, check_files: bool)
         world_size=manifest.world_size,
         model_type=manifest.model_type,
         lora=manifest.lora,
+        layout=manifest.layout,
     )
 
 
@@ -130,10 +134,16 @@ def format_steps(steps: list[StepInfo]) -> str:
         lines.append(
             f"{step.global_step:>8}  {status:<10} {step.backend or '-':<9} {step.world_size or '-':>5}  "
             f"{step.model_type or '-':<15} {'yes' if step.lora else 'no':<5} {step.size_bytes / 1e6:>9.2f}  "
-            f"{','.join(step.contents)}" + (f"\n          problem: {step.problem}" if step.problem else "")
+            f"{','.join(step.contents)}"
+            + (f"\n          layout: {_layout(step.layout)}" if step.layout else "")
+            + (f"\n          problem: {step.problem}" if step.problem else "")
         )
     lines.append("(* = latest; aside = the only complete copy of a step whose re-save was interrupted)")
     return "\n".join(lines)
+
+
+def _layout(layout: dict[str, Any]) -> str:
+    return " ".join(f"{key.removesuffix('_size')}={value}" for key, value in layout.items())
 
 
 __all__ = ["StepInfo", "format_steps", "list_steps"]

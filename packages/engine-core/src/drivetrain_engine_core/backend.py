@@ -76,6 +76,9 @@ _EXPORTS = {
     "CheckpointMerger": "checkpoint",
     "DCPTensorReader": "checkpoint",
     "check_saved_shapes": "checkpoint",
+    "ADAM_MOMENTS": "checkpoint.hf_state",
+    "WEIGHT": "checkpoint.hf_state",
+    "HFTrainingState": "checkpoint.hf_state",
     "peft_target_modules": "checkpoint.peft",
     "read_manifest": "checkpoint",
     "split_peft_name": "checkpoint",
@@ -94,6 +97,7 @@ if TYPE_CHECKING:
         read_manifest,
         split_peft_name,
     )
+    from .checkpoint.hf_state import ADAM_MOMENTS, WEIGHT, HFTrainingState
     from .checkpoint.peft import peft_target_modules
     from .config import (
         ALL_LINEAR,
@@ -124,11 +128,13 @@ if TYPE_CHECKING:
     from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
 
 __all__ = [
+    "ADAM_MOMENTS",
     "ALL_LINEAR",
     "DTYPES",
     "MODEL_DIR",
     "OPTIMIZER_DIR",
     "PEFT_PREFIX",
+    "WEIGHT",
     "BackendCapabilities",
     "BackendHooks",
     "BatchError",
@@ -144,6 +150,7 @@ __all__ = [
     "EngineStateError",
     "ForwardBackwardOutput",
     "ForwardOptions",
+    "HFTrainingState",
     "InputLayout",
     "LoraConfig",
     "LossContext",

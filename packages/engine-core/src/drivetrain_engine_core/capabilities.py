@@ -38,6 +38,9 @@ class BackendCapabilities:
         padded_inputs: right-padded rows (``model.use_remove_padding=False``) besides core's packed row.
         sequence_parallel: packed rows split over sequence-parallel ranks (the backend's own config option
             turns it on). Hook ``_sequence_split``.
+        hf_state_resume: loads a checkpoint step of another backend (or a layout its own format cannot
+            reshard to) from the step's full state under Hugging Face names (:mod:`.checkpoint.hf_state`):
+            weights, Adam moments and step. Hook ``_load_hf_state``.
         param_dtypes: the compute dtypes (``engine.param_dtype``) the backend runs.
         train_dtypes: those it also trains in (a subset: training in float16 needs loss scaling).
     """
@@ -47,6 +50,7 @@ class BackendCapabilities:
     value_model: bool = False
     padded_inputs: bool = False
     sequence_parallel: bool = False
+    hf_state_resume: bool = False
     param_dtypes: frozenset[str] = FLOAT32
     train_dtypes: frozenset[str] = FLOAT32
 
@@ -74,6 +78,7 @@ CAPABILITY_HOOKS: dict[str, tuple[str, ...]] = {
     "offload": ("_load_to_device", "_offload_to_host", "_to"),
     "lora": ("_disable_adapter", "_export_adapter_weights"),
     "sequence_parallel": ("_sequence_split",),
+    "hf_state_resume": ("_load_hf_state",),
 }
 """The optional hooks of each capability: implemented exactly when the capability is declared."""
 

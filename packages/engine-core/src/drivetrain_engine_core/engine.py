@@ -392,7 +392,7 @@ class Engine(BackendHooks):
     def load_checkpoint(
         self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True
     ) -> dict[str, Any]:
-        """Load a step (or a root's ``latest``) written by the same backend.
+        """Load a step (or a root's ``latest``): this backend's, or with ``hf_state_resume`` another backend's.
 
         Returns:
             ``{"global_step": N, **extra_state}`` as given to ``save_checkpoint``.
@@ -401,8 +401,8 @@ class Engine(BackendHooks):
             CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
         """
         checks.require_initialized(self._initialized, "load_checkpoint()")
-        read = self._load_checkpoint  # called inside holding_state()
-        return load_engine_checkpoint(self, path, load_optimizer=load_optimizer, verify=verify, read=read)
+        hooks = (self._load_checkpoint, self._load_hf_state if self.capabilities.hf_state_resume else None)
+        return load_engine_checkpoint(self, path, *hooks, load_optimizer=load_optimizer, verify=verify)
 
     @property
     def token_limits(self) -> TokenLimits:

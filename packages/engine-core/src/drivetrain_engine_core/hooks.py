@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -26,6 +26,9 @@ from .errors import EngineStateError
 from .modes import Mode
 from .outputs import MicroBatchResult
 from .round_trip import MicroBatch, SequenceSplit
+
+if TYPE_CHECKING:
+    from .checkpoint.hf_state import HFTrainingState
 
 
 class BackendHooks(ABC):
@@ -169,6 +172,15 @@ class BackendHooks(ABC):
     def _sequence_split(self) -> SequenceSplit | None:
         """How packed rows are split over sequence-parallel ranks (``None``: not split)."""
         return None
+
+    # ------------------------------------------------------------------ capability "hf_state_resume"
+
+    def _load_hf_state(self, state: HFTrainingState, *, load_optimizer: bool) -> None:
+        """Load another backend's (or layout's) step from its full state under Hugging Face names (collective):
+        check ``state.check_fits`` first, then map ``state.tensors("weight")`` onto the parameters and, with
+        ``load_optimizer``, each Adam moment onto the optimizer state and ``state.adam_step()`` onto its step,
+        with the name and layout transforms the backend uses to load a Hugging Face model."""
+        raise _undeclared(self, "hf_state_resume", "_load_hf_state")
 
 
 def _undeclared(engine: BackendHooks, capability: str, hook: str) -> EngineStateError:

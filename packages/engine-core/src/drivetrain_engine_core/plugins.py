@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import hookspecs
+from .checkpoint.hf_state import use_merger_lookup
 from .errors import PluginError
 from .plugin_loading import (
     DISABLE_ENV,
@@ -273,6 +274,11 @@ def plugins(factory: Callable[[], DrivetrainPlugins] = get_plugin_manager) -> Dr
             finally:
                 _loading = False
         return _cached
+
+
+# The engine's checkpoint loading reads another backend's steps through that backend's merger (below the
+# registry in the import floors, so it is handed the lookup).
+use_merger_lookup(lambda backend: plugins().mergers.get(backend))
 
 
 def reset_plugins() -> None:

@@ -9,13 +9,23 @@ full-shape tensor in DCP's metadata whatever the number of writing ranks. ``opti
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, check_saved_shapes
+from drivetrain_engine_core.backend import (
+    ADAM_MOMENTS,
+    MODEL_DIR,
+    OPTIMIZER_DIR,
+    WEIGHT,
+    HFTrainingState,
+    check_saved_shapes,
+)
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -43,3 +53,50 @@ def load_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_
     optimizer_state = get_optimizer_state_dict(module, optimizer)
     dcp.load(optimizer_state, checkpoint_id=step_dir / OPTIMIZER_DIR)
     set_optimizer_state_dict(module, optimizer, optimizer_state)
+
+
+_FULL = StateDictOptions(full_state_dict=True)
+
+
+def load_hf_state(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: HFTrainingState,
+    *,
+    tie_word_embeddings: bool,
+) -> None:
+    """Load another backend's (or layout's) step from its Hugging Face-named full state (collective).
+
+    The model's state-dict names are Hugging Face names already, so the full tensors are handed to torch's
+    ``set_model_state_dict`` / ``set_optimizer_state_dict``, which shard them onto this run's mesh (every rank
+    keeps only its own shards). A tied output layer reads the embedding's tensors where the source stores them
+    once (megatron, and every optimizer: one parameter, one state).
+    """
+    tied = {_LM_HEAD: _EMBEDDING} if tie_word_embeddings else {}
+    shapes = {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(module).items()}  # type: ignore[union-attr]
+    state.check_fits(shapes, tied=tied)
+    weights: dict[str, Any] = _by_name(state.tensors(WEIGHT), shapes, tied)
+    set_model_state_dict(module, weights, options=_FULL)
+    state.release(WEIGHT)
+    if optimizer is None:
+        return
+    optimizer_state: Any = get_optimizer_state_dict(module, optimizer, options=_FULL)
+    names = [name for group in optimizer_state["param_groups"] for name in group["params"]]
+    moments = {moment: _by_name(state.tensors(moment), names, tied) for moment in ADAM_MOMENTS}
+    step = float(state.adam_step())
+    optimizer_state["state"] = {
+        name: {"step": torch.tensor(step), **{moment: moments[moment][name] for moment in ADAM_MOMENTS}}
+        for name in names
+    }
+    set_optimizer_state_dict(module, optimizer, optimizer_state, options=_FULL)
+
+
+def _by_name(
+    tensors: dict[str, torch.Tensor], names: Iterable[str], tied: dict[str, str]
+) -> dict[str, torch.Tensor]:
+    """``tensors`` for each of ``names``, a tied name reading its source's where it has none of its own."""
+    return {name: tensors[name] if name in tensors else tensors[tied[name]] for name in names}
+
+
+_EMBEDDING = "model.embed_tokens.weight"
+_LM_HEAD = "lm_head.weight"

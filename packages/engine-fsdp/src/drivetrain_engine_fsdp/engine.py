@@ -20,6 +20,7 @@ from drivetrain_engine_core.backend import (
     BackendCapabilities,
     ConfigError,
     Engine,
+    HFTrainingState,
     MicroBatch,
     MicroBatchResult,
     Mode,
@@ -64,6 +65,7 @@ class FSDPEngine(Engine):
         value_model=True,
         padded_inputs=True,
         sequence_parallel=True,
+        hf_state_resume=True,
         param_dtypes=frozenset(DTYPES),
         train_dtypes=frozenset({"float32", "bfloat16"}),
     )
@@ -288,6 +290,14 @@ class FSDPEngine(Engine):
     def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
         self.placement.await_optimizer_state()
         checkpoint.load_state(self.module, self.optimizer if load_optimizer else None, step_dir)
+
+    def _load_hf_state(self, state: HFTrainingState, *, load_optimizer: bool) -> None:
+        checkpoint.load_hf_state(
+            self.module,
+            self.optimizer if load_optimizer else None,
+            state,
+            tie_word_embeddings=bool(getattr(self._hf_model_config, "tie_word_embeddings", False)),
+        )
 
     def _checkpoint_backend_info(self) -> dict[str, Any]:
         world = torch.distributed.get_world_size()

@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 import transformers
-from drivetrain_engine_core.backend import MODEL_DIR, CheckpointMerger, DCPTensorReader
+from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, CheckpointMerger, DCPTensorReader
 from transformers import AutoConfig
 
 from .conversion import unfuse
+
+_STATE = (
+    "state."  # get_optimizer_state_dict's flattened keys: state.<parameter name>.<exp_avg|exp_avg_sq|step>
+)
 
 
 class FSDPCheckpointMerger(CheckpointMerger):
@@ -38,6 +42,26 @@ class FSDPCheckpointMerger(CheckpointMerger):
         config = AutoConfig.from_pretrained(self.manifest.model_path)
         with torch.device("meta"):
             return getattr(transformers, self.auto_class).from_config(config)
+
+    @cached_property
+    def _optimizer_reader(self) -> DCPTensorReader:
+        return DCPTensorReader(self.step_dir / OPTIMIZER_DIR)
+
+    def _optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
+        suffix = f".{moment}"
+        for key in self._optimizer_reader.tensors:
+            if key.startswith(_STATE) and key.endswith(suffix):
+                # Moments are elementwise: the weight's layout conversion applies to them unchanged.
+                yield from unfuse(
+                    self._hf_model, key[len(_STATE) : -len(suffix)], self._optimizer_reader.read(key)
+                ).items()
+
+    def _adam_step(self) -> int:
+        steps = [
+            key for key in self._optimizer_reader.tensors if key.startswith(_STATE) and key.endswith(".step")
+        ]
+        # Every parameter steps together (one AdamW over the whole model); a never-stepped optimizer has none.
+        return int(self._optimizer_reader.read(steps[0]).item()) if steps else 0
 
     def _tensors(self, wanted: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self._reader.tensors:

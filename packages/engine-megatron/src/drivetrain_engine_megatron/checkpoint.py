@@ -15,7 +15,6 @@ import torch
 from drivetrain_engine_core.backend import (
     MODEL_DIR,
     OPTIMIZER_DIR,
-    CheckpointError,
     check_saved_shapes,
     read_manifest,
 )
@@ -66,7 +65,7 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
         # while the loss scale settles, a NaN loss) has no torch AdamW state, and megatron's distributed
         # optimizer without Apex/TE then fails to read its step count. Zero state at step 0 is exactly what
         # torch AdamW creates on its first step, so this changes no update.
-        _allocate_adam_state(optimizer)
+        allocate_adam_state(optimizer)
         # A fresh model state dict: saving may have consumed the first one's factories.
         optimizer_state = optimizer.sharded_state_dict(
             _model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA
@@ -81,26 +80,15 @@ OPTIMIZER_LAYOUT = (
     "use_distributed_optimizer",
 )
 """The settings an optimizer state is saved for: megatron's ``dp_reshardable`` format reshards across
-data-parallel ranks only."""
+data-parallel ranks only; a step saved with other values loads through its Hugging Face-named state
+(:mod:`.hf_state`)."""
 
 
-def check_optimizer_layout(step_dir: Path, config: MegatronEngineConfig) -> None:
-    """Refuse to load the optimizer state of ``step_dir`` into another layout (on every rank, before reading).
-
-    Raises:
-        CheckpointError: a setting of :data:`OPTIMIZER_LAYOUT` differs from the step's manifest (it failed
-            inside dist_checkpointing with a ``KeyError`` over megatron's state-dict keys).
-    """
+def optimizer_layout_changed(step_dir: Path, config: MegatronEngineConfig) -> bool:
+    """Whether ``step_dir``'s optimizer state was saved with another :data:`OPTIMIZER_LAYOUT` (dist_checkpointing
+    then failed with a ``KeyError`` over megatron's state-dict keys)."""
     saved = read_manifest(step_dir).backend_info
-    changed = [key for key in OPTIMIZER_LAYOUT if key in saved and saved[key] != getattr(config, key)]
-    if changed:
-        raise CheckpointError(
-            f"{step_dir} holds optimizer state saved with "
-            f"{', '.join(f'{key}={saved[key]}' for key in changed)}; this engine has "
-            f"{', '.join(f'{key}={getattr(config, key)}' for key in changed)}, and megatron's optimizer state "
-            "reshards across data-parallel ranks only. Resume with the saved settings, or start from the weights "
-            f"alone: load_optimizer=False, or `drivetrain ckpt merge {step_dir} OUT` and model.path=OUT."
-        )
+    return any(key in saved and saved[key] != getattr(config, key) for key in OPTIMIZER_LAYOUT)
 
 
 def load_model_and_optimizer(
@@ -123,7 +111,7 @@ def load_model_and_optimizer(
         if optimizer is not None and not load_optimizer:
             optimizer.reload_model_params()
         elif optimizer is not None:
-            _allocate_adam_state(optimizer)
+            allocate_adam_state(optimizer)
             model_state = _model_sharded_state_dict(model)
             optimizer_state = clip_padding_past_bucket_end(
                 optimizer.sharded_state_dict(model_state, is_loading=True, metadata=_OPTIMIZER_METADATA)
@@ -139,7 +127,7 @@ def _torch_optimizers(optimizer: MegatronOptimizer) -> list[torch.optim.Optimize
     return [each.optimizer for each in inner]
 
 
-def _allocate_adam_state(optimizer: MegatronOptimizer) -> None:
+def allocate_adam_state(optimizer: MegatronOptimizer) -> None:
     """Give a never-stepped torch AdamW its state (zeros, step 0) so megatron can build its state dict.
 
     Without Apex or Transformer Engine, megatron reads the step count from the torch state (to save it, and to

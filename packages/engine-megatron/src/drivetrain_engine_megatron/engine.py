@@ -21,6 +21,7 @@ from drivetrain_engine_core.backend import (
     ConfigError,
     Engine,
     EngineStateError,
+    HFTrainingState,
     MicroBatch,
     MicroBatchCountRule,
     MicroBatchResult,
@@ -28,6 +29,7 @@ from drivetrain_engine_core.backend import (
     RowPadding,
     TokenLimits,
     flash_kernel_missing,
+    read_manifest,
 )
 
 from . import parallel_state
@@ -58,6 +60,7 @@ class MegatronEngine(Engine):
         value_model=True,
         padded_inputs=True,
         sequence_parallel=True,
+        hf_state_resume=True,
         param_dtypes=frozenset(DTYPES),
         train_dtypes=frozenset(DTYPES),
     )
@@ -258,11 +261,29 @@ class MegatronEngine(Engine):
         save_model_and_optimizer(step_dir, self._model, self._optimizer if save_optimizer else None)
 
     def _load_checkpoint(self, step_dir: Path, *, load_optimizer: bool) -> None:
-        from .checkpoint import check_optimizer_layout, load_model_and_optimizer
+        from .checkpoint import load_model_and_optimizer, optimizer_layout_changed
 
-        if load_optimizer and self._optimizer is not None:
-            check_optimizer_layout(step_dir, self.engine_config)
+        if (
+            load_optimizer
+            and self._optimizer is not None
+            and optimizer_layout_changed(step_dir, self.engine_config)
+        ):
+            # Another TP/PP layout or optimizer kind: the moments move through their Hugging Face names, as
+            # another backend's do.
+            from .merger import MegatronCheckpointMerger
+
+            state = HFTrainingState(MegatronCheckpointMerger(step_dir, read_manifest(step_dir)))
+            self._load_hf_state(state, load_optimizer=True)
+            return
         load_model_and_optimizer(step_dir, self._model, self._optimizer, load_optimizer=load_optimizer)
+
+    def _load_hf_state(self, state: HFTrainingState, *, load_optimizer: bool) -> None:
+        from .hf_state import load_hf_state
+
+        optimizer = self._optimizer if load_optimizer else None
+        load_hf_state(self._model, optimizer, state, model_path=self.model_config.path)
+        if optimizer is None and self._optimizer is not None:
+            self._optimizer.reload_model_params()
 
     def _checkpoint_backend_info(self) -> dict[str, Any]:
         from .checkpoint import backend_info

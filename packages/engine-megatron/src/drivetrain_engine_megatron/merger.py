@@ -12,43 +12,65 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import cached_property
+from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import MODEL_DIR, CheckpointMerger, DCPTensorReader
+from drivetrain_engine_core.backend import (
+    MODEL_DIR,
+    OPTIMIZER_DIR,
+    CheckpointError,
+    CheckpointMerger,
+    DCPTensorReader,
+)
 
 _STACKED_PREFIX = "decoder.layers."
+_OPTIMIZER_STATE = "optimizer.state"
 
 
 class MegatronCheckpointMerger(CheckpointMerger):
-    """Reads the dist_checkpointing ``model/`` directory of a megatron step (any TP/PP/DP layout)."""
+    """Reads the dist_checkpointing ``model/`` directory of a megatron step (any TP/PP/DP layout), and the Adam
+    moments of ``optimizer/`` where they are stored per parameter (``engine.use_distributed_optimizer=false``)."""
 
     @cached_property
     def _reader(self) -> DCPTensorReader:
         return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("model_dir", MODEL_DIR))
 
-    def _names(self) -> list[str]:
-        return [name for name, _ in self._layers()]
+    @cached_property
+    def _optimizer_reader(self) -> DCPTensorReader:
+        return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR))
 
-    def _layers(self) -> Iterator[tuple[str, tuple[str, int | None]]]:
-        """``(per-layer megatron name, (checkpoint key, layer index or None))`` for every stored tensor."""
-        for key, meta in self._reader.tensors.items():
-            if key.endswith("_extra_state"):
-                continue
-            if key.startswith(_STACKED_PREFIX) and not key.split(".")[2].isdigit():
-                parameter = key.removeprefix(_STACKED_PREFIX)
-                for layer in range(meta.size[0]):
-                    yield f"{_STACKED_PREFIX}{layer}.{parameter}", (key, layer)
-            else:
-                yield key, (key, None)
+    def _names(self) -> list[str]:
+        return [name for name, _ in _layers(self._reader, "")]
 
     def _tensors(self, wanted: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
+        for hf_name, tensor in self._converted(self._reader, ""):
+            if wanted(hf_name):
+                yield hf_name, tensor
+
+    def _optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.manifest.backend_info.get("use_distributed_optimizer", True):
+            raise CheckpointError(
+                f"{self.step_dir} holds megatron optimizer state saved with engine.use_distributed_optimizer=true "
+                "(flat buffers in dp_reshardable format, which only the same tensor- and pipeline-parallel layout "
+                "can read): its Adam moments cannot move to another backend or layout. Resume with the layout "
+                "that wrote it, load it with load_optimizer=False (weights only), or train with "
+                "engine.use_distributed_optimizer=false to write per-parameter optimizer state that moves."
+            )
+        yield from self._converted(self._optimizer_reader, f"{_OPTIMIZER_STATE}.{moment}.")
+
+    def _adam_step(self) -> int:
+        common = self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR) / "common.pt"
+        return _common_step(torch.load(common, weights_only=True)) if common.is_file() else 0
+
+    def _converted(self, reader: DCPTensorReader, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors of ``reader`` under ``prefix``, one layer at a time, converted to Hugging Face names."""
         from transformers import AutoConfig
 
         from .hf_names import checkpoint_tensors_to_hf
 
         # Lazily read: the conversion pulls one layer of one key at a time.
         megatron_tensors = (
-            (name, self._reader.read(key, index=layer)) for name, (key, layer) in self._layers()
+            (name, reader.read(key, index=layer)) for name, (key, layer) in _layers(reader, prefix)
         )
         converted = checkpoint_tensors_to_hf(
             AutoConfig.from_pretrained(
@@ -59,8 +81,34 @@ class MegatronCheckpointMerger(CheckpointMerger):
             vocab_size=self.manifest.backend_info["vocab_size"],
         )
         for hf_name, tensor in converted:
-            if wanted(hf_name):
-                yield hf_name, tensor.contiguous()
+            yield hf_name, tensor.contiguous()
+
+
+def _layers(reader: DCPTensorReader, prefix: str) -> Iterator[tuple[str, tuple[str, int | None]]]:
+    """``(per-layer megatron name, (checkpoint key, layer index or None))`` for every stored tensor whose key
+    starts with ``prefix`` (the name without it)."""
+    for key, meta in reader.tensors.items():
+        if key.endswith("_extra_state") or not key.startswith(prefix):
+            continue
+        name = key[len(prefix) :]
+        if name.startswith(_STACKED_PREFIX) and not name.split(".")[2].isdigit():
+            parameter = name.removeprefix(_STACKED_PREFIX)
+            for layer in range(meta.size[0]):
+                yield f"{_STACKED_PREFIX}{layer}.{parameter}", (key, layer)
+        else:
+            yield name, (key, None)
+
+
+def _common_step(common: Any) -> int:
+    """The AdamW step megatron keeps in ``common.pt`` (``state.common_step``, nested per chained optimizer)."""
+    if isinstance(common, dict):
+        if "common_step" in common:
+            return int(common["common_step"])
+        for value in common.values():
+            step = _common_step(value)
+            if step:
+                return step
+    return 0
 
 
 __all__ = ["MegatronCheckpointMerger"]

@@ -50,6 +50,18 @@ class Manifest:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     format: str = FORMAT
 
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The parallel layout the step was written with: the world size and the backend's ``*_size`` settings
+        (and whether megatron's optimizer state is distributed), as ``drivetrain ckpt ls`` shows them."""
+        sizes = {
+            key: value
+            for key, value in sorted(self.backend_info.items())
+            if (key.endswith("_size") and key != "padded_vocab_size" and key != "vocab_size")
+            or key == "use_distributed_optimizer"
+        }
+        return {"world_size": self.world_size, **{k: v for k, v in sizes.items() if v is not None}}
+
 
 def file_digest(path: Path) -> str:
     """SHA-256 of a file, read in chunks so that large shards never sit in memory whole."""

@@ -132,6 +132,26 @@ class CheckpointMerger(ABC):
             modules_to_save=modules_to_save(self._names()),
         )
 
+    def optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream ``(hf_name, full tensor)`` of one AdamW moment (``exp_avg`` or ``exp_avg_sq``) of every
+        weight, with the same name and layout transforms as :meth:`base_tensors` (resuming on another backend
+        or layout: :mod:`.hf_state`).
+
+        Raises:
+            CheckpointError: the step holds no optimizer state, or the backend cannot read it without its
+                own process groups.
+        """
+        if not any(name.startswith("optimizer/") for name in self.manifest.files):
+            raise CheckpointError(
+                f"{self.step_dir} holds no optimizer state (saved with checkpoint.save_optimizer=false); load it "
+                "with load_optimizer=False for a fresh optimizer."
+            )
+        yield from self._optimizer_tensors(moment)
+
+    def adam_step(self) -> int:
+        """The number of AdamW updates the step's optimizer state has taken."""
+        return self._adam_step()
+
     def _require_lora(self, what: str) -> None:
         if not self.is_lora:
             raise CheckpointError(
@@ -153,6 +173,25 @@ class CheckpointMerger(ABC):
         names (``base_model.model.`` prefix, ``base_layer.weight``, ``lora_A.default.weight``), which the
         public methods split into base and adapter tensors.
         """
+
+    def _optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
+        """Stream one AdamW moment of every weight under Hugging Face names (full, on CPU).
+
+        Backends whose optimizer state can be read this way override this and :meth:`_adam_step`; the default
+        says the state does not move.
+        """
+        raise self._no_portable_optimizer()
+
+    def _adam_step(self) -> int:
+        """The AdamW step count stored in the step."""
+        raise self._no_portable_optimizer()
+
+    def _no_portable_optimizer(self) -> CheckpointError:
+        return CheckpointError(
+            f"{self.step_dir}: the {self.manifest.backend} backend's checkpoints hold optimizer state that "
+            "cannot be read by another backend or layout. Load it with load_optimizer=False (weights only, a "
+            "fresh optimizer), or resume with the backend and layout that wrote it."
+        )
 
 
 __all__ = ["AUTO_CLASSES", "CheckpointMerger"]

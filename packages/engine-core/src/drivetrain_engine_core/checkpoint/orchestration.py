@@ -20,6 +20,7 @@ from .. import distributed
 from ..errors import CheckpointError
 from .extra_state import load_extra_state, require_json, save_extra_state
 from .file_shares import attempt, describe_on_every_rank, raise_any, verify_on_every_rank
+from .hf_state import HFTrainingState
 from .layout import OPTIMIZER_DIR, prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
 from .manifest import Manifest, read_manifest
 from .publish import prune_old_steps, publish_step
@@ -64,24 +65,30 @@ def save_engine_checkpoint(
 def load_engine_checkpoint(
     engine: Engine,
     path: str | Path,
+    read: Callable[..., None],
+    read_hf_state: Callable[..., None] | None,
     *,
     load_optimizer: bool,
     verify: bool,
-    read: Callable[..., None],
 ) -> dict[str, Any]:
-    """Read a step written by the same backend (collective); see ``Engine.load_checkpoint``.
+    """Read a step (collective); see ``Engine.load_checkpoint``.
 
-    ``read(step_dir, load_optimizer=...)`` is the backend's read (its ``_load_checkpoint`` hook, handed in by
-    the engine); it runs with offloaded state held on the device.
+    ``read(step_dir, load_optimizer=...)`` is the backend's read of its own steps (its ``_load_checkpoint``
+    hook, handed in by the engine); a step of another backend goes through
+    ``read_hf_state(state, load_optimizer=...)`` (``_load_hf_state``, for backends with ``hf_state_resume``)
+    with the step's :class:`.hf_state.HFTrainingState`. Either runs with offloaded state held on the device.
 
     Raises:
-        CheckpointError: incomplete step, missing or corrupt file, or another backend's checkpoint.
+        CheckpointError: incomplete step, missing or corrupt file, another backend's checkpoint that this
+            backend cannot read, or another model's.
     """
     step_dir, manifest = _agreed_step(path)
-    if manifest.backend != engine.backend_name:
+    foreign = manifest.backend != engine.backend_name
+    if foreign and read_hf_state is None:
         raise CheckpointError(
-            f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {engine.backend_name!r}. "
-            "Merge it to Hugging Face format with `drivetrain ckpt merge` and start from that model."
+            f"{step_dir} was written by the {manifest.backend!r} backend; this engine is {engine.backend_name!r}, "
+            "which cannot load another backend's steps (no hf_state_resume capability). Merge it to Hugging "
+            "Face format with `drivetrain ckpt merge` and start from that model."
         )
     if verify:
         verify_on_every_rank(step_dir, manifest)
@@ -93,7 +100,11 @@ def load_engine_checkpoint(
             f"weights: `drivetrain ckpt merge {step_dir} OUT`, then model.path=OUT."
         )
     with engine.holding_state():
-        read(step_dir, load_optimizer=load_optimizer)
+        if foreign:
+            assert read_hf_state is not None  # refused above
+            read_hf_state(HFTrainingState.from_step(step_dir, manifest), load_optimizer=load_optimizer)
+        else:
+            read(step_dir, load_optimizer=load_optimizer)
     state = load_extra_state(step_dir / "extra")
     if engine.lr_schedule is not None and "lr_schedule" in state:
         engine.lr_schedule.load_state_dict(state["lr_schedule"])

@@ -1,0 +1,138 @@
+"""Resuming across backends and layouts (ARCHITECTURE §5): 3 steps on FSDP (one rank), then 3 more after
+resuming on Megatron TP2 and, in the same launch, on FSDP over two ranks, equal 6 uninterrupted FSDP steps
+(loss and grad norm within 1e-5 at every step): weights, Adam moments and step, LR schedule and data position
+all continue. The reference is the uninterrupted single-process run; the two backends agree within 1e-5
+(``test_backends_agree.py``), so a lost moment or step shows up as a different loss or norm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.testing import (
+    make_tiny_model_dir,
+    random_batch,
+    run_distributed,
+    token_mean_nll,
+    train_history,
+)
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("drivetrain_engine_fsdp")
+pytest.importorskip("drivetrain_engine_megatron")
+
+OPTIMIZER = OptimizerConfig(lr=1e-3, clip_grad=1.0, warmup_steps=2, weight_decay=0.01)
+SAVE_AT, STEPS = 3, 6
+
+
+def _batches() -> list:
+    return [
+        random_batch(vocab_size=100, prompt_lengths=[2, 4, 3, 5], response_lengths=[5, 3, 4, 2], seed=seed)
+        for seed in range(STEPS)
+    ]
+
+
+def _engine(backend: str, path: str, **engine: object):
+    built = create_engine(
+        model_config=ModelConfig(path=path),
+        engine_config=engine_config_from_dict(
+            {"backend": backend, "micro_batch": MicroBatchConfig(micro_batch_size=2), **engine}
+        ),
+        optimizer_config=OPTIMIZER,
+    )
+    built.initialize()
+    return built
+
+
+MEGATRON_TP2 = {"tensor_model_parallel_size": 2, "use_distributed_optimizer": False}
+MEGATRON_PP2 = {"pipeline_model_parallel_size": 2}
+
+
+def _continue(backend: str, path: str, root: str, **layout: object) -> tuple[dict, list]:
+    engine = _engine(backend, path, **layout)
+    extra = engine.load_checkpoint(root)
+    return extra, train_history(engine, _batches()[SAVE_AT:], token_mean_nll)
+
+
+def _tp2_and_fsdp(rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: str) -> dict:
+    """On two ranks: write a Megatron TP2 step, and continue each backend's step on TP2 and on two FSDP ranks."""
+    del rank, world_size
+    source = _engine("megatron", path, **MEGATRON_TP2)
+    first = train_history(source, _batches()[:SAVE_AT], token_mean_nll)
+    source.save_checkpoint(megatron_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    return {
+        "megatron_first": first,
+        "fsdp_1_to_megatron_tp2": _continue("megatron", path, fsdp_root, **MEGATRON_TP2),
+        "fsdp_1_to_fsdp_2": _continue("fsdp", path, fsdp_root),
+        "megatron_tp2_to_fsdp_2": _continue("fsdp", path, megatron_root),
+    }
+
+
+def _pp2(rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: str) -> dict:
+    """On two ranks (one megatron layout per process): continue both steps on Megatron PP2."""
+    del rank, world_size
+    return {
+        "fsdp_1_to_megatron_pp2": _continue("megatron", path, fsdp_root, **MEGATRON_PP2),
+        "megatron_tp2_to_megatron_pp2": _continue("megatron", path, megatron_root, **MEGATRON_PP2),
+    }
+
+
+def _files(root: Path) -> list:
+    return sorted((p.relative_to(root), p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def tied_model(tmp_path_factory) -> str:
+    # Tied embeddings: FSDP stores lm_head and the embedding, its optimizer one moment for both.
+    root = tmp_path_factory.mktemp("tied")
+    return str(make_tiny_model_dir(root / "model", arch="qwen2", tie_word_embeddings=True))
+
+
+def test_steps_continue_across_backends_and_layouts(tied_model, tmp_path):
+    reference = train_history(_engine("fsdp", tied_model), _batches(), token_mean_nll)
+    first = _engine("fsdp", tied_model)
+    train_history(first, _batches()[:SAVE_AT], token_mean_nll)
+    fsdp_root, megatron_root = tmp_path / "fsdp", tmp_path / "megatron"
+    first.save_checkpoint(fsdp_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    fsdp_files = _files(fsdp_root)
+
+    roots = (str(fsdp_root), str(megatron_root))
+    results = run_distributed(_tp2_and_fsdp, tied_model, *roots, world_size=2, timeout_s=900)[0]
+    megatron_files = _files(megatron_root)
+    results.update(run_distributed(_pp2, tied_model, *roots, world_size=2, timeout_s=900)[0])
+    results["megatron_tp2_to_fsdp_1"] = _continue("fsdp", tied_model, str(megatron_root))
+
+    _assert_steps(results.pop("megatron_first"), reference[:SAVE_AT], "megatron's first steps")
+    for name, (extra, continued) in results.items():
+        assert extra == {"global_step": SAVE_AT, "position": SAVE_AT}, name
+        _assert_steps(continued, reference[SAVE_AT:], name)
+    # Nothing is written over the source checkpoints.
+    assert _files(fsdp_root) == fsdp_files
+    assert _files(megatron_root) == megatron_files
+
+
+def _assert_steps(history: list, reference: list, name: str) -> None:
+    """Loss and grad norm of every step within 1e-5 of the uninterrupted FSDP run's."""
+    for step, ((loss, norm), (ref_loss, ref_norm)) in enumerate(
+        zip(history, reference, strict=True), start=1
+    ):
+        assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-6), (name, step, loss, ref_loss)
+        assert norm == pytest.approx(ref_norm, rel=1e-5, abs=1e-6), (name, step, norm, ref_norm)
+
+
+def test_another_models_step_names_the_tensor_and_both_shapes(tied_model, tmp_path):
+    wider = str(
+        make_tiny_model_dir(tmp_path / "wider", arch="qwen2", tie_word_embeddings=True, intermediate_size=96)
+    )
+    source = _engine("fsdp", wider)
+    source.save_checkpoint(tmp_path / "ckpt", global_step=1)
+    # A foreign step goes through the Hugging Face-named state: a Megatron engine of world one refuses it.
+    target = _engine("megatron", tied_model)
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'model\.layers\.0\.mlp\.down_proj\.weight' has shape \[32, 96\] there and \[32, 64\]",
+    ):
+        target.load_checkpoint(tmp_path / "ckpt")
