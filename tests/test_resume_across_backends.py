@@ -1,7 +1,7 @@
 """Resuming across backends and layouts (ARCHITECTURE §5): 3 steps on FSDP (one rank), then 3 more after
 resuming on Megatron TP2 and, in the same launch, on FSDP over two ranks, equal 6 uninterrupted FSDP steps
 (loss and grad norm within 1e-5 at every step): weights, Adam moments and step, LR schedule and data position
-all continue. The reference is the uninterrupted single-process run; the two backends agree within 1e-5
+all continue; state that does not move (megatron's distributed optimizer, LoRA) is one error. The reference is the uninterrupted single-process run; the two backends agree within 1e-5
 (``test_backends_agree.py``), so a lost moment or step shows up as a different loss or norm."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import (
@@ -35,9 +35,9 @@ def _batches() -> list:
     ]
 
 
-def _engine(backend: str, path: str, **engine: object):
+def _engine(backend: str, path: str, *, lora: LoraConfig | None = None, **engine: object):
     built = create_engine(
-        model_config=ModelConfig(path=path),
+        model_config=ModelConfig(path=path, lora=lora),
         engine_config=engine_config_from_dict(
             {"backend": backend, "micro_batch": MicroBatchConfig(micro_batch_size=2), **engine}
         ),
@@ -136,3 +136,17 @@ def test_another_models_step_names_the_tensor_and_both_shapes(tied_model, tmp_pa
         match=r"tensor 'model\.layers\.0\.mlp\.down_proj\.weight' has shape \[32, 96\] there and \[32, 64\]",
     ):
         target.load_checkpoint(tmp_path / "ckpt")
+
+
+def test_state_that_does_not_move_is_one_error_naming_the_way_on(tied_model, tmp_path):
+    # Megatron's distributed optimizer keeps flat buffers that only its own layout reads: the error names the option.
+    _engine("megatron", tied_model).save_checkpoint(tmp_path / "distributed", global_step=1)
+    fsdp = _engine("fsdp", tied_model)
+    with pytest.raises(CheckpointError, match=r"engine\.use_distributed_optimizer=true") as refused:
+        fsdp.load_checkpoint(tmp_path / "distributed")
+    assert "load_optimizer=False" in str(refused.value)
+    # LoRA adapters do not move across.
+    lora = _engine("fsdp", tied_model, lora=LoraConfig(rank=2, alpha=4.0))
+    lora.save_checkpoint(tmp_path / "lora", global_step=1)
+    with pytest.raises(CheckpointError, match=r"holds LoRA adapters .*does not move across backends"):
+        _engine("megatron", tied_model).load_checkpoint(tmp_path / "lora")
