@@ -1,8 +1,10 @@
-"""Resuming across backends and layouts (ARCHITECTURE §5): 3 steps on FSDP (one rank), then 3 more after
-resuming on Megatron TP2 and, in the same launch, on FSDP over two ranks, equal 6 uninterrupted FSDP steps
-(loss and grad norm within 1e-5 at every step): weights, Adam moments and step, LR schedule and data position
-all continue; state that does not move (megatron's distributed optimizer, LoRA) is one error. The reference is the uninterrupted single-process run; the two backends agree within 1e-5
-(``test_backends_agree.py``), so a lost moment or step shows up as a different loss or norm."""
+"""Resuming across backends and layouts (ARCHITECTURE §5): 3 steps, a save, a resume on another backend or
+layout and 3 more steps equal 6 uninterrupted FSDP steps (loss and grad norm within 1e-5 at every step), so
+weights, Adam moments and step, LR schedule and data position all continue. Tested: FSDP 1 rank -> Megatron
+TP2, Megatron PP2, FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2 ranks, Megatron PP2 (two 2-rank launches:
+one megatron layout per process). The reference is the uninterrupted single-process run; the two backends agree
+within 1e-5 (``test_backends_agree.py``), so a lost moment or step shows up as another loss or norm. State that
+does not move (megatron's distributed optimizer, LoRA) and another model's step are one error each."""
 
 from __future__ import annotations
 
