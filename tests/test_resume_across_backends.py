@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import (
@@ -41,7 +41,7 @@ def _engine(backend: str, path: str, *, lora: LoraConfig | None = None, **engine
     built = create_engine(
         model_config=ModelConfig(path=path, lora=lora),
         engine_config=engine_config_from_dict(
-            {"backend": backend, "micro_batch": MicroBatchConfig(micro_batch_size=2), **engine}
+            {"backend": backend, "micro_batch": {"micro_batch_size": 2}, **engine}
         ),
         optimizer_config=OPTIMIZER,
     )
