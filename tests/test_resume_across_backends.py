@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.errors import CheckpointError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
@@ -142,11 +143,16 @@ def test_another_models_step_names_the_tensor_and_both_shapes(tied_model, tmp_pa
 
 def test_state_that_does_not_move_is_one_error_naming_the_way_on(tied_model, tmp_path):
     # Megatron's distributed optimizer keeps flat buffers that only its own layout reads: the error names the option.
-    _engine("megatron", tied_model).save_checkpoint(tmp_path / "distributed", global_step=1)
+    megatron = _engine("megatron", tied_model)
+    train_history(megatron, _batches()[:2], token_mean_nll)  # weights that differ (the first step has lr 0)
+    megatron.save_checkpoint(tmp_path / "distributed", global_step=1)
     fsdp = _engine("fsdp", tied_model)
+    untouched = {name: tensor.clone() for name, tensor in fsdp.export_weights()}
     with pytest.raises(CheckpointError, match=r"engine\.use_distributed_optimizer=true") as refused:
         fsdp.load_checkpoint(tmp_path / "distributed")
     assert "load_optimizer=False" in str(refused.value)
+    for name, tensor in fsdp.export_weights():  # refused before any weight changed
+        assert torch.equal(tensor, untouched[name]), name
     # LoRA adapters do not move across.
     lora = _engine("fsdp", tied_model, lora=LoraConfig(rank=2, alpha=4.0))
     lora.save_checkpoint(tmp_path / "lora", global_step=1)

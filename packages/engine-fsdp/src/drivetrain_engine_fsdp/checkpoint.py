@@ -75,20 +75,22 @@ def load_hf_state(
     tied = {_LM_HEAD: _EMBEDDING} if tie_word_embeddings else {}
     shapes = {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(module).items()}  # type: ignore[union-attr]
     state.check_fits(shapes, tied=tied)
+    # The optimizer first: a step whose moments cannot move fails before any weight is changed.
+    if optimizer is not None:
+        optimizer_state: Any = get_optimizer_state_dict(module, optimizer, options=_FULL)
+        names = [name for group in optimizer_state["param_groups"] for name in group["params"]]
+        step = float(state.adam_step())
+        moments = {moment: _by_name(state.tensors(moment), names, tied) for moment in ADAM_MOMENTS}
+        optimizer_state["state"] = {
+            name: {"step": torch.tensor(step), **{moment: moments[moment][name] for moment in ADAM_MOMENTS}}
+            for name in names
+        }
+        set_optimizer_state_dict(module, optimizer, optimizer_state, options=_FULL)
+        for moment in ADAM_MOMENTS:
+            state.release(moment)
     weights: dict[str, Any] = _by_name(state.tensors(WEIGHT), shapes, tied)
     set_model_state_dict(module, weights, options=_FULL)
     state.release(WEIGHT)
-    if optimizer is None:
-        return
-    optimizer_state: Any = get_optimizer_state_dict(module, optimizer, options=_FULL)
-    names = [name for group in optimizer_state["param_groups"] for name in group["params"]]
-    moments = {moment: _by_name(state.tensors(moment), names, tied) for moment in ADAM_MOMENTS}
-    step = float(state.adam_step())
-    optimizer_state["state"] = {
-        name: {"step": torch.tensor(step), **{moment: moments[moment][name] for moment in ADAM_MOMENTS}}
-        for name in names
-    }
-    set_optimizer_state_dict(module, optimizer, optimizer_state, options=_FULL)
 
 
 def _by_name(
