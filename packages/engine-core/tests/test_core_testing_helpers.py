@@ -85,7 +85,10 @@ def test_tiny_models_load_with_from_pretrained_and_seed_sets_weights(tmp_path: P
         make_tiny_model_dir(tmp_path / "v", model_type="value_model")
     )
     assert critic.config.num_labels == 1
-    with pytest.raises(ValueError, match=r"arch='gpt2' is not supported; use one of \('qwen2', 'llama'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"arch='gpt2' is not supported; use one of \('qwen2', 'llama', 'qwen3_moe', 'qwen2_moe', 'mixtral'\)",
+    ):
         make_tiny_model_dir(tmp_path / "x", arch="gpt2")
 
 

@@ -77,7 +77,7 @@ def check_keys(
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown option {path}; known options: {sorted(types_)}.{hint}")
         nested = backends.get(path) or nested_dataclass(types_[key])
-        if nested is None:
+        if nested is None or isinstance(value, nested):  # a section given built (a typed caller) is checked
             continue
         if not isinstance(value, Mapping) and value is not None:
             given = f"{source} gives it" if source else "it is given"
