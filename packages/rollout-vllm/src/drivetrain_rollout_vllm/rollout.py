@@ -23,9 +23,11 @@ from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBuc
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
 
 from . import worker
-from .install import import_vllm
+from .install import import_vllm, require_vllm
 from .sampling import sampling_params
 from .servable import cannot_serve, check_head_size
+
+require_vllm()  # a missing vLLM is refused when the rollout is looked up, before any warm start
 
 
 class VLLMRollout(Rollout):

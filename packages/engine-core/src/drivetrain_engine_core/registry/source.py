@@ -66,6 +66,8 @@ def resolve_target(target: type | str, *, what: str, source: PluginSource) -> ty
         value: object = importlib.import_module(module_name)
         for attr in attr_path.split("."):
             value = getattr(value, attr)
+    except PluginError:
+        raise  # the plugin's own word on what it is missing (an optional library) and how to install it
     except Exception as e:
         raise PluginError(
             f"{what} {target!r}, registered by {source.describe()} (plugin {source.name!r}), cannot be "
