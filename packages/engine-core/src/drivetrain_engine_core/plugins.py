@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import hookspecs
-from .checkpoint.hf_state import use_merger_lookup
 from .errors import PluginError
+from .merger_lookup import use_merger_lookup
 from .plugin_loading import (
     DISABLE_ENV,
     EntryPointLike,

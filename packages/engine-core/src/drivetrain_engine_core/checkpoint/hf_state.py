@@ -15,12 +15,13 @@ rows get zero moments, as they had (their gradient is zero).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from ..errors import CheckpointError
+from ..merger_lookup import MergerLookup, merger_lookup, use_merger_lookup
 from .manifest import Manifest
 from .merger import CheckpointMerger
 
@@ -28,17 +29,6 @@ WEIGHT = "weight"
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 """The per-parameter AdamW state that moves with the weights (the step count moves as one number)."""
 _SHOWN = 5
-
-MergerLookup = Callable[[str], type[CheckpointMerger]]
-_merger_lookup: list[MergerLookup] = []
-
-
-def use_merger_lookup(lookup: MergerLookup) -> None:
-    """Set how :meth:`HFTrainingState.from_step` finds a backend's merger (the plugin registry sets it).
-
-    NOTE: handed down rather than imported: the registry sits above the engine, which sits above this module.
-    """
-    _merger_lookup[:] = [lookup]
 
 
 class HFTrainingState:
@@ -65,7 +55,8 @@ class HFTrainingState:
             CheckpointError: the step holds LoRA adapters (they do not move across backends yet).
             PluginError: no merger is installed for the step's backend.
         """
-        if not _merger_lookup:
+        lookup = merger_lookup()
+        if lookup is None:
             raise CheckpointError(
                 f"{step_dir} was written by the {manifest.backend!r} backend, and no checkpoint merger registry "
                 "is loaded to read it: build the engine with drivetrain_engine_core.factory.create_engine (or call "
@@ -78,7 +69,7 @@ class HFTrainingState:
                 f"layout that wrote it, or merge it (`drivetrain ckpt merge {step_dir} OUT --lora merged`) and "
                 "start a new run from OUT."
             )
-        return cls(_merger_lookup[0](manifest.backend)(step_dir, manifest))
+        return cls(lookup(manifest.backend)(step_dir, manifest))
 
     def tensors(self, part: str) -> dict[str, torch.Tensor]:
         """``hf_name -> full tensor`` of ``part``: ``"weight"`` or an Adam moment (``"exp_avg"``, ...).
