@@ -24,21 +24,24 @@ REAP_TIMEOUT_S = 5.0
 
 @contextlib.contextmanager
 def owning_descendants() -> Iterator[None]:
-    """Within the block, adopt orphaned descendants (Linux); on leaving it, kill every descendant left.
+    """Within the block, adopt orphaned descendants (Linux); on leaving it, kill every descendant it started.
 
-    Only processes started inside the block should be alive below this process when it ends; anything else
-    this process started earlier and still runs is killed too, so call it around a launch in a CLI process.
+    Processes this process ran before the block (a library's helper, e.g. megatron's checkpoint-writer manager
+    in a test process that also launches ranks) are left alone: only those that were not descendants when the
+    block began are killed.
     """
+    before = {process.pid for process in psutil.Process().children(recursive=True)}
     _become_subreaper()
     try:
         yield
     finally:
-        kill_descendants()
+        kill_descendants(keep=before)
 
 
-def kill_descendants() -> None:
-    """SIGKILL every descendant of this process and wait (bounded) until they are gone."""
-    descendants = psutil.Process().children(recursive=True)
+def kill_descendants(keep: frozenset[int] | set[int] = frozenset()) -> None:
+    """SIGKILL every descendant of this process except the pids in ``keep``, and wait (bounded) until they are
+    gone."""
+    descendants = [p for p in psutil.Process().children(recursive=True) if p.pid not in keep]
     for process in descendants:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
