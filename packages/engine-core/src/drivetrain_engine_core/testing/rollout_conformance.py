@@ -31,8 +31,7 @@ from drivetrain_engine_core.handoff import (
     WeightBucket,
 )
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
-from drivetrain_engine_core.testing.device import device_under_test
-from drivetrain_engine_core.testing.models import make_tiny_model_dir
+from drivetrain_engine_core.testing.kit import KitBase
 from drivetrain_engine_core.testing.policies import (
     State,
     actor_log_probs,
@@ -52,18 +51,15 @@ CHANGED_AT_2 = ("model.layers.0.self_attn.q_proj.weight", "model.norm.weight")
 """What version 2 changes of version 1: a delta stream sends these two tensors only."""
 
 
-class RolloutConformanceTests:
+class RolloutConformanceTests(KitBase):
     """Checks every rollout must pass; subclass it in a ``Test*`` class of the rollout's test suite."""
 
     rollout_name: ClassVar[str] = ""
     """Registered rollout name used by the default :meth:`rollout_factory`."""
-    device: ClassVar[str] = device_under_test()
-    arch: ClassVar[str] = "qwen2"
     log_prob_atol: ClassVar[float] = 1e-5
     """Largest gap between the rollout's sampled log-probs and the plain model's (fp32)."""
     supports_adapters: ClassVar[bool] = True
     """Whether the rollout takes ``lora="adapter"`` streams."""
-    skip_tests: ClassVar[frozenset[str]] = frozenset()
 
     # ------------------------------------------------------------------ hooks for subclasses
     def rollout_factory(self, model_dir: Path, *, verify: VerifyConfig) -> Rollout:
@@ -75,16 +71,6 @@ class RolloutConformanceTests:
         return create_rollout(self.rollout_name, model_path=str(model_dir), device=self.device, verify=verify)
 
     # ------------------------------------------------------------------ fixtures
-    @pytest.fixture(autouse=True)
-    def _skip_unsupported(self, request: pytest.FixtureRequest) -> None:
-        if request.function.__name__ in self.skip_tests:
-            pytest.skip(f"{type(self).__name__} lists {request.function.__name__} in skip_tests")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return make_tiny_model_dir(tmp_path_factory.mktemp("rollout_model"), arch=cls.arch)
-
     @pytest.fixture(scope="class")
     @classmethod
     def versions(cls, model_dir: Path) -> dict[int, State]:

@@ -23,7 +23,7 @@ from drivetrain_engine_core.factory import create_engine, engine_config_from_dic
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
 from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.testing.batches import random_batch
-from drivetrain_engine_core.testing.device import device_under_test
+from drivetrain_engine_core.testing.kit import KitBase
 from drivetrain_engine_core.testing.models import make_tiny_model_dir
 
 PROMPT_LENGTHS = (3, 5, 2, 6)
@@ -55,7 +55,7 @@ def flat(value: torch.Tensor) -> torch.Tensor:
     return value.values().detach().cpu()
 
 
-class ConformanceBase:
+class ConformanceBase(KitBase):
     """Configuration, fixtures and helpers of the conformance checks (see :class:`EngineConformanceTests`).
 
     Class attributes configure the run; override :meth:`engine_factory` (and :meth:`engine_class`) when
@@ -65,11 +65,8 @@ class ConformanceBase:
 
     backend: ClassVar[str] = ""
     """Registered backend name used by the default :meth:`engine_factory`."""
-    device: ClassVar[str] = device_under_test()
-    """``$DRIVETRAIN_TEST_DEVICE`` (``cpu`` unless the GPU lane sets ``cuda``)."""
     engine_options: ClassVar[dict[str, Any]] = {}
     """Extra engine-config values (backend-specific) for the default :meth:`engine_factory`."""
-    arch: ClassVar[str] = "qwen2"
     atol: ClassVar[float] = 1e-5
     rtol: ClassVar[float] = 1e-5
     curve_rtol: ClassVar[float] = 1e-4
@@ -80,8 +77,6 @@ class ConformanceBase:
     merge_tolerance: ClassVar[float] = 1e-6
     """``rtol`` and ``atol`` of the merged LoRA weights against the adapters folded in on the CPU, when the engine
     runs on an accelerator (its ``B @ A`` rounds differently from the CPU's); on ``cpu`` they must be equal."""
-    skip_tests: ClassVar[frozenset[str]] = frozenset()
-    """Names of inherited tests that make no sense for this backend."""
 
     # ------------------------------------------------------------------ hooks for subclasses
     def engine_class(self) -> type[Engine]:
@@ -146,16 +141,6 @@ class ConformanceBase:
         )
 
     # ------------------------------------------------------------------ fixtures
-    @pytest.fixture(autouse=True)
-    def _skip_unsupported(self, request: pytest.FixtureRequest) -> None:
-        if request.function.__name__ in self.skip_tests:
-            pytest.skip(f"{type(self).__name__} lists {request.function.__name__} in skip_tests")
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return make_tiny_model_dir(tmp_path_factory.mktemp("language_model"), arch=cls.arch)
-
     @pytest.fixture(scope="class")
     @classmethod
     def value_model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
