@@ -1,37 +1,52 @@
-"""Compatibility matrix, lowest side: each plugin against the lowest versions it declares (docs/versioning.md).
+"""Compatibility matrix, lowest side: the plugins against the lowest versions they declare (docs/versioning.md).
 
-For each plugin: core at the floor of the plugin's core range (built from that release's tag or recorded ref,
-or from the working tree when the floor is the current version), every direct dependency of core and the plugin
-(torch, transformers, peft, ...) at its declared floor (``uv pip compile --resolution lowest-direct``), both
-installed into a fresh venv, then the plugin's conformance tests run there. ``.ci/run`` runs only
-``--resolve-only`` (seconds): a floor torch is a multi-gigabyte download and the kits take minutes on CPU.
+Every floor is a promise, so every floor is installed and tested. The plugins share one environment: core at
+the floor of their core range (built from that release's tag or recorded ref, or from the working tree when the
+floor is the current version), and every direct dependency of core (with its ``testing`` extra) and of each
+plugin at its declared floor (``uv pip compile --resolution lowest-direct``). Then each plugin's kit runs there,
+in one pytest session. One environment can test a floor only where every package declares the same floor for
+that dependency, so the script first checks that they agree, then that each floor is what actually resolved,
+and names the package, the dependency and the fix when not.
 
     uv run --all-packages --locked python .ci/lowest_deps.py [--resolve-only] [DISTRIBUTION ...]
+
+``.ci/run`` runs it whole (torch's floor is PyPI's CUDA build, about 3.4 GB on a cold uv cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 import tomllib
+from collections import defaultdict
 from io import BytesIO
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 from releasing import CORE, ROOT, Release, find_release, load_releases, project_version, tag_name
 
 KITS = {
-    "drivetrain-engine-fsdp": ["tests/test_fsdp_conformance.py"],
-    "drivetrain-roles": ["tests/test_roles_losses.py"],
-    "drivetrain-ckpt-tools": ["tests/test_ckpt_merge_synthetic.py"],
-    "drivetrain-toy-engine": ["tests/test_toy_conformance.py"],
+    "drivetrain-engine-fsdp": ["packages/engine-fsdp/tests/test_fsdp_conformance.py"],
+    "drivetrain-engine-megatron": ["packages/engine-megatron/tests/test_megatron_conformance.py"],
+    "drivetrain-roles": [
+        "packages/roles/tests/test_roles_losses.py",
+        "packages/roles/tests/test_roles_rollout_conformance.py",
+        "packages/roles/tests/test_roles_job_template.py",
+    ],
+    "drivetrain-ckpt-tools": ["packages/ckpt-tools/tests/test_ckpt_merge_synthetic.py"],
+    "drivetrain-toy-engine": ["examples/drivetrain-toy-engine/tests/test_toy_conformance.py"],
+    # Its kit needs vLLM, which pins its own torch (the vLLM lane of .ci/run); its floors are installed here.
+    "drivetrain-rollout-vllm": [],
 }
-"""The tests each plugin runs at its floors: the conformance kit where it is a backend."""
+"""The tests each plugin runs at its floors: its conformance kit, and for roles the job template and losses."""
 
 TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3"]
 
@@ -52,18 +67,26 @@ def requirements(pyproject: Path, extras: tuple[str, ...] = ()) -> list[Requirem
     return [Requirement(line) for line in lines]
 
 
+def floor_of(requirement: Requirement) -> Version | None:
+    """The lowest version ``requirement`` admits by its ``>=``/``~=``/``==`` bounds, or None."""
+    floors = [Version(s.version) for s in requirement.specifier if s.operator in (">=", "~=", "==")]
+    return max(floors) if floors else None
+
+
 def core_floor(plugin: Release) -> Version:
-    """The lowest core version the plugin's range admits (its ``>=`` bound)."""
+    """The lowest core version the plugin's range admits."""
     cores = [r for r in requirements(ROOT / plugin.path / "pyproject.toml") if r.name == CORE]
     if not cores:
         raise SystemExit(
             f"lowest-deps: {plugin.distribution} does not require {CORE}; the matrix is for plugins."
         )
-    core = cores[0]
-    floors = [Version(s.version) for s in core.specifier if s.operator in (">=", "~=", "==")]
-    if not floors:
-        raise SystemExit(f"lowest-deps: {plugin.distribution} requires {core} with no lower bound; add one.")
-    return max(floors)
+    floor = floor_of(cores[0])
+    if floor is None:
+        raise SystemExit(
+            f"lowest-deps: {plugin.distribution} requires {cores[0]} with no lower bound; add one "
+            f"(>=) in {plugin.path}/pyproject.toml."
+        )
+    return floor
 
 
 def core_source(floor: Version, work: Path) -> Path:
@@ -77,60 +100,169 @@ def core_source(floor: Version, work: Path) -> Path:
     if archive.returncode != 0:
         raise SystemExit(f"lowest-deps: core {floor} is not at {ref!r} in this clone (`git fetch --tags`).")
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
-        tar.extractall(work / "core-src", filter="data")
-    return work / "core-src" / "packages" / "engine-core"
+        tar.extractall(work / f"core-{floor}", filter="data")
+    return work / f"core-{floor}" / "packages" / "engine-core"
 
 
-def lowest_set(plugin: Release, core: Path, work: Path) -> Path:
-    """The pinned requirements: every non-drivetrain direct dependency of core and the plugin at its floor."""
-    wanted = requirements(core / "pyproject.toml", ("testing",))
-    wanted += requirements(ROOT / plugin.path / "pyproject.toml")
-    lines = sorted({str(r) for r in wanted if not r.name.startswith("drivetrain-")} | set(TEST_TOOLS))
-    source = work / f"{plugin.distribution}.in"
+def declared(core: Path, plugins: list[Release]) -> dict[str, list[Requirement]]:
+    """Each package's non-drivetrain direct requirements, by the package's folder (core with ``testing``)."""
+    found = {"packages/engine-core": requirements(core / "pyproject.toml", ("testing",))}
+    for plugin in plugins:
+        found[plugin.path] = requirements(ROOT / plugin.path / "pyproject.toml")
+    return {where: [r for r in reqs if not r.name.startswith("drivetrain-")] for where, reqs in found.items()}
+
+
+def disagreements(by_package: dict[str, list[Requirement]]) -> list[str]:
+    """One line per package whose floor for a dependency is below another package's: the shared environment
+    installs the highest, so the lower floor would go untested."""
+    floors: dict[str, dict[str, Version]] = defaultdict(dict)
+    for where, reqs in by_package.items():
+        for requirement in reqs:
+            if (floor := floor_of(requirement)) is not None:
+                floors[canonicalize_name(requirement.name)][where] = floor
+    problems = []
+    for name, by_where in sorted(floors.items()):
+        highest = max(by_where.values())
+        holder = next(w for w, f in by_where.items() if f == highest)
+        problems += [
+            f"{where}/pyproject.toml declares {name}>={floor} but {holder} declares {name}>={highest}; the "
+            f"shared floor environment installs {highest}, so {floor} is never tested. Raise it to "
+            f"{name}>={highest} (or lower {holder}'s floor and prove it here)."
+            for where, floor in sorted(by_where.items())
+            if floor < highest
+        ]
+    return problems
+
+
+def compile_lowest(
+    lines: list[str], work: Path, name: str, pins: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``uv pip compile --resolution lowest-direct`` of ``lines`` (plus ``pins`` as constraints) into
+    ``work/name.txt``; the completed process, so that a failure's reason can be read."""
+    source = work / f"{name}.in"
     source.write_text("\n".join(lines) + "\n")
-    pinned = work / f"{plugin.distribution}.txt"
-    run("uv", "pip", "compile", "--quiet", "--resolution", "lowest-direct", "--python", sys.executable,
-        source, "-o", pinned)  # fmt: skip
-    return pinned
+    constraints = work / f"{name}.constraints"
+    constraints.write_text(pins)
+    args = ["uv", "pip", "compile", "--no-progress", "--resolution", "lowest-direct", "--python", sys.executable,
+            "-c", constraints, source, "-o", work / f"{name}.txt"]  # fmt: skip
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False)
 
 
-def floor_report(source: Path, pinned: Path) -> str:
-    """``torch 2.13.0 (declared >=2.11)``-style notes for torch and transformers: a resolved version above the
-    declared floor means that floor is not installable beside the other floors."""
-    declared = {r.name: r for r in map(Requirement, source.read_text().split())}
-    resolved = dict(
-        line.split("==") for line in pinned.read_text().splitlines() if "==" in line and line[0] != " "
-    )
-    notes = []
-    for name in ("torch", "transformers"):
-        floors = (
-            [s.version for s in declared[name].specifier if s.operator == ">="] if name in declared else []
+def resolved_versions(pinned: Path) -> dict[str, Version]:
+    """``name -> version`` of a compiled requirements file."""
+    pairs = [line.split("==") for line in pinned.read_text().splitlines() if "==" in line and line[0] != " "]
+    return {canonicalize_name(name): Version(version) for name, version in pairs}
+
+
+def why_not(lines: list[str], work: Path, pin: str) -> str:
+    """uv's reason that ``pin`` did not resolve: its conflict when pinned, or its warnings (a yanked release
+    resolves only when pinned exactly)."""
+    pinned = compile_lowest(lines, work, "why", pin + "\n")
+    said = [line for line in pinned.stderr.splitlines() if not line.startswith("Resolved ")]
+    return "\n".join(said).strip() or f"{pin} resolves when pinned; a resolver prefers a later release"
+
+
+def floors_not_resolved(
+    by_package: dict[str, list[Requirement]], lines: list[str], work: Path, resolved: dict[str, Version]
+) -> list[str]:
+    """One line per declared floor that did not resolve (a higher version came instead), with uv's reason."""
+    problems = []
+    for where, reqs in by_package.items():
+        for requirement in reqs:
+            floor = floor_of(requirement)
+            got = resolved.get(canonicalize_name(requirement.name))
+            if floor is None or got is None or got == floor:
+                continue
+            reason = why_not(lines, work, f"{requirement.name}=={floor}")
+            problems.append(
+                f"{where}/pyproject.toml declares {requirement}, but resolving every floor together installs "
+                f"{requirement.name} {got}, so {floor} is never tested. Raise the floor to "
+                f"{requirement.name}>={got} in every package that declares it. uv, with "
+                f"{requirement.name}=={floor} pinned:\n    " + reason.replace("\n", "\n    ")
+            )
+    return problems
+
+
+def resolve(core: Path, plugins: list[Release], work: Path) -> Path:
+    """The pinned floor set for ``plugins`` beside ``core``, or SystemExit listing every floor that is not a
+    tested promise (floors that disagree between packages, floors that do not resolve)."""
+    by_package = declared(core, plugins)
+    problems = disagreements(by_package)
+    lines = sorted({str(r) for reqs in by_package.values() for r in reqs} | set(TEST_TOOLS))
+    compiled = compile_lowest(lines, work, "floors")
+    if compiled.returncode != 0:
+        problems.append(
+            "the declared floors do not install together; raise the floor uv names below in every package "
+            f"that declares it (or move the other one):\n{compiled.stderr}"
         )
-        floor = max(floors, key=Version) if floors else None
-        stale = floor is not None and Version(resolved[name]) > Version(floor)
-        notes.append(
-            f"{name} {resolved[name]}"
-            + (f" (declared >={floor}: the other floors need more)" if stale else "")
+    else:
+        problems += floors_not_resolved(by_package, lines, work, resolved_versions(work / "floors.txt"))
+    if problems:
+        raise SystemExit("lowest-deps: " + "\nlowest-deps: ".join(problems))
+    return work / "floors.txt"
+
+
+def install_and_test(core: Path, plugins: list[Release], pinned: Path, work: Path) -> None:
+    """A fresh venv with the pinned floors, core and the plugins (no deps), then the plugins' kits in it."""
+    venv = Path(tempfile.mkdtemp(prefix="venv-", dir=work))
+    python = venv / "bin" / "python"
+    run("uv", "venv", "--quiet", "--python", sys.executable, venv)
+    run("uv", "pip", "install", "--quiet", "--python", python, "-r", pinned)
+    run("uv", "pip", "install", "--quiet", "--no-deps", "--python", python, core,
+        *(ROOT / p.path for p in plugins))  # fmt: skip
+    loads(venv / "bin" / "drivetrain", plugins)
+    kits = [test for p in plugins for test in KITS[p.distribution]]
+    if kits:
+        run_kits(python, kits)
+
+
+def loads(drivetrain: Path, plugins: list[Release]) -> None:
+    """Every plugin, rollout-vllm's too (no kit here), is loaded by ``drivetrain plugins`` at the floors."""
+    listed = {p["distribution"]: p for p in json.loads(run(drivetrain, "plugins", "--json"))}
+    failed = [
+        f"{p.distribution}: {listed.get(p.distribution, {}).get('status', 'not listed')} "
+        f"({listed.get(p.distribution, {}).get('error')})"
+        for p in plugins
+        if listed.get(p.distribution, {}).get("status") != "loaded"
+    ]
+    if failed:
+        raise SystemExit(
+            f"lowest-deps: at the floors, `drivetrain plugins` does not load: {'; '.join(failed)}."
         )
-    return ", ".join(notes)
 
 
-def check(plugin: Release, work: Path, resolve_only: bool) -> None:
-    """Resolve (and unless ``resolve_only``, install and test) ``plugin`` at its floors."""
+def run_kits(python: Path, kits: list[str]) -> None:
+    """The kits in one pytest session, its output passed through. A kit skipped because a module did not
+    import (``pytest.importorskip``) fails here: at the floors that is the finding, not an absent extra."""
+    # NOTE: unbuffered, so that pytest's progress reaches the CI log as it happens, not at exit.
+    tested = subprocess.Popen([python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *kits], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    unimportable = []
+    for line in tested.stdout or ():
+        print(line, end="", flush=True)
+        if line.startswith("SKIPPED") and "could not import" in line:
+            unimportable.append(line.strip())
+    if tested.wait() != 0 or unimportable:
+        raise SystemExit(
+            "lowest-deps: at the floors printed above, "
+            + ("; ".join(unimportable) if unimportable else "a kit failed")
+            + ". Fix the code, or raise the floor of the dependency it needs in every package that declares it."
+        )
+
+
+def check(floor: Version, plugins: list[Release], work: Path, resolve_only: bool) -> None:
+    """Resolve (and unless ``resolve_only``, install and test) ``plugins`` beside core ``floor``."""
     started = time.monotonic()
-    floor = core_floor(plugin)
     core = core_source(floor, work)
-    pinned = lowest_set(plugin, core, work)
-    print(f"{plugin.distribution}: core {floor}, {floor_report(pinned.with_suffix('.in'), pinned)}")
+    pinned = resolve(core, plugins, work)
+    names = ", ".join(p.distribution for p in plugins)
+    wanted = {canonicalize_name(r.name) for reqs in declared(core, plugins).values() for r in reqs}
+    floors = ", ".join(f"{n} {v}" for n, v in sorted(resolved_versions(pinned).items()) if n in wanted)
+    print(f"lowest-deps: core {floor} with {names}: every floor resolved ({floors})", flush=True)
     if not resolve_only:
-        venv = work / f"venv-{plugin.distribution}"
-        python = venv / "bin" / "python"
-        run("uv", "venv", "--quiet", "--python", sys.executable, venv)
-        run("uv", "pip", "install", "--quiet", "--python", python, "-r", pinned)
-        run("uv", "pip", "install", "--quiet", "--no-deps", "--python", python, core, ROOT / plugin.path)
-        run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KITS[plugin.distribution],
-            cwd=ROOT / plugin.path)  # fmt: skip
-    print(f"{plugin.distribution}: ok in {time.monotonic() - started:.0f} s")
+        install_and_test(core, plugins, pinned, work)
+    print(f"lowest-deps: core {floor} with {names}: ok in {time.monotonic() - started:.0f} s", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -138,14 +270,18 @@ def main(argv: list[str]) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--resolve-only", action="store_true", help="compile the lowest sets, install nothing"
+        "--resolve-only", action="store_true", help="check the floors resolve, install nothing"
     )
     parser.add_argument("distributions", nargs="*", default=list(KITS))
     args = parser.parse_args(argv)
     releases = load_releases()
+    groups: dict[Version, list[Release]] = defaultdict(list)
+    for name in args.distributions:
+        plugin = find_release(releases, name)
+        groups[core_floor(plugin)].append(plugin)
     with tempfile.TemporaryDirectory(prefix="lowest-deps-") as work:
-        for name in args.distributions:
-            check(find_release(releases, name), Path(work), args.resolve_only)
+        for floor, plugins in sorted(groups.items()):
+            check(floor, plugins, Path(work), args.resolve_only)
     return 0
 
 

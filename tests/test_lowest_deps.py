@@ -1,0 +1,64 @@
+"""``.ci/lowest_deps.py``: a floor that cannot be tested (two packages disagree, or it is not what resolves) is
+refused with the package, the dependency and the fix; the repository's own floors agree."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / ".ci"))
+
+from lowest_deps import KITS, declared, disagreements, floors_not_resolved, resolved_versions  # noqa: E402
+from releasing import find_release, load_releases  # noqa: E402
+
+
+def _reqs(*lines: str) -> list[Requirement]:
+    return [Requirement(line) for line in lines]
+
+
+def test_a_lower_floor_beside_a_higher_one_names_the_package_the_dependency_and_the_fix():
+    problems = disagreements(
+        {
+            "packages/engine-core": _reqs("torch>=2.11", "numpy>=1.25"),
+            "packages/roles": _reqs("transformers>=4.56"),
+            "packages/engine-fsdp": _reqs("transformers>=5.16", "numpy>=1.25"),
+        }
+    )
+    assert problems == [
+        "packages/roles/pyproject.toml declares transformers>=4.56 but packages/engine-fsdp declares "
+        "transformers>=5.16; the shared floor environment installs 5.16, so 4.56 is never tested. Raise it to "
+        "transformers>=5.16 (or lower packages/engine-fsdp's floor and prove it here)."
+    ]
+
+
+def test_the_repositorys_floors_agree():
+    releases = load_releases()
+    plugins = [find_release(releases, name) for name in KITS]
+    assert disagreements(declared(ROOT / "packages" / "engine-core", plugins)) == []
+
+
+def test_resolved_versions_reads_a_compiled_file(tmp_path):
+    pinned = tmp_path / "floors.txt"
+    pinned.write_text("# header\nTorch==2.11.0\n    # via -r floors.in\nnumpy==1.25.0\n")
+    assert {n: str(v) for n, v in resolved_versions(pinned).items()} == {"torch": "2.11.0", "numpy": "1.25.0"}
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="needs uv")
+def test_a_floor_that_does_not_resolve_names_what_did_and_uvs_reason(tmp_path):
+    # xxhash 3.4.0 is yanked: a resolver takes 3.4.1 for xxhash>=3.4 unless 3.4.0 is pinned exactly.
+    lines = ["xxhash>=3.4"]
+    by_package = {"packages/engine-core": _reqs(*lines)}
+    problems = floors_not_resolved(by_package, lines, tmp_path, {"xxhash": Version("3.4.1")})
+    (problem,) = problems
+    assert problem.startswith(
+        "packages/engine-core/pyproject.toml declares xxhash>=3.4, but resolving every floor together installs "
+        "xxhash 3.4.1, so 3.4 is never tested. Raise the floor to xxhash>=3.4.1 in every package that declares "
+        "it. uv, with xxhash==3.4 pinned:\n"
+    )
+    assert "yanked" in problem
