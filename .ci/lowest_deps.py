@@ -10,7 +10,9 @@ and names the package, the dependency and the fix when not.
 
     uv run --all-packages --locked python .ci/lowest_deps.py [--resolve-only] [DISTRIBUTION ...]
 
-``.ci/run`` runs it whole (torch's floor is PyPI's CUDA build, about 3.4 GB on a cold uv cache).
+DISTRIBUTION names the plugins whose kits run (default: all); the environment holds every plugin regardless.
+
+``.ci/run`` runs it whole (torch's floor is PyPI's CUDA build: 4.9 GB in a cold uv cache, 86 s here).
 """
 
 from __future__ import annotations
@@ -202,8 +204,8 @@ def resolve(core: Path, plugins: list[Release], work: Path) -> Path:
     return work / "floors.txt"
 
 
-def install_and_test(core: Path, plugins: list[Release], pinned: Path, work: Path) -> None:
-    """A fresh venv with the pinned floors, core and the plugins (no deps), then the plugins' kits in it."""
+def install_and_test(core: Path, plugins: list[Release], kits: list[str], pinned: Path, work: Path) -> None:
+    """A fresh venv with the pinned floors, core and the plugins (no deps), then ``kits`` in it."""
     venv = Path(tempfile.mkdtemp(prefix="venv-", dir=work))
     python = venv / "bin" / "python"
     run("uv", "venv", "--quiet", "--python", sys.executable, venv)
@@ -211,7 +213,6 @@ def install_and_test(core: Path, plugins: list[Release], pinned: Path, work: Pat
     run("uv", "pip", "install", "--quiet", "--no-deps", "--python", python, core,
         *(ROOT / p.path for p in plugins))  # fmt: skip
     loads(venv / "bin" / "drivetrain", plugins)
-    kits = [test for p in plugins for test in KITS[p.distribution]]
     if kits:
         run_kits(python, kits)
 
@@ -251,8 +252,8 @@ def run_kits(python: Path, kits: list[str]) -> None:
         )
 
 
-def check(floor: Version, plugins: list[Release], work: Path, resolve_only: bool) -> None:
-    """Resolve (and unless ``resolve_only``, install and test) ``plugins`` beside core ``floor``."""
+def check(floor: Version, plugins: list[Release], kits: list[str], work: Path, resolve_only: bool) -> None:
+    """Resolve ``plugins`` beside core ``floor`` (and unless ``resolve_only``, install them and run ``kits``)."""
     started = time.monotonic()
     core = core_source(floor, work)
     pinned = resolve(core, plugins, work)
@@ -261,7 +262,7 @@ def check(floor: Version, plugins: list[Release], work: Path, resolve_only: bool
     floors = ", ".join(f"{n} {v}" for n, v in sorted(resolved_versions(pinned).items()) if n in wanted)
     print(f"lowest-deps: core {floor} with {names}: every floor resolved ({floors})", flush=True)
     if not resolve_only:
-        install_and_test(core, plugins, pinned, work)
+        install_and_test(core, plugins, kits, pinned, work)
     print(f"lowest-deps: core {floor} with {names}: ok in {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -272,16 +273,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--resolve-only", action="store_true", help="check the floors resolve, install nothing"
     )
-    parser.add_argument("distributions", nargs="*", default=list(KITS))
+    parser.add_argument(
+        "distributions", nargs="*", default=list(KITS), help="whose kits to run (default all)"
+    )
     args = parser.parse_args(argv)
     releases = load_releases()
+    chosen = {find_release(releases, name).distribution for name in args.distributions}
+    if unknown := chosen - set(KITS):
+        raise SystemExit(
+            f"lowest-deps: {', '.join(sorted(unknown))} has no kit here; plugins: {', '.join(KITS)}."
+        )
+    # Every plugin goes into the environment, whichever kits run: ckpt-tools' kit merges fsdp's steps.
     groups: dict[Version, list[Release]] = defaultdict(list)
-    for name in args.distributions:
-        plugin = find_release(releases, name)
+    for plugin in (find_release(releases, name) for name in KITS):
         groups[core_floor(plugin)].append(plugin)
     with tempfile.TemporaryDirectory(prefix="lowest-deps-") as work:
         for floor, plugins in sorted(groups.items()):
-            check(floor, plugins, Path(work), args.resolve_only)
+            kits = [test for p in plugins if p.distribution in chosen for test in KITS[p.distribution]]
+            if chosen & {p.distribution for p in plugins}:
+                check(floor, plugins, kits, Path(work), args.resolve_only)
     return 0
 
 
