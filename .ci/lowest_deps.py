@@ -156,18 +156,38 @@ def resolved_versions(pinned: Path) -> dict[str, Version]:
     return {canonicalize_name(name): Version(version) for name, version in pairs}
 
 
-def why_not(lines: list[str], work: Path, pin: str) -> str:
-    """uv's reason that ``pin`` did not resolve: its conflict when pinned, or its warnings (a yanked release
-    resolves only when pinned exactly)."""
+def why_not(lines: list[str], work: Path, pin: str, floors: dict[str, Version]) -> str:
+    """Why ``pin`` (a floor, ``name==version``) did not resolve, as uv sees it: its conflict when the pin fails;
+    the other floors the pin pushes up when it resolves (two floors that cannot both hold); else uv's warnings
+    (a yanked release resolves only when pinned exactly)."""
     pinned = compile_lowest(lines, work, "why", pin + "\n")
-    said = [line for line in pinned.stderr.splitlines() if not line.startswith("Resolved ")]
-    return "\n".join(said).strip() or f"{pin} resolves when pinned; a resolver prefers a later release"
+    said = "\n".join(line for line in pinned.stderr.splitlines() if not line.startswith("Resolved ")).strip()
+    if pinned.returncode != 0:
+        return said
+    name = canonicalize_name(Requirement(pin).name)
+    pushed = [
+        f"{other} {version} (declared >={floors[other]})"
+        for other, version in sorted(resolved_versions(work / "why.txt").items())
+        if other != name and other in floors and version != floors[other]
+    ]
+    if pushed:
+        return (
+            f"with {pin} the others resolve to {', '.join(pushed)}: these floors cannot all hold at once, so "
+            "raise this one or those"
+        )
+    return said or f"{pin} resolves when pinned; a resolver prefers a later release"
 
 
 def floors_not_resolved(
     by_package: dict[str, list[Requirement]], lines: list[str], work: Path, resolved: dict[str, Version]
 ) -> list[str]:
     """One line per declared floor that did not resolve (a higher version came instead), with uv's reason."""
+    floors = {
+        canonicalize_name(r.name): floor
+        for reqs in by_package.values()
+        for r in reqs
+        if (floor := floor_of(r)) is not None
+    }
     problems = []
     for where, reqs in by_package.items():
         for requirement in reqs:
@@ -175,11 +195,11 @@ def floors_not_resolved(
             got = resolved.get(canonicalize_name(requirement.name))
             if floor is None or got is None or got == floor:
                 continue
-            reason = why_not(lines, work, f"{requirement.name}=={floor}")
+            reason = why_not(lines, work, f"{requirement.name}=={floor}", floors)
             problems.append(
                 f"{where}/pyproject.toml declares {requirement}, but resolving every floor together installs "
                 f"{requirement.name} {got}, so {floor} is never tested. Raise the floor to "
-                f"{requirement.name}>={got} in every package that declares it. uv, with "
+                f"{requirement.name}>={got} in every package that declares it, or see uv, with "
                 f"{requirement.name}=={floor} pinned:\n    " + reason.replace("\n", "\n    ")
             )
     return problems

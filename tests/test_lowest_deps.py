@@ -59,6 +59,19 @@ def test_a_floor_that_does_not_resolve_names_what_did_and_uvs_reason(tmp_path):
     assert problem.startswith(
         "packages/engine-core/pyproject.toml declares xxhash>=3.4, but resolving every floor together installs "
         "xxhash 3.4.1, so 3.4 is never tested. Raise the floor to xxhash>=3.4.1 in every package that declares "
-        "it. uv, with xxhash==3.4 pinned:\n"
+        "it, or see uv, with xxhash==3.4 pinned:\n"
     )
     assert "yanked" in problem
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="needs uv")
+def test_two_floors_that_cannot_both_hold_are_named_together(tmp_path):
+    # tensordict 0.15.0 and 0.15.1 need torch>=2.13: torch>=2.11 beside tensordict>=0.15 never installs both floors.
+    lines = ["tensordict>=0.15", "torch>=2.11"]
+    by_package = {"packages/engine-core": _reqs(*lines)}
+    resolved = {"torch": Version("2.13.0"), "tensordict": Version("0.15.0")}
+    (problem,) = floors_not_resolved(by_package, lines, tmp_path, resolved)
+    assert problem.endswith(
+        "uv, with torch==2.11 pinned:\n    with torch==2.11 the others resolve to tensordict 0.15.2 (declared "
+        ">=0.15): these floors cannot all hold at once, so raise this one or those"
+    )
