@@ -248,7 +248,8 @@ def loads(drivetrain: Path, plugins: list[Release]) -> None:
     ]
     if failed:
         raise SystemExit(
-            f"lowest-deps: at the floors, `drivetrain plugins` does not load: {'; '.join(failed)}."
+            f"lowest-deps: at the floors printed above, `drivetrain plugins` does not load: {'; '.join(failed)}. "
+            "Fix the plugin's import, or raise the floor of the dependency it needs in every package."
         )
 
 
