@@ -13,12 +13,12 @@ import json
 import pytest
 import torch
 from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.rollout import RolloutOutput
+from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
-from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, score, update
+from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, sampling_config, score, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
@@ -209,6 +209,15 @@ def test_a_reward_function_setting_without_a_name_is_refused():
         ConfigError, match=r"algorithm.reward_function='rewards\.py': write exact_match, package"
     ):
         load_config(None, ["algorithm.reward_function=rewards.py"])
+
+
+def test_truncated_sampling_reaches_the_rollout_and_bad_ranges_are_refused():
+    config = load_config(None, ["rollout.top_k=5", "rollout.top_p=0.9", "rollout.min_p=0.05"])
+    assert sampling_config(config, seed=7) == SamplingConfig(
+        n=8, temperature=1.0, top_k=5, top_p=0.9, min_p=0.05, max_new_tokens=6, seed=7
+    )
+    with pytest.raises(ConfigError, match=r"rollout.top_k/top_p/min_p: .*got top_k=0, top_p=1.5, min_p=0.0"):
+        load_config(None, ["rollout.top_p=1.5"])
 
 
 def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path):

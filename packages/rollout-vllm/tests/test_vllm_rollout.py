@@ -55,21 +55,38 @@ def train_a_step(engine, seed):
         )
 
 
-def reference_log_probs(model, prompts, output, temperature, top_k=0):
-    """Log-probs of each sampled token under a plain HF forward of ``model`` (the actor's computation), with the
-    tempered distribution cut to its ``top_k`` likeliest tokens when ``top_k`` is set."""
+def reference_log_probs(model, prompts, output, temperature, **truncation):
+    """Log-probs of each sampled token under a plain HF forward of ``model`` (the actor's computation), of the
+    tempered distribution cut as ``truncation`` says (:func:`truncated`)."""
     expected = []
     for index, (response, rolled) in enumerate(zip(output.responses, output.log_probs, strict=True)):
         prompt = prompts[index // output.n]
         ids = torch.tensor([prompt + response.tolist()])
         with torch.no_grad():
             logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
-        if top_k:
-            kth = logits.topk(top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits = truncated(logits, **truncation)
         expected.append(torch.log_softmax(logits, dim=-1).gather(-1, response[:, None]).squeeze(-1))
         assert rolled.shape == expected[-1].shape
     return expected
+
+
+def truncated(logits, top_k=0, top_p=1.0, min_p=0.0):
+    """The tempered logits with the tokens each option removes set to -inf, written out from SamplingConfig's
+    definitions: ``top_k`` keeps the k likeliest; ``min_p`` drops a token less likely than min_p times the
+    likeliest; ``top_p`` keeps the likeliest tokens until their probabilities reach top_p, i.e. drops a token
+    when it and every less likely token hold at most 1 - top_p (the likeliest is always kept)."""
+    drop = torch.zeros_like(logits, dtype=torch.bool)
+    if top_k:
+        drop |= logits < logits.topk(top_k, dim=-1).values[:, -1:]
+    probs = torch.softmax(logits, dim=-1)
+    if min_p:
+        drop |= probs < min_p * probs.max(dim=-1, keepdim=True).values
+    if top_p < 1:
+        ascending, order = probs.sort(dim=-1)
+        tail = ascending.cumsum(dim=-1) <= 1 - top_p
+        tail[:, -1] = False
+        drop |= torch.zeros_like(drop).scatter(-1, order, tail)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def hf_model(model_dir, engine=None):
@@ -111,12 +128,16 @@ def test_after_a_weight_stream_log_probs_follow_the_trained_model(rollout, engin
     assert all(torch.equal(served[name], tensor) for name, tensor in exported.items())
 
 
-def test_truncated_sampling_reports_the_distribution_sampled_from(rollout, engine, model_dir):
+@pytest.mark.parametrize("truncation", [{"top_k": 3}, {"top_p": 0.8}, {"min_p": 0.1}], ids=str)
+def test_truncated_sampling_reports_the_distribution_sampled_from(rollout, engine, model_dir, truncation):
     output = rollout.generate(
-        PROMPTS, SamplingConfig(n=2, temperature=0.7, top_k=3, max_new_tokens=5, seed=1)
+        PROMPTS, SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=1, **truncation)
     )
     reference = hf_model(model_dir, engine if rollout.weights_version else None)
-    assert_close_per_token(output, reference_log_probs(reference, PROMPTS, output, 0.7, top_k=3))
+    expected = reference_log_probs(reference, PROMPTS, output, 0.7, **truncation)
+    assert_close_per_token(output, expected)
+    full = reference_log_probs(reference, PROMPTS, output, 0.7)
+    assert any((e - f).abs().max() > 1e-3 for e, f in zip(expected, full, strict=True))  # it did truncate
 
 
 def test_responses_end_at_a_stop_token(rollout):

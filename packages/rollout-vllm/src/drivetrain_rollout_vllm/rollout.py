@@ -52,7 +52,8 @@ class VLLMRollout(Rollout):
         except OSError:
             generation = None
         self._end_ids = end_of_sequence_ids(config, generation)
-        self._names = checkpoint_names(model_path)
+        self._specs = checkpoint_specs(model_path)
+        self._names = set(self._specs)
         self._optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
         self._pending: dict[str, torch.Tensor] = {}
         self._unchanged: set[str] = set()
@@ -88,14 +89,39 @@ class VLLMRollout(Rollout):
                 "the vllm rollout serves merged weights only; hand off with weight_buckets(lora='merged')."
             )
         for name, tensor in bucket.tensors():
-            if name not in self._names:
-                close = difflib.get_close_matches(name, sorted(self._names), n=1)
-                raise HandoffError(
-                    f"the weight stream holds {name!r}, which the served model does not have"
-                    f"{f' (closest: {close[0]!r})' if close else ''}; hand off weights of the same architecture."
-                )
+            self._check_fits(name, tensor)
             self._pending[name] = tensor.clone()
         self._unchanged.update(held.name for held in bucket.unchanged)
+
+    def _check_fits(self, name: str, tensor: torch.Tensor) -> None:
+        """Refuse a tensor the served model has no place for: another name, shape or kind of dtype.
+
+        Raises:
+            HandoffError: naming the tensor, what was sent and what the served checkpoint holds.
+        """
+        if name not in self._specs:
+            close = difflib.get_close_matches(name, sorted(self._names), n=1)
+            raise HandoffError(
+                f"the weight stream holds {name!r}, which the served model does not have"
+                f"{f' (closest: {close[0]!r})' if close else ''}; hand off weights of the same architecture."
+            )
+        shape, dtype = self._specs[name]
+        if tuple(tensor.shape) != shape:
+            raise HandoffError(
+                f"the weight stream sends {name} with shape {tuple(tensor.shape)}, the served model's is {shape}; "
+                "hand off weights of the same model config."
+            )
+        # A floating stream of another precision (bf16 for fp32 weights) is cast on load; an integer one is not.
+        if tensor.is_floating_point() != (dtype in FLOAT_DTYPES):
+            raise HandoffError(
+                f"the weight stream sends {name} as {tensor.dtype}, the served model holds it as {dtype}; "
+                "hand off floating-point weights (weight_buckets(dtype=None or a float dtype))."
+            )
+
+    @property
+    def checkpoint_names(self) -> set[str]:
+        """The tensor names of the served model's checkpoint (what a merged stream must cover)."""
+        return set(self._names)
 
     def _finish_update(self) -> None:
         try:
@@ -189,12 +215,19 @@ def memory_options(device: str) -> dict[str, Any]:
     return {}
 
 
-def checkpoint_names(model_path: str) -> set[str]:
-    """The tensor names of the Hugging Face checkpoint at ``model_path`` (its safetensors files)."""
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+"""safetensors' names of floating-point dtypes."""
+
+
+def checkpoint_specs(model_path: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor of the Hugging Face checkpoint at ``model_path`` (its safetensors files): its shape and its
+    safetensors dtype name (``F32``), read from the files' headers."""
     from safetensors import safe_open
 
-    names: set[str] = set()
+    specs: dict[str, tuple[tuple[int, ...], str]] = {}
     for file in sorted(Path(model_path).glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
-            names.update(handle.keys())
-    return names
+            for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not a mapping)
+                part = handle.get_slice(name)
+                specs[name] = (tuple(part.get_shape()), part.get_dtype())
+    return specs

@@ -56,11 +56,9 @@ class RolloutBatch:
 
 
 def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
-    """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature."""
-    rollout = config.rollout
-    return SamplingConfig(
-        n=rollout.n, temperature=rollout.temperature, max_new_tokens=rollout.max_new_tokens, seed=seed
-    )
+    """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature, truncated by its
+    ``top_k``/``top_p``/``min_p``."""
+    return config.rollout.sampling(seed=seed)
 
 
 def sample(

@@ -1,0 +1,173 @@
+"""The vLLM server as seen from the trainer: a child process in vLLM's own Python, one authenticated socket, and
+waits that notice the process dying.
+
+NOTE: the transport is the standard library's ``multiprocessing.connection`` over a Unix socket in a private
+directory: it frames messages, authenticates the peer (HMAC challenge on a random key) and sends large byte
+buffers without pickling them (``send_bytes``/``recv_bytes``). It is in both Pythons whatever their torch, so the
+vLLM environment needs no extra package and the workspace lock no new one (pyzmq, which vLLM uses itself, would
+add a dependency to the trainer side for the same framing). Every wait polls the socket for a second at a time
+and checks the process in between, so a server that dies is named within about a second, not by a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+from drivetrain_engine_core.config import ConfigError
+
+from .install import INSTALL
+from .wire import AUTHKEY_VARIABLE, RolloutServerError, raise_error
+
+PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
+"""The environment variable naming the Python of the vLLM environment (``.venv-vllm/bin/python``)."""
+
+START_SECONDS = 600.0
+"""How long vLLM may take to start (about 11 s for a tiny model on an idle CPU; much longer under load)."""
+
+CALL_SECONDS = 3600.0
+"""The longest one request may take (a long generation on CPU); a dead server is named long before."""
+
+# Variables of the trainer's environment that would make vLLM's Python import the trainer's packages.
+_FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
+
+
+def server_python() -> str:
+    """The Python that runs the server: ``$DRIVETRAIN_VLLM_PYTHON``, else this one if it has vLLM.
+
+    Raises:
+        ConfigError: neither names a Python with vLLM; the message says how to build one and point at it.
+    """
+    named = os.environ.get(PYTHON_VARIABLE)
+    if named:
+        if not Path(named).is_file():
+            raise ConfigError(
+                f"rollout 'vllm-server': {PYTHON_VARIABLE}={named} is not a file; point it at the vLLM "
+                "environment's Python (packages/rollout-vllm/scripts/make-env builds .venv-vllm/bin/python)."
+            )
+        return named
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise ConfigError(
+        f"rollout 'vllm-server' runs vLLM in its own Python, and none is set: {INSTALL}; then set "
+        f"{PYTHON_VARIABLE} to that environment's Python (e.g. .venv-vllm/bin/python)."
+    )
+
+
+class ServerProcess:
+    """One vLLM server: started with :meth:`start`, asked with :meth:`call`, ended with :meth:`close`."""
+
+    def __init__(self, process: subprocess.Popen, log: Path, python: str) -> None:
+        self.process, self.log, self.python = process, log, python
+        self.connection: Connection | None = None
+
+    @classmethod
+    def start(cls, *, python: str, model_path: str, device: str) -> ServerProcess:
+        """Start the server in ``python`` and connect to it.
+
+        Raises:
+            RolloutServerError: the server exited or did not listen within :data:`START_SECONDS`.
+        """
+        folder = Path(tempfile.mkdtemp(prefix="drivetrain-vllm-"))  # 0700: only this user reaches the socket
+        address, log, key = str(folder / "server.sock"), folder / "server.log", secrets.token_bytes(32)
+        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN} | {AUTHKEY_VARIABLE: key.hex()}
+        command = [python, "-m", "drivetrain_rollout_vllm.server", address, model_path, device]
+        with log.open("wb") as out:
+            server = cls(
+                subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT), log, python
+            )
+        deadline = time.monotonic() + START_SECONDS
+        while server.connection is None:
+            try:
+                server.connection = Client(address, family="AF_UNIX", authkey=key)
+            except (FileNotFoundError, ConnectionRefusedError):
+                if server.process.poll() is not None:
+                    raise RolloutServerError(server.describe("exited before it listened")) from None
+                if time.monotonic() > deadline:
+                    server.close()
+                    raise RolloutServerError(
+                        server.describe(f"did not listen within {START_SECONDS:.0f} s")
+                    ) from None
+                time.sleep(0.2)
+        return server
+
+    def call(self, op: str, *args: Any, payload: memoryview | None = None, what: str) -> Any:
+        """Send request ``op`` (``payload``: raw bytes that follow it) and wait for its answer.
+
+        Args:
+            what: what the request does, for the error when the server dies (``generating``).
+
+        Raises:
+            RolloutServerError: the server exited, closed the connection or did not answer in time.
+            HandoffError, ConfigError, ...: the server refused the request (the same type, its message).
+        """
+        if self.connection is None:
+            raise RolloutServerError(f"{self.name} is closed; build a new rollout.")
+        try:
+            self.connection.send((op, args))
+            if payload is not None:
+                self.connection.send_bytes(payload)
+            reply = self._receive(what)
+        except (EOFError, OSError) as e:
+            self._wait_for_exit()
+            gone = "exited" if self.process.poll() is not None else "closed the connection"
+            raise RolloutServerError(self.describe(f"{gone} while {what}")) from e
+        if reply[0] == "error":
+            raise_error(reply[1], reply[2], server=self.name)
+        return reply[1]
+
+    def _receive(self, what: str) -> Any:
+        assert self.connection is not None  # call() checked
+        deadline = time.monotonic() + CALL_SECONDS
+        while not self.connection.poll(1.0):
+            if self.process.poll() is not None:
+                raise RolloutServerError(self.describe(f"exited while {what}"))
+            if time.monotonic() > deadline:
+                raise RolloutServerError(
+                    self.describe(f"did not answer within {CALL_SECONDS:.0f} s while {what}")
+                )
+        return self.connection.recv()
+
+    def _wait_for_exit(self) -> None:
+        """Give a server whose connection broke a moment to exit, so its exit code can be named."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+    @property
+    def name(self) -> str:
+        return f"the vLLM server (pid {self.process.pid}, {self.python})"
+
+    def describe(self, happened: str) -> str:
+        """One message: the server, what happened, its exit code, its last log lines and what to do."""
+        code = self.process.poll()
+        status = f" with exit code {code}" if code is not None and "exited" in happened else ""
+        tail = "".join(deque(self.log.read_text(errors="replace").splitlines(keepends=True), maxlen=8))
+        return (
+            f"{self.name} {happened}{status}; the rollout cannot go on: restart the run (its training "
+            f"checkpoints are not touched by the rollout). Last lines of {self.log}:\n{tail}"
+        )
+
+    def close(self) -> None:
+        """Stop the server (it shuts vLLM down when its connection closes) and reap it; its folder (socket,
+        log) is removed after a clean exit and kept after a failure, whose error names the log."""
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.returncode == 0:
+            shutil.rmtree(self.log.parent, ignore_errors=True)

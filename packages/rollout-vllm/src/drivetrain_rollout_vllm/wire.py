@@ -1,0 +1,140 @@
+"""What crosses the socket between the trainer's ``vllm-server`` rollout and the vLLM server process.
+
+The two ends run different Pythons (the trainer's torch 2.15, vLLM's 2.13), so nothing torch-specific is
+pickled: messages are plain Python values (``multiprocessing.connection`` frames and authenticates them), a
+bucket travels as a header of plain values plus its buffer as raw bytes (``send_bytes``), and dtypes by name.
+Digests are checked when a bucket arrives (:func:`check_arrived`), before the server applies anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import DrivetrainError, EngineStateError, PluginError
+from drivetrain_engine_core.handoff import (
+    DeltaBaseError,
+    HandoffError,
+    TensorDigest,
+    TensorSpec,
+    WeightBucket,
+    digest_of,
+)
+from drivetrain_engine_core.handoff.bucket import as_bytes
+from drivetrain_engine_core.rollout import SamplingConfig
+
+PROTOCOL = 1
+"""The message format's version: both ends must speak the same one (raised on any incompatible change)."""
+
+AUTHKEY_VARIABLE = "DRIVETRAIN_VLLM_SERVER_AUTHKEY"
+"""The environment variable that hands the server its connection's secret (hex), so it is not on its argv."""
+
+ERRORS: dict[str, type[Exception]] = {
+    error.__name__: error
+    for error in (HandoffError, DeltaBaseError, ConfigError, PluginError, EngineStateError, ValueError)
+}
+"""The errors the server reports as themselves: the trainer raises the same type with the server's message."""
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """``torch.float32`` from ``"torch.float32"`` (or ``"float32"``)."""
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise HandoffError(f"the weight stream names dtype {name!r}, which this torch does not have.")
+    return dtype
+
+
+def _digest_fields(held: TensorDigest) -> dict[str, Any]:
+    return {"name": held.name, "shape": list(held.shape), "dtype": str(held.dtype), "digest": held.digest}
+
+
+def _digest(fields: dict[str, Any]) -> dict[str, Any]:
+    return {**fields, "shape": tuple(fields["shape"]), "dtype": dtype_of(fields["dtype"])}
+
+
+def bucket_header(bucket: WeightBucket) -> dict[str, Any]:
+    """Everything of ``bucket`` but its buffer, as plain values."""
+    return {
+        "version": bucket.version,
+        "index": bucket.index,
+        "last": bucket.last,
+        "lora": bucket.lora,
+        "base_version": bucket.base_version,
+        "adapter_config": None if bucket.adapter_config is None else dict(bucket.adapter_config),
+        "specs": [{**_digest_fields(spec), "offset": spec.offset} for spec in bucket.specs],
+        "unchanged": [_digest_fields(held) for held in bucket.unchanged],
+    }
+
+
+def bucket_bytes(bucket: WeightBucket) -> memoryview:
+    """The bucket's buffer as bytes to send (copied to host memory when it lives on an accelerator)."""
+    return memoryview(bucket.buffer.detach().cpu().contiguous().numpy().data).cast("B")
+
+
+def bucket_from(header: dict[str, Any], payload: bytearray) -> WeightBucket:
+    """The bucket the trainer sent, its buffer on the bytes received (no copy)."""
+    buffer = torch.frombuffer(payload, dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+    return WeightBucket(
+        version=header["version"],
+        index=header["index"],
+        last=header["last"],
+        lora=header["lora"],
+        base_version=header["base_version"],
+        adapter_config=header["adapter_config"],
+        specs=tuple(TensorSpec(**_digest(spec)) for spec in header["specs"]),
+        unchanged=tuple(TensorDigest(**_digest(held)) for held in header["unchanged"]),
+        buffer=buffer,
+    )
+
+
+def check_arrived(bucket: WeightBucket) -> None:
+    """Check every tensor of ``bucket`` against the digest the sender took, before anything is applied.
+
+    Raises:
+        HandoffError: a tensor's bytes differ from what was sent (named, with the version and bucket).
+    """
+    for name, tensor in bucket.tensors():
+        spec = next(spec for spec in bucket.specs if spec.name == name)
+        if digest_of(tensor) != spec.digest:
+            raise HandoffError(
+                f"weight bucket {bucket.index} of version {bucket.version}: {name} arrived with other bytes than "
+                "were sent (its digest differs): the transport corrupted it. Nothing of the version was "
+                "applied; send it again."
+            )
+
+
+def tensor_fields(tensor: torch.Tensor) -> tuple[list[int], str, bytes]:
+    """A tensor as (shape, dtype name, row-major bytes)."""
+    return list(tensor.shape), str(tensor.dtype), as_bytes(tensor.detach().cpu()).numpy().tobytes()
+
+
+def tensor_from(fields: tuple[list[int], str, bytes]) -> torch.Tensor:
+    """The tensor :func:`tensor_fields` described."""
+    shape, dtype, data = fields
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return flat.view(dtype_of(dtype)).view(tuple(shape))
+
+
+def sampling_fields(sampling: SamplingConfig) -> dict[str, Any]:
+    """``sampling`` as plain values (:class:`SamplingConfig` ``(**fields)`` rebuilds it)."""
+    return dataclasses.asdict(sampling)
+
+
+def error_reply(error: BaseException) -> tuple[str, str, str]:
+    """The reply that reports ``error`` to the trainer."""
+    return ("error", type(error).__name__, str(error))
+
+
+def raise_error(kind: str, message: str, *, server: str) -> None:
+    """Raise what the server reported: the same drivetrain error type, else a :class:`RolloutServerError`."""
+    known = ERRORS.get(kind)
+    if known is not None:
+        raise known(message)
+    raise RolloutServerError(f"{server} failed with {kind}: {message}")
+
+
+class RolloutServerError(DrivetrainError, RuntimeError):
+    """The vLLM server process exited, stopped answering or failed unexpectedly; the message says which, and
+    ends with the server's last log lines."""

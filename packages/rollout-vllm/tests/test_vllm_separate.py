@@ -1,0 +1,195 @@
+"""The separate placement: a trainer in this Python (the workspace environment, with its own torch) drives a vLLM
+server in the vLLM environment's Python (``$DRIVETRAIN_VLLM_PYTHON``, else the checkout's ``.venv-vllm``, built by
+scripts/make-env); skipped where neither exists, and in the vLLM environment itself (its colocated tests cover
+it there). One server serves the module's tests in order; the last one kills it mid-generation."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from drivetrain_engine_core.errors import EngineStateError
+from drivetrain_engine_core.handoff import HandoffError, SentVersions
+from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.testing.policies import (
+    actor_log_probs,
+    base_state,
+    moved,
+    save_policy,
+    stream,
+)
+from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
+from drivetrain_rollout_vllm.wire import PROTOCOL, RolloutServerError
+
+CHECKOUT_VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = os.environ.get(PYTHON_VARIABLE) or str(CHECKOUT_VLLM_PYTHON)
+if importlib.util.find_spec("vllm") is not None:
+    pytest.skip(
+        "the trainer side runs in the workspace environment (vLLM's own has the colocated tests)",
+        allow_module_level=True,
+    )
+if not Path(VLLM_PYTHON).is_file():
+    pytest.skip(
+        f"no vLLM environment ({VLLM_PYTHON}); build it with scripts/make-env", allow_module_level=True
+    )
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
+SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
+DEADLINE_SECONDS = 60
+
+
+@pytest.fixture(scope="module")
+def states(servable_model_dir):
+    first = moved(base_state(servable_model_dir), seed=1)
+    return {1: first, 2: moved(first, seed=2)}
+
+
+@pytest.fixture(scope="module")
+def servers(servable_model_dir):
+    """Two servers, started side by side (each start is mostly waiting): the module's, and one to kill."""
+    with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(2) as pool:
+        patch.setenv(PYTHON_VARIABLE, VLLM_PYTHON)
+        started = list(
+            pool.map(lambda _: create_rollout("vllm-server", model_path=str(servable_model_dir)), "ab")
+        )
+    yield started
+    for served in started:
+        served.close()
+        shutil.rmtree(served.server.log.parent, ignore_errors=True)  # the killed ones' logs are kept
+
+
+@pytest.fixture(scope="module")
+def rollout(servers):
+    return servers[0]
+
+
+def assert_actor_log_probs(rollout, policy_dir):
+    output = rollout.generate(PROMPTS, SAMPLED)
+    expected = actor_log_probs(policy_dir, PROMPTS, output, SAMPLED.temperature)
+    for rolled, actor in zip(output.log_probs, expected, strict=True):
+        torch.testing.assert_close(rolled, actor, atol=1e-5, rtol=0)
+    return output
+
+
+def test_the_server_runs_its_own_torch_and_samples_as_hf(rollout, servable_model_dir):
+    assert rollout.versions["torch"] != torch.__version__  # two environments, two torch builds
+    assert rollout.weights_version is None
+    assert_actor_log_probs(rollout, servable_model_dir)
+
+
+def test_a_new_version_is_served_with_the_updated_models_log_probs(
+    rollout, states, servable_model_dir, tmp_path
+):
+    assert rollout.update_weights(stream(SentVersions(), states[1], 1)) == 1
+    assert rollout.last_sync.verified and rollout.last_sync.bytes_sent > 0
+    output = assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[1], tmp_path / "v1"))
+    assert output.version == 1
+    served = rollout.served_weights(sorted(states[1]))
+    assert all(torch.equal(served[name], tensor) for name, tensor in states[1].items())
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (
+            lambda s: {**s, "model.layers.0.mlp.up_prog.weight": s.pop("model.layers.0.mlp.up_proj.weight")},
+            r"holds 'model.layers.0.mlp.up_prog.weight', which the served model does not have \(closest: "
+            r"'model.layers.0.mlp.up_proj.weight'\)",
+        ),
+        (
+            lambda s: {**s, "model.norm.weight": s["model.norm.weight"][:-1]},
+            r"sends model.norm.weight with shape \(127,\), the served model's is \(128,\)",
+        ),
+        (
+            lambda s: {**s, "model.norm.weight": s["model.norm.weight"].long()},
+            "sends model.norm.weight as torch.int64, the served model holds it as F32",
+        ),
+    ],
+    ids=["name", "shape", "dtype"],
+)
+def test_an_incompatible_stream_is_refused_naming_what_differs(rollout, states, change, error):
+    incompatible = change(dict(states[2]))
+    with pytest.raises(HandoffError, match=error):
+        rollout.update_weights(stream(SentVersions(), incompatible, 2))
+    assert_the_server_still_holds(rollout, states[1])
+
+
+def test_bytes_corrupted_in_transport_are_refused_on_arrival(rollout, states, monkeypatch):
+    from drivetrain_rollout_vllm import client
+
+    sent = client.bucket_bytes
+
+    def corrupted(bucket):
+        raw = bytearray(sent(bucket))
+        raw[0] ^= 0x40  # after the sender took the digests: what a faulty transport would do
+        return memoryview(raw)
+
+    buckets = stream(SentVersions(), states[2], 2)
+    monkeypatch.setattr(client, "bucket_bytes", corrupted)
+    with pytest.raises(
+        HandoffError, match=f"bucket 0 of version 2: {buckets[0].specs[0].name} arrived with other"
+    ):
+        rollout.update_weights(buckets)
+    assert_the_server_still_holds(rollout, states[1])
+
+
+def assert_the_server_still_holds(rollout, state):
+    """The refused stream reached nothing vLLM computes with; the trainer's side refuses to generate until a
+    complete version arrives (core's contract after a failed stream)."""
+    served = rollout.served_weights(sorted(state))
+    assert all(torch.equal(served[name], tensor) for name, tensor in state.items())
+    with pytest.raises(EngineStateError, match="partial or wrong"):
+        rollout.generate(PROMPTS, SAMPLED)
+
+
+def test_a_trainer_of_another_protocol_is_refused_naming_both(rollout):
+    with pytest.raises(
+        HandoffError, match=f"speaks weight-stream protocol {PROTOCOL + 1}, this vLLM server's"
+    ):
+        rollout.server.call("start", PROTOCOL + 1, "9.9.9", what="starting vLLM")
+
+
+def test_after_refusals_a_complete_version_is_served(rollout, states, servable_model_dir, tmp_path):
+    assert rollout.update_weights(stream(SentVersions(), states[2], 2)) == 2
+    assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[2], tmp_path / "v2"))
+
+
+def test_a_server_killed_mid_generation_is_named_at_once(rollout):
+    send = rollout.server.connection.send
+
+    def send_then_kill(message):
+        send(message)
+        os.kill(rollout.server.process.pid, signal.SIGKILL)
+
+    rollout.server.connection.send = send_then_kill
+    started = time.monotonic()
+    with pytest.raises(
+        RolloutServerError, match=r"the vLLM server \(pid \d+, .*\) exited while generating with exit code -9"
+    ):
+        rollout.generate(PROMPTS, SAMPLED)
+    assert time.monotonic() - started < DEADLINE_SECONDS
+
+
+def test_a_server_killed_mid_update_is_named_at_once(servers, states):
+    rollout = servers[1]
+
+    def buckets():
+        for bucket in stream(SentVersions(), states[1], 1):
+            if bucket.index == 1:
+                os.kill(rollout.server.process.pid, signal.SIGKILL)
+            yield bucket
+
+    started = time.monotonic()
+    with pytest.raises(RolloutServerError, match=r"while receiving bucket 1 of version 1"):
+        rollout.update_weights(buckets())
+    assert time.monotonic() - started < DEADLINE_SECONDS
+    assert rollout.weights_version is None
