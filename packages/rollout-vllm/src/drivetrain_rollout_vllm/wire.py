@@ -95,8 +95,7 @@ def check_arrived(bucket: WeightBucket) -> None:
     Raises:
         HandoffError: a tensor's bytes differ from what was sent (named, with the version and bucket).
     """
-    for name, tensor in bucket.tensors():
-        spec = next(spec for spec in bucket.specs if spec.name == name)
+    for spec, (name, tensor) in zip(bucket.specs, bucket.tensors(), strict=True):
         if digest_of(tensor) != spec.digest:
             raise HandoffError(
                 f"weight bucket {bucket.index} of version {bucket.version}: {name} arrived with other bytes than "
