@@ -134,6 +134,9 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise RolloutServerError(self.describe(f"exited while {what}"))
             if time.monotonic() > deadline:
+                # A late answer would be taken for the next request's: the connection is given up.
+                self.connection.close()
+                self.connection = None
                 raise RolloutServerError(
                     self.describe(f"did not answer within {CALL_SECONDS:.0f} s while {what}")
                 )
