@@ -1,4 +1,6 @@
-"""Mixture-of-experts models on the megatron backend (sequential expert MLP, one rank) against plain Hugging Face."""
+"""Mixture-of-experts models on the megatron backend (sequential expert MLP, one rank) against plain Hugging Face,
+and the layouts and settings it refuses. Expert parallelism (2 ranks) is tested against HF and the FSDP engine in
+the root `tests/test_moe_across_backends.py`."""
 
 from __future__ import annotations
 
@@ -74,3 +76,54 @@ def test_pipeline_parallelism_is_refused_for_mixture_of_experts():
         moe_overrides(AutoConfig.for_model("qwen2"), MegatronEngineConfig(pipeline_model_parallel_size=2))
         == {}
     )
+
+
+def test_layouts_not_verified_for_expert_parallelism_are_refused_naming_the_option():
+    from drivetrain_engine_megatron import MegatronEngineConfig
+    from drivetrain_engine_megatron.moe import moe_overrides
+
+    routed = AutoConfig.for_model("qwen3_moe", num_experts=4)
+    with pytest.raises(ConfigError, match=r"expert_model_parallel_size=2 with tensor_model_parallel_size=2"):
+        moe_overrides(
+            routed, MegatronEngineConfig(expert_model_parallel_size=2, tensor_model_parallel_size=2)
+        )
+    with pytest.raises(ConfigError, match=r"4 experts, .*expert_model_parallel_size=3 .*divides 4"):
+        moe_overrides(routed, MegatronEngineConfig(expert_model_parallel_size=3))
+    with pytest.raises(ConfigError, match=r"qwen2 has none; set expert_model_parallel_size=1"):
+        moe_overrides(AutoConfig.for_model("qwen2"), MegatronEngineConfig(expert_model_parallel_size=2))
+    assert moe_overrides(routed, MegatronEngineConfig(expert_model_parallel_size=2))[
+        "moe_token_dispatcher_type"
+    ] == ("alltoall")
+    # The experts split over data-parallel ranks: TP2 on 2 ranks leaves one.
+    with pytest.raises(ConfigError, match=r"leaves 1 of them .*launch a multiple of 4 ranks"):
+        MegatronEngineConfig(expert_model_parallel_size=2, tensor_model_parallel_size=2).check_world(2)
+
+
+def test_router_balance_loss_settings_follow_the_model_and_refuse_what_splits_a_sequence():
+    from drivetrain_engine_core.backend import RouterLoss
+    from drivetrain_engine_megatron import MegatronEngineConfig
+    from drivetrain_engine_megatron.router_loss import router_loss_settings
+
+    routed = AutoConfig.for_model(
+        "qwen3_moe", num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01
+    )
+    lm = "language_model"
+    assert router_loss_settings(MegatronEngineConfig(), routed, lm, False) == RouterLoss(
+        coefficient=0.0, top_k=2
+    )
+    routed.output_router_logits = True
+    assert router_loss_settings(MegatronEngineConfig(), routed, lm, False) == RouterLoss(
+        coefficient=0.01, top_k=2
+    )
+    sequence_parallel = MegatronEngineConfig(tensor_model_parallel_size=2, sequence_parallel=True)
+    assert router_loss_settings(MegatronEngineConfig(router_aux_loss_coef=0.0), routed, lm, True) is None
+    with pytest.raises(ConfigError, match=r"router_aux_loss_coef=0.01 .*sequence_parallel=True"):
+        router_loss_settings(sequence_parallel, routed, lm, False)
+    with pytest.raises(ConfigError, match=r"gradient_checkpointing=True .*router_aux_loss_coef=0"):
+        router_loss_settings(MegatronEngineConfig(router_aux_loss_coef=0.5), routed, lm, True)
+    with pytest.raises(ConfigError, match=r"router_aux_loss_coef=0.5 .* Qwen2Config as a language_model"):
+        router_loss_settings(
+            MegatronEngineConfig(router_aux_loss_coef=0.5), AutoConfig.for_model("qwen2"), lm, False
+        )
+    with pytest.raises(ConfigError, match="router_aux_loss_coef must be >= 0"):
+        MegatronEngineConfig(router_aux_loss_coef=-1.0)

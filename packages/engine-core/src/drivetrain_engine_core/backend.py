@@ -61,6 +61,9 @@ _EXPORTS = {
     "RoundTrip": "round_trip",
     "RowPadding": "round_trip",
     "SequenceSplit": "round_trip",
+    "ROUTER_AUX_METRIC": "router_balance",
+    "RouterLoss": "router_balance",
+    "router_loss_of": "router_balance",
     # building models, kernels, checkpoints
     "disable_dropout_in_config": "dropout",
     "disable_dropout_modules": "dropout",
@@ -126,6 +129,7 @@ if TYPE_CHECKING:
     from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
     from .packed_attention import flash_kernel_applies, flash_kernel_missing, packed_causal_attention
     from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
+    from .router_balance import ROUTER_AUX_METRIC, RouterLoss, router_loss_of
 
 __all__ = [
     "ADAM_MOMENTS",
@@ -134,6 +138,7 @@ __all__ = [
     "MODEL_DIR",
     "OPTIMIZER_DIR",
     "PEFT_PREFIX",
+    "ROUTER_AUX_METRIC",
     "WEIGHT",
     "BackendCapabilities",
     "BackendHooks",
@@ -165,6 +170,7 @@ __all__ = [
     "PackedRow",
     "PaddedRows",
     "RoundTrip",
+    "RouterLoss",
     "RowPadding",
     "SequenceSplit",
     "TokenLimits",
@@ -183,6 +189,7 @@ __all__ = [
     "peft_target_modules",
     "read_checkpoint_index",
     "read_manifest",
+    "router_loss_of",
     "split_peft_name",
 ]
 

@@ -48,6 +48,7 @@ class _DrivetrainBridgeMixin:
 
     hf_config: PretrainedConfig
     config: Any
+    mpu: Any
     has_vp_stage = True  # megatron-core 0.16 layer specs take ``vp_stage``
     value_head = False
     """Whether ``output_layer`` is the value model's ``score`` head rather than ``lm_head``."""
@@ -96,6 +97,18 @@ class _DrivetrainBridgeMixin:
             "max_sequence_length": self.hf_config.max_position_embeddings,
             "position_embedding_type": "none",
         }
+
+    def _weight_name_mapping_mcore_local_to_global(
+        self, model: torch.nn.Module, consider_ep: bool = True
+    ) -> dict[str, str]:
+        # NOTE: mbridge recognises expert weights, and splits or gathers them over expert-parallel ranks, by
+        # their grouped names only; ``SequentialMLP``'s are renamed here so that the same code paths run. With
+        # ``consider_ep`` a local expert is named by its global index (loading); without it by its local one
+        # (export, where mbridge all-gathers each local index over the expert ranks and renames them itself).
+        names = super()._weight_name_mapping_mcore_local_to_global(model, consider_ep=False)  # type: ignore[misc]
+        experts = self.config.num_moe_experts or 0
+        offset = self.mpu.ep_rank * experts // self.mpu.ep_size if consider_ep else 0
+        return {local: grouped_expert_name(name, offset) for local, name in names.items()}
 
     def _weight_to_hf_format(
         self, mcore_weights_name: str, mcore_weights: torch.Tensor

@@ -15,6 +15,10 @@ without CUDA (tests, CI) these shims make the same code run on CPU over gloo:
 3. ``_CpuRNGStatesTracker``: megatron's tensor-parallel RNG tracker with CPU generator states, installed as
    megatron's global tracker (weights are loaded from Hugging Face afterwards, and dropout is off in the
    tests, so only the bookkeeping matters).
+4. The all-to-all token dispatcher of mixture-of-experts layers (expert parallelism): its host copies of the
+   per-rank token counts (``maybe_move_tensor_to_cpu(..., as_numpy=True)``) leave a CPU tensor untouched, a
+   tensor that ``all_to_all_single`` refuses as split sizes; :func:`_install_host_split_sizes` returns them
+   as the NumPy arrays a CUDA run gets. Its copy stream's ``record_event`` hands out an inert event (shim 2).
 
 It is applied explicitly by the engine, once per process, only when the engine device is ``cpu`` and CUDA
 is absent; it is never applied on GPU machines.
@@ -74,6 +78,11 @@ class _InertStream:
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
 
+    def record_event(self, *args: Any, **kwargs: Any) -> _InertStream:
+        """An inert event: megatron's all-to-all token dispatcher records one and later synchronises on it."""
+        del args, kwargs
+        return _InertStream()
+
 
 @contextlib.contextmanager
 def _null_stream(*args: Any, **kwargs: Any) -> Iterator[None]:
@@ -123,6 +132,21 @@ def _install_cpu_rng_tracker() -> None:
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
+def _install_host_split_sizes() -> None:
+    """Shim 4: the token dispatcher's host copies as NumPy arrays for CPU tensors too (the all-to-all's split
+    sizes must be a sequence of integers)."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        del record_stream  # CPU work is synchronous: no stream to record
+        if isinstance(tensor, torch.Tensor):
+            tensor = tensor.cpu()
+            return tensor.numpy() if as_numpy else tensor
+        return tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
 def cpu_compat_needed(device: str) -> bool:
     """Whether the engine must apply the shims: a CPU engine on a machine without CUDA."""
     return device == "cpu" and not torch.cuda.is_available()
@@ -135,6 +159,7 @@ def apply_cpu_compat() -> None:
         return
     _stub_torch_cuda()
     _install_cpu_rng_tracker()
+    _install_host_split_sizes()
     # The mode stays active for the life of the process: megatron allocates lazily (buffers, p2p shapes).
     _CpuDeviceMode().__enter__()
     _APPLIED = True

@@ -26,6 +26,7 @@ from drivetrain_engine_core.backend import (
     MicroBatchCountRule,
     MicroBatchResult,
     Mode,
+    RouterLoss,
     RowPadding,
     TokenLimits,
     flash_kernel_missing,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from megatron.core.optimizer import MegatronOptimizer
 
     from .model import BuiltModel
+    from .router_loss import RouterLogits
 
 
 class MegatronEngine(Engine):
@@ -68,6 +70,8 @@ class MegatronEngine(Engine):
     engine_config: MegatronEngineConfig
     _model: BuiltModel
     _optimizer: MegatronOptimizer | None
+    _router: RouterLoss | None
+    _router_logits: RouterLogits | None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -82,6 +86,7 @@ class MegatronEngine(Engine):
         self._model = build_model(
             self.model_config, self.engine_config, trainable=self.optimizer_config is not None
         )
+        self._router_logits, self._router = self._router_balance()
         self._optimizer = None
         if self.optimizer_config is not None:
             from .optim import build_optimizer
@@ -92,6 +97,18 @@ class MegatronEngine(Engine):
             # loss scale before backward (1 for fp32/bf16, the dynamic scale for fp16), and the optimizer
             # divides the gradients by it before the norm. Without it fp16 gradients come out divided by 2^32.
             self._model.transformer_config.grad_scale_func = self._optimizer.scale_loss
+
+    def _router_balance(self) -> tuple[RouterLogits | None, RouterLoss | None]:
+        """The routers' logit recorder and the balance loss of a mixture-of-experts language model."""
+        from .router_loss import RouterLogits, router_loss_settings
+
+        router = router_loss_settings(
+            self.engine_config,
+            self._model.bridge.hf_config,
+            self.model_config.model_type,
+            self.model_config.gradient_checkpointing,
+        )
+        return (None, None) if router is None else (RouterLogits(self._model.unwrapped), router)
 
     def _hf_config(self) -> Any:
         return self._model.bridge.hf_config
@@ -196,6 +213,8 @@ class MegatronEngine(Engine):
             value_model=self.model_config.model_type == "value_model",
             vocab_size=self._model.vocab_size,
             chunk_size=self.engine_config.entropy_chunk_size,
+            router=self._router,
+            router_logits=self._router_logits,
         )
         return run_schedule(self._model.chunks, micro_batches, forward_only, spec)
 

@@ -26,6 +26,7 @@ def initialize_model_parallel(config: MegatronEngineConfig) -> None:
         pipeline_model_parallel_size=config.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=config.virtual_pipeline_model_parallel_size,
         context_parallel_size=config.context_parallel_size,
+        expert_model_parallel_size=config.expert_model_parallel_size,
         distributed_timeout_minutes=max(1, math.ceil(config.dist_timeout_s / 60)),
     )
 
@@ -35,15 +36,17 @@ def _check_existing_layout(config: MegatronEngineConfig) -> None:
         mpu.get_tensor_model_parallel_world_size(),
         mpu.get_pipeline_model_parallel_world_size(),
         mpu.get_context_parallel_world_size(),
+        mpu.get_expert_model_parallel_world_size(),
     )
     wanted = (
         config.tensor_model_parallel_size,
         config.pipeline_model_parallel_size,
         config.context_parallel_size,
+        config.expert_model_parallel_size,
     )
     if existing != wanted:
         raise ValueError(
-            f"megatron's process groups already exist with (tp, pp, cp) = {existing}, this engine asks for {wanted}; "
+            f"megatron's process groups already exist with (tp, pp, cp, ep) = {existing}, this engine asks for {wanted}; "
             "one process holds one megatron layout: build engines with the same parallel sizes."
         )
 

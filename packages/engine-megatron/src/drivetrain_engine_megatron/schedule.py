@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, distributed, host_floats
+from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, RouterLoss, distributed, host_floats
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import unwrap_model
@@ -28,6 +28,7 @@ from megatron.core.utils import unwrap_model
 from .head import hidden_states_out, output_shard
 from .inputs import model_kwargs
 from .outputs import language_model_fields, value_fields
+from .router_loss import RouterLogits
 
 _FieldsFn = Callable[[torch.Tensor, MicroBatch], dict[str, torch.Tensor]]
 
@@ -40,11 +41,15 @@ class StepSpec:
         value_model: the chunks end in a value head rather than the LM head.
         vocab_size: real vocabulary size (output rows beyond it are padding).
         chunk_size: positions whose logits exist at once (``engine.entropy_chunk_size``).
+        router: the router balance loss to add (a mixture-of-experts language model), or ``None``.
+        router_logits: what records the routers' logits (set with ``router``).
     """
 
     value_model: bool
     vocab_size: int
     chunk_size: int
+    router: RouterLoss | None = None
+    router_logits: RouterLogits | None = None
 
 
 def run_schedule(
@@ -81,6 +86,8 @@ def _forward_step(
     micro_batch = next(data_iterator)
     gpt = unwrap_model(model)
     language_head = not spec.value_model and gpt.post_process
+    if spec.router_logits is not None:
+        spec.router_logits.clear()
     with hidden_states_out(gpt) if language_head else nullcontext():
         output = model(**model_kwargs(micro_batch))
     # Only the last stage's loss step runs; on other stages ``fields_of`` is never called.
@@ -89,14 +96,25 @@ def _forward_step(
         if language_head
         else value_fields
     )
-    return output, partial(_loss_step, micro_batch=micro_batch, fields_of=fields_of, results=results)
+    return output, partial(
+        _loss_step, micro_batch=micro_batch, fields_of=fields_of, results=results, spec=spec
+    )
 
 
 def _loss_step(
-    output: torch.Tensor, *, micro_batch: MicroBatch, fields_of: _FieldsFn, results: list[MicroBatchResult]
+    output: torch.Tensor,
+    *,
+    micro_batch: MicroBatch,
+    fields_of: _FieldsFn,
+    results: list[MicroBatchResult],
+    spec: StepSpec,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Last stage: finish one micro-batch, in megatron's ``(loss, num_tokens, log)`` form."""
+    """Last stage: finish one micro-batch (its router balance loss added), in megatron's ``(loss, num_tokens,
+    log)`` form."""
     loss, result = micro_batch.finish(fields_of(output, micro_batch))
+    if spec.router is not None and spec.router_logits is not None and spec.router.applies(micro_batch):
+        # No pipelining for routed models: this micro-batch's forward, every routed layer, just ran here.
+        loss, result = spec.router.add(loss, result, spec.router_logits.take(), micro_batch)
     results.append(result)
     # num_tokens=1: with calculate_per_token_loss megatron only sums it; it never rescales the loss by it.
     return loss, torch.ones((), dtype=torch.int, device=output.device), {}
