@@ -1,8 +1,9 @@
 """Resuming across backends and layouts (ARCHITECTURE §5): 3 steps, a save, a resume on another backend or
 layout and 3 more steps equal 6 uninterrupted FSDP steps (loss and grad norm within 1e-5 at every step), so
 weights, Adam moments and step, LR schedule and data position all continue. Tested: FSDP 1 rank -> Megatron
-TP2, Megatron PP2, FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2 ranks, Megatron PP2 (two 2-rank launches:
-one megatron layout per process). The reference is the uninterrupted single-process run; the two backends agree
+TP2, Megatron PP2, Megatron DP2, FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2 ranks, Megatron PP2; Megatron
+DP2 -> FSDP 2 ranks (three 2-rank launches: one megatron layout per process; every rank sees every sequence,
+which trains as one rank does). The reference is the uninterrupted single-process run; the two backends agree
 within 1e-5 (``test_backends_agree.py``), so a lost moment or step shows up as another loss or norm. State that
 does not move (megatron's distributed optimizer, LoRA) and another model's step are one error each."""
 
@@ -52,6 +53,7 @@ def _engine(backend: str, path: str, *, lora: LoraConfig | None = None, **engine
 
 MEGATRON_TP2 = {"tensor_model_parallel_size": 2, "use_distributed_optimizer": False}
 MEGATRON_PP2 = {"pipeline_model_parallel_size": 2}
+MEGATRON_DP2 = {"use_distributed_optimizer": False}
 
 
 def _continue(backend: str, path: str, root: str, **layout: object) -> tuple[dict, list]:
@@ -83,6 +85,19 @@ def _pp2(rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: s
     }
 
 
+def _dp2(rank: int, world_size: int, path: str, fsdp_root: str, dp2_root: str) -> dict:
+    """On two ranks: Megatron DP2 continues the FSDP step and writes its own, which two FSDP ranks continue."""
+    del rank, world_size
+    source = _engine("megatron", path, **MEGATRON_DP2)
+    first = train_history(source, _batches()[:SAVE_AT], token_mean_nll)
+    source.save_checkpoint(dp2_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    return {
+        "megatron_dp2_first": first,
+        "fsdp_1_to_megatron_dp2": _continue("megatron", path, fsdp_root, **MEGATRON_DP2),
+        "megatron_dp2_to_fsdp_2": _continue("fsdp", path, dp2_root),
+    }
+
+
 def _files(root: Path) -> list:
     return sorted((p.relative_to(root), p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*"))
 
@@ -106,9 +121,12 @@ def test_steps_continue_across_backends_and_layouts(tied_model, tmp_path):
     results = run_distributed(_tp2_and_fsdp, tied_model, *roots, world_size=2, timeout_s=900)[0]
     megatron_files = _files(megatron_root)
     results.update(run_distributed(_pp2, tied_model, *roots, world_size=2, timeout_s=900)[0])
+    dp2 = (str(fsdp_root), str(tmp_path / "megatron-dp2"))
+    results.update(run_distributed(_dp2, tied_model, *dp2, world_size=2, timeout_s=900)[0])
     results["megatron_tp2_to_fsdp_1"] = _continue("fsdp", tied_model, str(megatron_root))
 
     _assert_steps(results.pop("megatron_first"), reference[:SAVE_AT], "megatron's first steps")
+    _assert_steps(results.pop("megatron_dp2_first"), reference[:SAVE_AT], "megatron dp2's first steps")
     for name, (extra, continued) in results.items():
         assert extra == {"global_step": SAVE_AT, "position": SAVE_AT}, name
         _assert_steps(continued, reference[SAVE_AT:], name)
