@@ -38,7 +38,12 @@ def mode_overrides(mode: str) -> list[str]:
 def size_overrides(args: argparse.Namespace) -> list[str]:
     """The loop's size: the embedded job's, or the dry run's."""
     if args.tiny:
-        return ["trainer.total_steps=2", "trainer.prompts_per_step=4", "trainer.eval_samples=8", "rollout.n=4"]
+        return [
+            "trainer.total_steps=2",
+            "trainer.prompts_per_step=4",
+            "trainer.eval_samples=8",
+            "rollout.n=4",
+        ]
     return [f"trainer.total_steps={args.steps}"]
 
 

@@ -260,3 +260,32 @@ def test_async_without_staleness_reproduces_sync_and_one_step_off_trains_older_s
 def _records(run):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if "train/pg_loss" in r]
+
+
+def test_a_rollout_failing_mid_run_is_named_and_the_run_resumes_from_its_checkpoint(
+    tmp_path, trained, monkeypatch
+):
+    """The rollout thread dies generating step 1's batch while step 0 trains: the run stops with one error
+    naming the step and version, after step 0's checkpoint; the resumed run generates step 1's batch again
+    (from the checkpoint's weights) and trains it once."""
+    from drivetrain_roles.grpo.step import SEED_STRIDE
+    from drivetrain_roles.rollout.hf import HFRollout
+
+    generate = HFRollout._generate
+
+    def dying(self, prompts, sampling):
+        if sampling.seed == SEED_STRIDE:  # trainer.seed 0, step 1, rank 0
+            raise RuntimeError("rollout worker killed")
+        return generate(self, prompts, sampling)
+
+    monkeypatch.setattr(HFRollout, "_generate", dying)
+    with pytest.raises(
+        RolloutThreadError, match=r"step 1 with weight version 0: RuntimeError: rollout worker killed"
+    ):
+        _run(tmp_path, "crash", "trainer.mode=one_step_off")
+    assert [r["step"] for r in _records(tmp_path / "crash")] == [1]
+    monkeypatch.setattr(HFRollout, "_generate", generate)
+    trained.clear()
+    _run(tmp_path, "crash", "trainer.mode=one_step_off", resume=True)
+    assert [{v for row in rows for v in row} for _, rows in trained] == [{1}]
+    assert [r["step"] for r in _records(tmp_path / "crash")] == [1, 2]
