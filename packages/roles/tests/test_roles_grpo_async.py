@@ -148,7 +148,7 @@ def test_the_pipeline_generates_lag_versions_ahead_and_hands_off_between_batches
         for step in range(4):
             batch = pipeline.take(step)
             versions.append(batch.version)
-            time.sleep(0.1)  # "training": the next batch is generated meanwhile
+            time.sleep(0.3)  # "training": the next batch is generated meanwhile
 
             def hand_off() -> bool:
                 return rollout.in_flight.is_set()  # a hand-off never meets a batch in flight
