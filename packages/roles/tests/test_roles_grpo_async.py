@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_roles.grpo import trainer as trainer_module
@@ -81,6 +82,21 @@ def test_the_truncated_is_loss_is_the_formula_on_mixed_version_tokens() -> None:
     assert weights == pytest.approx([1.0, float(torch.exp(torch.tensor(0.4))), CAP, 1.0, 1.0, 0.60653066])
     assert float(metrics["rollout_is_weight"]) == pytest.approx(sum(weights) / 6, rel=1e-6)
     assert float(metrics["rollout_is_capped"]) == pytest.approx(1 / 6)
+
+
+def test_modes_and_the_correction_are_configured_with_clear_refusals() -> None:
+    assert load_config().algorithm.rollout_is_cap is None  # sync: unchanged
+    assert load_config(None, ["trainer.mode=one_step_off"]).algorithm.rollout_is_cap == 2.0
+    explicit = ["trainer.mode=async", "algorithm.rollout_is_cap=null"]
+    assert load_config(None, explicit).algorithm.rollout_is_cap is None
+    for override, message in (
+        ("trainer.mode=asynch", r"trainer.mode='asynch' is not known; did you mean 'async'\?"),
+        ("trainer.mode=off", r"'False' is not known.*YAML read a boolean"),
+        ("trainer.max_staleness=-1", r"trainer.max_staleness must be >= 0"),
+        ("algorithm.rollout_is_cap=0.5", r"rollout_is_cap=0.5: the importance weight's cap must be >= 1"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [override])
 
 
 def test_groups_with_tokens_older_than_allowed_leave_the_loss_and_are_counted() -> None:
@@ -241,7 +257,8 @@ def test_async_without_staleness_reproduces_sync_and_one_step_off_trains_older_s
     assert len({round(r["train/pg_loss"], 6) for r in sync}) > 1  # the rewards differ: real updates
 
     trained.clear()
-    off = _run(tmp_path, "off", "trainer.mode=one_step_off", total_steps=2)
+    # No evaluation: the batches generated ahead would overlap it rather than step 0's update.
+    off = _run(tmp_path, "off", "trainer.mode=one_step_off", "trainer.eval_samples=0", total_steps=2)
     # Step k's tokens (prompt and response) all carry the version that generated them, k - 1 from step 1 on;
     # the samples of step 0 are sync's (version 0), those of step 1 are sync's prompts at version 0.
     versions = [{v for row in rows for v in row} for _, rows in trained]
@@ -251,7 +268,7 @@ def test_async_without_staleness_reproduces_sync_and_one_step_off_trains_older_s
     assert off[0]["perf/overlapped_s"] > 0  # batch 1 was generated while step 0 trained
 
     trained.clear()
-    _run(tmp_path, "off", "trainer.mode=one_step_off", resume=True, total_steps=3)
+    _run(tmp_path, "off", "trainer.mode=one_step_off", "trainer.eval_samples=0", resume=True, total_steps=3)
     # Resumed at step 2: its batch is generated afresh by the checkpoint's weights (version 2).
     assert [{v for row in rows for v in row} for _, rows in trained] == [{2}]
     assert [r["step"] for r in _records(tmp_path / "off")] == [1, 2, 3]

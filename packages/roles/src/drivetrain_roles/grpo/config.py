@@ -280,7 +280,9 @@ def choose_mode(mode: str) -> None:
     try:
         choose("mode", mode, TRAINER_MODES)
     except ConfigError as e:
-        raise ConfigError(f"trainer.{e}") from e
+        # NOTE: YAML reads off/on/no/yes as booleans, so trainer.mode=off arrives as 'False'.
+        hint = " (YAML read a boolean: off, on, no and yes are booleans)" if mode in ("True", "False") else ""
+        raise ConfigError(f"trainer.{e}{hint}") from e
 
 
 def generation_lag(trainer: TrainerConfig) -> int | None:
