@@ -133,7 +133,13 @@ class Actor(UpdatingRole):
                 *POLICY_METRICS,
                 *(("entropy",) if loss.uses_entropy else ()),
                 *(("kl_loss",) if loss.uses_kl else ()),
+                *(("rollout_is_weight", "rollout_is_capped") if loss.uses_rollout_is else ()),
             ),
-            required_fields=("old_log_probs", "advantages", *(("ref_log_prob",) if loss.uses_kl else ())),
+            required_fields=(
+                "old_log_probs",
+                "advantages",
+                *(("ref_log_prob",) if loss.uses_kl else ()),
+                *(("rollout_log_probs",) if loss.uses_rollout_is else ()),
+            ),
             compute_entropy=loss.uses_entropy,
         )

@@ -29,9 +29,11 @@ from ..command_sections import (
     LoopConfig,
     builtin_model,
     for_a_user_model,
+    merged_sections,
 )
 from ..jobs.default_assets import BUILTIN_MODEL
 from ..losses.aggregation import CONSTANT_LENGTH_MODE
+from ..losses.names import choose
 from ..losses.policy import PolicyLossConfig
 
 if TYPE_CHECKING:
@@ -139,6 +141,11 @@ class AlgorithmConfig:
             ``path/to/file.py:function`` (verl's custom reward function), called as ``function(prompts=...,
             completions=..., references=...)`` with lists of texts (a TRL reward function reads
             ``completions`` the same way) and returning one number per completion.
+        rollout_is_cap: the truncated importance-sampling correction: each token's policy loss is weighted by
+            ``min(pi_old / pi_rollout, rollout_is_cap)``, the actor's probability of the token before the update
+            over the rollout's when it sampled it (no gradient through the weight). Corrects samples of older
+            weight versions (``trainer.mode``) and a rollout engine whose numbers differ from the trainer's.
+            Unset: 2.0 with ``trainer.mode=one_step_off`` or ``async``, off with ``sync``; ``null`` turns it off.
     """
 
     adv_estimator: str = "grpo"
@@ -160,6 +167,7 @@ class AlgorithmConfig:
     ppo_mini_batches: int = 2
     ppo_epochs: int = 1
     reward_function: str = "exact_match"
+    rollout_is_cap: float | None = None
 
     def __post_init__(self) -> None:
         location, _, name = self.reward_function.rpartition(":")
@@ -216,6 +224,7 @@ class AlgorithmConfig:
             loss_scale_factor=self.loss_scale_factor or max_new_tokens,
             kl_loss_coef=self.kl_loss_coef,
             kl_estimator=self.kl_estimator,
+            rollout_is_cap=self.rollout_is_cap,
         )
 
 
@@ -231,6 +240,14 @@ class TrainerConfig(LoopConfig):
             embedded model (it exists only as the warm start's output); not read for any other model.
         warm_start_batch_size: examples per warm-start SFT step.
         seed: seed of the prompt order and of the sampling.
+        mode: when responses are generated relative to training (docs/architecture.md §8.2): ``sync`` (generate
+            step k's responses with the weights of step k, then train), ``one_step_off`` (step k trains on
+            responses the weights of step k - 1 generated while step k - 1 trained: ``async`` with
+            ``max_staleness=1``) or ``async`` (a rollout thread generates ahead while the trainer trains, at
+            most ``max_staleness`` versions behind).
+        max_staleness: ``async`` only: how many weight versions the responses a step trains on may lag the
+            policy (0 generates nothing ahead and reproduces ``sync``); a group with a token older than that is
+            dropped from the loss and counted (``async/dropped_samples``).
     """
 
     total_steps: int = 120
@@ -239,12 +256,39 @@ class TrainerConfig(LoopConfig):
     warm_start_batch_size: int = 64
     eval_every: int = 20
     save_every: int = 50
+    mode: str = "sync"
+    max_staleness: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        choose_mode(self.mode)
+        self._require_at_least(0, "max_staleness")
         self._require_at_least(1, "prompts_per_step")
         self._require_at_least(0, "warm_start_steps")
         self._require_at_least(1, "warm_start_batch_size")
+
+
+TRAINER_MODES = ("sync", "one_step_off", "async")
+"""``trainer.mode``'s values."""
+
+DEFAULT_ROLLOUT_IS_CAP = 2.0
+"""``algorithm.rollout_is_cap`` when a mode other than ``sync`` leaves it unset (verl's and the TIS paper's)."""
+
+
+def choose_mode(mode: str) -> None:
+    """Refuse an unknown ``trainer.mode``, naming the known ones and the closest."""
+    try:
+        choose("mode", mode, TRAINER_MODES)
+    except ConfigError as e:
+        # NOTE: YAML reads off/on/no/yes as booleans, so trainer.mode=off arrives as 'False'.
+        hint = " (YAML read a boolean: off, on, no and yes are booleans)" if mode in ("True", "False") else ""
+        raise ConfigError(f"trainer.{e}{hint}") from e
+
+
+def generation_lag(trainer: TrainerConfig) -> int | None:
+    """How many versions ahead the rollout generates: ``None`` in ``sync`` (no rollout thread; generated in
+    the step), 1 in ``one_step_off``, ``max_staleness`` in ``async``."""
+    return {"sync": None, "one_step_off": 1}.get(trainer.mode, trainer.max_staleness)
 
 
 def _default_engine() -> EngineConfig:
@@ -292,13 +336,20 @@ class GRPOConfig:
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: another model than the embedded one trains at lr 1e-6 (verl's actor, TRL's GRPO), on
-        examples of up to 1024 tokens, with responses of up to 256 (TRL's ``max_completion_length``)."""
-        return for_a_user_model(
-            config,
-            {
-                "optimizer": {"lr": USER_MODEL_LR},
-                "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
-            },
+        examples of up to 1024 tokens, with responses of up to 256 (TRL's ``max_completion_length``); a mode
+        other than ``sync`` corrects its older samples with ``algorithm.rollout_is_cap=2.0``."""
+        off_policy = (
+            {} if config.trainer.mode == "sync" else {"algorithm": {"rollout_is_cap": DEFAULT_ROLLOUT_IS_CAP}}
+        )
+        return merged_sections(
+            off_policy,
+            for_a_user_model(
+                config,
+                {
+                    "optimizer": {"lr": USER_MODEL_LR},
+                    "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+                },
+            ),
         )
 
     def __post_init__(self) -> None:

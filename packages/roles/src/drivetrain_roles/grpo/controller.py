@@ -90,13 +90,16 @@ class ColocatedGRPO:
         self.tokenizer = tokenizer
 
     @classmethod
-    def start(cls, config: GRPOConfig, *, world_size: int, **group_options: Any) -> Self:
-        """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
+    def start(
+        cls, config: GRPOConfig, *, world_size: int, spec: ColocatedSpec | None = None, **group_options: Any
+    ) -> Self:
+        """Start the group of ``spec`` (default :func:`colocated_spec`; ``group_options`` go to the group) and
+        the controller."""
         from ..jobs.assets import load_tokenizer
 
         check_mini_batch_share(config, world_size)
         load_reward_function(config.algorithm.reward_function)  # before the workers start
-        spec = colocated_spec(config)
+        spec = spec or colocated_spec(config)
         actor = spec.parts["actor"].model_config
         tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
         return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)

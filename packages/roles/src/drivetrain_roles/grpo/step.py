@@ -30,6 +30,7 @@ from ..reference import Reference
 from ..reward_shaping import equal_reward_groups, overlong_penalty
 from .config import GRPOConfig
 from .rewards import compute_rewards
+from .versions import Versions
 
 SEED_STRIDE = 1_000_003
 """Sampling seeds are ``seed + SEED_STRIDE * step + rank``: distinct per step and rank, repeatable on resume."""
@@ -46,6 +47,9 @@ class RolloutBatch:
         rewards: one reward per response (with the overlong penalty, when on).
         response_lengths: tokens per response.
         filtered_groups: groups that ``algorithm.filter_groups`` took out of the loss.
+        versions: the weight version of every response token and the policy version that trains on them
+            (``None``: not given; every token is then the output's version, or 0).
+        dropped_groups: groups taken out of the loss as older than ``trainer.max_staleness``.
     """
 
     batch: TensorDict
@@ -53,6 +57,8 @@ class RolloutBatch:
     rewards: torch.Tensor
     response_lengths: list[int]
     filtered_groups: int = 0
+    versions: Versions | None = None
+    dropped_groups: int = 0
 
 
 def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
@@ -74,9 +80,23 @@ def sample(
     function failing on one rank raises the same error on every rank, none waits in the update; ``group``: the
     data-parallel ranks whose tokens a whitening estimator reduces over)."""
     output = rollout.generate([e.prompt_ids for e in examples], sampling_config(config, seed=seed))
+    return score_agreed(examples, output, tokenizer, config, group)
+
+
+def score_agreed(
+    examples: Sequence[Example],
+    output: RolloutOutput,
+    tokenizer: Any,
+    config: GRPOConfig,
+    group: ProcessGroup | None = None,
+    *,
+    versions: Versions | None = None,
+) -> RolloutBatch:
+    """:func:`score` on every data-parallel rank at once (collective: a reward function failing on one rank
+    raises the same error on every rank)."""
     with agreed_checks():
         _, rewards = answer_rewards(examples, output, tokenizer, config.algorithm.reward_function)
-    return rollout_batch(examples, output, rewards, config, group)
+    return rollout_batch(examples, output, rewards, config, group, versions=versions)
 
 
 def score(
@@ -97,8 +117,12 @@ def rollout_batch(
     rewards: torch.Tensor,
     config: GRPOConfig,
     group: ProcessGroup | None = None,
+    *,
+    versions: Versions | None = None,
 ) -> RolloutBatch:
-    """The actor's batch from the rewards: the overlong penalty, the group filter, then the advantages."""
+    """The actor's batch from the rewards: the overlong penalty, the group filter and the groups too stale for
+    ``versions`` leave the loss, then the advantages. The batch carries each token's weight version
+    (``token_versions``) and the rollout's log-probs (``rollout_log_probs``, 0 on prompt tokens)."""
     algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
     rewards = rewards + overlong_penalty(
@@ -110,7 +134,20 @@ def rollout_batch(
     filtered = equal_reward_groups(rewards, output.n)
     if not algorithm.filter_groups:
         filtered = torch.zeros_like(filtered)
-    batch = _batch(examples, output, keep=~filtered.repeat_interleave(output.n))
+    if versions is None:
+        version = output.version or 0
+        versions = Versions.of(output, version, current=version, max_staleness=None)
+    stale = versions.stale_groups(output.n)
+    batch = _batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
+    prompt_lengths = batch["input_ids"].offsets().diff() - torch.tensor(lengths, dtype=torch.long)
+    batch["token_versions"] = _jagged(versions.token_field(prompt_lengths.tolist()), batch)
+    batch["rollout_log_probs"] = _jagged(
+        [
+            torch.cat([torch.zeros(int(p)), lp.float()])
+            for p, lp in zip(prompt_lengths, output.log_probs, strict=True)
+        ],
+        batch,
+    )
     batch["advantages"] = outcome_advantages(
         rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
     )
@@ -120,7 +157,14 @@ def rollout_batch(
         rewards=rewards,
         response_lengths=lengths,
         filtered_groups=int(filtered.sum()),
+        versions=versions,
+        dropped_groups=int(stale.sum()),
     )
+
+
+def _jagged(rows: Sequence[torch.Tensor], batch: TensorDict) -> torch.Tensor:
+    """Per-token ``rows`` as a jagged field on ``batch``'s offsets."""
+    return torch.nested.nested_tensor_from_jagged(torch.cat(list(rows)), offsets=batch["input_ids"].offsets())
 
 
 def answer_rewards(

@@ -4,7 +4,8 @@ One process per rank (``torchrun`` or ``drivetrain grpo --nproc N``). Setup: the
 directory, or the embedded job's SFT warm start), the actor engine, the reference (its own inference-only
 engine, or the actor's base model with LoRA; none when ``algorithm.kl_loss_coef`` is 0) and the rollout
 (``rollout.name``). Each step (:mod:`.step`): sample and reward this rank's prompts, one PPO-clip update,
-weight hand-off. Held-out greedy accuracy (through the rollout, i.e. the synced weights) before the first
+weight hand-off; ``trainer.mode`` says whether the samples come from the step's own weights or from a rollout
+thread generating ahead (:mod:`.pipeline`, :mod:`.versions`). Held-out greedy accuracy (through the rollout, i.e. the synced weights) before the first
 step, every ``trainer.eval_every`` steps and after the last; checkpoints in ``<run>/checkpoints``; ``resume``
 continues from the latest one (the rollout is synced from it first); the run ends with ``final_model``.
 """
@@ -36,9 +37,11 @@ from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
-from .config import GRPOConfig, check_mini_batch_share
+from .config import GRPOConfig, check_mini_batch_share, generation_lag
+from .pipeline import RolloutPipeline
 from .rewards import exact_match, load_reward_function
-from .step import SEED_STRIDE, answer_rewards, hand_off, sample, update
+from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
+from .versions import Versions, staleness_metrics
 from .warm_start import start_model
 
 logger = logging.getLogger(__name__)
@@ -67,10 +70,17 @@ class GRPOResult(JobResult):
     Attributes:
         rewards: mean training reward of each step this process ran.
         seconds: wall time of the GRPO loop (warm start and setup excluded).
+        timing: this process's seconds ``generating`` (the rollout), ``training`` (update and hand-off) and
+            ``overlapped`` (generation that ran while the trainer trained), summed over its steps.
+        dropped_samples: responses left out of the loss as older than ``trainer.max_staleness`` (all ranks).
     """
 
     rewards: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    timing: dict[str, float] = field(
+        default_factory=lambda: {"generating": 0.0, "training": 0.0, "overlapped": 0.0}
+    )
+    dropped_samples: int = 0
 
 
 class GRPOTrainer(TrainingJob[GRPOResult]):
@@ -164,6 +174,14 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             return Reference(actor.engine, use_actor_base=True, temperature=temperature)
         return Reference(self._engine(model_path, train=False), temperature=temperature)
 
+    def run(self) -> GRPOResult:
+        try:
+            return super().run()
+        finally:
+            pipeline = getattr(self, "pipeline", None)
+            if pipeline is not None:
+                pipeline.close()
+
     def _start_step(self, engine: Engine) -> int:
         step = super()._start_step(engine)
         if step:
@@ -171,22 +189,63 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             # the resumed weights.
             self.actor.updates_done = step
             hand_off(self.actor, self.rollout, step, self.config.rollout.bucket_mb)
+        # NOTE: a resumed run generates from its checkpoint's step on: batches generated ahead of a checkpoint
+        # were never trained (the checkpoint's step says which were), so none is trained twice or skipped.
+        self.pipeline = RolloutPipeline(
+            self.rollout,
+            self._request,
+            version=step,
+            first=step,
+            last=self.config.trainer.total_steps,
+            lag=generation_lag(self.config.trainer),
+        )
         return step
 
     # ------------------------------------------------------------------ loop
 
+    def _examples(self, step: int) -> list[Example]:
+        """This rank's prompts of ``step``: a function of the step alone, whenever they are generated."""
+        engine = self.actor.engine
+        local = self.sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
+        return [self.train[i] for i in local]
+
+    def _request(self, step: int) -> tuple[list[list[int]], SamplingConfig]:
+        """The prompts and sampling of ``step``'s batch (called on the rollout thread in async modes)."""
+        seed = self.config.trainer.seed + SEED_STRIDE * step + distributed.rank()
+        return [e.prompt_ids for e in self._examples(step)], sampling_config(self.config, seed=seed)
+
     def _step(self, step: int, result: GRPOResult) -> dict[str, float]:
         engine, config = self.actor.engine, self.config
-        local = self.sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
         started = time.perf_counter()
-        seed = config.trainer.seed + SEED_STRIDE * step + distributed.rank()
-        examples = [self.train[i] for i in local]
-        samples = sample(
-            self.rollout, examples, self.tokenizer, config, seed=seed, group=engine.data_parallel_group
+        generated = self.pipeline.take(step)
+        taken = time.perf_counter()
+        versions = Versions.of(
+            generated.output,
+            generated.version,
+            current=step,
+            max_staleness=generation_lag(config.trainer),
+        )
+        samples = score_agreed(
+            self._examples(step),
+            generated.output,
+            self.tokenizer,
+            config,
+            engine.data_parallel_group,
+            versions=versions,
         )
         metrics = update(self.actor, self.reference, samples)
-        sync = hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb)
-        seconds = time.perf_counter() - started
+        sync = self.pipeline.update(
+            lambda: hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb), step + 1
+        )
+        ended = time.perf_counter()
+        seconds = ended - started
+        timing = {
+            "generating": generated.seconds,
+            "training": ended - taken,
+            "overlapped": self.pipeline.overlap(taken, ended),
+        }
+        for name, value in timing.items():
+            result.timing[name] += value
         group = engine.data_parallel_group
         reward_sum, count, response_tokens, tokens, filtered = distributed.all_reduce_sums(
             [
@@ -209,7 +268,18 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             "rollout/log_prob_diff_max": metrics["rollout/log_prob_diff_max"],
             "perf/step_time_s": seconds,
             "perf/tokens_per_s": tokens / seconds,
+            "perf/wait_s": taken - started,
+            **{f"perf/{name}_s": value for name, value in timing.items()},
         }
+        if config.trainer.mode != "sync":
+            staleness = staleness_metrics(
+                versions, dropped_sequences=samples.dropped_groups * config.rollout.n, group=group
+            )
+            values.update(staleness)
+            result.dropped_samples += int(staleness["async/dropped_samples"])
+        if "rollout_is_weight" in metrics:
+            values["train/rollout_is_weight"] = metrics["rollout_is_weight"]
+            values["train/rollout_is_capped"] = metrics["rollout_is_capped"]
         if "kl_loss" in metrics:
             values["train/kl"] = metrics["kl_loss"]
         if config.algorithm.filter_groups:
@@ -231,7 +301,8 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
         with agreed_checks():
             if local:
                 sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
-                output = self.rollout.generate([e.prompt_ids for e in local], sampling)
+                with self.pipeline.exclusive() as rollout:
+                    output = rollout.generate([e.prompt_ids for e in local], sampling)
                 answers, rewards = answer_rewards(
                     local, output, self.tokenizer, config.algorithm.reward_function
                 )
@@ -267,6 +338,9 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             "final_train_reward": result.rewards[-1] if result.rewards else None,
             "evaluations": result.evaluations,
             "seconds": result.seconds,
+            "mode": self.config.trainer.mode,
+            "timing_seconds": result.timing,
+            "dropped_samples": result.dropped_samples,
         }
 
     def _report_lines(self, result: GRPOResult) -> list[str]:

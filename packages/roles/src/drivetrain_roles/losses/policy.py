@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from .aggregation import FlatTokens, aggregate, check_aggregation_mode, flat_values, masked_fraction
 from .kl import canonical_estimator, kl_penalty
 from .names import choose
-from .surrogates import POLICY_LOSS_MODES, SURROGATES
+from .surrogates import LOG_RATIO_CLAMP, POLICY_LOSS_MODES, SURROGATES
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -34,6 +34,12 @@ class PolicyLossConfig:
         entropy_coeff: weight of the entropy bonus (subtracted from the loss).
         kl_loss_coef: weight of the KL penalty against ``ref_log_prob``; 0 disables it.
         kl_estimator: ``k1``, ``k2``, ``k3`` (``low_var_kl``) or ``abs``.
+        rollout_is_cap: the truncated importance-sampling correction (Yao et al., "Your efficient RL framework
+            secretly brings you off-policy RL training", 2025): each token's surrogate is weighted by
+            ``min(exp(old_log_probs - rollout_log_probs), rollout_is_cap)`` (a constant, no gradient), so tokens
+            the rollout sampled from other weights (an older version, another engine's kernels) are reweighted
+            to the policy the update starts from; ``None`` disables it. Needs the batch field
+            ``rollout_log_probs``.
     """
 
     loss_mode: str = "vanilla"
@@ -45,6 +51,7 @@ class PolicyLossConfig:
     entropy_coeff: float = 0.0
     kl_loss_coef: float = 0.0
     kl_estimator: str = "k3"
+    rollout_is_cap: float | None = None
 
     def __post_init__(self) -> None:
         choose("loss_mode", self.loss_mode, POLICY_LOSS_MODES)
@@ -75,10 +82,21 @@ class PolicyLossConfig:
                 "it for GSPO whatever loss_agg_mode says)."
             )
         canonical_estimator(self.kl_estimator)
+        if self.rollout_is_cap is not None and not self.rollout_is_cap >= 1:
+            raise ConfigError(
+                f"rollout_is_cap={self.rollout_is_cap}: the importance weight's cap must be >= 1 (a cap below 1 "
+                "down-weights even tokens sampled from the policy itself; 2.0 is the usual value), or null to "
+                "disable the correction."
+            )
 
     @property
     def uses_kl(self) -> bool:
         return self.kl_loss_coef > 0
+
+    @property
+    def uses_rollout_is(self) -> bool:
+        """Whether the loss weights tokens by the truncated importance ratio to the rollout's policy."""
+        return self.rollout_is_cap is not None
 
     @property
     def uses_entropy(self) -> bool:
@@ -112,12 +130,26 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
             config,
             tokens,
         )
-        loss = pg_loss = aggregate_as_configured(terms.loss)
+        per_token = terms.loss
+        correction: dict[str, torch.Tensor] = {}
+        if config.rollout_is_cap is not None:
+            weight, capped = truncated_is_weight(
+                tokens.select(flat_values(micro_batch["old_log_probs"])),
+                tokens.select(flat_values(micro_batch["rollout_log_probs"])),
+                config.rollout_is_cap,
+            )
+            per_token = per_token * weight
+            correction = {
+                "rollout_is_weight": aggregate(weight, tokens, context, "token-mean"),
+                "rollout_is_capped": masked_fraction(capped, tokens, context),
+            }
+        loss = pg_loss = aggregate_as_configured(per_token)
         metrics = {
             "pg_loss": pg_loss.detach(),
             "pg_clipfrac": masked_fraction(terms.clipped, tokens, context),
             "pg_clipfrac_lower": masked_fraction(terms.dual_clipped, tokens, context),
             "approx_kl": aggregate(-terms.log_ratio.detach(), tokens, context, "token-mean"),
+            **correction,
         }
         if config.uses_entropy:
             entropy = aggregate_as_configured(flat_values(model_output["entropy"]))
@@ -135,3 +167,16 @@ def policy_loss_fn(config: PolicyLossConfig) -> LossFn:
         return loss, metrics
 
     return loss_fn
+
+
+def truncated_is_weight(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``min(pi_old / pi_rollout, cap)`` (detached) and where the cap acted.
+
+    NOTE: the log-ratio is clamped before ``exp`` as the surrogates clamp theirs: a token the old weights
+    find far likelier than the rollout did must not overflow to inf (the cap then holds it anyway).
+    """
+    log_ratio = (old_log_probs - rollout_log_probs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    return ratio.clamp(max=cap), ratio > cap

@@ -1,5 +1,5 @@
 """Ray worker groups of drivetrain-roles: run a role (or several colocated parts and a rollout) on N Ray actors
-and dispatch global batches over them.
+and dispatch global batches over them; or rollouts on workers of their own, fed by a trainer group.
 
 Importing this package does not import Ray; creating a :class:`RayWorkerGroup` does (``pip install
 'drivetrain-roles[ray]'``). :class:`DispatchPlan` (shard/gather) works without Ray.
@@ -12,6 +12,7 @@ from .colocated import ColocatedSpec, ColocatedWorker, RolloutSpec
 from .colocated_group import ColocatedWorkerGroup
 from .dispatch import DispatchPlan, WorkerTopology, check_topology
 from .group import RayWorkerGroup, WorkerGroupError, require_ray
+from .rollout_group import RolloutGroupSpec, RolloutWorker, RolloutWorkerGroup
 from .spec import WorkerSpec
 from .worker import RoleWorker
 
@@ -22,7 +23,10 @@ __all__ = [
     "DispatchPlan",
     "RayWorkerGroup",
     "RoleWorker",
+    "RolloutGroupSpec",
     "RolloutSpec",
+    "RolloutWorker",
+    "RolloutWorkerGroup",
     "WorkerGroupError",
     "WorkerSpec",
     "WorkerTopology",

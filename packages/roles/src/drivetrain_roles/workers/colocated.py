@@ -153,6 +153,33 @@ class ColocatedWorker(RoleWorker):
             )
             return rollout.update_weights(buckets)
 
+    def send_weights(
+        self, part: str, version: int, receivers: list[Any], *, bucket_mb: float, base_version: int | None
+    ) -> None:
+        """Stream ``part``'s weights as ``version`` (a collective over this group) to rollouts on other workers:
+        rank 0 forwards each bucket to every ``receivers`` actor (``RolloutWorker.push``) and waits for them to
+        take it, so one bucket at a time is in flight (disaggregated placement).
+
+        NOTE: rank 0 keeps iterating after a receiver fails, so the other ranks' collectives complete; it raises
+        the first failure at the end.
+        """
+        import ray
+
+        engine = self._part(part).engine
+        failure: BaseException | None = None
+        with engine.eval_mode():
+            buckets = engine.weight_buckets(
+                version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=base_version
+            )
+            for bucket in buckets:
+                if self.rank == 0 and failure is None:
+                    try:
+                        ray.get([receiver.push.remote(bucket) for receiver in receivers])
+                    except Exception as e:
+                        failure = e
+        if failure is not None:
+            raise failure
+
     def state(self) -> dict[str, Any]:
         """The rollout's state: ``{"rollout_asleep", "rollout_version"}`` (both ``None`` without a rollout)."""
         if self.rollout is None:

@@ -9,17 +9,16 @@ wait has the group's deadline, and a failure names the rank and the part.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from drivetrain_engine_core.errors import BatchError
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from tensordict import TensorDict
 
-from .actors import RayActors, WorkerGroupError
+from .actors import RayActors
 from .colocated import ColocatedSpec, ColocatedWorker
 from .dispatch import WorkerTopology, check_topology
+from .generation import merged_output, prompt_shards
 
 
 class ColocatedWorkerGroup(RayActors[ColocatedSpec]):
@@ -72,36 +71,9 @@ class ColocatedWorkerGroup(RayActors[ColocatedSpec]):
             BatchError: the prompts do not split evenly over the data-parallel ranks.
             WorkerGroupError: a rank failed, or the ranks served different weight versions.
         """
-        topology = self.topology
-        dp_size = topology[0].dp_size
-        if not prompts or len(prompts) % dp_size:
-            raise BatchError(
-                f"generate: {len(prompts)} prompts cannot be split evenly over dp_size={dp_size}; pass a "
-                "non-zero multiple of it."
-            )
-        per_rank = len(prompts) // dp_size
-        refs = [
-            actor.generate.remote(
-                [list(p) for p in prompts[w.dp_rank * per_rank : (w.dp_rank + 1) * per_rank]],
-                dataclasses.replace(sampling, seed=sampling.seed + w.dp_rank),
-            )
-            for actor, w in zip(self._actors, topology, strict=True)
-        ]
-        outputs = self._wait(refs, "rollout.generate")
-        by_dp_rank = {w.dp_rank: o for w, o in zip(topology, outputs, strict=True) if w.is_output_rank}
-        versions = {output.version for output in outputs}
-        if len(versions) != 1:
-            raise WorkerGroupError(
-                f"rollout.generate: the workers served different weight versions {sorted(map(str, versions))}; "
-                "hand the weights off with sync_rollout() before generating."
-            )
-        ordered = [by_dp_rank[d] for d in range(dp_size)]
-        return RolloutOutput(
-            responses=[r for output in ordered for r in output.responses],
-            log_probs=[lp for output in ordered for lp in output.log_probs],
-            version=versions.pop(),
-            n=sampling.n,
-        )
+        shards = prompt_shards(prompts, sampling, self.topology)
+        refs = [actor.generate.remote(*shard) for actor, shard in zip(self._actors, shards, strict=True)]
+        return merged_output(self._wait(refs, "rollout.generate"), self.topology, sampling.n)
 
     def sync_rollout(self, version: int) -> int:
         """Every worker streams its ``weights_from`` part's weights to its own rollout as ``version``.
@@ -111,6 +83,21 @@ class ColocatedWorkerGroup(RayActors[ColocatedSpec]):
         """
         versions = self._wait([actor.sync_rollout.remote(version) for actor in self._actors], "rollout.sync")
         return int(versions[0])
+
+    def send_weights(
+        self, part: str, version: int, receivers: list[Any], *, bucket_mb: float, base_version: int | None
+    ) -> None:
+        """Every worker streams ``part``'s weights as ``version``; rank 0 forwards them to ``receivers`` (the
+        actors of a :class:`~.rollout_group.RolloutWorkerGroup`, through its ``receive``)."""
+        self._wait(
+            [
+                actor.send_weights.remote(
+                    part, version, receivers, bucket_mb=bucket_mb, base_version=base_version
+                )
+                for actor in self._actors
+            ],
+            "rollout.send_weights",
+        )
 
     def states(self) -> list[dict[str, Any]]:
         """Each worker's rollout state (``rollout_asleep``, ``rollout_version``), in rank order."""
