@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -31,8 +31,7 @@ from ..command_sections import (
     for_a_user_model,
 )
 from ..jobs.default_assets import BUILTIN_MODEL
-from ..losses.aggregation import CONSTANT_LENGTH_MODE
-from ..losses.policy import PolicyLossConfig
+from ..policy_section import PolicyLossSection
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -67,11 +66,13 @@ class RolloutConfig:
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
 
+    least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")
+    """The fewest responses per prompt the command can learn from, and why."""
+
     def __post_init__(self) -> None:
-        if self.n < 2:
-            raise ConfigError(
-                f"rollout.n must be >= 2 (GRPO compares responses to one prompt), got {self.n}."
-            )
+        least, why = self.least_n
+        if self.n < least:
+            raise ConfigError(f"rollout.n must be >= {least} ({why}), got {self.n}.")
         if not self.temperature > 0:
             raise ConfigError(f"rollout.temperature must be > 0 (GRPO samples), got {self.temperature}.")
         if self.max_new_tokens < 1 or not self.bucket_mb > 0:
@@ -95,7 +96,7 @@ class RolloutConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class AlgorithmConfig:
+class AlgorithmConfig(PolicyLossSection):
     """The objective: advantage estimator, policy loss, aggregation, KL and reward shaping, by verl's names (the
     roles README maps them to TRL's and writes out each formula).
 
@@ -174,20 +175,13 @@ class AlgorithmConfig:
         if not self.epsilon > 0:
             # NOTE: a group whose rewards are all equal (common with exact-match rewards) has std 0: 0/0 = NaN.
             raise ConfigError(f"algorithm.epsilon must be > 0 (1e-6 is the default), got {self.epsilon}.")
-        if not 0 < self.clip_ratio < 1:
-            raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
         if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
             raise ConfigError(
                 "algorithm.overlong_buffer_len and algorithm.overlong_penalty_factor must be >= 0."
             )
-        if self.loss_scale_factor is not None and self.loss_agg_mode != CONSTANT_LENGTH_MODE:
-            raise ConfigError(
-                f"algorithm.loss_scale_factor={self.loss_scale_factor} is read only by loss_agg_mode="
-                f"{CONSTANT_LENGTH_MODE}, not {self.loss_agg_mode!r}; unset it or set that mode."
-            )
+        self._check_policy_fields()
         try:
             estimator = self.advantage_config()
-            self.policy_loss(max_new_tokens=1)
         except ValueError as e:
             raise ConfigError(f"algorithm.{e}") from e
         if estimator.needs_critic:
@@ -203,19 +197,6 @@ class AlgorithmConfig:
             epsilon=self.epsilon,
             scale_by_std=self.scale_by_std,
             gamma=self.gamma,
-        )
-
-    def policy_loss(self, *, max_new_tokens: int) -> PolicyLossConfig:
-        """The actor's loss; ``max_new_tokens`` is the constant length unless ``loss_scale_factor`` is set."""
-        return PolicyLossConfig(
-            loss_mode=self.loss_mode,
-            clip_ratio_low=self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c,
-            loss_agg_mode=self.loss_agg_mode,
-            loss_scale_factor=self.loss_scale_factor or max_new_tokens,
-            kl_loss_coef=self.kl_loss_coef,
-            kl_estimator=self.kl_estimator,
         )
 
 
@@ -323,6 +304,22 @@ class GRPOConfig:
                 f"step, trainer.prompts_per_step x rollout.n = {self.trainer.prompts_per_step} x {self.rollout.n} "
                 f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
             )
+
+
+class RolloutJobConfig(Protocol):
+    """The sections a command that samples from its policy shares with ``drivetrain grpo`` (``grpo``, ``ppo``):
+    what the warm start, the sampling and the rollout-length check read."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def engine(self) -> EngineConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def trainer(self) -> TrainerConfig: ...
 
 
 def check_mini_batch_share(config: GRPOConfig, world_size: int) -> None:

@@ -28,7 +28,7 @@ from ..advantage_estimators import outcome_advantages
 from ..jobs.data import Example
 from ..reference import Reference
 from ..reward_shaping import equal_reward_groups, overlong_penalty
-from .config import GRPOConfig
+from .config import GRPOConfig, RolloutJobConfig
 from .rewards import compute_rewards
 
 SEED_STRIDE = 1_000_003
@@ -55,7 +55,7 @@ class RolloutBatch:
     filtered_groups: int = 0
 
 
-def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
+def sampling_config(config: RolloutJobConfig, *, seed: int) -> SamplingConfig:
     """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature, truncated by its
     ``top_k``/``top_p``/``min_p``."""
     return config.rollout.sampling(seed=seed)
@@ -110,7 +110,7 @@ def rollout_batch(
     filtered = equal_reward_groups(rewards, output.n)
     if not algorithm.filter_groups:
         filtered = torch.zeros_like(filtered)
-    batch = _batch(examples, output, keep=~filtered.repeat_interleave(output.n))
+    batch = response_batch(examples, output, keep=~filtered.repeat_interleave(output.n))
     batch["advantages"] = outcome_advantages(
         rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
     )
@@ -139,7 +139,7 @@ def answer_rewards(
     return answers, rewards
 
 
-def _batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
+def response_batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
     """Prompt+response sequences; the loss mask holds the responses of the ``keep`` sequences."""
     prompts = [examples[i // output.n].prompt_ids for i in range(len(output.responses))]
     sequences = [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)]
