@@ -8,6 +8,7 @@ from __future__ import annotations
 from drivetrain_engine_core.lazy import lazy_getattr
 
 _EXPORTS = {
+    "ColocatedPPO": "controller",
     "PPOConfig": "config",
     "PPOTrainer": "trainer",
     "load_config": "config",
