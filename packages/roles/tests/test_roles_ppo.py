@@ -180,7 +180,7 @@ def _plain_ppo_first_step(model_dir, reference_dir, critic_dir, critic_weights, 
         ),
         ("trainer.critic_warmup=120", r"trainer.critic_warmup=120 leaves no step of trainer.total_steps=120"),
         ("algorithm.lam=1.5", r"algorithm.lam in \[0, 1\], got 1.0, 1.5"),
-        ("algorithm.ppo_mini_batches=3", r"ppo_mini_batches=3 must divide .* 32 x 4 = 128"),
+        ("algorithm.ppo_mini_batches=3", r"ppo_mini_batches=3 must divide .* 32 x 8 = 256"),
     ],
 )
 def test_bad_settings_are_refused_when_the_config_loads(override, message):

@@ -283,27 +283,7 @@ class GRPOConfig:
         )
 
     def __post_init__(self) -> None:
-        if self.model.path == BUILTIN_MODEL and self.trainer.warm_start_steps < 1:
-            # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
-            raise ConfigError(
-                "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
-                "its SFT warm start, so it needs at least 1 step (200 by default). Set trainer.warm_start_steps "
-                ">= 1, or give model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
-            )
-        buffer, longest = self.algorithm.overlong_buffer_len, self.rollout.max_new_tokens
-        if buffer >= longest:
-            raise ConfigError(
-                f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
-                f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
-            )
-        sequences = self.trainer.prompts_per_step * self.rollout.n
-        if sequences % self.algorithm.ppo_mini_batches:
-            # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).
-            raise ConfigError(
-                f"algorithm.ppo_mini_batches={self.algorithm.ppo_mini_batches} must divide the sequences of a "
-                f"step, trainer.prompts_per_step x rollout.n = {self.trainer.prompts_per_step} x {self.rollout.n} "
-                f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
-            )
+        check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)
 
 
 class RolloutJobConfig(Protocol):
@@ -320,6 +300,36 @@ class RolloutJobConfig(Protocol):
     def rollout(self) -> RolloutConfig: ...
     @property
     def trainer(self) -> TrainerConfig: ...
+
+
+def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:
+    """The checks across the sections of a command that samples from its policy (``grpo``, ``ppo``): the embedded
+    model's warm start, the overlong buffer within a response, mini-batches that divide a step's sequences.
+
+    Raises:
+        ConfigError: naming the settings and the fix.
+    """
+    if config.model.path == BUILTIN_MODEL and config.trainer.warm_start_steps < 1:
+        # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
+        raise ConfigError(
+            "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
+            "its SFT warm start, so it needs at least 1 step (200 by default). Set trainer.warm_start_steps "
+            ">= 1, or give model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
+        )
+    buffer, longest = overlong_buffer_len, config.rollout.max_new_tokens
+    if buffer >= longest:
+        raise ConfigError(
+            f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
+            f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
+        )
+    sequences = config.trainer.prompts_per_step * config.rollout.n
+    if sequences % ppo_mini_batches:
+        # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).
+        raise ConfigError(
+            f"algorithm.ppo_mini_batches={ppo_mini_batches} must divide the sequences of a "
+            f"step, trainer.prompts_per_step x rollout.n = {config.trainer.prompts_per_step} x {config.rollout.n} "
+            f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
+        )
 
 
 def check_mini_batch_share(config: GRPOConfig, world_size: int) -> None:

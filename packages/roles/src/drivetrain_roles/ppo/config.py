@@ -26,10 +26,9 @@ from drivetrain_engine_core.config import (
 from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..advantages import AdaptiveKLController, FixedKLController
 from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, DataConfig, builtin_model, for_a_user_model
-from ..grpo.config import USER_MODEL_LR
+from ..grpo.config import USER_MODEL_LR, check_sections
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
 from ..grpo.config import TrainerConfig as GRPOTrainerConfig
-from ..jobs.default_assets import BUILTIN_MODEL
 from ..losses.kl import canonical_estimator
 from ..losses.names import choose
 from ..losses.value import ValueLossConfig
@@ -53,7 +52,7 @@ class RolloutConfig(GRPORolloutConfig):
     """
 
     least_n: ClassVar[tuple[int, str]] = (1, "every prompt needs a response")
-    n: int = 4
+    n: int = 8
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -126,7 +125,7 @@ class AlgorithmConfig(PolicyLossSection):
 
     adv_estimator: str = "gae"
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 1.0
     loss_mode: str = "vanilla"
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
@@ -222,7 +221,7 @@ class TrainerConfig(GRPOTrainerConfig):
             the fresh value head's first values are noise, and so would be the advantages.
     """
 
-    critic_warmup: int = 0
+    critic_warmup: int = 10
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -234,7 +233,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=2e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
+    return OptimizerConfig(lr=5e-5, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
 
 
 def _default_checkpoint() -> CheckpointConfig:
@@ -281,29 +280,11 @@ class PPOConfig:
         )
 
     def __post_init__(self) -> None:
-        if self.model.path == BUILTIN_MODEL and self.trainer.warm_start_steps < 1:
-            raise ConfigError(
-                "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
-                "its SFT warm start, so it needs at least 1 step. Set trainer.warm_start_steps >= 1, or give "
-                "model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
-            )
+        check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)
         if self.trainer.critic_warmup >= self.trainer.total_steps:
             raise ConfigError(
                 f"trainer.critic_warmup={self.trainer.critic_warmup} leaves no step of trainer.total_steps="
                 f"{self.trainer.total_steps} to the actor; lower critic_warmup or raise total_steps."
-            )
-        buffer, longest = self.algorithm.overlong_buffer_len, self.rollout.max_new_tokens
-        if buffer >= longest:
-            raise ConfigError(
-                f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest}; lower it, "
-                "or raise rollout.max_new_tokens."
-            )
-        sequences = self.trainer.prompts_per_step * self.rollout.n
-        if sequences % self.algorithm.ppo_mini_batches:
-            raise ConfigError(
-                f"algorithm.ppo_mini_batches={self.algorithm.ppo_mini_batches} must divide the sequences of a "
-                f"step, trainer.prompts_per_step x rollout.n = {self.trainer.prompts_per_step} x {self.rollout.n} "
-                f"= {sequences}; choose a divisor of {sequences}."
             )
 
 
