@@ -23,6 +23,7 @@ from drivetrain_engine_core.config import (
 from drivetrain_engine_core.rollout import SamplingConfig
 
 from ..advantage_estimators import OUTCOME_ESTIMATORS, AdvantageConfig
+from ..algorithm_section import AlgorithmSection
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     DataConfig,
@@ -31,7 +32,6 @@ from ..command_sections import (
     for_a_user_model,
 )
 from ..jobs.default_assets import BUILTIN_MODEL
-from ..policy_section import PolicyLossSection
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -96,7 +96,7 @@ class RolloutConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class AlgorithmConfig(PolicyLossSection):
+class AlgorithmConfig(AlgorithmSection):
     """The objective: advantage estimator, policy loss, aggregation, KL and reward shaping, by verl's names (the
     roles README maps them to TRL's and writes out each formula).
 
@@ -163,23 +163,10 @@ class AlgorithmConfig(PolicyLossSection):
     reward_function: str = "exact_match"
 
     def __post_init__(self) -> None:
-        location, _, name = self.reward_function.rpartition(":")
-        if self.reward_function != "exact_match" and not (location and name):
-            raise ConfigError(
-                f"algorithm.reward_function={self.reward_function!r}: write exact_match, package.module:function or "
-                "path/to/file.py:function."
-            )
-        for name in ("ppo_mini_batches", "ppo_epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}.")
+        self._check_shared_fields()
         if not self.epsilon > 0:
             # NOTE: a group whose rewards are all equal (common with exact-match rewards) has std 0: 0/0 = NaN.
             raise ConfigError(f"algorithm.epsilon must be > 0 (1e-6 is the default), got {self.epsilon}.")
-        if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
-            raise ConfigError(
-                "algorithm.overlong_buffer_len and algorithm.overlong_penalty_factor must be >= 0."
-            )
-        self._check_policy_fields()
         try:
             estimator = self.advantage_config()
         except ValueError as e:

@@ -25,6 +25,7 @@ from drivetrain_engine_core.config import (
 
 from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..advantages import AdaptiveKLController, FixedKLController
+from ..algorithm_section import AlgorithmSection
 from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, DataConfig, builtin_model, for_a_user_model
 from ..grpo.config import USER_MODEL_LR, check_sections
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
@@ -32,7 +33,6 @@ from ..grpo.config import TrainerConfig as GRPOTrainerConfig
 from ..losses.kl import canonical_estimator
 from ..losses.names import choose
 from ..losses.value import ValueLossConfig
-from ..policy_section import PolicyLossSection
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -87,7 +87,7 @@ class KLControlConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class AlgorithmConfig(PolicyLossSection):
+class AlgorithmConfig(AlgorithmSection):
     """The objective: GAE over the critic's values, the policy loss, value clipping and the KL penalty, by verl's
     names (the roles README maps them to TRL's).
 
@@ -153,29 +153,16 @@ class AlgorithmConfig(PolicyLossSection):
                 f"nothing reads. Set algorithm.adv_estimator=gae (GAE over the critic's values), or run "
                 f"drivetrain grpo algorithm.adv_estimator={name} (no critic)."
             )
-        location, _, function = self.reward_function.rpartition(":")
-        if self.reward_function != "exact_match" and not (location and function):
-            raise ConfigError(
-                f"algorithm.reward_function={self.reward_function!r}: write exact_match, package.module:function or "
-                "path/to/file.py:function."
-            )
-        for option in ("ppo_mini_batches", "ppo_epochs"):
-            if getattr(self, option) < 1:
-                raise ConfigError(f"algorithm.{option} must be >= 1, got {getattr(self, option)}.")
+        self._check_shared_fields()
         if not (0 < self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ConfigError(
                 f"algorithm.gamma must be in (0, 1] and algorithm.lam in [0, 1], got {self.gamma}, {self.lam}."
-            )
-        if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
-            raise ConfigError(
-                "algorithm.overlong_buffer_len and algorithm.overlong_penalty_factor must be >= 0."
             )
         try:
             canonical_estimator(self.kl_penalty)
             self.value_loss()
         except ValueError as e:
             raise ConfigError(f"algorithm.{str(e).replace('kl_estimator=', 'kl_penalty=', 1)}") from e
-        self._check_policy_fields()
         if self.kl_ctrl.type == "adaptive" and not self.use_kl_in_reward:
             raise ConfigError(
                 "algorithm.kl_ctrl.type=adaptive steers the KL coefficient of the reward, but "
