@@ -99,7 +99,7 @@ def test_the_schedule_follows_the_run_from_one_source(command, overrides, schedu
 
 @pytest.mark.parametrize(
     ("command", "embedded", "user"),
-    [("sft", 3e-3, 1e-5), ("dpo", 1e-4, 1e-6), ("rm", 2e-3, 1e-5), ("grpo", 2e-4, 1e-6), ("ppo", 5e-5, 1e-6)],
+    [("sft", 3e-3, 1e-5), ("dpo", 1e-4, 1e-6), ("rm", 2e-3, 1e-5), ("grpo", 2e-4, 1e-6), ("ppo", 1e-4, 1e-6)],
 )
 def test_a_users_model_gets_the_learning_rate_its_users_know(command, embedded, user) -> None:
     """The embedded job's learning rates applied to a user's model too: ``drivetrain sft model.path=<a real

@@ -220,7 +220,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=5e-5, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
+    return OptimizerConfig(lr=1e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
 
 
 def _default_checkpoint() -> CheckpointConfig:
