@@ -9,7 +9,7 @@ import pytest
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_roles.runtime.command_config import describe_fields
 
-COMMANDS = ["sft", "grpo", "dpo", "rm"]
+COMMANDS = ["sft", "grpo", "ppo", "dpo", "rm"]
 
 
 def _load(command: str, *overrides: str):

@@ -32,7 +32,7 @@ TINY = [
 ]
 
 
-@pytest.mark.parametrize("command", ["dpo", "rm", "grpo"])
+@pytest.mark.parametrize("command", ["dpo", "rm", "grpo", "ppo"])
 def test_reference_pages_are_generated_from_the_dataclasses(command) -> None:
     assert (REPO / "docs" / f"{command}-config.md").read_text() == reference_page(command), (
         f'docs/{command}-config.md is stale; regenerate it with python -c "from drivetrain_roles.jobs.config_reference '
@@ -99,7 +99,7 @@ def test_the_schedule_follows_the_run_from_one_source(command, overrides, schedu
 
 @pytest.mark.parametrize(
     ("command", "embedded", "user"),
-    [("sft", 3e-3, 1e-5), ("dpo", 1e-4, 1e-6), ("rm", 2e-3, 1e-5), ("grpo", 2e-4, 1e-6)],
+    [("sft", 3e-3, 1e-5), ("dpo", 1e-4, 1e-6), ("rm", 2e-3, 1e-5), ("grpo", 2e-4, 1e-6), ("ppo", 1e-4, 1e-6)],
 )
 def test_a_users_model_gets_the_learning_rate_its_users_know(command, embedded, user) -> None:
     """The embedded job's learning rates applied to a user's model too: ``drivetrain sft model.path=<a real
@@ -111,11 +111,13 @@ def test_a_users_model_gets_the_learning_rate_its_users_know(command, embedded, 
     assert load(None, []).optimizer.lr == embedded
     assert load(None, ["model.path=/models/instruct"]).optimizer.lr == user
     assert load(None, ["model.path=/models/instruct", "optimizer.lr=3e-6"]).optimizer.lr == 3e-6
+    if command == "ppo":  # the critic's too (verl's critic.optim.lr)
+        assert load(None, ["model.path=/models/instruct"]).critic.optimizer.lr == 1e-5
     if command == "dpo":
         assert load(None, []).dpo.beta == 0.5 and load(None, ["model.path=/models/instruct"]).dpo.beta == 0.1
 
 
-@pytest.mark.parametrize("command", ["sft", "dpo", "rm", "grpo"])
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm", "grpo", "ppo"])
 def test_a_users_model_gets_lengths_that_hold_real_text(command) -> None:
     """The embedded job's 32-token ``data.max_length`` refused nearly any real data, and GRPO's 6-token responses
     could never hold a real answer (reward 0 everywhere, no warning). A user's model gets TRL's lengths unless set."""
@@ -124,7 +126,9 @@ def test_a_users_model_gets_lengths_that_hold_real_text(command) -> None:
     load = import_module(f"drivetrain_roles.{command}.config").load_config
     embedded, user = load(None, []), load(None, ["model.path=/models/instruct"])
     budget = (
-        (lambda c: c.rollout.max_new_tokens) if command == "grpo" else (lambda c: c.trainer.max_new_tokens)
+        (lambda c: c.rollout.max_new_tokens)
+        if command in ("grpo", "ppo")
+        else (lambda c: c.trainer.max_new_tokens)
     )
     assert (embedded.data.max_length, user.data.max_length, budget(user)) == (32, 1024, 256)
     assert budget(embedded) < 10

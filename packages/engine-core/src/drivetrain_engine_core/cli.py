@@ -85,6 +85,7 @@ FIRST_PARTY_COMMANDS: dict[str, str] = {
     "dpo": "drivetrain-roles",
     "rm": "drivetrain-roles",
     "grpo": "drivetrain-roles",
+    "ppo": "drivetrain-roles",
     "env": "drivetrain-roles",
     "ckpt": "drivetrain-ckpt-tools",
 }

@@ -1,4 +1,4 @@
-"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``sft``/``dpo``/``rm``/``grpo``
+"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``sft``/``dpo``/``rm``/``grpo``/``ppo``
 commands and ``env``."""
 
 from drivetrain_engine_core.hookspecs import hookimpl
@@ -13,6 +13,7 @@ def register_roles(registry):
     registry.register("dpo", "drivetrain_roles.dpo.trainer:DPOTrainer")
     registry.register("rm", "drivetrain_roles.rm.trainer:RMTrainer")
     registry.register("grpo", "drivetrain_roles.grpo.trainer:GRPOTrainer")
+    registry.register("ppo", "drivetrain_roles.ppo.trainer:PPOTrainer")
 
 
 @hookimpl
@@ -23,9 +24,10 @@ def register_rollouts(registry):
 @hookimpl
 def register_commands(cli):
     from drivetrain_roles.grpo.command import grpo
+    from drivetrain_roles.ppo.command import ppo
     from drivetrain_roles.preference.command import dpo, rm
     from drivetrain_roles.runtime.environment import env_command
     from drivetrain_roles.sft.command import sft
 
-    for command in (sft, dpo, rm, grpo, env_command):
+    for command in (sft, dpo, rm, grpo, ppo, env_command):
         cli.add_command(command)

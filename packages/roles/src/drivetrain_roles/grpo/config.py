@@ -7,10 +7,11 @@ accuracy, then trained by GRPO with an exact-answer reward.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -23,6 +24,7 @@ from drivetrain_engine_core.config import (
 from drivetrain_engine_core.rollout import SamplingConfig
 
 from ..advantage_estimators import OUTCOME_ESTIMATORS, AdvantageConfig
+from ..algorithm_section import AlgorithmSection
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     DataConfig,
@@ -32,7 +34,6 @@ from ..command_sections import (
     merged_sections,
 )
 from ..jobs.default_assets import BUILTIN_MODEL
-from ..losses.aggregation import CONSTANT_LENGTH_MODE
 from ..losses.names import choose
 from ..losses.policy import PolicyLossConfig
 
@@ -69,11 +70,13 @@ class RolloutConfig:
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
 
+    least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")
+    """The fewest responses per prompt the command can learn from, and why."""
+
     def __post_init__(self) -> None:
-        if self.n < 2:
-            raise ConfigError(
-                f"rollout.n must be >= 2 (GRPO compares responses to one prompt), got {self.n}."
-            )
+        least, why = self.least_n
+        if self.n < least:
+            raise ConfigError(f"rollout.n must be >= {least} ({why}), got {self.n}.")
         if not self.temperature > 0:
             raise ConfigError(f"rollout.temperature must be > 0 (GRPO samples), got {self.temperature}.")
         if self.max_new_tokens < 1 or not self.bucket_mb > 0:
@@ -97,7 +100,7 @@ class RolloutConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class AlgorithmConfig:
+class AlgorithmConfig(AlgorithmSection):
     """The objective: advantage estimator, policy loss, aggregation, KL and reward shaping, by verl's names (the
     roles README maps them to TRL's and writes out each formula).
 
@@ -170,32 +173,12 @@ class AlgorithmConfig:
     rollout_is_cap: float | None = None
 
     def __post_init__(self) -> None:
-        location, _, name = self.reward_function.rpartition(":")
-        if self.reward_function != "exact_match" and not (location and name):
-            raise ConfigError(
-                f"algorithm.reward_function={self.reward_function!r}: write exact_match, package.module:function or "
-                "path/to/file.py:function."
-            )
-        for name in ("ppo_mini_batches", "ppo_epochs"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}.")
+        self._check_shared_fields()
         if not self.epsilon > 0:
             # NOTE: a group whose rewards are all equal (common with exact-match rewards) has std 0: 0/0 = NaN.
             raise ConfigError(f"algorithm.epsilon must be > 0 (1e-6 is the default), got {self.epsilon}.")
-        if not 0 < self.clip_ratio < 1:
-            raise ConfigError(f"algorithm.clip_ratio must be in (0, 1), got {self.clip_ratio}.")
-        if self.overlong_buffer_len < 0 or self.overlong_penalty_factor < 0:
-            raise ConfigError(
-                "algorithm.overlong_buffer_len and algorithm.overlong_penalty_factor must be >= 0."
-            )
-        if self.loss_scale_factor is not None and self.loss_agg_mode != CONSTANT_LENGTH_MODE:
-            raise ConfigError(
-                f"algorithm.loss_scale_factor={self.loss_scale_factor} is read only by loss_agg_mode="
-                f"{CONSTANT_LENGTH_MODE}, not {self.loss_agg_mode!r}; unset it or set that mode."
-            )
         try:
             estimator = self.advantage_config()
-            self.policy_loss(max_new_tokens=1)
         except ValueError as e:
             raise ConfigError(f"algorithm.{e}") from e
         if estimator.needs_critic:
@@ -214,18 +197,9 @@ class AlgorithmConfig:
         )
 
     def policy_loss(self, *, max_new_tokens: int) -> PolicyLossConfig:
-        """The actor's loss; ``max_new_tokens`` is the constant length unless ``loss_scale_factor`` is set."""
-        return PolicyLossConfig(
-            loss_mode=self.loss_mode,
-            clip_ratio_low=self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c,
-            loss_agg_mode=self.loss_agg_mode,
-            loss_scale_factor=self.loss_scale_factor or max_new_tokens,
-            kl_loss_coef=self.kl_loss_coef,
-            kl_estimator=self.kl_estimator,
-            rollout_is_cap=self.rollout_is_cap,
-        )
+        """The shared actor loss, with the truncated importance-sampling cap of the off-policy modes."""
+        shared = super().policy_loss(max_new_tokens=max_new_tokens)
+        return dataclasses.replace(shared, rollout_is_cap=self.rollout_is_cap)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -353,27 +327,53 @@ class GRPOConfig:
         )
 
     def __post_init__(self) -> None:
-        if self.model.path == BUILTIN_MODEL and self.trainer.warm_start_steps < 1:
-            # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
-            raise ConfigError(
-                "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
-                "its SFT warm start, so it needs at least 1 step (200 by default). Set trainer.warm_start_steps "
-                ">= 1, or give model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
-            )
-        buffer, longest = self.algorithm.overlong_buffer_len, self.rollout.max_new_tokens
-        if buffer >= longest:
-            raise ConfigError(
-                f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
-                f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
-            )
-        sequences = self.trainer.prompts_per_step * self.rollout.n
-        if sequences % self.algorithm.ppo_mini_batches:
-            # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).
-            raise ConfigError(
-                f"algorithm.ppo_mini_batches={self.algorithm.ppo_mini_batches} must divide the sequences of a "
-                f"step, trainer.prompts_per_step x rollout.n = {self.trainer.prompts_per_step} x {self.rollout.n} "
-                f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
-            )
+        check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)
+
+
+class RolloutJobConfig(Protocol):
+    """The sections a command that samples from its policy shares with ``drivetrain grpo`` (``grpo``, ``ppo``):
+    what the warm start, the sampling and the rollout-length check read."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def engine(self) -> EngineConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def trainer(self) -> TrainerConfig: ...
+
+
+def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:
+    """The checks across the sections of a command that samples from its policy (``grpo``, ``ppo``): the embedded
+    model's warm start, the overlong buffer within a response, mini-batches that divide a step's sequences.
+
+    Raises:
+        ConfigError: naming the settings and the fix.
+    """
+    if config.model.path == BUILTIN_MODEL and config.trainer.warm_start_steps < 1:
+        # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
+        raise ConfigError(
+            "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of "
+            "its SFT warm start, so it needs at least 1 step (200 by default). Set trainer.warm_start_steps "
+            ">= 1, or give model.path (e.g. the final_model of a drivetrain sft run), which starts as it is."
+        )
+    buffer, longest = overlong_buffer_len, config.rollout.max_new_tokens
+    if buffer >= longest:
+        raise ConfigError(
+            f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
+            f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
+        )
+    sequences = config.trainer.prompts_per_step * config.rollout.n
+    if sequences % ppo_mini_batches:
+        # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).
+        raise ConfigError(
+            f"algorithm.ppo_mini_batches={ppo_mini_batches} must divide the sequences of a "
+            f"step, trainer.prompts_per_step x rollout.n = {config.trainer.prompts_per_step} x {config.rollout.n} "
+            f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
+        )
 
 
 def check_mini_batch_share(config: GRPOConfig, world_size: int) -> None:

@@ -28,7 +28,7 @@ from ..advantage_estimators import outcome_advantages
 from ..jobs.data import Example
 from ..reference import Reference
 from ..reward_shaping import equal_reward_groups, overlong_penalty
-from .config import GRPOConfig
+from .config import GRPOConfig, RolloutJobConfig
 from .rewards import compute_rewards
 from .versions import Versions
 
@@ -61,7 +61,7 @@ class RolloutBatch:
     dropped_groups: int = 0
 
 
-def sampling_config(config: GRPOConfig, *, seed: int) -> SamplingConfig:
+def sampling_config(config: RolloutJobConfig, *, seed: int) -> SamplingConfig:
     """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature, truncated by its
     ``top_k``/``top_p``/``min_p``."""
     return config.rollout.sampling(seed=seed)
@@ -138,7 +138,7 @@ def rollout_batch(
         version = output.version or 0
         versions = Versions.of(output, version, current=version, max_staleness=None)
     stale = versions.stale_groups(output.n)
-    batch = _batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
+    batch = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
     prompt_lengths = batch["input_ids"].offsets().diff() - torch.tensor(lengths, dtype=torch.long)
     batch["token_versions"] = _jagged(versions.token_field(prompt_lengths.tolist()), batch)
     batch["rollout_log_probs"] = _jagged(
@@ -183,7 +183,7 @@ def answer_rewards(
     return answers, rewards
 
 
-def _batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
+def response_batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
     """Prompt+response sequences; the loss mask holds the responses of the ``keep`` sequences."""
     prompts = [examples[i // output.n].prompt_ids for i in range(len(output.responses))]
     sequences = [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)]

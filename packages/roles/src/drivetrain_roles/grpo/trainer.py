@@ -37,7 +37,7 @@ from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
-from .config import GRPOConfig, check_mini_batch_share, generation_lag
+from .config import GRPOConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .rewards import exact_match, load_reward_function
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
@@ -167,7 +167,7 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
     def make_reference(self, actor: Actor, model_path: str) -> Reference | None:
         """The KL reference: the actor's base model with LoRA, else its own inference-only engine; ``None``
         without a KL penalty."""
-        if self.config.algorithm.kl_loss_coef == 0:
+        if not self._uses_reference():
             return None
         temperature = self.config.rollout.temperature
         if self.config.model.lora is not None:
@@ -181,6 +181,10 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             pipeline = getattr(self, "pipeline", None)
             if pipeline is not None:
                 pipeline.close()
+
+    def _uses_reference(self) -> bool:
+        """Whether a KL term reads the reference's log-probs (GRPO: the KL loss)."""
+        return self.config.algorithm.kl_loss_coef != 0
 
     def _start_step(self, engine: Engine) -> int:
         step = super()._start_step(engine)
@@ -349,7 +353,7 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             first, last = result.evaluations[0], result.evaluations[-1]
             lines.append(
                 f"val/accuracy: {first['val/accuracy']:.4f} (step {first['step']}) -> {last['val/accuracy']:.4f} "
-                f"(step {last['step']}) in {result.seconds:.0f} s of GRPO"
+                f"(step {last['step']}) in {result.seconds:.0f} s of {self.command.upper()}"
             )
         return lines
 
@@ -380,7 +384,7 @@ def warn_unreachable_answers(examples: list[Example], max_new_tokens: int, eos_t
         )
 
 
-def check_rollout_length(examples: list[Example], config: GRPOConfig, model_path: str) -> None:
+def check_rollout_length(examples: list[Example], config: RolloutJobConfig, model_path: str) -> None:
     """The longest prompt plus ``rollout.max_new_tokens`` must fit the model's positions and, with dynamic
     batching, one micro-batch: checked when the prompts load, not at the step whose sample first grows that
     long (a ``BatchError`` hours into a run).

@@ -7,10 +7,10 @@ from pathlib import Path
 from ..jobs.assets import model_directory
 from ..jobs.default_assets import BUILTIN_MODEL
 from ..sft.config import SFTConfig, TrainerConfig
-from .config import GRPOConfig
+from .config import RolloutJobConfig
 
 
-def start_model(config: GRPOConfig, output_dir: Path, *, resume: bool) -> str:
+def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> str:
     """The local directory of ``model.path`` (a Hub id's cached snapshot), or for ``builtin:arithmetic`` the
     ``final_model`` of an SFT warm start.
 
@@ -35,7 +35,7 @@ def start_model(config: GRPOConfig, output_dir: Path, *, resume: bool) -> str:
     return final_model
 
 
-def _warm_start_config(config: GRPOConfig) -> SFTConfig:
+def _warm_start_config(config: RolloutJobConfig) -> SFTConfig:
     steps = config.trainer.warm_start_steps
     trainer = TrainerConfig(
         total_steps=steps,

@@ -15,7 +15,7 @@ installed backend. Each entry: `section.field: type = default`, then its help. S
 `--print-config` prints a run's resolved config.
 """
 
-PACKAGES = {"sft": "sft", "dpo": "dpo", "rm": "rm", "grpo": "grpo"}
+PACKAGES = {"sft": "sft", "dpo": "dpo", "rm": "rm", "grpo": "grpo", "ppo": "ppo"}
 
 
 def reference_page(command: str = "sft") -> str:

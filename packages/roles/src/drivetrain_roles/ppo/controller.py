@@ -1,0 +1,157 @@
+"""PPO through one colocated Ray worker group: a single controller drives actor, critic, reference and rollout.
+
+As :mod:`drivetrain_roles.grpo.controller`: the driver holds the prompts and the step logic of :mod:`.step`
+(:func:`.step.update_with`, the function the single-process trainer calls too), the workers hold the engines
+(``actor``, ``critic``, ``reference`` when a KL term reads it) and the rollouts. GAE, whitening and the KL
+statistics run on the driver over the whole batch; only token ids, log-probs, values and metrics cross to it.
+
+Example::
+
+    config = load_config(None, ["model.path=/path/to/sft/final_model"])
+    with ColocatedPPO.start(config, world_size=2, critic_dir="critic_start", num_cpus_per_worker=0.5) as ppo:
+        for step, examples in enumerate(batches):
+            metrics = ppo.step(step, examples)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Self
+
+from drivetrain_engine_core.errors import BatchError
+
+from ..critic import CriticConfig
+from ..grpo.controller import colocated_spec as grpo_colocated_spec
+from ..grpo.step import SEED_STRIDE, PolicyCalls, RolloutBatch, answer_rewards, sampling_config
+from ..jobs.data import Example
+from ..rm.export import write_value_model_start
+from ..workers import ColocatedSpec, ColocatedWorkerGroup
+from .config import PPOConfig
+from .step import PPOCalls, scored_batch, update_with
+
+
+def colocated_spec(config: PPOConfig, critic_dir: str | Path) -> ColocatedSpec:
+    """GRPO's parts and rollout (and its refusals: the ``builtin:`` model, LoRA), with the reference when a KL
+    term reads it and the ``critic``: a value model started in ``critic_dir`` from ``model.path`` with a fresh
+    head, on the actor's engine settings, with the actor's mini-batches.
+
+    Raises:
+        ConfigError: see :func:`drivetrain_roles.grpo.controller.colocated_spec`.
+    """
+    # NOTE: GRPO's spec reads the sections both configs share and the policy loss, which PPO's algorithm has.
+    base = grpo_colocated_spec(config)  # type: ignore[arg-type]
+    actor = base.parts["actor"]
+    parts = {"actor": actor}
+    if config.algorithm.needs_reference:
+        temperature = {"temperature": config.rollout.temperature}
+        parts["reference"] = dataclasses.replace(
+            actor, role="reference", optimizer_config=None, role_config=temperature
+        )
+    start = write_value_model_start(actor.model_config.path, Path(critic_dir))
+    parts["critic"] = dataclasses.replace(
+        actor,
+        role="critic",
+        model_config=dataclasses.replace(actor.model_config, path=start, model_type="value_model", lora=None),
+        optimizer_config=config.critic.optimizer,
+        role_config=CriticConfig(loss=config.algorithm.value_loss(), schedule=actor.role_config.schedule),
+    )
+    return ColocatedSpec(parts=parts, rollout=base.rollout)
+
+
+class ColocatedPPO:
+    """The PPO step of :mod:`.step`, driven over a :class:`~..workers.ColocatedWorkerGroup`.
+
+    Args:
+        group: a colocated group with parts ``actor``, ``critic`` (and ``reference`` when a KL term reads it)
+            and a rollout fed by the actor, e.g. from :func:`colocated_spec`.
+        config: the run's configuration.
+        tokenizer: decodes responses for the reward.
+    """
+
+    def __init__(self, group: ColocatedWorkerGroup, config: PPOConfig, tokenizer: Any) -> None:
+        self.group = group
+        self.config = config
+        self.tokenizer = tokenizer
+        self.kl_control = config.algorithm.kl_ctrl.controller()
+
+    @classmethod
+    def start(
+        cls, config: PPOConfig, *, world_size: int, critic_dir: str | Path, **group_options: Any
+    ) -> Self:
+        """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
+        from ..grpo.config import check_mini_batch_share
+        from ..grpo.rewards import load_reward_function
+        from ..jobs.assets import load_tokenizer
+
+        check_mini_batch_share(config, world_size)  # type: ignore[arg-type]
+        load_reward_function(config.algorithm.reward_function)  # before the workers start
+        spec = colocated_spec(config, critic_dir)
+        actor = spec.parts["actor"].model_config
+        tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
+        return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
+
+    def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
+        """Sample ``examples`` on the workers' rollouts and score them on the driver.
+
+        Raises:
+            BatchError: not ``trainer.prompts_per_step`` examples (the mini-batches are sized for that many).
+        """
+        expected = self.config.trainer.prompts_per_step
+        if len(examples) != expected:
+            raise BatchError(
+                f"a PPO step got {len(examples)} prompts, but trainer.prompts_per_step={expected} (the mini-batches "
+                f"are sized for it); pass {expected} prompts per step or set trainer.prompts_per_step={len(examples)}."
+            )
+        seed = self.config.trainer.seed + SEED_STRIDE * step
+        output = self.group.generate(
+            [e.prompt_ids for e in examples], sampling_config(self.config, seed=seed)
+        )
+        _, scores = answer_rewards(examples, output, self.tokenizer, self.config.algorithm.reward_function)
+        return scored_batch(examples, output, scores, self.config)
+
+    def update(self, samples: RolloutBatch, *, train_actor: bool = True) -> dict[str, float]:
+        """Log-probs, values, GAE on the driver, the critic's update and (``train_actor``) the actor's."""
+        call, parts = self.group.call, self.group.topologies
+        calls = PPOCalls(
+            policy=PolicyCalls(
+                compute_log_prob=partial(call, "actor", "compute_log_prob"),
+                compute_ref_log_prob=partial(call, "reference", "compute_ref_log_prob")
+                if "reference" in parts
+                else None,
+                update_policy=partial(call, "actor", "update_policy"),
+            ),
+            compute_values=partial(call, "critic", "compute_values"),
+            update_critic=partial(call, "critic", "update_critic"),
+        )
+        algorithm = self.config.algorithm
+        metrics, statistics = update_with(
+            calls, samples, algorithm, self.kl_control.value, train_actor=train_actor
+        )
+        if "kl" in metrics:
+            self.kl_control.update(metrics["kl"], n_steps=len(samples.rewards))
+        return {**metrics, **statistics.metrics()}
+
+    def step(self, step: int, examples: Sequence[Example]) -> dict[str, float]:
+        """One PPO step (the actor frozen during ``trainer.critic_warmup``), then the hand-off of version
+        ``step + 1`` inside every worker when the actor changed."""
+        samples = self.sample(step, examples)
+        train_actor = step >= self.config.trainer.critic_warmup
+        metrics = self.update(samples, train_actor=train_actor)
+        if train_actor:
+            self.group.sync_rollout(step + 1)
+        return {**metrics, "train/reward": float(samples.rewards.mean())}
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+__all__ = ["ColocatedPPO", "colocated_spec"]
