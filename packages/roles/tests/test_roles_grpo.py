@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -18,7 +19,15 @@ from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
-from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sample, sampling_config, score, update
+from drivetrain_roles.grpo.step import (
+    RolloutBatch,
+    log_prob_gap,
+    mismatch_kl_sum,
+    sample,
+    sampling_config,
+    score,
+    update,
+)
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
@@ -73,6 +82,18 @@ def test_the_log_prob_gap_skips_empty_responses():
     actor = nested(torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0]))
     gap = log_prob_gap(batch, actor, [torch.tensor([-1.5, -2.0]), torch.tensor([])])
     assert gap == pytest.approx(0.5)
+
+
+def test_the_mismatch_kl_is_the_k3_estimate_over_response_tokens():
+    """``rollout/mismatch_kl``: sum of ``r - 1 - log r``, ``r = exp(actor - rollout)``, over response tokens only."""
+    offsets = torch.tensor([0, 3, 5])
+    nested = lambda flat: torch.nested.nested_tensor_from_jagged(flat, offsets)  # noqa: E731
+    batch = {"loss_mask": nested(torch.tensor([False, True, True, True, False]))}
+    actor = nested(torch.tensor([0.0, -1.0, -2.0, -3.0, -4.0]))
+    rollout = [torch.tensor([-1.5, -2.0]), torch.tensor([-2.5])]
+    expected = sum(math.exp(d) - 1 - d for d in (0.5, 0.0, -0.5))
+    assert mismatch_kl_sum(batch, actor, rollout) == pytest.approx(expected, rel=1e-12)
+    assert mismatch_kl_sum(batch, actor, [torch.tensor([-1.0, -2.0]), torch.tensor([-3.0])]) == 0.0
 
 
 def _examples(tokenizer, count):

@@ -234,11 +234,13 @@ class RolloutStatistics:
 
     Attributes:
         log_prob_gap: the largest gap between the actor's and the rollout's log-probs of a response token.
+        mismatch_kl_sum: :func:`mismatch_kl_sum` of the response tokens.
         entropy_sum: the policy's entropy summed over the response tokens.
         response_tokens: how many response tokens.
     """
 
     log_prob_gap: float
+    mismatch_kl_sum: float
     entropy_sum: float
     response_tokens: int
 
@@ -250,26 +252,30 @@ class RolloutStatistics:
         mask = batch["loss_mask"].values()
         return cls(
             log_prob_gap=log_prob_gap(batch, old["log_probs"], rollout_log_probs),
+            mismatch_kl_sum=mismatch_kl_sum(batch, old["log_probs"], rollout_log_probs),
             entropy_sum=float(old["entropy"].values()[mask].sum()),
             response_tokens=int(mask.sum()),
         )
 
     def reduced(self, group: Any) -> RolloutStatistics:
         """The statistics over every rank of ``group`` (collective)."""
-        entropy_sum, response_tokens = distributed.all_reduce_sums(
-            [self.entropy_sum, self.response_tokens], group
+        mismatch_kl_sum, entropy_sum, response_tokens = distributed.all_reduce_sums(
+            [self.mismatch_kl_sum, self.entropy_sum, self.response_tokens], group
         )
         return RolloutStatistics(
             log_prob_gap=distributed.all_reduce_max(self.log_prob_gap, group),
+            mismatch_kl_sum=mismatch_kl_sum,
             entropy_sum=entropy_sum,
             response_tokens=int(response_tokens),
         )
 
     def metrics(self) -> dict[str, float]:
-        """``entropy`` (token mean) and ``rollout/log_prob_diff_max``."""
+        """``entropy`` and ``rollout/mismatch_kl`` (token means) and ``rollout/log_prob_diff_max``."""
+        tokens = max(self.response_tokens, 1)
         return {
-            "entropy": self.entropy_sum / max(self.response_tokens, 1),
+            "entropy": self.entropy_sum / tokens,
             "rollout/log_prob_diff_max": self.log_prob_gap,
+            "rollout/mismatch_kl": self.mismatch_kl_sum / tokens,
         }
 
 
@@ -302,6 +308,21 @@ def log_prob_gap(
         differences = (values[mask] - rolled.to(values.device)).abs()
         gap = max(gap, float(differences.max())) if differences.numel() else gap
     return gap
+
+
+def mismatch_kl_sum(
+    batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
+) -> float:
+    """``KL(pi_rollout || pi_actor)`` estimated on the sampled response tokens and summed: ``r - 1 - log r`` with ``r = pi_actor / pi_rollout`` per token (the k3 estimator: unbiased
+    under the rollout's sampling, never negative). The training-inference mismatch that truncated importance
+    sampling corrects; 0 when the rollout serves exactly the actor's weights."""
+    total = 0.0
+    for values, mask, rolled in zip(
+        actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True
+    ):
+        log_ratio = values[mask].double() - rolled.to(values.device).double()
+        total += float((log_ratio.exp() - 1 - log_ratio).sum())
+    return total
 
 
 def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> dict[str, float]:

@@ -270,6 +270,7 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
             "train/lr": metrics["lr"],
             "train/response_length": response_tokens / count,
             "rollout/log_prob_diff_max": metrics["rollout/log_prob_diff_max"],
+            "rollout/mismatch_kl": metrics["rollout/mismatch_kl"],
             "perf/step_time_s": seconds,
             "perf/tokens_per_s": tokens / seconds,
             "perf/wait_s": taken - started,

@@ -131,6 +131,7 @@ class PPOTrainer(GRPOTrainer):
             "train/kl_coef": kl_coef,
             **{k: v for k, v in metrics.items() if k.startswith("critic/")},
             "rollout/log_prob_diff_max": metrics["rollout/log_prob_diff_max"],
+            "rollout/mismatch_kl": metrics["rollout/mismatch_kl"],
             "perf/step_time_s": seconds,
             "perf/tokens_per_s": tokens / seconds,
             **sync,
