@@ -22,6 +22,7 @@ measurement. Timings need a quiet machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="where the runs go (default: a temp dir)")
     args = parser.parse_args(argv)
     sizes = size_overrides(args)
-    with tempfile.TemporaryDirectory() as scratch:
+    # The runs' progress lines go to stderr, so that stdout is the JSON alone.
+    with tempfile.TemporaryDirectory() as scratch, contextlib.redirect_stdout(sys.stderr):
         directory = args.output or Path(scratch)
         model = warm_start(directory / "warm", sizes, args.tiny)
         results = [run_mode(mode, model, directory, sizes) for mode in args.modes.split(",")]
