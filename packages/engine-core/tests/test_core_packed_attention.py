@@ -13,7 +13,7 @@ import itertools
 import pytest
 import torch
 from drivetrain_engine_core import packed_attention
-from drivetrain_engine_core.packed_attention import packed_causal_attention
+from drivetrain_engine_core.packed_attention import SequenceLengths, packed_causal_attention, padded_batches
 from drivetrain_engine_core.testing.device import requires_cuda
 
 LENGTHS = (5, 130, 1, 64)
@@ -74,21 +74,58 @@ def test_values_and_gradients_equal_the_formula_without_reading_the_device(windo
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_the_per_sequence_path_hands_sdpa_4d_tensors(monkeypatch):
+@pytest.mark.parametrize(
+    ("window", "calls"),
+    [
+        # Padded batches, longest first: 130, 64 and 5 fill 3 x 130 slots (<= 2 x their 199 tokens); 1 alone.
+        (None, [(3, HEADS, 130, HEAD_DIM), (1, HEADS, 1, HEAD_DIM)]),
+        (4, [(1, HEADS, length, HEAD_DIM) for length in LENGTHS]),  # a window: per sequence
+    ],
+)
+def test_sdpa_gets_4d_tensors_in_padded_batches_or_per_sequence(monkeypatch, window, calls):
     """CUDA's flash and memory-efficient SDPA kernels refuse 3-D inputs; ``(heads, L, head_dim)`` took the math
-    kernel, which keeps a ``heads x L x L`` score matrix per sequence for backward."""
-    ranks = []
+    kernel, which keeps a ``heads x L x L`` score matrix per sequence for backward. Without a window the
+    sequences go in padded batches (one SDPA call per sequence cost more than the tiny model's attention);
+    passed as :class:`SequenceLengths` (what the FSDP engine hands its layers) or as a tuple alike."""
+    shapes = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def recording(query, key, value, **options):
-        ranks.append((query.dim(), key.dim(), value.dim()))
+        shapes.append(tuple(query.shape))
+        assert key.shape == value.shape == query.shape
         return sdpa(query, key, value, **options)
 
     monkeypatch.setattr(packed_attention.F, "scaled_dot_product_attention", recording)
     query, key, value, cu_seqlens = inputs()
-    output = attend(query, key, value, cu_seqlens, 0.3)
-    torch.testing.assert_close(output, formula(query, key, value, 0.3), atol=1e-5, rtol=1e-5)
-    assert ranks == [(4, 4, 4)] * len(LENGTHS)
+    for lengths in (LENGTHS, SequenceLengths(LENGTHS)):
+        output = packed_causal_attention(
+            query,
+            key,
+            value,
+            cu_seqlens=cu_seqlens,
+            max_seqlen=130,
+            lengths=lengths,
+            scale=0.3,
+            window=window,
+        )
+        torch.testing.assert_close(output, formula(query, key, value, 0.3, window), atol=1e-5, rtol=1e-5)
+    assert shapes == calls * 2
+
+
+def test_padded_batches_bound_their_padding_and_cover_every_token_once():
+    """Each batch holds at most PADDING_LIMIT times its tokens; every token of the row is read and written back
+    exactly once (the plan is written out here for a long-tailed row of 40 sequences)."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = tuple(int(x) for x in (torch.rand(40, generator=generator) ** 4 * 300 + 1).long())
+    plan = padded_batches(lengths, torch.device("cpu"))
+    total = sum(lengths)
+    read = torch.cat(plan.gathers)
+    assert sorted(read[read < total].tolist()) == list(range(total))
+    for gather, (count, width) in zip(plan.gathers, plan.shapes, strict=True):
+        real = int((gather < total).sum())
+        assert gather.numel() == count * width <= packed_attention.PADDING_LIMIT * real
+    assert sorted(plan.scatter.tolist()) == sorted((read < total).nonzero()[:, 0].tolist())
+    assert read[plan.scatter].tolist() == list(range(total))
 
 
 def test_under_autocast_attention_takes_its_inputs_in_the_autocast_dtype(monkeypatch):
@@ -98,13 +135,13 @@ def test_under_autocast_attention_takes_its_inputs_in_the_autocast_dtype(monkeyp
     monkeypatch.setattr(
         packed_attention, "_flash_applies", lambda query, *args: seen.append(query.dtype) or False
     )
-    per_sequence = packed_attention._per_sequence_sdpa
+    padded = packed_attention._padded_sdpa
 
     def recording(query, key, value, *args, **kwargs):
         seen.append((query.dtype, key.dtype, value.dtype))
-        return per_sequence(query, key, value, *args, **kwargs)
+        return padded(query, key, value, *args, **kwargs)
 
-    monkeypatch.setattr(packed_attention, "_per_sequence_sdpa", recording)
+    monkeypatch.setattr(packed_attention, "_padded_sdpa", recording)
     query, key, value, cu_seqlens = inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         output = attend(query, key, value.bfloat16(), cu_seqlens, None)

@@ -70,6 +70,7 @@ _EXPORTS = {
     "flash_kernel_applies": "packed_attention",
     "flash_kernel_missing": "packed_attention",
     "packed_causal_attention": "packed_attention",
+    "SequenceLengths": "packed_attention",
     "linear_log_probs": "linear_log_probs",
     "CheckpointIndex": "hf_checkpoint",
     "read_checkpoint_index": "hf_checkpoint",
@@ -127,7 +128,12 @@ if TYPE_CHECKING:
     from .linear_log_probs import linear_log_probs
     from .modes import Mode
     from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult, host_floats
-    from .packed_attention import flash_kernel_applies, flash_kernel_missing, packed_causal_attention
+    from .packed_attention import (
+        SequenceLengths,
+        flash_kernel_applies,
+        flash_kernel_missing,
+        packed_causal_attention,
+    )
     from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
     from .router_balance import ROUTER_AUX_METRIC, RouterLoss, router_loss_of
 
@@ -172,6 +178,7 @@ __all__ = [
     "RoundTrip",
     "RouterLoss",
     "RowPadding",
+    "SequenceLengths",
     "SequenceSplit",
     "TokenLimits",
     "check_saved_shapes",

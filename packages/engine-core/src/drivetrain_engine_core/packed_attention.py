@@ -4,7 +4,8 @@ A packed row holds several sequences back to back (``cu_seqlens``). A ``T x T`` 
 the *row* costs; :func:`packed_causal_attention` costs what the sequences cost. On CUDA with half-precision
 compute it calls torch's variable-length flash kernel (``torch.nn.attention.varlen.varlen_attn``) once for
 all sequences, which also keeps a layer one graph under ``torch.compile``; elsewhere (CPU, float32, dropout)
-it loops over the sequences with SDPA.
+it runs SDPA over the sequences padded into a few batches of similar length (:func:`padded_batches`), or
+per sequence where a window or dropout applies.
 
 Nothing here reads the device: the caller passes the lengths as host integers (``PackedRow.lengths``), so a
 layer never stalls the host with a ``.tolist()`` of ``cu_seqlens`` (once per layer, per micro-batch).
@@ -12,9 +13,11 @@ layer never stalls the host with a ``.tolist()`` of ``cu_seqlens`` (once per lay
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +28,27 @@ _FLASH_DTYPES = (torch.float16, torch.bfloat16)  # the kernel has no float32 var
 _VARLEN_KEYWORDS = frozenset(inspect.signature(varlen.varlen_attn).parameters)
 """The keywords this torch's ``varlen_attn`` takes, read once: a cached lookup inside a compiled layer was traced
 again at every compile."""
+PADDING_LIMIT = 2.0
+"""A padded SDPA batch holds at most this many times its sequences' tokens (:func:`padded_batches`)."""
+
+
+class SequenceLengths:
+    """The host lengths of a packed row's sequences (``values``), as one opaque value a model's forward
+    keywords carry.
+
+    NOTE: a tuple of one integer per sequence is walked element by element by every hook that visits a
+    layer's arguments (FSDP2 casts them and looks for tensors needing gradients in each wrapped layer's
+    forward and backward), and so would a dataclass's fields: with 64 sequences that walk cost more CPU than
+    the tiny model's attention. A plain class is a leaf to those walks.
+    """
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[int]) -> None:
+        self.values: tuple[int, ...] = tuple(values)
+
+    def __repr__(self) -> str:
+        return f"SequenceLengths({self.values})"
 
 
 def packed_causal_attention(
@@ -34,7 +58,7 @@ def packed_causal_attention(
     *,
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
-    lengths: Sequence[int] | None,
+    lengths: Sequence[int] | SequenceLengths | None,
     scale: float | None = None,
     dropout: float = 0.0,
     window: int | None = None,
@@ -46,7 +70,8 @@ def packed_causal_attention(
         key, value: ``(T, kv_heads, head_dim)``; ``heads`` is a multiple of ``kv_heads`` (grouped queries).
         cu_seqlens: ``(n + 1,)`` cumulative sequence lengths on the tensors' device.
         max_seqlen: the longest sequence.
-        lengths: the ``n`` lengths ``cu_seqlens`` describes, as host integers; only the SDPA path reads them
+        lengths: the ``n`` lengths ``cu_seqlens`` describes, as host integers (a :class:`SequenceLengths` where
+            module hooks walk the caller's arguments); only the SDPA path reads them
             (the flash kernel takes ``cu_seqlens``), so a compiled layer on that path is not specialised on how
             many sequences a row holds.
         scale: softmax scale; ``None`` is ``1 / sqrt(head_dim)``.
@@ -71,7 +96,10 @@ def packed_causal_attention(
         )
     if groups > 1:
         key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-    return _per_sequence_sdpa(query, key, value, tuple(lengths), scale=scale, dropout=dropout, window=window)
+    host = lengths.values if isinstance(lengths, SequenceLengths) else tuple(lengths)
+    if dropout == 0.0 and window is None and len(host) > 1:
+        return _padded_sdpa(query, key, value, padded_batches(host, query.device), scale=scale)
+    return _per_sequence_sdpa(query, key, value, host, scale=scale, dropout=dropout, window=window)
 
 
 def _in_autocast_dtype(
@@ -110,6 +138,80 @@ def _per_sequence_sdpa(
         for q, k, v in zip(query.split(lengths), key.split(lengths), value.split(lengths), strict=True)
     ]
     return torch.cat(outputs, dim=0)
+
+
+@dataclass(frozen=True)
+class PaddedBatches:
+    """A packed row's sequences laid out as a few padded ``(count, width)`` SDPA batches.
+
+    Attributes:
+        gathers: per batch, the ``count * width`` row positions its slots read (the row's length ``T`` is
+            a zero padding row appended to the row), longest sequences first.
+        shapes: per batch, ``(count, width)``.
+        scatter: ``(T,)`` where each token of the row sits in the concatenated flat outputs of the batches.
+    """
+
+    gathers: tuple[torch.Tensor, ...]
+    shapes: tuple[tuple[int, int], ...]
+    scatter: torch.Tensor
+
+
+@functools.lru_cache(maxsize=8)
+def padded_batches(lengths: tuple[int, ...], device: torch.device) -> PaddedBatches:
+    """Group sequences by length, longest first, into batches padded to their longest member, a batch closing
+    before its padded size would exceed :data:`PADDING_LIMIT` times its tokens; cached per row (every layer of
+    a micro-batch asks for the same one), built on the host from host integers.
+
+    Why: one SDPA call per sequence costs a fixed ~50 us of dispatch each on CPU, more than a short sequence's
+    attention; a padded batch computes each sequence exactly as alone (causal masking never lets a real query
+    see a padded key, which all follow it) at the price of the padding.
+    """
+    starts = [0]
+    for length in lengths:
+        starts.append(starts[-1] + length)
+    total = starts[-1]
+    batches: list[list[int]] = []
+    tokens = 0
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= PADDING_LIMIT * (
+            tokens + lengths[index]
+        ):
+            batches[-1].append(index)
+            tokens += lengths[index]
+        else:
+            batches.append([index])
+            tokens = lengths[index]
+    gathers, shapes, scatter, offset = [], [], [0] * total, 0
+    for batch in batches:
+        width = lengths[batch[0]]
+        gather: list[int] = []
+        for index in batch:
+            start, length = starts[index], lengths[index]
+            gather.extend(range(start, start + length))
+            gather.extend([total] * (width - length))
+            scatter[start : start + length] = range(offset, offset + length)
+            offset += width
+        gathers.append(torch.tensor(gather, device=device))
+        shapes.append((len(batch), width))
+    return PaddedBatches(tuple(gathers), tuple(shapes), torch.tensor(scatter, device=device))
+
+
+def _padded_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    batches: PaddedBatches,
+    *,
+    scale: float | None,
+) -> torch.Tensor:
+    """Causal SDPA of a packed row's sequences, one call per padded batch of :func:`padded_batches`."""
+    padded = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in (query, key, value)]
+    outputs = []
+    for gather, (count, width) in zip(batches.gathers, batches.shapes, strict=True):
+        q, k, v = (t.index_select(0, gather).view(count, width, *t.shape[1:]).transpose(1, 2) for t in padded)
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=True)
+        outputs.append(out.transpose(1, 2).reshape(count * width, *query.shape[1:]))
+    return torch.cat(outputs).index_select(0, batches.scatter)
 
 
 def _sdpa_causal(

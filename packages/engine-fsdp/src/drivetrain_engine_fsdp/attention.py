@@ -18,6 +18,7 @@ import logging
 import torch
 from drivetrain_engine_core.backend import (
     ConfigError,
+    SequenceLengths,
     distributed,
     flash_kernel_applies,
     flash_kernel_missing,
@@ -40,7 +41,7 @@ def varlen_attention_forward(
     scaling: float | None = None,
     cu_seq_lens_q: torch.Tensor | None = None,
     max_length_q: int | None = None,
-    sequence_lengths: tuple[int, ...] | None = None,
+    sequence_lengths: SequenceLengths | tuple[int, ...] | None = None,
     sliding_window: int | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.backend import MicroBatch, PackedRow, PaddedRows
+from drivetrain_engine_core.backend import MicroBatch, PackedRow, PaddedRows, SequenceLengths
 
 
 def model_kwargs(micro_batch: MicroBatch) -> dict[str, Any]:
@@ -36,6 +36,7 @@ def packed_row_kwargs(row: PackedRow) -> dict[str, Any]:
         "position_ids": row.position_ids,
         "cu_seq_lens_q": row.cu_seqlens,
         "max_length_q": row.max_seqlen,
-        "sequence_lengths": row.lengths,
+        # One opaque value, not a tuple: FSDP2's hooks walk every layer's keywords element by element.
+        "sequence_lengths": SequenceLengths(row.lengths),
         "use_cache": False,
     }
