@@ -281,6 +281,7 @@ def main() -> None:
     trl_python = None if args.no_trl else args.trl_python or (sys.executable if _has_trl() else None)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    started = _children_cpu()
     results: dict[str, Any] = {
         "quick": args.quick,
         "trl_python": trl_python,
@@ -295,10 +296,17 @@ def main() -> None:
             case = Case(**{**case.__dict__, "steps": (1, 2)})
         extra = realistic_assets(work / "realistic_assets") if key == "realistic" else ()
         results["cases"][case.name] = run_case(case, work, trl_python, extra)
+        # With one process at a time at one thread each, this is about the wall time the run takes alone.
+        results["children_cpu_s"] = _children_cpu() - started
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
         print(json.dumps({case.name: results["cases"][case.name]}), flush=True)
     print(table(results))
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _has_trl() -> bool:

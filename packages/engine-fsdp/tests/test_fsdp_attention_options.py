@@ -84,3 +84,39 @@ def test_packed_attention_in_half_precision_needs_ampere(monkeypatch, capability
             check_flash_support("cuda", param_dtype)
     else:
         check_flash_support("cuda", param_dtype)
+
+
+def test_packed_row_lengths_reach_the_layers_as_one_value_fsdp_hooks_do_not_walk():
+    """FSDP2 walks every wrapped layer's forward keywords (input cast, backward-hook registration); with the
+    lengths as a tuple it visited one integer per sequence, in every layer of every micro-batch, which cost the
+    embedded SFT job more CPU than its attention. The walk must not grow with the number of sequences."""
+    from drivetrain_engine_core.backend import PackedRow, SequenceLengths
+    from drivetrain_engine_fsdp.inputs import packed_row_kwargs
+    from torch.distributed.fsdp import _common_utils
+
+    def walked_objects(count: int) -> int:
+        lengths = (3,) * count
+        row = PackedRow(
+            input_ids=torch.zeros(1, 3 * count, dtype=torch.long),
+            position_ids=torch.arange(3).repeat(count)[None],
+            cu_seqlens=torch.arange(0, 3 * count + 1, 3, dtype=torch.int32),
+            max_seqlen=3,
+            offsets=torch.arange(0, 3 * count + 1, 3),
+            lengths=lengths,
+        )
+        kwargs = packed_row_kwargs(row)
+        assert isinstance(kwargs["sequence_lengths"], SequenceLengths)
+        assert kwargs["sequence_lengths"].values == lengths
+        visits = []
+        walk = _common_utils._collect_grad_tensors
+
+        def counting(obj, out, _depth=0):
+            visits.append(obj)
+            return walk(obj, out, _depth)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_common_utils, "_collect_grad_tensors", counting)
+            _common_utils.collect_grad_tensors(((), kwargs))
+        return len(visits)
+
+    assert walked_objects(2) == walked_objects(64)
