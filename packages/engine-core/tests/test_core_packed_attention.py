@@ -60,8 +60,12 @@ def attend(query, key, value, cu_seqlens, scale, window=None):
     )
 
 
+@pytest.mark.parametrize("batched_max_length", [64, 256])  # LENGTHS per sequence, or in padded batches
 @pytest.mark.parametrize("window", [None, 4, 200])  # 200: longer than every sequence, so no band at all
-def test_values_and_gradients_equal_the_formula_without_reading_the_device(window):
+def test_values_and_gradients_equal_the_formula_without_reading_the_device(
+    monkeypatch, window, batched_max_length
+):
+    monkeypatch.setattr(packed_attention, "BATCHED_MAX_LENGTH", batched_max_length)
     query, key, value, cu_seqlens = inputs()
     scale = 0.3  # not the default 1/sqrt(head_dim): the scale is applied, not assumed
     output = attend(query, key, value, cu_seqlens.to("meta"), scale, window)
@@ -74,19 +78,26 @@ def test_values_and_gradients_equal_the_formula_without_reading_the_device(windo
         torch.testing.assert_close(grad, ref, atol=1e-5, rtol=1e-5)
 
 
+PER_SEQUENCE = [(1, HEADS, length, HEAD_DIM) for length in LENGTHS]
+
+
 @pytest.mark.parametrize(
-    ("window", "calls"),
+    ("window", "batched_max_length", "calls"),
     [
         # Padded batches, longest first: 130, 64 and 5 fill 3 x 130 slots (<= 2 x their 199 tokens); 1 alone.
-        (None, [(3, HEADS, 130, HEAD_DIM), (1, HEADS, 1, HEAD_DIM)]),
-        (4, [(1, HEADS, length, HEAD_DIM) for length in LENGTHS]),  # a window: per sequence
+        (None, 256, [(3, HEADS, 130, HEAD_DIM), (1, HEADS, 1, HEAD_DIM)]),
+        (None, 64, PER_SEQUENCE),  # a sequence longer than BATCHED_MAX_LENGTH: per sequence
+        (4, 256, PER_SEQUENCE),  # a window: per sequence
     ],
 )
-def test_sdpa_gets_4d_tensors_in_padded_batches_or_per_sequence(monkeypatch, window, calls):
+def test_sdpa_gets_4d_tensors_in_padded_batches_or_per_sequence(
+    monkeypatch, window, batched_max_length, calls
+):
     """CUDA's flash and memory-efficient SDPA kernels refuse 3-D inputs; ``(heads, L, head_dim)`` took the math
-    kernel, which keeps a ``heads x L x L`` score matrix per sequence for backward. Without a window the
-    sequences go in padded batches (one SDPA call per sequence cost more than the tiny model's attention);
+    kernel, which keeps a ``heads x L x L`` score matrix per sequence for backward. Rows of short sequences go
+    in padded batches (one SDPA call per sequence cost more than the tiny model's attention); the lengths
     passed as :class:`SequenceLengths` (what the FSDP engine hands its layers) or as a tuple alike."""
+    monkeypatch.setattr(packed_attention, "BATCHED_MAX_LENGTH", batched_max_length)
     shapes = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -135,13 +146,13 @@ def test_under_autocast_attention_takes_its_inputs_in_the_autocast_dtype(monkeyp
     monkeypatch.setattr(
         packed_attention, "_flash_applies", lambda query, *args: seen.append(query.dtype) or False
     )
-    padded = packed_attention._padded_sdpa
+    per_sequence = packed_attention._per_sequence_sdpa
 
     def recording(query, key, value, *args, **kwargs):
         seen.append((query.dtype, key.dtype, value.dtype))
-        return padded(query, key, value, *args, **kwargs)
+        return per_sequence(query, key, value, *args, **kwargs)
 
-    monkeypatch.setattr(packed_attention, "_padded_sdpa", recording)
+    monkeypatch.setattr(packed_attention, "_per_sequence_sdpa", recording)
     query, key, value, cu_seqlens = inputs()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         output = attend(query, key, value.bfloat16(), cu_seqlens, None)
