@@ -80,7 +80,7 @@ def cases(quick: bool) -> list[Case]:
         Case(
             "grpo",
             "grpo",
-            scale(4, 44),
+            scale(4, 84),
             (),
             {
                 "kind": "grpo",
