@@ -146,12 +146,13 @@ def realistic_assets(root: Path) -> tuple[str, ...]:
         terms = [rng.randint(1, 99) for _ in range(min(130, int(rng.paretovariate(1.5) * 20)))]
         return json.dumps({"prompt": "+".join(map(str, terms)) + "=", "response": str(sum(terms))})
 
+    (root / "data").mkdir(parents=True, exist_ok=True)
     for split, count in (("train", 2000), ("val", 20)):
-        (root / f"{split}.jsonl").write_text("\n".join(row() for _ in range(count)) + "\n")
+        (root / "data" / f"{split}.jsonl").write_text("\n".join(row() for _ in range(count)) + "\n")
     return (
         f"model.path={model_dir}",
-        f"data.train_files=[{root / 'train.jsonl'}]",
-        f"data.val_files=[{root / 'val.jsonl'}]",
+        f"data.train_files=[{root / 'data' / 'train.jsonl'}]",
+        f"data.val_files=[{root / 'data' / 'val.jsonl'}]",
         "optimizer.warmup_steps=0",
     )
 
@@ -179,8 +180,11 @@ def marginal(short: dict[str, float], long: dict[str, float], steps: tuple[int, 
     }
 
 
-def run_case(case: Case, work: Path, trl_python: str | None, extra: tuple[str, ...]) -> dict[str, Any]:
-    """Both trainers' short and long runs of ``case`` and the held-out scores of the long runs' models."""
+def run_case(
+    case: Case, work: Path, trl_python: str | None, extra: tuple[str, ...], assets: Path | None = None
+) -> dict[str, Any]:
+    """Both trainers' short and long runs of ``case`` and the held-out scores of the long runs' models; a case
+    with its own ``assets`` (model and ``data/``) starts TRL there, else from drivetrain's short run folder."""
     folder = work / (case.name.split()[0] + ("_realistic" if "realistic" in case.name else ""))
     runs: dict[int, Path] = {}
     times = {}
@@ -202,7 +206,8 @@ def run_case(case: Case, work: Path, trl_python: str | None, extra: tuple[str, .
         times[steps] = measured(argv)
     rows: dict[str, Any] = {"drivetrain": marginal(times[case.steps[0]], times[case.steps[1]], case.steps)}
     models = {"drivetrain": str(runs[case.steps[1]] / "final_model")}
-    start = runs[case.steps[0]] / case.start_model
+    data_run = assets or runs[case.steps[0]]
+    start = assets / "realistic_model" if assets else runs[case.steps[0]] / case.start_model
     for variant, options in case.trl_variants.items() if trl_python else ():
         trl_times = {}
         for steps in case.steps:
@@ -212,7 +217,7 @@ def run_case(case: Case, work: Path, trl_python: str | None, extra: tuple[str, .
                 **options,
                 "steps": steps,
                 "warmup": _warmup(case, steps),
-                "run": str(runs[case.steps[0]]),
+                "run": str(data_run),
                 "model": str(start),
                 "out": str(out),
             }
@@ -222,7 +227,7 @@ def run_case(case: Case, work: Path, trl_python: str | None, extra: tuple[str, .
     scorer = trl_python or sys.executable
     spec = {
         "kind": case.trl["kind"],
-        "run": str(runs[case.steps[0]]),
+        "run": str(data_run),
         "models": models,
         "reference": str(start),
         "max_new_tokens": case.trl.get("max_new_tokens", 8),
@@ -294,8 +299,9 @@ def main() -> None:
             continue
         if args.tiny:
             case = Case(**{**case.__dict__, "steps": (1, 2)})
-        extra = realistic_assets(work / "realistic_assets") if key == "realistic" else ()
-        results["cases"][case.name] = run_case(case, work, trl_python, extra)
+        assets = work / "realistic_assets" if key == "realistic" else None
+        extra = realistic_assets(assets) if assets else ()
+        results["cases"][case.name] = run_case(case, work, trl_python, extra, assets)
         # With one process at a time at one thread each, this is about the wall time the run takes alone.
         results["children_cpu_s"] = _children_cpu() - started
         if args.out:
