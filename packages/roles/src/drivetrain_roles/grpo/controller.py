@@ -24,6 +24,7 @@ from typing import Any, Self
 
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.rollout import RolloutOutput
 
 from ..jobs.assets import model_directory
 from ..jobs.data import Example
@@ -74,7 +75,53 @@ def colocated_spec(config: GRPOConfig) -> ColocatedSpec:
     return ColocatedSpec(parts=parts, rollout=rollout)
 
 
-class ColocatedGRPO:
+class ColocatedController:
+    """What the single controllers of ``drivetrain grpo`` and ``ppo`` share: the group they drive, sampling one
+    step's prompts on its rollouts, and the group's shutdown (also as a context manager).
+
+    Args:
+        group: the colocated group the controller drives.
+        config: the run's configuration (its ``trainer`` and ``rollout`` sections are read here).
+        tokenizer: decodes responses for the reward.
+    """
+
+    command = ""
+    """The job's name in messages (``GRPO``, ``PPO``)."""
+
+    def __init__(self, group: ColocatedWorkerGroup, config: Any, tokenizer: Any) -> None:
+        self.group = group
+        self.config = config
+        self.tokenizer = tokenizer
+
+    def generate(self, step: int, examples: Sequence[Example]) -> RolloutOutput:
+        """``examples``' responses from the workers' rollouts; seeds follow the trainer's (seed, step, rank).
+
+        Raises:
+            BatchError: not ``trainer.prompts_per_step`` examples: the actor's mini-batch size is set for that
+                many, so another count would take another number of optimizer steps than
+                ``algorithm.ppo_mini_batches``.
+        """
+        expected = self.config.trainer.prompts_per_step
+        if len(examples) != expected:
+            raise BatchError(
+                f"a {self.command} step got {len(examples)} prompts, but trainer.prompts_per_step={expected} (the "
+                f"actor's mini-batches are sized for it); pass {expected} prompts per step or set "
+                f"trainer.prompts_per_step={len(examples)}."
+            )
+        seed = self.config.trainer.seed + SEED_STRIDE * step
+        return self.group.generate([e.prompt_ids for e in examples], sampling_config(self.config, seed=seed))
+
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class ColocatedGRPO(ColocatedController):
     """The GRPO step of :mod:`.step`, driven over a :class:`~..workers.ColocatedWorkerGroup`.
 
     Args:
@@ -84,10 +131,8 @@ class ColocatedGRPO:
         tokenizer: decodes responses for the reward.
     """
 
-    def __init__(self, group: ColocatedWorkerGroup, config: GRPOConfig, tokenizer: Any) -> None:
-        self.group = group
-        self.config = config
-        self.tokenizer = tokenizer
+    command = "GRPO"
+    config: GRPOConfig
 
     @classmethod
     def start(
@@ -105,25 +150,8 @@ class ColocatedGRPO:
         return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
 
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
-        """Sample and score ``examples`` on the workers' rollouts; seeds follow the trainer's (seed, step, rank).
-
-        Raises:
-            BatchError: not ``trainer.prompts_per_step`` examples: the actor's mini-batch size is set for that
-                many, so another count would take another number of optimizer steps than
-                ``algorithm.ppo_mini_batches``.
-        """
-        expected = self.config.trainer.prompts_per_step
-        if len(examples) != expected:
-            raise BatchError(
-                f"a GRPO step got {len(examples)} prompts, but trainer.prompts_per_step={expected} (the actor's "
-                f"mini-batches are sized for it); pass {expected} prompts per step or set "
-                f"trainer.prompts_per_step={len(examples)}."
-            )
-        seed = self.config.trainer.seed + SEED_STRIDE * step
-        output = self.group.generate(
-            [e.prompt_ids for e in examples], sampling_config(self.config, seed=seed)
-        )
-        return score(examples, output, self.tokenizer, self.config)
+        """Sample ``examples`` on the workers' rollouts (:meth:`generate`) and score them on the driver."""
+        return score(examples, self.generate(step, examples), self.tokenizer, self.config)
 
     def update(self, samples: RolloutBatch) -> dict[str, float]:
         """Old and reference log-probs, one PPO-clip update: the actor's metrics, ``entropy`` and
@@ -147,14 +175,5 @@ class ColocatedGRPO:
         self.group.sync_rollout(step + 1)
         return {**metrics, "train/reward": float(samples.rewards.mean())}
 
-    def shutdown(self) -> None:
-        self.group.shutdown()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-
-__all__ = ["ColocatedGRPO", "colocated_spec"]
+__all__ = ["ColocatedController", "ColocatedGRPO", "colocated_spec"]

@@ -21,11 +21,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Self
 
-from drivetrain_engine_core.errors import BatchError
-
 from ..critic import CriticConfig
+from ..grpo.controller import ColocatedController
 from ..grpo.controller import colocated_spec as grpo_colocated_spec
-from ..grpo.step import SEED_STRIDE, PolicyCalls, RolloutBatch, answer_rewards, sampling_config
+from ..grpo.step import PolicyCalls, RolloutBatch, answer_rewards
 from ..jobs.data import Example
 from ..rm.export import write_value_model_start
 from ..workers import ColocatedSpec, ColocatedWorkerGroup
@@ -61,7 +60,7 @@ def colocated_spec(config: PPOConfig, critic_dir: str | Path) -> ColocatedSpec:
     return ColocatedSpec(parts=parts, rollout=base.rollout)
 
 
-class ColocatedPPO:
+class ColocatedPPO(ColocatedController):
     """The PPO step of :mod:`.step`, driven over a :class:`~..workers.ColocatedWorkerGroup`.
 
     Args:
@@ -71,10 +70,11 @@ class ColocatedPPO:
         tokenizer: decodes responses for the reward.
     """
 
+    command = "PPO"
+    config: PPOConfig
+
     def __init__(self, group: ColocatedWorkerGroup, config: PPOConfig, tokenizer: Any) -> None:
-        self.group = group
-        self.config = config
-        self.tokenizer = tokenizer
+        super().__init__(group, config, tokenizer)
         self.kl_control = config.algorithm.kl_ctrl.controller()
 
     @classmethod
@@ -94,21 +94,8 @@ class ColocatedPPO:
         return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
 
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
-        """Sample ``examples`` on the workers' rollouts and score them on the driver.
-
-        Raises:
-            BatchError: not ``trainer.prompts_per_step`` examples (the mini-batches are sized for that many).
-        """
-        expected = self.config.trainer.prompts_per_step
-        if len(examples) != expected:
-            raise BatchError(
-                f"a PPO step got {len(examples)} prompts, but trainer.prompts_per_step={expected} (the mini-batches "
-                f"are sized for it); pass {expected} prompts per step or set trainer.prompts_per_step={len(examples)}."
-            )
-        seed = self.config.trainer.seed + SEED_STRIDE * step
-        output = self.group.generate(
-            [e.prompt_ids for e in examples], sampling_config(self.config, seed=seed)
-        )
+        """Sample ``examples`` on the workers' rollouts (:meth:`generate`) and score them on the driver."""
+        output = self.generate(step, examples)
         _, scores = answer_rewards(examples, output, self.tokenizer, self.config.algorithm.reward_function)
         return scored_batch(examples, output, scores, self.config)
 
@@ -143,15 +130,6 @@ class ColocatedPPO:
         if train_actor:
             self.group.sync_rollout(step + 1)
         return {**metrics, "train/reward": float(samples.rewards.mean())}
-
-    def shutdown(self) -> None:
-        self.group.shutdown()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
 
 
 __all__ = ["ColocatedPPO", "colocated_spec"]
