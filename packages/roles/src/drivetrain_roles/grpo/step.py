@@ -234,7 +234,7 @@ class RolloutStatistics:
 
     Attributes:
         log_prob_gap: the largest gap between the actor's and the rollout's log-probs of a response token.
-        mismatch_kl_sum: :func:`mismatch_kl_sum` of the response tokens.
+        mismatch_kl_sum: :func:`k3_sum` of the response tokens.
         entropy_sum: the policy's entropy summed over the response tokens.
         response_tokens: how many response tokens.
     """
@@ -250,9 +250,10 @@ class RolloutStatistics:
     ) -> RolloutStatistics:
         """The statistics of the rows held here; one host read of the entropy."""
         mask = batch["loss_mask"].values()
+        log_ratios = response_log_ratios(batch, old["log_probs"], rollout_log_probs)
         return cls(
-            log_prob_gap=log_prob_gap(batch, old["log_probs"], rollout_log_probs),
-            mismatch_kl_sum=mismatch_kl_sum(batch, old["log_probs"], rollout_log_probs),
+            log_prob_gap=largest_gap(log_ratios),
+            mismatch_kl_sum=k3_sum(log_ratios),
             entropy_sum=float(old["entropy"].values()[mask].sum()),
             response_tokens=int(mask.sum()),
         )
@@ -296,33 +297,46 @@ def update_with(calls: PolicyCalls, samples: RolloutBatch) -> tuple[dict[str, fl
     return calls.update_policy(batch), statistics
 
 
+def response_log_ratios(
+    batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
+) -> torch.Tensor:
+    """``log pi_actor - log pi_rollout`` of every response token of the batch, concatenated, in float64 (exact
+    differences of the float32 inputs); empty when no response has a token (a third-party rollout may return
+    empty ones)."""
+    parts = [
+        values[mask].double() - rolled.to(values.device).double()
+        for values, mask, rolled in zip(
+            actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True
+        )
+    ]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def largest_gap(log_ratios: torch.Tensor) -> float:
+    """The largest ``|log pi_actor - log pi_rollout|`` of :func:`response_log_ratios` (0 over no tokens)."""
+    return float(log_ratios.abs().max()) if log_ratios.numel() else 0.0
+
+
+def k3_sum(log_ratios: torch.Tensor) -> float:
+    """``KL(pi_rollout || pi_actor)`` estimated on the sampled response tokens and summed: ``r - 1 - log r`` with
+    ``r = pi_actor / pi_rollout`` per token (the k3 estimator: unbiased under the rollout's sampling, never
+    negative). The training-inference mismatch that truncated importance sampling corrects; 0 when the rollout
+    serves exactly the actor's weights."""
+    return float((log_ratios.exp() - 1 - log_ratios).sum())
+
+
 def log_prob_gap(
     batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
 ) -> float:
-    """The largest gap between the actor's and the rollout's log-probs of the batch's response tokens (0 over
-    responses with none: a third-party rollout may return an empty one)."""
-    gap = 0.0
-    for values, mask, rolled in zip(
-        actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True
-    ):
-        differences = (values[mask] - rolled.to(values.device)).abs()
-        gap = max(gap, float(differences.max())) if differences.numel() else gap
-    return gap
+    """The largest gap between the actor's and the rollout's log-probs of the batch's response tokens."""
+    return largest_gap(response_log_ratios(batch, actor_log_probs, rollout_log_probs))
 
 
 def mismatch_kl_sum(
     batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
 ) -> float:
-    """``KL(pi_rollout || pi_actor)`` estimated on the sampled response tokens and summed: ``r - 1 - log r`` with ``r = pi_actor / pi_rollout`` per token (the k3 estimator: unbiased
-    under the rollout's sampling, never negative). The training-inference mismatch that truncated importance
-    sampling corrects; 0 when the rollout serves exactly the actor's weights."""
-    total = 0.0
-    for values, mask, rolled in zip(
-        actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True
-    ):
-        log_ratio = values[mask].double() - rolled.to(values.device).double()
-        total += float((log_ratio.exp() - 1 - log_ratio).sum())
-    return total
+    """:func:`k3_sum` of the batch's response tokens."""
+    return k3_sum(response_log_ratios(batch, actor_log_probs, rollout_log_probs))
 
 
 def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> dict[str, float]:
