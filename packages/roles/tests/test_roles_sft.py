@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -152,6 +153,35 @@ def test_resume_starts_from_the_runs_own_config(full_run) -> None:
     )
     assert printed.exit_code == 0, printed.output
     assert yaml.safe_load(printed.output)["data"]["generated_train_size"] == 128
+
+
+def test_a_refused_resume_leaves_the_runs_config_yaml_as_it_was(full_run, tmp_path) -> None:
+    """A resume refused at its checkpoint (other data-order values, another model) had already rewritten
+    config.yaml with the refused overrides, so the run no longer resumed as saved. config.yaml is written once
+    the checkpoint has loaded; a resume that is not refused still records its overrides."""
+    from drivetrain_engine_core.testing import make_tiny_model_dir
+
+    full_dir, _ = full_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(full_dir, run_dir)
+    saved = (run_dir / "config.yaml").read_bytes()
+    other = make_tiny_model_dir(tmp_path / "other", hidden_size=48)
+    refusals = {
+        "trainer.seed=7": "trained with trainer.seed=0, this run has 7; resume with the same value or start a new",
+        f"model.path={other}": "was saved from another model (.*). Set model.path to the model the run started",
+    }
+    for override, message in refusals.items():
+        result = CliRunner().invoke(
+            drivetrain_cli, ["sft", "--resume", "--output-dir", str(run_dir), override]
+        )
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1 and re.search(message, result.output)
+        assert (run_dir / "config.yaml").read_bytes() == saved
+    resumed = CliRunner().invoke(
+        drivetrain_cli, ["sft", "--resume", "--output-dir", str(run_dir), "trainer.max_new_tokens=3"]
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["max_new_tokens"] == 3
 
 
 @pytest.mark.slow

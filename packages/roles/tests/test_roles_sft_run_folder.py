@@ -190,10 +190,9 @@ def test_a_kill_while_config_yaml_is_written_leaves_the_previous_one_whole(tmp_p
         real(self, text[: len(text) // 2], *args, **kwargs)
         raise KeyboardInterrupt  # the process dies with half the text written
 
-    monkeypatch.setattr("drivetrain_roles.jobs.run_folder.check_run_dir", lambda *args, **kwargs: None)
     monkeypatch.setattr(Path, "write_text", killed_midway)
     with pytest.raises(KeyboardInterrupt):
-        RunFolder(path=tmp_path, resume=True).prepare({"trainer": {"seed": 1, "batch_size": 16}})
+        RunFolder(path=tmp_path, resume=True).write_config({"trainer": {"seed": 1, "batch_size": 16}})
     monkeypatch.setattr(Path, "write_text", real)
     assert (tmp_path / "config.yaml").read_text() == previous
 

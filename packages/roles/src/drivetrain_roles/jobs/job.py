@@ -1,8 +1,9 @@
 """The template every training job (``sft``, ``dpo``, ``rm``, ``grpo``, a third party's) subclasses.
 
 :meth:`TrainingJob.run` owns the sequence every job shares, in one place: begin the run (process group, batch
-check, run folder), the job's setup, resume, the metrics writer, the step loop (:class:`~.step_loop.StepLoop`:
-evaluations, checkpoints, heartbeat), the final model, the curve and ``summary.json``. A subclass says what is
+check, run folder), the job's setup, resume (a resumed run's ``config.yaml`` once its checkpoint fits), the
+metrics writer, the step loop (:class:`~.step_loop.StepLoop`: evaluations, checkpoints, heartbeat), the final
+model, the curve and ``summary.json``. A subclass says what is
 its own through ``_``-prefixed hooks: what it builds before the first step (:meth:`TrainingJob._setup`, which
 returns the engine the checkpoints save), what one step does, what an evaluation measures, how the final
 model is written and what its summary holds. :func:`~.command.job_command` turns a subclass into its
@@ -96,6 +97,8 @@ class TrainingJob(ABC, Generic[ResultT]):
         )
         engine = self._setup()
         start_step = self._start_step(engine)
+        if self.folder.resume:
+            self.folder.write_config(self.config)  # the checkpoint fits: see RunFolder.write_config
         writer = MetricsWriter(
             self.output_dir,
             enabled=distributed.rank() == 0,

@@ -79,7 +79,8 @@ class RunFolder:
 
     def prepare(self, config: Any) -> None:
         """Check the directory fits the request, clear the previous run's checkpoints and results for
-        ``overwrite`` and write ``config.yaml`` (collective: rank 0 writes once every rank has checked).
+        ``overwrite`` and, for a new run, write ``config.yaml`` (collective: rank 0 writes once every rank has
+        checked). A resumed run writes it once its checkpoint has loaded (:meth:`write_config`).
 
         NOTE: the results go too, since until this run wrote its own, ``summary.json``, ``metrics.jsonl`` and
         ``final_model/`` described another run (and a crash left them looking like this run's). Other files are
@@ -97,10 +98,21 @@ class RunFolder:
                 shutil.rmtree(self.path / FINAL_MODEL_DIR, ignore_errors=True)
                 (self.path / SUMMARY_FILE).unlink(missing_ok=True)
                 (self.path / METRICS_FILE).unlink(missing_ok=True)
-            # NOTE: replaced whole or not at all: a torn config.yaml (a kill mid-write) made --resume build the
-            # run from whatever it still held, or from the defaults when it was empty.
-            write_durably(self.path / CONFIG_FILE, to_yaml(config))
+            if not self.resume:
+                self.write_config(config)
         distributed.barrier()
+
+    def write_config(self, config: Any) -> None:
+        """Write ``config`` as the run's ``config.yaml`` (rank 0), what a later ``--resume`` starts from.
+
+        NOTE: a resumed run calls this only once its checkpoint has loaded and matched the run: a resume
+        refused there (another model, other data-order values) rewrote config.yaml with the overrides it was
+        refused for, so the run no longer resumed as it was saved. Replaced whole or not at all: a torn
+        config.yaml (a kill mid-write) made --resume build the run from whatever it still held, or from the
+        defaults when it was empty.
+        """
+        if distributed.rank() == 0:
+            write_durably(self.path / CONFIG_FILE, to_yaml(config))
 
     def start_step(self, engine: Engine) -> int:
         """The step to start from: 0, or when resuming the latest checkpoint's, loaded into ``engine``
