@@ -31,7 +31,6 @@ from drivetrain_roles.grpo.step import (
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
-    arithmetic_examples,
     build_arithmetic_tokenizer,
     write_model_dir,
 )
@@ -96,32 +95,11 @@ def test_the_mismatch_kl_is_the_k3_estimate_over_response_tokens():
     assert mismatch_kl_sum(batch, actor, [torch.tensor([-1.0, -2.0]), torch.tensor([-3.0])]) == 0.0
 
 
-def _examples(tokenizer, count):
-    return [
-        Example(
-            prompt_ids=tokenizer(e["prompt"])["input_ids"],
-            response_ids=[],
-            prompt_text=e["prompt"],
-            response_text=e["response"],
-        )
-        for e in arithmetic_examples(count, seed=1)
-    ]
-
-
-def _config(model_path, *overrides):
-    return load_config(
-        None,
-        [
-            f"model.path={model_path}",
-            "engine.micro_batch.micro_batch_size=3",
-            "engine.micro_batch.max_tokens=null",
-            f"rollout.n={N}",
-            f"rollout.temperature={TEMPERATURE}",
-            "rollout.max_new_tokens=4",
-            f"algorithm.kl_loss_coef={KL_COEF}",
-            *overrides,
-        ],
-    )
+@pytest.fixture
+def config_for(small_rl_config):
+    """``config(model_path, *overrides)``: GRPO with N responses at TEMPERATURE and the KL loss at KL_COEF."""
+    settings = (f"rollout.n={N}", f"rollout.temperature={TEMPERATURE}", f"algorithm.kl_loss_coef={KL_COEF}")
+    return lambda model_path, *overrides: small_rl_config(load_config, model_path, *settings, *overrides)
 
 
 REWARD_FILE = """from __future__ import annotations
@@ -151,13 +129,13 @@ def broken(*, prompts, completions, references):
 """
 
 
-def test_a_reward_function_from_a_file_scores_the_samples(tmp_path):
+def test_a_reward_function_from_a_file_scores_the_samples(tmp_path, arithmetic_prompts):
     """The reward was hard-wired to exact answers: verl users bring a reward file and a function name, TRL users
     reward functions that read ``completions``. The function gets the decoded texts and its numbers are the
     rewards the advantages normalise."""
     (tmp_path / "my_rewards.py").write_text(REWARD_FILE)
     tokenizer = build_arithmetic_tokenizer()
-    examples = _examples(tokenizer, 2)
+    examples = arithmetic_prompts(tokenizer, 2)
     output = RolloutOutput(
         responses=[
             torch.tensor(tokenizer.encode(t, add_special_tokens=False)) for t in ("1", "12", "3", "456")
@@ -241,15 +219,15 @@ def test_truncated_sampling_reaches_the_rollout_and_bad_ranges_are_refused():
         load_config(None, ["rollout.top_p=1.5"])
 
 
-def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path):
+def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path, config_for, arithmetic_prompts):
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     tokenizer = build_arithmetic_tokenizer()
-    config = _config(model_dir)
+    config = config_for(model_dir)
     trainer = GRPOTrainer(config, tmp_path / "run")
     actor = trainer.make_actor(str(model_dir))
     reference = trainer.make_reference(actor, str(model_dir))
     rollout = HFRollout(model_path=str(model_dir))
-    samples = sample(rollout, _examples(tokenizer, 3), tokenizer, config, seed=0)
+    samples = sample(rollout, arithmetic_prompts(tokenizer, 3), tokenizer, config, seed=0)
     # The untrained model is never right: give the groups rewards, so that the update is not zero.
     advantages = group_advantages(REWARDS, N)
     samples.batch["advantages"] = torch.nested.nested_tensor_from_jagged(
@@ -270,16 +248,18 @@ def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path):
     assert metrics["entropy"] == pytest.approx(entropy, rel=1e-5)
 
 
-def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front(tmp_path):
+def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front(tmp_path, config_for):
     """The longest prompt plus ``rollout.max_new_tokens`` over the model's positions or the micro-batch budget
     failed with a BatchError at the first step whose sample grew that long, possibly hours in."""
     from drivetrain_engine_core.config import ConfigError
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)
-    config = _config(model_dir, "rollout.max_new_tokens=100000")
+    config = config_for(model_dir, "rollout.max_new_tokens=100000")
     with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=100000 is \d+ tokens, over the model's"):
         GRPOTrainer(config, tmp_path / "run").run()
-    config = _config(model_dir, "engine.micro_batch.micro_batch_size=null", "engine.micro_batch.max_tokens=8")
+    config = config_for(
+        model_dir, "engine.micro_batch.micro_batch_size=null", "engine.micro_batch.max_tokens=8"
+    )
     with pytest.raises(ConfigError, match=r"over engine.micro_batch.max_tokens=8"):
         GRPOTrainer(config, tmp_path / "run2").run()
 
@@ -322,9 +302,9 @@ def _plain_grpo_first_step(model_dir, batch, advantages):
     return float(loss.detach()), grad_norm(list(model.parameters())), entropy
 
 
-def test_run_folder_and_resume(tmp_path):
+def test_run_folder_and_resume(tmp_path, config_for):
     trainer = ["total_steps=2", "prompts_per_step=4", "warm_start_steps=3", "eval_every=1", "eval_samples=8"]
-    config = _config(
+    config = config_for(
         "builtin:arithmetic", *(f"trainer.{v}" for v in [*trainer, "save_every=1", "progress_bar=false"])
     )
     run = tmp_path / "run"
@@ -370,22 +350,22 @@ def test_shipped_example_yaml_holds_the_defaults():
     assert load_config(str(files("drivetrain_roles.grpo").joinpath("example.yaml"))) == load_config()
 
 
-def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path):
+def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path, config_for):
     from drivetrain_engine_core.config import ConfigError
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)
-    config = _config(model_dir, "algorithm.ppo_mini_batches=2", "algorithm.ppo_epochs=3")
+    config = config_for(model_dir, "algorithm.ppo_mini_batches=2", "algorithm.ppo_epochs=3")
     schedule = GRPOTrainer(config, tmp_path / "run").make_actor(str(model_dir)).config.schedule
     sequences = config.trainer.prompts_per_step * N
     assert (schedule.mini_batch_size, schedule.epochs, schedule.shuffle) == (sequences // 2, 3, True)
     with pytest.raises(ConfigError, match=r"algorithm\.ppo_epochs must be >= 1"):
-        _config(model_dir, "algorithm.ppo_epochs=0")
+        config_for(model_dir, "algorithm.ppo_epochs=0")
     # 9 sequences in mini-batches of ceil(9 / 4) = 3 made 3 optimizer steps, not 4.
     with pytest.raises(ConfigError, match=r"ppo_mini_batches=4 must divide .* 3 x 3 = 9"):
-        _config(model_dir, "algorithm.ppo_mini_batches=4", "trainer.prompts_per_step=3", "rollout.n=3")
+        config_for(model_dir, "algorithm.ppo_mini_batches=4", "trainer.prompts_per_step=3", "rollout.n=3")
 
 
-def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_front(tmp_path):
+def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_front(tmp_path, config_for):
     """A rank sampling fewer sequences than ``ppo_mini_batches`` failed at the first update (after the warm
     start and a rollout); the colocated controller's mini-batches, sized for ``trainer.prompts_per_step``, made
     another number of optimizer steps for another prompt count; ``epsilon=0`` made equal-reward groups NaN."""
@@ -395,7 +375,9 @@ def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_
     from drivetrain_roles.grpo.controller import ColocatedGRPO
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)
-    config = _config(model_dir, "trainer.prompts_per_step=2", "rollout.n=2", "algorithm.ppo_mini_batches=4")
+    config = config_for(
+        model_dir, "trainer.prompts_per_step=2", "rollout.n=2", "algorithm.ppo_mini_batches=4"
+    )
     check_mini_batch_share(config, world_size=1)  # 4 sequences on one rank: 4 steps of one
     with pytest.raises(
         ConfigError, match=r"ranks samples 2 sequences .* algorithm.ppo_mini_batches=4 .* <= 2\."
@@ -405,7 +387,7 @@ def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_
     with pytest.raises(BatchError, match=r"got 3 prompts, but trainer.prompts_per_step=2"):
         ColocatedGRPO(None, config, None).sample(0, examples)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"algorithm.epsilon must be > 0"):
-        _config(model_dir, "algorithm.epsilon=0")
+        config_for(model_dir, "algorithm.epsilon=0")
 
 
 def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -> None:
@@ -465,22 +447,23 @@ class _FixedRollout:
         )
 
 
-def _sample_on_two_ranks(rank: int, world_size: int, reward_file: str) -> str:
+def _sample_on_two_ranks(rank: int, world_size: int, reward_file: str, examples: list[Example]) -> str:
     tokenizer = build_arithmetic_tokenizer()
     config = load_config(None, [f"algorithm.reward_function={reward_file}:flaky", "rollout.n=2"])
     rollout = _FixedRollout(tokenizer.encode("3", add_special_tokens=False)[0])
     try:
-        sample(rollout, _examples(tokenizer, 1), tokenizer, config, seed=0)  # type: ignore[arg-type]
+        sample(rollout, examples, tokenizer, config, seed=0)  # type: ignore[arg-type]
     except RewardError as e:
         return str(e)
     return "scored"
 
 
-def test_a_reward_function_failing_on_one_rank_fails_every_rank(tmp_path):
+def test_a_reward_function_failing_on_one_rank_fails_every_rank(tmp_path, arithmetic_prompts):
     """A grader failing on rank 1 alone left rank 0 waiting in the update's collectives until the timeout."""
     reward_file = tmp_path / "flaky_rewards.py"
     reward_file.write_text(RANK_ONE_FAILS)
-    answers = run_distributed(_sample_on_two_ranks, str(reward_file), world_size=2, timeout_s=120)
+    examples = arithmetic_prompts(build_arithmetic_tokenizer(), 1)
+    answers = run_distributed(_sample_on_two_ranks, str(reward_file), examples, world_size=2, timeout_s=120)
     assert answers[0] == answers[1]
     assert answers[0].startswith("rank 1 (of failing ranks 1): algorithm.reward_function=")
     assert "raised ConnectionError: the grader service is down" in answers[0]

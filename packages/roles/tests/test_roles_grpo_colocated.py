@@ -25,9 +25,7 @@ from drivetrain_roles.grpo.disaggregated import DisaggregatedGRPO
 from drivetrain_roles.grpo.rewards import group_advantages
 from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sampling_config, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
-from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
-    arithmetic_examples,
     build_arithmetic_tokenizer,
     write_model_dir,
 )
@@ -36,47 +34,6 @@ from drivetrain_roles.workers import ColocatedWorkerGroup, WorkerGroupError
 N, KL_COEF = 4, 0.1
 DISAGGREGATED_PROMPTS = 2
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("RAY_ADDRESS", raising=False)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
-
-
-def _config(model_dir):
-    overrides = [
-        f"model.path={model_dir}",
-        "engine.micro_batch.micro_batch_size=3",
-        "engine.micro_batch.max_tokens=null",
-        f"rollout.n={N}",
-        "rollout.temperature=0.8",
-        "rollout.max_new_tokens=4",
-        f"algorithm.kl_loss_coef={KL_COEF}",
-        # One optimizer step per rollout: with several shuffled mini-batches, two data-parallel workers cut
-        # their shares differently from one process, so the updates are not comparable step for step.
-        "algorithm.ppo_mini_batches=1",
-        "trainer.prompts_per_step=4",
-    ]
-    return load_config(None, overrides)
-
-
-def _examples(tokenizer, count):
-    return [
-        Example(
-            prompt_ids=tokenizer(e["prompt"])["input_ids"],
-            response_ids=[],
-            prompt_text=e["prompt"],
-            response_text=e["response"],
-        )
-        for e in arithmetic_examples(count, seed=1)
-    ]
 
 
 def _with_rewards(samples: RolloutBatch) -> RolloutBatch:
@@ -90,11 +47,23 @@ def _with_rewards(samples: RolloutBatch) -> RolloutBatch:
 
 
 @pytest.mark.slow
-def test_colocated_grpo_step_matches_single_process_and_fails_clearly(ray_cluster, tmp_path) -> None:
+def test_colocated_grpo_step_matches_single_process_and_fails_clearly(
+    ray_cluster, tmp_path, small_rl_config, arithmetic_prompts
+) -> None:
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     tokenizer = build_arithmetic_tokenizer()
-    config = _config(model_dir)
-    examples = _examples(tokenizer, 4)
+    config = small_rl_config(
+        load_config,
+        model_dir,
+        f"rollout.n={N}",
+        "rollout.temperature=0.8",
+        f"algorithm.kl_loss_coef={KL_COEF}",
+        # One optimizer step per rollout: with several shuffled mini-batches, two data-parallel workers cut
+        # their shares differently from one process, so the updates are not comparable step for step.
+        "algorithm.ppo_mini_batches=1",
+        "trainer.prompts_per_step=4",
+    )
+    examples = arithmetic_prompts(tokenizer, 4)
     group = ColocatedWorkerGroup(colocated_spec(config), world_size=2, num_cpus_per_worker=0.5, timeout_s=120)
     with ColocatedGRPO(group, config, tokenizer) as grpo:
         assert sorted(group.topologies) == ["actor", "reference"]
@@ -158,13 +127,15 @@ def _disaggregated_config(tmp_path, *overrides):
 
 
 @pytest.mark.slow
-def test_disaggregated_grpo_streams_weights_generates_ahead_and_names_a_dead_rollout(ray_cluster, tmp_path):
+def test_disaggregated_grpo_streams_weights_generates_ahead_and_names_a_dead_rollout(
+    ray_cluster, tmp_path, arithmetic_prompts
+):
     write_model_dir(tmp_path / "model", seed=3)
     (tmp_path / "rewards.py").write_text(
         "def length(*, prompts, completions, references):\n    return [float(len(c)) for c in completions]\n"
     )
     tokenizer = build_arithmetic_tokenizer()
-    examples = _examples(tokenizer, 10)
+    examples = arithmetic_prompts(tokenizer, 10)
 
     def examples_of(step):
         return examples[DISAGGREGATED_PROMPTS * step : DISAGGREGATED_PROMPTS * (step + 1)]

@@ -17,9 +17,7 @@ import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.step import RolloutBatch
-from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
-    arithmetic_examples,
     build_arithmetic_tokenizer,
     write_model_dir,
 )
@@ -32,44 +30,29 @@ N, TEMPERATURE, KL_COEF, KL_LOSS_COEF, GAMMA, LAM, CLIP_VALUE = 2, 0.8, 0.1, 0.0
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
 
 
-def _examples(tokenizer, count):
-    return [
-        Example(
-            prompt_ids=tokenizer(e["prompt"])["input_ids"],
-            response_ids=[],
-            prompt_text=e["prompt"],
-            response_text=e["response"],
-        )
-        for e in arithmetic_examples(count, seed=1)
-    ]
+SETTINGS = (
+    f"rollout.n={N}",
+    f"rollout.temperature={TEMPERATURE}",
+    "trainer.prompts_per_step=3",
+    "algorithm.ppo_mini_batches=1",
+    f"algorithm.gamma={GAMMA}",
+    f"algorithm.lam={LAM}",
+    f"algorithm.cliprange_value={CLIP_VALUE}",
+    f"algorithm.kl_ctrl.kl_coef={KL_COEF}",
+    f"algorithm.kl_loss_coef={KL_LOSS_COEF}",
+)
 
 
-def _config(model_path, *overrides):
-    return load_config(
-        None,
-        [
-            f"model.path={model_path}",
-            "engine.micro_batch.micro_batch_size=3",
-            "engine.micro_batch.max_tokens=null",
-            f"rollout.n={N}",
-            f"rollout.temperature={TEMPERATURE}",
-            "rollout.max_new_tokens=4",
-            "trainer.prompts_per_step=3",
-            "algorithm.ppo_mini_batches=1",
-            f"algorithm.gamma={GAMMA}",
-            f"algorithm.lam={LAM}",
-            f"algorithm.cliprange_value={CLIP_VALUE}",
-            f"algorithm.kl_ctrl.kl_coef={KL_COEF}",
-            f"algorithm.kl_loss_coef={KL_LOSS_COEF}",
-            *overrides,
-        ],
-    )
+@pytest.fixture
+def config_for(small_rl_config):
+    """``config(model_path, *overrides)``: PPO with this module's constants (GAE, value clip, both KL terms)."""
+    return lambda model_path, *overrides: small_rl_config(load_config, model_path, *SETTINGS, *overrides)
 
 
-def test_first_step_matches_ppo_written_out_on_hugging_face_models(tmp_path):
+def test_first_step_matches_ppo_written_out_on_hugging_face_models(tmp_path, config_for, arithmetic_prompts):
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     tokenizer = build_arithmetic_tokenizer()
-    config = _config(model_dir)
+    config = config_for(model_dir)
     trainer = PPOTrainer(config, tmp_path / "run")
     actor = trainer.actor = trainer.make_actor(str(model_dir))
     # Another policy as the reference, so that both KL terms (reward and loss) reach the gradients.
@@ -78,7 +61,9 @@ def test_first_step_matches_ppo_written_out_on_hugging_face_models(tmp_path):
     critic = trainer.make_critic(str(model_dir))
     # Copies: on one rank the exported tensors may be the parameters themselves, which the update changes.
     critic_weights = {name: tensor.clone() for name, tensor in critic.engine.export_weights()}
-    samples = sample(HFRollout(model_path=str(model_dir)), _examples(tokenizer, 3), tokenizer, config, seed=0)
+    samples = sample(
+        HFRollout(model_path=str(model_dir)), arithmetic_prompts(tokenizer, 3), tokenizer, config, seed=0
+    )
     # The untrained model is never right: give the responses scores, so that the update is not zero.
     batch = samples.batch.clone()
     metrics = update(
@@ -216,9 +201,9 @@ def test_a_bad_setting_is_one_line_from_the_command(tmp_path):
     assert "algorithm.adv_estimator='rloo' needs no critic" in result.output
 
 
-def test_run_folder_and_resume(tmp_path):
+def test_run_folder_and_resume(tmp_path, config_for):
     trainer = ["total_steps=2", "prompts_per_step=4", "warm_start_steps=3", "eval_every=1", "eval_samples=8"]
-    config = _config(
+    config = config_for(
         "builtin:arithmetic",
         *(f"trainer.{v}" for v in [*trainer, "save_every=1", "progress_bar=false", "critic_warmup=1"]),
         "algorithm.kl_ctrl.type=adaptive",

@@ -10,9 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_roles.grpo.step import RolloutBatch
-from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
-    arithmetic_examples,
     build_arithmetic_tokenizer,
     write_model_dir,
 )
@@ -26,20 +24,8 @@ SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
 COMPARED = ("pg_loss", "grad_norm", "critic/vf_loss", "critic/grad_norm", "kl", "critic/vf_explained_var")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("RAY_ADDRESS", raising=False)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
-
-
 @pytest.mark.slow
-def test_colocated_ppo_step_matches_single_process(ray_cluster, tmp_path) -> None:
+def test_colocated_ppo_step_matches_single_process(ray_cluster, tmp_path, arithmetic_prompts) -> None:
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     tokenizer = build_arithmetic_tokenizer()
     overrides = [
@@ -53,15 +39,7 @@ def test_colocated_ppo_step_matches_single_process(ray_cluster, tmp_path) -> Non
         "algorithm.kl_ctrl.kl_coef=0.1",
     ]
     config = load_config(None, overrides)
-    examples = [
-        Example(
-            prompt_ids=tokenizer(e["prompt"])["input_ids"],
-            response_ids=[],
-            prompt_text=e["prompt"],
-            response_text=e["response"],
-        )
-        for e in arithmetic_examples(4, seed=1)
-    ]
+    examples = arithmetic_prompts(tokenizer, 4)
     spec = colocated_spec(config, tmp_path / "critic_start")
     group = ColocatedWorkerGroup(spec, world_size=2, num_cpus_per_worker=0.5, timeout_s=180)
     with ColocatedPPO(group, config, tokenizer) as ppo:

@@ -169,18 +169,6 @@ def test_missing_ray_names_the_install_command(monkeypatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("RAY_ADDRESS", raising=False)
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_tiny_model_dir(
         tmp_path_factory.mktemp("ray"), arch="llama", vocab_size=VOCAB, with_tokenizer=False

@@ -1,0 +1,66 @@
+"""What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from and the small
+``grpo``/``ppo`` config their parity tests run on.
+
+NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
+conftest nor a sibling module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drivetrain_roles.jobs.data import Example
+from drivetrain_roles.jobs.default_assets import arithmetic_examples
+
+SMALL_RL = (
+    "engine.micro_batch.micro_batch_size=3",
+    "engine.micro_batch.max_tokens=null",
+    "rollout.max_new_tokens=4",
+)
+"""Micro-batches of 3 sequences (no token budget) and 4 new tokens: small enough for parity tests on one CPU."""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """A local Ray cluster of 2 CPUs for one test module (skipped without Ray), whatever ``RAY_ADDRESS`` says."""
+    ray = pytest.importorskip("ray")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("RAY_ADDRESS", raising=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
+def _arithmetic_prompts(tokenizer: Any, count: int) -> list[Example]:
+    return [
+        Example(
+            prompt_ids=tokenizer(e["prompt"])["input_ids"],
+            response_ids=[],
+            prompt_text=e["prompt"],
+            response_text=e["response"],
+        )
+        for e in arithmetic_examples(count, seed=1)
+    ]
+
+
+@pytest.fixture(scope="session")
+def arithmetic_prompts() -> Callable[[Any, int], list[Example]]:
+    """``prompts(tokenizer, count)``: the first ``count`` arithmetic problems (seed 1) as prompts to sample from,
+    the answer as ``response_text`` (what the exact-answer reward compares), no response ids."""
+    return _arithmetic_prompts
+
+
+def _small_rl_config(load_config: Callable[..., Any], model_path: str | Path, *overrides: str) -> Any:
+    return load_config(None, [f"model.path={model_path}", *SMALL_RL, *overrides])
+
+
+@pytest.fixture(scope="session")
+def small_rl_config() -> Callable[..., Any]:
+    """``config(load_config, model_path, *overrides)``: the config of ``grpo`` or ``ppo`` (the command's
+    ``load_config``) for ``model_path`` with :data:`SMALL_RL`'s sizes, ``overrides`` on top."""
+    return _small_rl_config
