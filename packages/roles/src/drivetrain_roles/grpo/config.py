@@ -265,7 +265,9 @@ def generation_lag(trainer: TrainerConfig) -> int | None:
     return {"sync": None, "one_step_off": 1}.get(trainer.mode, trainer.max_staleness)
 
 
+# NOTE: ppo shares these defaults; the names stay private, as GRPOConfig's (API-checked) signature shows them.
 def _default_engine() -> EngineConfig:
+    """The engine section of ``grpo`` and ``ppo``: micro-batches cut by a budget of 4096 tokens."""
     return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=4096))
 
 
@@ -278,6 +280,7 @@ def _default_optimizer() -> OptimizerConfig:
 
 
 def _default_checkpoint() -> CheckpointConfig:
+    """The checkpoint section of ``grpo`` and ``ppo``: the last two steps kept."""
     return CheckpointConfig(max_ckpt_to_keep=2)
 
 

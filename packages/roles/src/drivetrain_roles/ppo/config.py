@@ -18,7 +18,6 @@ from drivetrain_engine_core.config import (
     CheckpointConfig,
     ConfigError,
     EngineConfig,
-    MicroBatchConfig,
     ModelConfig,
     OptimizerConfig,
 )
@@ -27,7 +26,7 @@ from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..advantages import AdaptiveKLController, FixedKLController
 from ..algorithm_section import AlgorithmSection
 from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, DataConfig, builtin_model, for_a_user_model
-from ..grpo.config import USER_MODEL_LR, check_sections
+from ..grpo.config import USER_MODEL_LR, _default_checkpoint, _default_engine, check_sections
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
 from ..grpo.config import TrainerConfig as GRPOTrainerConfig
 from ..losses.kl import canonical_estimator
@@ -222,16 +221,8 @@ class TrainerConfig(GRPOTrainerConfig):
             )
 
 
-def _default_engine() -> EngineConfig:
-    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=4096))
-
-
 def _default_optimizer() -> OptimizerConfig:
     return OptimizerConfig(lr=1e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
-
-
-def _default_checkpoint() -> CheckpointConfig:
-    return CheckpointConfig(max_ckpt_to_keep=2)
 
 
 @dataclass(kw_only=True, frozen=True)
