@@ -349,6 +349,17 @@ class RolloutJobConfig(Protocol):
     def trainer(self) -> TrainerConfig: ...
 
 
+class PolicyJobConfig(RolloutJobConfig, Protocol):
+    """A :class:`RolloutJobConfig` with the sections that train the policy: optimizer, checkpoint, algorithm."""
+
+    @property
+    def optimizer(self) -> OptimizerConfig: ...
+    @property
+    def checkpoint(self) -> CheckpointConfig: ...
+    @property
+    def algorithm(self) -> AlgorithmSection: ...
+
+
 def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:
     """The checks across the sections of a command that samples from its policy (``grpo``, ``ppo``): the embedded
     model's warm start, the overlong buffer within a response, mini-batches that divide a step's sequences.
@@ -379,7 +390,7 @@ def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_
         )
 
 
-def check_mini_batch_share(config: GRPOConfig, world_size: int) -> None:
+def check_mini_batch_share(config: PolicyJobConfig, world_size: int) -> None:
     """Every data-parallel rank's share of a step must fill each of the update's mini-batches; checked on every
     rank before the warm start (the update refused it after the warm start and a rollout).
 

@@ -29,13 +29,13 @@ from drivetrain_engine_core.rollout import RolloutOutput
 from ..jobs.assets import model_directory
 from ..jobs.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
-from .config import GRPOConfig, check_mini_batch_share
+from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share
 from .rewards import load_reward_function
 from .step import SEED_STRIDE, PolicyCalls, RolloutBatch, sampling_config, score, update_with
 from .trainer import actor_config
 
 
-def colocated_spec(config: GRPOConfig) -> ColocatedSpec:
+def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
     """The parts every worker builds: ``actor`` (training engine, GRPO loss), ``reference`` (its own
     inference-only engine; none without a KL penalty), and the ``rollout``, all from ``config.model.path`` (a
     Hub repository id is fetched into the Hugging Face cache here, once, and the workers load its snapshot).

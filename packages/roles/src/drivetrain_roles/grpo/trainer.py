@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
@@ -37,7 +37,7 @@ from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
-from .config import GRPOConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
+from .config import GRPOConfig, PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .rewards import exact_match, load_reward_function
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 CURVE_FILE = "reward_curve.png"
 
 
-def actor_config(config: GRPOConfig) -> ActorConfig:
+def actor_config(config: PolicyJobConfig) -> ActorConfig:
     """The GRPO actor: ``algorithm.loss_mode``'s loss with the KL penalty, ``algorithm.ppo_mini_batches``
     optimizer steps per pass over a rollout, ``algorithm.ppo_epochs`` passes (1 and 1: on-policy GRPO)."""
     algorithm = config.algorithm
@@ -83,7 +83,11 @@ class GRPOResult(JobResult):
     dropped_samples: int = 0
 
 
-class GRPOTrainer(TrainingJob[GRPOResult]):
+ConfigT = TypeVar("ConfigT", bound=PolicyJobConfig)
+"""The run's config: ``grpo``'s, or a command's that runs this job with its own algorithm (``ppo``)."""
+
+
+class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
     """Group-relative policy optimisation with an exact-answer reward.
 
     Args:
@@ -97,7 +101,7 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
     result_type = GRPOResult
     curve_file = CURVE_FILE
 
-    config: GRPOConfig
+    config: ConfigT
 
     def _data_order(self) -> dict[str, int]:
         trainer = self.config.trainer
@@ -218,7 +222,8 @@ class GRPOTrainer(TrainingJob[GRPOResult]):
         seed = self.config.trainer.seed + SEED_STRIDE * step + distributed.rank()
         return [e.prompt_ids for e in self._examples(step)], sampling_config(self.config, seed=seed)
 
-    def _step(self, step: int, result: GRPOResult) -> dict[str, float]:
+    # NOTE: GRPO's own step (its scoring reads GRPO's group filter); a job on another config overrides it.
+    def _step(self: GRPOTrainer[GRPOConfig], step: int, result: GRPOResult) -> dict[str, float]:
         engine, config = self.actor.engine, self.config
         started = time.perf_counter()
         generated = self.pipeline.take(step)

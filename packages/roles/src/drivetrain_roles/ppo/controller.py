@@ -40,8 +40,7 @@ def colocated_spec(config: PPOConfig, critic_dir: str | Path) -> ColocatedSpec:
     Raises:
         ConfigError: see :func:`drivetrain_roles.grpo.controller.colocated_spec`.
     """
-    # NOTE: GRPO's spec reads the sections both configs share and the policy loss, which PPO's algorithm has.
-    base = grpo_colocated_spec(config)  # type: ignore[arg-type]
+    base = grpo_colocated_spec(config)
     actor = base.parts["actor"]
     parts = {"actor": actor}
     if config.algorithm.needs_reference:
@@ -86,7 +85,7 @@ class ColocatedPPO(ColocatedController):
         from ..grpo.rewards import load_reward_function
         from ..jobs.assets import load_tokenizer
 
-        check_mini_batch_share(config, world_size)  # type: ignore[arg-type]
+        check_mini_batch_share(config, world_size)
         load_reward_function(config.algorithm.reward_function)  # before the workers start
         spec = colocated_spec(config, critic_dir)
         actor = spec.parts["actor"].model_config

@@ -38,7 +38,7 @@ ACTOR_METRICS = {
 """The actor's update metrics in a step's record (absent during the critic's warm-up)."""
 
 
-class PPOTrainer(GRPOTrainer):
+class PPOTrainer(GRPOTrainer[PPOConfig]):
     """PPO with a critic, GAE and an exact-answer reward; ``drivetrain grpo``'s job otherwise.
 
     Args:
@@ -50,10 +50,6 @@ class PPOTrainer(GRPOTrainer):
 
     command = "ppo"
     result_type = GRPOResult
-
-    # NOTE: PPO's config has GRPO's sections but its own ``algorithm`` and a ``critic``; the GRPO methods it
-    # inherits read only fields both algorithms declare (the policy loss, mini-batches, reward function).
-    config: PPOConfig  # type: ignore[assignment]
 
     def _setup(self) -> Engine:
         """GRPO's setup (start policy, prompts, actor, reference, rollout), then the critic."""
