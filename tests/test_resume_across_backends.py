@@ -1,11 +1,13 @@
 """Resuming across backends and layouts (ARCHITECTURE §5): 3 steps, a save, a resume on another backend or
 layout and 3 more steps equal 6 uninterrupted FSDP steps (loss and grad norm within 1e-5 at every step), so
 weights, Adam moments and step, LR schedule and data position all continue. Tested: FSDP 1 rank -> Megatron
-TP2, Megatron PP2, Megatron DP2, FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2 ranks, Megatron PP2; Megatron
-DP2 -> FSDP 2 ranks (three 2-rank launches: one megatron layout per process; every rank sees every sequence,
-which trains as one rank does). The reference is the uninterrupted single-process run; the two backends agree
-within 1e-5 (``test_backends_agree.py``), so a lost moment or step shows up as another loss or norm. State that
-does not move (megatron's distributed optimizer, LoRA) and another model's step are one error each."""
+TP2, Megatron PP2, Megatron DP2 (distributed optimizer), FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2 ranks,
+FSDP Ulysses 2, Megatron PP2; FSDP Ulysses 2 -> Megatron PP2; Megatron DP2 with the distributed optimizer (flat
+per-bucket moments, mapped back through the layout record the save writes) -> FSDP 2 ranks (three 2-rank
+launches: one megatron layout per process; every rank sees every sequence, which trains as one rank does). The
+reference is the uninterrupted single-process run; the two backends agree within 1e-5 (``test_backends_agree.py``),
+so a lost moment or step shows up as another loss or norm. State that does not move (a distributed-optimizer step
+saved without the layout record, LoRA) and another model's step are one error each."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def _engine(backend: str, path: str, *, lora: LoraConfig | None = None, **engine
 
 MEGATRON_TP2 = {"tensor_model_parallel_size": 2, "use_distributed_optimizer": False}
 MEGATRON_PP2 = {"pipeline_model_parallel_size": 2}
-MEGATRON_DP2 = {"use_distributed_optimizer": False}
+MEGATRON_DP2 = {"use_distributed_optimizer": True}  # flat per-bucket moments, mapped through their record
+FSDP_ULYSSES2 = {"ulysses_sequence_parallel_size": 2}
 
 
 def _continue(backend: str, path: str, root: str, **layout: object) -> tuple[dict, list]:
@@ -62,37 +65,48 @@ def _continue(backend: str, path: str, root: str, **layout: object) -> tuple[dic
     return extra, train_history(engine, _batches()[SAVE_AT:], token_mean_nll)
 
 
-def _tp2_and_fsdp(rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: str) -> dict:
-    """On two ranks: write a Megatron TP2 step, and continue each backend's step on TP2 and on two FSDP ranks."""
-    del rank, world_size
-    source = _engine("megatron", path, **MEGATRON_TP2)
+def _first_steps(backend: str, path: str, root: str, **layout: object) -> list:
+    """The first steps on ``backend`` and ``layout``, saved under ``root``."""
+    source = _engine(backend, path, **layout)
     first = train_history(source, _batches()[:SAVE_AT], token_mean_nll)
-    source.save_checkpoint(megatron_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    source.save_checkpoint(root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
+    return first
+
+
+def _tp2_and_fsdp(
+    rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: str, ulysses_root: str
+) -> dict:
+    """On two ranks: write a Megatron TP2 step and an FSDP Ulysses 2 step, and continue the steps on TP2, on
+    two FSDP ranks and on FSDP Ulysses 2."""
+    del rank, world_size
     return {
-        "megatron_first": first,
+        "megatron_first": _first_steps("megatron", path, megatron_root, **MEGATRON_TP2),
+        "fsdp_ulysses2_first": _first_steps("fsdp", path, ulysses_root, **FSDP_ULYSSES2),
         "fsdp_1_to_megatron_tp2": _continue("megatron", path, fsdp_root, **MEGATRON_TP2),
         "fsdp_1_to_fsdp_2": _continue("fsdp", path, fsdp_root),
         "megatron_tp2_to_fsdp_2": _continue("fsdp", path, megatron_root),
+        "megatron_tp2_to_fsdp_ulysses2": _continue("fsdp", path, megatron_root, **FSDP_ULYSSES2),
     }
 
 
-def _pp2(rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: str) -> dict:
-    """On two ranks (one megatron layout per process): continue both steps on Megatron PP2."""
+def _pp2(
+    rank: int, world_size: int, path: str, fsdp_root: str, megatron_root: str, ulysses_root: str
+) -> dict:
+    """On two ranks (one megatron layout per process): continue the three steps on Megatron PP2."""
     del rank, world_size
     return {
         "fsdp_1_to_megatron_pp2": _continue("megatron", path, fsdp_root, **MEGATRON_PP2),
         "megatron_tp2_to_megatron_pp2": _continue("megatron", path, megatron_root, **MEGATRON_PP2),
+        "fsdp_ulysses2_to_megatron_pp2": _continue("megatron", path, ulysses_root, **MEGATRON_PP2),
     }
 
 
 def _dp2(rank: int, world_size: int, path: str, fsdp_root: str, dp2_root: str) -> dict:
-    """On two ranks: Megatron DP2 continues the FSDP step and writes its own, which two FSDP ranks continue."""
+    """On two ranks: Megatron DP2 with the distributed optimizer continues the FSDP step and writes its own,
+    which two FSDP ranks continue."""
     del rank, world_size
-    source = _engine("megatron", path, **MEGATRON_DP2)
-    first = train_history(source, _batches()[:SAVE_AT], token_mean_nll)
-    source.save_checkpoint(dp2_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
     return {
-        "megatron_dp2_first": first,
+        "megatron_dp2_first": _first_steps("megatron", path, dp2_root, **MEGATRON_DP2),
         "fsdp_1_to_megatron_dp2": _continue("megatron", path, fsdp_root, **MEGATRON_DP2),
         "megatron_dp2_to_fsdp_2": _continue("fsdp", path, dp2_root),
     }
@@ -117,7 +131,7 @@ def test_steps_continue_across_backends_and_layouts(tied_model, tmp_path):
     first.save_checkpoint(fsdp_root, global_step=SAVE_AT, extra_state={"position": SAVE_AT})
     fsdp_files = _files(fsdp_root)
 
-    roots = (str(fsdp_root), str(megatron_root))
+    roots = (str(fsdp_root), str(megatron_root), str(tmp_path / "fsdp-ulysses2"))
     results = run_distributed(_tp2_and_fsdp, tied_model, *roots, world_size=2, timeout_s=900)[0]
     megatron_files = _files(megatron_root)
     results.update(run_distributed(_pp2, tied_model, *roots, world_size=2, timeout_s=900)[0])
@@ -127,6 +141,7 @@ def test_steps_continue_across_backends_and_layouts(tied_model, tmp_path):
 
     _assert_steps(results.pop("megatron_first"), reference[:SAVE_AT], "megatron's first steps")
     _assert_steps(results.pop("megatron_dp2_first"), reference[:SAVE_AT], "megatron dp2's first steps")
+    _assert_steps(results.pop("fsdp_ulysses2_first"), reference[:SAVE_AT], "fsdp ulysses2's first steps")
     for name, (extra, continued) in results.items():
         assert extra == {"global_step": SAVE_AT, "position": SAVE_AT}, name
         _assert_steps(continued, reference[SAVE_AT:], name)
@@ -159,11 +174,16 @@ def test_another_models_step_names_the_tensor_and_both_shapes(tied_model, tmp_pa
         target.load_checkpoint(tmp_path / "ckpt")
 
 
-def test_state_that_does_not_move_is_one_error_naming_the_way_on(tied_model, tmp_path):
-    # Megatron's distributed optimizer keeps flat buffers that only its own layout reads: the error names the option.
+def test_state_that_does_not_move_is_one_error_naming_the_way_on(tied_model, tmp_path, monkeypatch):
+    # A distributed-optimizer step saved before the layout record existed (simulated: no record written) keeps
+    # flat buffers that only its own layout reads: the error names the option.
+    import drivetrain_engine_megatron.checkpoint as megatron_checkpoint
+
     megatron = _engine("megatron", tied_model)
     train_history(megatron, _batches()[:2], token_mean_nll)  # weights that differ (the first step has lr 0)
-    megatron.save_checkpoint(tmp_path / "distributed", global_step=1)
+    with monkeypatch.context() as old_version:
+        old_version.setattr(megatron_checkpoint, "write_layout", lambda *args: None)
+        megatron.save_checkpoint(tmp_path / "distributed", global_step=1)
     fsdp = _engine("fsdp", tied_model)
     untouched = {name: tensor.clone() for name, tensor in fsdp.export_weights()}
     with pytest.raises(CheckpointError, match=r"engine\.use_distributed_optimizer=true") as refused:

@@ -25,6 +25,7 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.transformer.module import MegatronModule
 
 from .config import MegatronEngineConfig
+from .dist_opt_layout import write_layout
 from .dist_opt_padding import clip_padding_past_bucket_end
 from .model import BuiltModel
 
@@ -71,6 +72,9 @@ def save_model_and_optimizer(step_dir: Path, model: BuiltModel, optimizer: Megat
             _model_sharded_state_dict(model), metadata=_OPTIMIZER_METADATA
         )
         _save(clip_padding_past_bucket_end(optimizer_state), step_dir / OPTIMIZER_DIR)
+        # A distributed optimizer's flat buckets say not which range is which parameter: record it, so the
+        # moments can move to another backend or layout (:mod:`.dist_opt_layout`).
+        write_layout(step_dir, _model_sharded_state_dict(model), optimizer)
 
 
 OPTIMIZER_LAYOUT = (

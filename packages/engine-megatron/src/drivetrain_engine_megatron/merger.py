@@ -10,7 +10,7 @@ mbridge conversion (q/k/v and gate/up split, vocabulary padding trimmed, value h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -40,38 +40,57 @@ class MegatronCheckpointMerger(CheckpointMerger):
         return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR))
 
     def _names(self) -> list[str]:
-        return [name for name, _ in _layers(self._reader, "")]
+        shapes = {key: tuple(meta.size) for key, meta in self._reader.tensors.items()}
+        return [name for name, _ in _layers(shapes, "")]
 
     def _tensors(self, wanted: Callable[[str], bool]) -> Iterator[tuple[str, torch.Tensor]]:
-        for hf_name, tensor in self._converted(self._reader, ""):
+        for hf_name, tensor in self._converted(_stored(self._reader, "")):
             if wanted(hf_name):
                 yield hf_name, tensor
 
     def _optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
-        if self.manifest.backend_info.get("use_distributed_optimizer", True):
+        from .dist_opt_layout import has_layout, read_moments
+
+        if not self.manifest.backend_info.get("use_distributed_optimizer", True):
+            yield from self._converted(_stored(self._optimizer_reader, f"{_OPTIMIZER_STATE}.{moment}."))
+            return
+        if not has_layout(self.step_dir):
             raise CheckpointError(
                 f"{self.step_dir} holds megatron optimizer state saved with engine.use_distributed_optimizer=true "
-                "(flat buffers in dp_reshardable format, which only the same tensor- and pipeline-parallel layout "
+                "by a drivetrain-engine-megatron that did not record where each parameter sits in its flat "
+                "buffers (dp_reshardable format, which then only the same tensor- and pipeline-parallel layout "
                 "can read): its Adam moments cannot move to another backend or layout. Resume with the layout "
-                "that wrote it, load it with load_optimizer=False (weights only), or train with "
-                "engine.use_distributed_optimizer=false to write per-parameter optimizer state that moves."
+                "that wrote it, load it with load_optimizer=False (weights only), or save it again with this "
+                "version (or with engine.use_distributed_optimizer=false) to write optimizer state that moves."
             )
-        yield from self._converted(self._optimizer_reader, f"{_OPTIMIZER_STATE}.{moment}.")
+        moments = read_moments(self.step_dir, self._optimizer_reader, moment)
+        missing = sorted(
+            key for key in self._reader.tensors if key not in moments and "_extra_state" not in key
+        )
+        if missing:
+            raise CheckpointError(
+                f"{self.step_dir}: the distributed optimizer's layout record places no moments for {missing[:5]}; "
+                "the step is damaged or was written by another version. Resume with the layout that wrote it, "
+                "or load it with load_optimizer=False (weights only)."
+            )
+        yield from self._converted(_in_layers(moments))
 
     def _adam_step(self) -> int:
+        from .dist_opt_layout import has_layout, read_adam_step
+
+        if has_layout(self.step_dir):
+            return read_adam_step(self.step_dir)
         common = self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR) / "common.pt"
         return _common_step(torch.load(common, weights_only=True)) if common.is_file() else 0
 
-    def _converted(self, reader: DCPTensorReader, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-        """The tensors of ``reader`` under ``prefix``, one layer at a time, converted to Hugging Face names."""
+    def _converted(
+        self, megatron_tensors: Iterator[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``megatron_tensors`` (per-layer megatron names) converted to Hugging Face names."""
         from transformers import AutoConfig
 
         from .hf_names import checkpoint_tensors_to_hf
 
-        # Lazily read: the conversion pulls one layer of one key at a time.
-        megatron_tensors = (
-            (name, reader.read(key, index=layer)) for name, (key, layer) in _layers(reader, prefix)
-        )
         converted = checkpoint_tensors_to_hf(
             AutoConfig.from_pretrained(
                 self.manifest.model_path, trust_remote_code=self.manifest.trust_remote_code
@@ -84,16 +103,33 @@ class MegatronCheckpointMerger(CheckpointMerger):
             yield hf_name, tensor.contiguous()
 
 
-def _layers(reader: DCPTensorReader, prefix: str) -> Iterator[tuple[str, tuple[str, int | None]]]:
-    """``(per-layer megatron name, (checkpoint key, layer index or None))`` for every stored tensor whose key
-    starts with ``prefix`` (the name without it)."""
-    for key, meta in reader.tensors.items():
+def _stored(reader: DCPTensorReader, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of ``reader`` under ``prefix`` (the name without it), read lazily one layer of one key at a
+    time."""
+    shapes = {key: tuple(meta.size) for key, meta in reader.tensors.items()}
+    for name, (key, layer) in _layers(shapes, prefix):
+        yield name, reader.read(key, index=layer)
+
+
+def _in_layers(tensors: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``tensors`` (keyed as ``model/`` stores them) under per-layer megatron names."""
+    shapes = {key: tuple(tensor.shape) for key, tensor in tensors.items()}
+    for name, (key, layer) in _layers(shapes, ""):
+        yield name, tensors[key] if layer is None else tensors[key][layer]
+
+
+def _layers(
+    shapes: Mapping[str, tuple[int, ...]], prefix: str
+) -> Iterator[tuple[str, tuple[str, int | None]]]:
+    """``(per-layer megatron name, (checkpoint key, layer index or None))`` for every tensor of ``shapes`` whose
+    key starts with ``prefix`` (the name without it)."""
+    for key, shape in shapes.items():
         if key.endswith("_extra_state") or not key.startswith(prefix):
             continue
         name = key[len(prefix) :]
         if name.startswith(_STACKED_PREFIX) and not name.split(".")[2].isdigit():
             parameter = name.removeprefix(_STACKED_PREFIX)
-            for layer in range(meta.size[0]):
+            for layer in range(shape[0]):
                 yield f"{_STACKED_PREFIX}{layer}.{parameter}", (key, layer)
         else:
             yield name, (key, None)

@@ -1,0 +1,138 @@
+"""Where each parameter's Adam moments sit in a distributed optimizer's flat checkpoint buffers.
+
+megatron's ``dp_reshardable`` format saves the DistributedOptimizer's state as the optimizer holds it: one flat
+tensor per gradient bucket and moment (``optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<i>.dtype_<d>.
+bucket_idx_<b>.exp_avg``), the bucket's parameters back to back. Which range belongs to which parameter only
+the live optimizer knows (its buffers' ``param_index_map``); the checkpoint does not say. So at save time each
+data-parallel group's rank 0 writes a record (``optimizer_layout/rank<N>-<i>.json``): for every tensor of the
+model's sharded state dict (the global ``GPTModel`` key, global shape and offset that ``model/`` stores it
+under), the bucket and the position in it where its moments start. :func:`read_moments` then rebuilds full
+per-parameter moments offline, keyed as ``model/`` is, for another backend or layout to load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from drivetrain_engine_core.backend import DCPTensorReader
+from megatron.core.dist_checkpointing.dict_utils import nested_values
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from megatron.core.optimizer import MegatronOptimizer
+
+LAYOUT_DIR = "optimizer_layout"
+
+
+def write_layout(step_dir: Path, model_state: dict[str, Any], optimizer: MegatronOptimizer) -> None:
+    """Write this rank's record of where ``model_state``'s tensors sit in ``optimizer``'s buckets.
+
+    Only the data-parallel rank 0 of each distributed optimizer writes: the other ranks of its group hold the
+    same buckets over the same parameters. Nothing is written for a non-distributed optimizer.
+
+    Args:
+        step_dir: the step directory being written.
+        model_state: the model's sharded state dict (``model<i>`` -> chunk state), as saved in ``model/``.
+        optimizer: the engine's (possibly chained) megatron optimizer.
+    """
+    pieces = list(_sharded_tensors(model_state))
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    for index, inner in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
+        if not hasattr(inner, "gbuf_ranges") or inner.data_parallel_group.rank() != 0:
+            continue
+        record = {
+            "adam_step": _adam_step(inner),
+            "pieces": [entry for piece in pieces if (entry := _locate(inner, piece)) is not None],
+        }
+        directory = step_dir / LAYOUT_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"rank{rank}-{index}.json").write_text(json.dumps(record))
+
+
+def has_layout(step_dir: Path) -> bool:
+    """Whether ``step_dir`` holds the record :func:`write_layout` writes (steps saved before it do not)."""
+    return any((step_dir / LAYOUT_DIR).glob("*.json"))
+
+
+def read_adam_step(step_dir: Path) -> int:
+    """The AdamW step the record's optimizers had taken (megatron pickles it inside its own state object,
+    which an offline reader would have to unpickle; the record keeps it as a number)."""
+    return max((record["adam_step"] for record in _records(step_dir)), default=0)
+
+
+def read_moments(step_dir: Path, reader: DCPTensorReader, moment: str) -> dict[str, torch.Tensor]:
+    """Full ``moment`` tensors keyed by ``model/``'s checkpoint keys, cut out of the flat bucket tensors.
+
+    Args:
+        step_dir: a step with an ``optimizer_layout/`` record.
+        reader: the step's ``optimizer/`` directory.
+        moment: ``"exp_avg"`` or ``"exp_avg_sq"``.
+    """
+    buckets: dict[str, torch.Tensor] = {}
+    moments: dict[str, torch.Tensor] = {}
+    for record in _records(step_dir):
+        for entry in record["pieces"]:
+            name = f"{entry['bucket']}.{moment}"
+            if name not in buckets:
+                buckets[name] = reader.read(name)
+            flat = buckets[name]
+            full = moments.setdefault(entry["key"], torch.zeros(entry["global_shape"], dtype=flat.dtype))
+            shape = entry["shape"]
+            start = entry["start"]
+            region = tuple(
+                slice(offset, offset + size) for offset, size in zip(entry["offset"], shape, strict=True)
+            )
+            full[region] = flat[start : start + math.prod(shape)].view(shape)
+    return moments
+
+
+def _records(step_dir: Path) -> Iterator[dict[str, Any]]:
+    for path in sorted((step_dir / LAYOUT_DIR).glob("*.json")):
+        yield json.loads(path.read_text())
+
+
+def _adam_step(inner: Any) -> int:
+    """The step count of ``inner``'s torch AdamW (the same for every parameter; 0 before the first update)."""
+    steps = [state["step"] for state in inner.optimizer.state.values() if "step" in state]
+    return int(steps[0]) if steps else 0
+
+
+def _sharded_tensors(model_state: dict[str, Any]) -> Iterator[ShardedTensor]:
+    """Every ShardedTensor of ``model_state``, factories (megatron's gate/up split) built into theirs."""
+    for value in nested_values(model_state):
+        built = value.build() if isinstance(value, ShardedTensorFactory) else [value]
+        for each in nested_values(built) if isinstance(built, (dict, list)) else [built]:
+            if isinstance(each, ShardedTensor) and each.data is not None and each.flattened_range is None:
+                yield each
+
+
+def _locate(inner: Any, piece: ShardedTensor) -> dict[str, Any] | None:
+    """``piece``'s checkpoint placement and where its elements start in one of ``inner``'s buckets, or
+    ``None`` when they are not in its buffers (another optimizer's parameters, or not a parameter)."""
+    data = piece.data
+    for gbuf_idx, buffer in enumerate(inner.buffers):
+        base = buffer.param_data
+        if base is None or data.dtype != base.dtype or not data.is_contiguous():
+            continue
+        position, remainder = divmod(data.data_ptr() - base.data_ptr(), base.element_size())
+        if remainder or not 0 <= position < base.numel():
+            continue
+        (dtype,) = inner.gbuf_ranges[gbuf_idx]  # megatron keeps one dtype per buffer
+        for bucket_idx, bucket in enumerate(buffer.buckets):
+            if bucket.offset <= position < bucket.offset + bucket.grad_data.numel():
+                return {
+                    # The key megatron's sharded_param_state_dp_reshardable gives this bucket's tensors.
+                    "bucket": (
+                        f"optimizer.distributed.dp_group_idx_{inner.data_parallel_group_idx}"
+                        f".gbuf_idx_{gbuf_idx}.dtype_{dtype}.bucket_idx_{bucket_idx}"
+                    ),
+                    "start": position - bucket.offset,
+                    "key": piece.key,
+                    "global_shape": list(piece.global_shape),
+                    "offset": list(piece.global_offset),
+                    "shape": [1] * piece.prepend_axis_num + list(piece.local_shape),
+                }
+    return None
