@@ -64,7 +64,8 @@ class HFTrainingState:
             )
         if manifest.lora is not None:
             raise CheckpointError(
-                f"{step_dir} holds LoRA adapters ({manifest.backend} backend, world size {manifest.world_size}); "
+                f"{step_dir} holds LoRA adapters (model.lora, {manifest.backend} backend, world size "
+                f"{manifest.world_size}); "
                 "LoRA training state does not move across backends or layouts. Resume with the backend and "
                 f"layout that wrote it, or merge it (`drivetrain ckpt merge {step_dir} OUT --lora merged`) and "
                 "start a new run from OUT."
