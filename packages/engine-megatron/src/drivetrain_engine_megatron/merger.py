@@ -60,8 +60,8 @@ class MegatronCheckpointMerger(CheckpointMerger):
                 "by a drivetrain-engine-megatron that did not record where each parameter sits in its flat "
                 "buffers (dp_reshardable format, which then only the same tensor- and pipeline-parallel layout "
                 "can read): its Adam moments cannot move to another backend or layout. Resume with the layout "
-                "that wrote it, load it with load_optimizer=False (weights only), or save it again with this "
-                "version (or with engine.use_distributed_optimizer=false) to write optimizer state that moves."
+                "that wrote it (its next save, by this version, records the layout and then moves), or load it "
+                "with load_optimizer=False (weights only)."
             )
         moments = read_moments(self.step_dir, self._optimizer_reader, moment)
         missing = sorted(
