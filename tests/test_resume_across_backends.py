@@ -1,13 +1,14 @@
 """Resuming across backends and layouts (ARCHITECTURE §5): 3 steps, a save, a resume on another backend or
 layout and 3 more steps equal 6 uninterrupted FSDP steps (loss and grad norm within 1e-5 at every step), so
 weights, Adam moments and step, LR schedule and data position all continue. Tested: FSDP 1 rank -> Megatron
-TP2, Megatron PP2, Megatron DP2 (distributed optimizer), FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2 ranks,
-FSDP Ulysses 2, Megatron PP2; FSDP Ulysses 2 -> Megatron PP2; Megatron DP2 with the distributed optimizer (flat
-per-bucket moments, mapped back through the layout record the save writes) -> FSDP 2 ranks (three 2-rank
-launches: one megatron layout per process; every rank sees every sequence, which trains as one rank does). The
-reference is the uninterrupted single-process run; the two backends agree within 1e-5 (``test_backends_agree.py``),
-so a lost moment or step shows up as another loss or norm. State that does not move (a distributed-optimizer step
-saved without the layout record, LoRA) and another model's step are one error each."""
+TP2, Megatron PP2, Megatron DP2 (distributed optimizer), FSDP 2 ranks; Megatron TP2 -> FSDP 1 rank, FSDP 2
+ranks, FSDP Ulysses 2, Megatron PP2; FSDP Ulysses 2 -> Megatron PP2; Megatron DP2 with the distributed optimizer
+(flat per-bucket moments, mapped back through the layout record the save writes) -> FSDP 2 ranks, FSDP hybrid
+(three 2-rank launches: one megatron layout per process; every rank sees every sequence, which trains as one
+rank does); FSDP 1 rank <-> Megatron TP2xPP2 on four ranks, opt-in. The reference is the uninterrupted
+single-process run; the two backends agree within 1e-5 (``test_backends_agree.py``), so a lost moment or step
+shows up as another loss or norm. State that does not move (a distributed-optimizer step saved without the
+layout record, LoRA) and another model's step are one error each."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ MEGATRON_TP2 = {"tensor_model_parallel_size": 2, "use_distributed_optimizer": Fa
 MEGATRON_PP2 = {"pipeline_model_parallel_size": 2}
 MEGATRON_DP2 = {"use_distributed_optimizer": True}  # flat per-bucket moments, mapped through their record
 FSDP_ULYSSES2 = {"ulysses_sequence_parallel_size": 2}
+FSDP_HYBRID = {"fsdp_size": 1}  # on two ranks: shard groups of one, replicated across two
 MEGATRON_TP2XPP2 = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
 FOUR_RANKS = "DRIVETRAIN_TEST_FOUR_RANKS"
 
@@ -106,12 +108,13 @@ def _pp2(
 
 def _dp2(rank: int, world_size: int, path: str, fsdp_root: str, dp2_root: str) -> dict:
     """On two ranks: Megatron DP2 with the distributed optimizer continues the FSDP step and writes its own,
-    which two FSDP ranks continue."""
+    which two FSDP ranks continue, sharded and hybrid."""
     del rank, world_size
     return {
         "megatron_dp2_first": _first_steps("megatron", path, dp2_root, **MEGATRON_DP2),
         "fsdp_1_to_megatron_dp2": _continue("megatron", path, fsdp_root, **MEGATRON_DP2),
         "megatron_dp2_to_fsdp_2": _continue("fsdp", path, dp2_root),
+        "megatron_dp2_to_fsdp_hybrid": _continue("fsdp", path, dp2_root, **FSDP_HYBRID),
     }
 
 
