@@ -1,5 +1,8 @@
 """Served weights of the Hugging Face rollout: full tensors copied in place, or LoRA adapters folded in.
 
+Streams are in checkpoint layout; a tensor the model holds in another layout (mixture-of-experts experts fused
+by transformers) is copied into the elements it comes from (:mod:`.layout`).
+
 Adapters are folded exactly as the engines merge them for ``export_weights`` (``W + (B @ A in fp32) * alpha / r``
 cast back), so an adapter hand-off serves the same bits as a merged one. A delta stream sends only what changed:
 the tensors it lists as unchanged count as covered (merged), or are taken from the adapters folded last time
@@ -17,6 +20,8 @@ import torch
 from drivetrain_engine_core.checkpoint import PEFT_PREFIX
 from drivetrain_engine_core.handoff import HandoffError, WeightBucket, check_adapter_binding
 
+from .layout import CheckpointLayout
+
 
 class ServedWeights:
     """The rollout model's tensors by Hugging Face name, and what the current stream has covered.
@@ -27,6 +32,7 @@ class ServedWeights:
 
     def __init__(self, model: Any) -> None:
         self._model = model
+        self._layout = CheckpointLayout(model)
         self._stream: dict[str, torch.Tensor] | None = None
         tied = getattr(model.config, "tie_word_embeddings", False)
         self._optional = {"lm_head.weight"} if tied else set()
@@ -61,7 +67,7 @@ class ServedWeights:
         self._merged_seen = True
         with torch.no_grad():
             for name, tensor in bucket.tensors():
-                self._target(name, tensor).copy_(tensor)
+                self._copy(name, tensor)
                 self._seen.add(name)
         self._seen.update(held.name for held in bucket.unchanged)
 
@@ -71,7 +77,7 @@ class ServedWeights:
             if self._adapter_config is not None:
                 self._fold_adapters()
                 return
-            missing = sorted(set(self._tensors) - self._seen - self._optional)
+            missing = sorted(set(self._layout.owner) - self._seen - self._optional)
             if missing:
                 raise HandoffError(
                     f"the weight stream missed {len(missing)} of the model's tensors ({missing[:3]}); the sender's "
@@ -89,12 +95,13 @@ class ServedWeights:
         """
         self._seen, self._incoming, self._adapter_config, self._stream = set(), {}, None, None
         self._unchanged_adapters = set()
+        self._layout.forget()
 
     def served(self, name: str) -> torch.Tensor | None:
         """The served tensor under a stream name: an adapter tensor folded in, or the model's weight."""
         if name in self._adapters:
             return self._adapters[name]
-        return self._model.state_dict().get(name)
+        return self._layout.read_piece(name)
 
     def move_base(self, device: str) -> None:
         """Move the base weights and adapters kept for adapter folding with the model (``sleep``/``wake``)."""
@@ -142,10 +149,21 @@ class ServedWeights:
                 self._target(hf_name, base).copy_(base + delta * scale)
         self._adapters = adapters
 
+    def _copy(self, name: str, tensor: torch.Tensor) -> None:
+        """Copy a streamed tensor into the served weight, or into its elements of a fused one."""
+        owner = self._layout.owner.get(name)
+        if owner is None or self._layout.is_direct(name):
+            self._target(name, tensor).copy_(tensor)
+            return
+        try:
+            self._layout.copy_piece(self._tensors[owner], name, tensor)
+        except ValueError as e:
+            raise HandoffError(f"{e}; hand off weights of the same architecture.") from e
+
     def _target(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         target = self._tensors.get(name)
         if target is None:
-            close = difflib.get_close_matches(name, list(self._tensors), n=1)
+            close = difflib.get_close_matches(name, list(self._layout.owner), n=1)
             raise HandoffError(
                 f"the weight stream holds {name!r}, which the served model does not have"
                 f"{f' (closest: {close[0]!r})' if close else ''}; hand off weights of the same architecture."
