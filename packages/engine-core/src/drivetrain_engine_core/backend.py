@@ -64,6 +64,11 @@ _EXPORTS = {
     "ROUTER_AUX_METRIC": "router_balance",
     "RouterLoss": "router_balance",
     "router_loss_of": "router_balance",
+    "ROUTED_EXPERTS": "router_replay",
+    "hf_routers": "router_replay",
+    "micro_batch_routes": "router_replay",
+    "refuse_routes": "router_replay",
+    "replaying_routes": "router_replay",
     # building models, kernels, checkpoints
     "disable_dropout_in_config": "dropout",
     "disable_dropout_modules": "dropout",
@@ -136,6 +141,13 @@ if TYPE_CHECKING:
     )
     from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
     from .router_balance import ROUTER_AUX_METRIC, RouterLoss, router_loss_of
+    from .router_replay import (
+        ROUTED_EXPERTS,
+        hf_routers,
+        micro_batch_routes,
+        refuse_routes,
+        replaying_routes,
+    )
 
 __all__ = [
     "ADAM_MOMENTS",
@@ -144,6 +156,7 @@ __all__ = [
     "MODEL_DIR",
     "OPTIMIZER_DIR",
     "PEFT_PREFIX",
+    "ROUTED_EXPERTS",
     "ROUTER_AUX_METRIC",
     "WEIGHT",
     "BackendCapabilities",
@@ -187,15 +200,19 @@ __all__ = [
     "distributed",
     "flash_kernel_applies",
     "flash_kernel_missing",
+    "hf_routers",
     "hookimpl",
     "host_floats",
     "linear_log_probs",
+    "micro_batch_routes",
     "move_batch",
     "packed_causal_attention",
     "pad_packed_row",
     "peft_target_modules",
     "read_checkpoint_index",
     "read_manifest",
+    "refuse_routes",
+    "replaying_routes",
     "router_loss_of",
     "split_peft_name",
 ]

@@ -37,6 +37,8 @@ class SamplingConfig:
         top_p: sample among the likeliest tokens whose probabilities sum to ``top_p`` (1: all).
         min_p: drop tokens less likely than ``min_p`` times the likeliest one (0: none).
         stop_token_ids: a response also ends after any of these tokens (beside the model's end-of-sequence).
+        record_routed_experts: also return each token's routed experts (router replay, R3; a mixture-of-experts
+            model on a rollout that records them, :class:`RecordsRoutedExperts`).
 
     The returned log-probs are of the distribution sampled from: after temperature, ``top_k``, ``top_p`` and
     ``min_p`` (a token they removed is never sampled). The actor's log-probs are of the full distribution at
@@ -51,6 +53,7 @@ class SamplingConfig:
     top_p: float = 1.0
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    record_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
@@ -81,12 +84,24 @@ class RolloutOutput:
             temperature (temperature 1 for greedy decoding), same lengths as ``responses``.
         version: the weight version that produced them (``None``: the weights loaded at construction).
         n: responses per prompt.
+        routed_experts: with ``SamplingConfig.record_routed_experts``, each prompt+response's routed experts
+            ``(prompt + response tokens, layers, top_k)`` (:mod:`.router_replay`: prompt tokens the prefill's
+            routing, the last token ``NOT_RECORDED``); ``None`` otherwise.
     """
 
     responses: list[torch.Tensor]
     log_probs: list[torch.Tensor]
     version: int | None
     n: int
+    routed_experts: list[torch.Tensor] | None = None
+
+
+class RecordsRoutedExperts(ABC):
+    """A rollout that records each token's routed experts (router replay); mixed into its :class:`Rollout`."""
+
+    @abstractmethod
+    def _take_routed_experts(self) -> list[torch.Tensor]:
+        """The routes of the last ``_generate`` call (one per response, as :attr:`RolloutOutput.routed_experts`)."""
 
 
 class Rollout(ABC):
@@ -193,6 +208,7 @@ class Rollout(ABC):
         """Sample ``sampling.n`` responses to each prompt (token ids) with the served weights.
 
         Raises:
+            ConfigError: ``sampling.record_routed_experts`` on a rollout that does not record them.
             EngineStateError: asleep, or the last weight update failed midway (the weights are partial) or failed
                 verification (they are not what was sent).
             ValueError: no prompts, or an empty prompt.
@@ -205,10 +221,27 @@ class Rollout(ABC):
             )
         if not prompts or any(len(prompt) == 0 for prompt in prompts):
             raise ValueError("generate() needs at least one prompt, each with at least one token.")
+        recorder = self._routes_recorder(sampling)
         responses, log_probs = self._generate(prompts, sampling)
         return RolloutOutput(
-            responses=responses, log_probs=log_probs, version=self.weights_version, n=sampling.n
+            responses=responses,
+            log_probs=log_probs,
+            version=self.weights_version,
+            n=sampling.n,
+            routed_experts=recorder._take_routed_experts() if recorder is not None else None,
         )
+
+    def _routes_recorder(self, sampling: SamplingConfig) -> RecordsRoutedExperts | None:
+        """This rollout when ``sampling`` asks for routed experts, refused when it cannot record them."""
+        if not sampling.record_routed_experts:
+            return None
+        if not isinstance(self, RecordsRoutedExperts):
+            raise ConfigError(
+                f"router replay (rollout.router_replay=R3) needs each token's routed experts, which the "
+                f"{self.name!r} rollout ({type(self).__name__}) does not record; use rollout.name=hf or set "
+                "rollout.router_replay=disabled."
+            )
+        return self
 
     def sleep(self) -> None:
         """Free device memory (weights, caches) while training uses the device; a no-op when asleep."""

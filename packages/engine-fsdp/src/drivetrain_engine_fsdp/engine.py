@@ -45,6 +45,7 @@ from .model import build_model, hf_class_name
 from .optim import build_optimizer, clip_grad_norm
 from .outputs import token_fields
 from .placement import Placement
+from .replay import RouterReplay
 from .router_loss import router_kwargs, router_settings
 from .ulysses import UlyssesSplit, register_ulysses_attention
 from .wrap import ParallelLayout, build_layout, shard_model
@@ -85,6 +86,7 @@ class FSDPEngine(Engine):
         self._router = router_settings(
             config, model.config, self.model_config.model_type, self._layout.sp_size
         )
+        self._replay = RouterReplay(model, self._layout.sp_size)
         # An FSDPModule over a transformers (or PEFT) model: typed loosely, its methods are added dynamically.
         self.module: Any = shard_model(model, self._layout, config)
         if meta_model is not None:
@@ -166,27 +168,32 @@ class FSDPEngine(Engine):
         for index, micro_batch in enumerate(micro_batches):
             if not forward_only:
                 self._sync_gradients_after(last=index == len(micro_batches) - 1)
-            router = self._router if self._router is not None and self._router.applies(micro_batch) else None
-            with hidden_states_out(self._head):
-                model_output = self.module(**model_kwargs(micro_batch), **router_kwargs(router))
-            fields = token_fields(
-                model_output.logits,
-                micro_batch,
-                model_type=self.model_config.model_type,
-                chunk_size=self.engine_config.entropy_chunk_size,
-                # NOTE: read after the forward: FSDP's root has gathered it (and keeps it for backward).
-                head_weight=self._head.weight if self._head is not None else None,
-                kernel=self.engine_config.log_prob_kernel,
-            )
-            loss, result = micro_batch.finish(fields)
-            if router is not None:
-                loss, result = router.add(loss, result, model_output.router_logits, micro_batch)
-            if not forward_only:
-                loss.backward()
-            results.append(result)
+            with self._replay.around(micro_batch):  # open through backward: checkpointing reruns routers
+                results.append(self._forward_backward_one(micro_batch, forward_only))
         if forward_only:
             self._reshard()
         return results
+
+    def _forward_backward_one(self, micro_batch: MicroBatch, forward_only: bool) -> MicroBatchResult:
+        """One micro-batch's forward, its loss with the router balance term, and its backward."""
+        router = self._router if self._router is not None and self._router.applies(micro_batch) else None
+        with hidden_states_out(self._head):
+            model_output = self.module(**model_kwargs(micro_batch), **router_kwargs(router))
+        fields = token_fields(
+            model_output.logits,
+            micro_batch,
+            model_type=self.model_config.model_type,
+            chunk_size=self.engine_config.entropy_chunk_size,
+            # NOTE: read after the forward: FSDP's root has gathered it (and keeps it for backward).
+            head_weight=self._head.weight if self._head is not None else None,
+            kernel=self.engine_config.log_prob_kernel,
+        )
+        loss, result = micro_batch.finish(fields)
+        if router is not None:
+            loss, result = router.add(loss, result, model_output.router_logits, micro_batch)
+        if not forward_only:
+            loss.backward()
+        return result
 
     def _reshard(self) -> None:
         """Free every gathered parameter after a forward-only pass.

@@ -31,6 +31,7 @@ from drivetrain_engine_core.backend import (
     TokenLimits,
     flash_kernel_missing,
     read_manifest,
+    refuse_routes,
 )
 
 from . import parallel_state
@@ -209,6 +210,7 @@ class MegatronEngine(Engine):
     ) -> list[MicroBatchResult]:
         from .schedule import StepSpec, run_schedule
 
+        refuse_routes(micro_batches, "megatron")
         spec = StepSpec(
             value_model=self.model_config.model_type == "value_model",
             vocab_size=self._model.vocab_size,

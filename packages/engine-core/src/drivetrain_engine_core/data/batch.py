@@ -26,9 +26,11 @@ INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 LOSS_MASK = "loss_mask"
 LOSS_MASK_DTYPE = torch.bool
+ROUTED_EXPERTS = "routed_experts"
+"""Each token's recorded expert indices ``(n, j, layers, top_k)`` for router replay (:mod:`..router_replay`)."""
 
-INTEGER_FIELDS: tuple[str, ...] = (INPUT_IDS, POSITION_IDS)
-"""Per-token fields that hold token ids or positions and must be integer."""
+INTEGER_FIELDS: tuple[str, ...] = (INPUT_IDS, POSITION_IDS, ROUTED_EXPERTS)
+"""Per-token fields that hold token ids, positions or expert indices and must be integer."""
 
 FLOAT_FIELDS: tuple[str, ...] = (
     "old_log_probs",

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
+ROUTER_REPLAY_MODES = ("disabled", "R3")
+"""``rollout.router_replay``: off, or the rollout's routing replayed in training (R3)."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class RolloutConfig:
     """How responses are sampled.
@@ -55,6 +59,9 @@ class RolloutConfig:
         min_p: drop tokens less likely than ``min_p`` times the likeliest one (0: none).
         max_new_tokens: most tokens of one response.
         bucket_mb: the weight hand-off's bucket size in MiB.
+        router_replay: ``disabled``, or ``R3`` (rollout routing replay, verl's ``router_replay.mode=R3``): the
+            rollout records each token's routed experts (a mixture-of-experts model, ``rollout.name=hf``) and
+            the actor's and reference's forwards route through them, gating weights from their own routers.
 
     With ``top_k``/``top_p``/``min_p`` the rollout samples from the truncated, renormalised distribution and
     reports its log-probs, while the actor's are of the full one at the temperature (as in verl and TRL): the
@@ -69,6 +76,7 @@ class RolloutConfig:
     min_p: float = 0.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
+    router_replay: str = "disabled"
 
     least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")
     """The fewest responses per prompt the command can learn from, and why."""
@@ -81,6 +89,11 @@ class RolloutConfig:
             raise ConfigError(f"rollout.temperature must be > 0 (GRPO samples), got {self.temperature}.")
         if self.max_new_tokens < 1 or not self.bucket_mb > 0:
             raise ConfigError("rollout.max_new_tokens must be >= 1 and rollout.bucket_mb > 0.")
+        if self.router_replay not in ROUTER_REPLAY_MODES:
+            raise ConfigError(
+                f"rollout.router_replay={self.router_replay!r}: choose from {list(ROUTER_REPLAY_MODES)} (R2, the "
+                "replay of the old policy's own routing, is not implemented)."
+            )
         try:
             self.sampling(seed=0)
         except ConfigError as e:
@@ -96,6 +109,7 @@ class RolloutConfig:
             min_p=self.min_p,
             max_new_tokens=self.max_new_tokens,
             seed=seed,
+            record_routed_experts=self.router_replay == "R3",
         )
 
 

@@ -20,6 +20,7 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
+from drivetrain_engine_core.router_replay import ROUTED_EXPERTS
 from tensordict import TensorDict
 from torch.distributed import ProcessGroup
 
@@ -122,7 +123,8 @@ def rollout_batch(
 ) -> RolloutBatch:
     """The actor's batch from the rewards: the overlong penalty, the group filter and the groups too stale for
     ``versions`` leave the loss, then the advantages. The batch carries each token's weight version
-    (``token_versions``) and the rollout's log-probs (``rollout_log_probs``, 0 on prompt tokens)."""
+    (``token_versions``), the rollout's log-probs (``rollout_log_probs``, 0 on prompt tokens) and, under router
+    replay, its routed experts (``routed_experts``)."""
     algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
     rewards = rewards + overlong_penalty(
@@ -148,6 +150,8 @@ def rollout_batch(
         ],
         batch,
     )
+    if output.routed_experts is not None:  # router replay: the actor routes through the rollout's experts
+        batch[ROUTED_EXPERTS] = _jagged(output.routed_experts, batch)
     batch["advantages"] = outcome_advantages(
         rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
     )

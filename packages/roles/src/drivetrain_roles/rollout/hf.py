@@ -18,13 +18,21 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.handoff import VerifyConfig, WeightBucket
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
+from drivetrain_engine_core.rollout import (
+    RecordsRoutedExperts,
+    Rollout,
+    SamplingConfig,
+    end_of_sequence_ids,
+)
+from drivetrain_engine_core.router_replay import recording_routes, routers_of
 
+from .routes import sequence_routes
 from .weights import ServedWeights
 
 
-class HFRollout(Rollout):
-    """``transformers`` ``generate`` over the model at ``model_path``, updated in place by weight buckets."""
+class HFRollout(Rollout, RecordsRoutedExperts):
+    """``transformers`` ``generate`` over the model at ``model_path``, updated in place by weight buckets; on a
+    mixture-of-experts model it records each token's routed experts when asked (router replay)."""
 
     name = "hf"
 
@@ -40,6 +48,7 @@ class HFRollout(Rollout):
         # NOTE: generate fills every field our config leaves unset from the model's generation config.
         self.model.generation_config = GenerationConfig()
         self._weights = ServedWeights(self.model)
+        self._routes: list[torch.Tensor] = []
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
         self._weights.load(bucket)
@@ -67,7 +76,8 @@ class HFRollout(Rollout):
         # The sampling seed seeds every generator (manual_seed), so the device's is forked too: it seeded the
         # colocated engines' CUDA generator (their dropout) for the rest of the run.
         devices = [self.device] if torch.device(self.device).type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        routers = routers_of(self.model, "the hf rollout") if sampling.record_routed_experts else []
+        with torch.random.fork_rng(devices=devices), recording_routes(routers) as calls:
             torch.manual_seed(sampling.seed)
             output = self.model.generate(
                 input_ids=input_ids.to(self.device),
@@ -86,10 +96,16 @@ class HFRollout(Rollout):
         tokens = sampled.cpu()
         ends = (*self._eos_ids, *sampling.stop_token_ids)
         lengths = [self._length(row, ends) for row in tokens]
+        if routers:
+            self._routes = sequence_routes(calls, [len(row) for row in rows], lengths, width)
         return (
             [row[:length].clone() for row, length in zip(tokens, lengths, strict=True)],
             [row[:length].clone() for row, length in zip(log_probs, lengths, strict=True)],
         )
+
+    def _take_routed_experts(self) -> list[torch.Tensor]:
+        routes, self._routes = self._routes, []
+        return routes
 
     def _generation_config(self, sampling: SamplingConfig) -> Any:
         from transformers import GenerationConfig

@@ -1,0 +1,167 @@
+"""Router replay (R3): the ``hf`` rollout records each token's routed experts, the FSDP actor replays them.
+
+References written out here, not drivetrain's replay hooks: the routing of a plain Hugging Face forward
+(``output_router_logits``, top-k of the softmax) and, after an update, a plain HF forward whose routers are
+forced to the record by the R3 formula (softmax of the live logits at the recorded experts, renormalised as
+Qwen3-MoE's ``norm_topk_prob`` says). One process, the tiny Qwen3-MoE (4 experts, top-2), fp32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS
+from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_roles.rollout.hf import HFRollout
+from transformers import AutoModelForCausalLM
+
+PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13, 4, 8]]  # different lengths: the prefill is left-padded
+SAMPLING = SamplingConfig(n=2, temperature=1.0, max_new_tokens=5, seed=3, record_routed_experts=True)
+TOP_K = 2
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("moe"), arch="qwen3_moe")
+
+
+def make_engine(model_dir, layout="packed"):
+    engine = create_engine(
+        model_config=ModelConfig(path=str(model_dir), use_remove_padding=layout == "packed"),
+        engine_config=engine_config_from_dict(
+            {"backend": "fsdp", "device": "cpu", "micro_batch": {"micro_batch_size": 2}}
+        ),
+        optimizer_config=OptimizerConfig(lr=0.5, clip_grad=None),
+    )
+    engine.initialize()
+    return engine
+
+
+def sequences_of(output):
+    prompts = [PROMPTS[i // output.n] for i in range(len(output.responses))]
+    return [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)]
+
+
+def replay_batch(output, routes=None):
+    return make_batch(sequences_of(output), **{ROUTED_EXPERTS: routes or output.routed_experts})
+
+
+def plain_hf_top_k(model, sequence):
+    """``(tokens, layers, k)`` experts a plain HF forward of ``sequence`` alone routes each token to."""
+    with torch.no_grad():
+        out = model(input_ids=sequence[None], output_router_logits=True)
+    return torch.stack([logits.softmax(-1).topk(TOP_K).indices for logits in out.router_logits], dim=1)
+
+
+def infer(engine, batch):
+    with engine.eval_mode():
+        return engine.infer_batch(batch).outputs["log_probs"]
+
+
+def test_recorded_routes_are_plain_hf_routing_and_replay_changes_nothing_on_the_same_weights(model_dir):
+    rollout = HFRollout(model_path=str(model_dir))
+    output = rollout.generate(PROMPTS, SAMPLING)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for sequence, record, prompt in zip(
+        sequences_of(output), output.routed_experts, [PROMPTS[i // 2] for i in range(6)], strict=True
+    ):
+        assert record.shape == (len(sequence), reference.config.num_hidden_layers, TOP_K)
+        # Every token the rollout read, prompt (its prefill) and response (its decode steps), is routed as a
+        # plain HF forward of the whole sequence routes it; the last token was never read.
+        expected = plain_hf_top_k(reference, sequence)
+        assert torch.equal(record[:-1].long(), expected[:-1])
+        assert (record[-1] == NOT_RECORDED).all()
+        # Prompt tokens hold the prefill's routing: that of the prompt alone (left padding changes nothing).
+        assert torch.equal(record[: len(prompt)].long(), plain_hf_top_k(reference, torch.tensor(prompt)))
+    for layout in ("packed", "padded"):
+        engine = make_engine(model_dir, layout)
+        live = infer(engine, make_batch(sequences_of(output)))
+        replayed = infer(engine, replay_batch(output))
+        assert torch.equal(replayed.values(), live.values())  # bit for bit
+
+
+def force_routes(model, record):
+    """Force a plain HF model's routers to ``record`` (``(tokens, layers, k)`` of one sequence) by the R3
+    formula: the experts from the record, weights the live softmax there renormalised (``norm_topk_prob``);
+    the unrecorded last token keeps the live choice."""
+    handles = []
+    for layer, block in enumerate(model.model.layers):
+        recorded = record[:, layer].long()
+
+        def hook(module, args, out, recorded=recorded):
+            logits, _, live = out
+            experts = torch.where(recorded[:, :1] >= 0, recorded, live)
+            weights = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, experts)
+            return logits, weights / weights.sum(-1, keepdim=True), experts
+
+        handles.append(block.mlp.gate.register_forward_hook(hook))
+    return handles
+
+
+def experts_used(engine):
+    """Capture the top-k indices every expert block of ``engine`` computes with, per layer (a pre-hook on the
+    experts, after any replay of the router's output)."""
+    seen = {}
+    for name, module in engine.module.named_modules():
+        if name.endswith("mlp.experts"):
+            layer = int(name.split("layers.")[1].split(".")[0])
+            module.register_forward_pre_hook(lambda m, args, layer=layer: seen.__setitem__(layer, args[1]))
+    return seen
+
+
+def test_after_an_update_the_actor_routes_through_the_recorded_experts(model_dir):
+    rollout = HFRollout(model_path=str(model_dir))
+    output = rollout.generate(PROMPTS, SAMPLING)
+    engine = make_engine(model_dir)
+    batch = replay_batch(output)
+    with engine.train_mode():
+        for _ in range(
+            3
+        ):  # a large step moves the routers: some recorded choices are no longer the live ones
+            engine.train_batch(
+                batch,
+                lambda out, mb, ctx: (
+                    -(out["log_probs"] * mb["loss_mask"]).sum() / ctx.global_token_count,
+                    {},
+                ),
+            )
+    rollout.update_weights(engine.weight_buckets(version=1))
+    updated = rollout.model
+    sequences, changed = sequences_of(output), 0
+    for sequence, record in zip(sequences, output.routed_experts, strict=True):
+        live = plain_hf_top_k(updated, sequence)[:-1].sort(-1).values
+        changed += int((live != record[:-1].long().sort(-1).values).any(-1).sum())
+    assert changed > 0, "the update did not change any routing; the test proves nothing"
+    seen = experts_used(engine)
+    for sequence, record in zip(sequences, output.routed_experts, strict=True):
+        single = make_batch([sequence], **{ROUTED_EXPERTS: [record]})
+        replayed = infer(engine, single).values()
+        for layer in range(record.shape[1]):
+            assert torch.equal(seen[layer][:-1], record[:-1, layer].long())
+        handles = force_routes(updated, record)
+        with torch.no_grad():
+            logits = updated(input_ids=sequence[None]).logits[0, :-1].float()
+        for handle in handles:
+            handle.remove()
+        expected = logits.log_softmax(-1).gather(-1, sequence[1:, None]).squeeze(-1)
+        torch.testing.assert_close(replayed[1:], expected, rtol=0, atol=1e-5)
+
+
+def test_routes_of_another_model_are_refused(model_dir):
+    engine = make_engine(model_dir)
+    routes = [torch.zeros(4, 3, TOP_K, dtype=torch.int16)]  # the tiny model has 2 layers
+    with pytest.raises(
+        BatchError, match=r"records 3 layers x top-2 per token, but the model routes 2 layers"
+    ):
+        infer(engine, make_batch([torch.tensor([1, 5, 6, 7])], **{ROUTED_EXPERTS: routes}))
+
+
+def test_a_rollout_asked_to_record_a_dense_model_names_the_option(tmp_path):
+    rollout = HFRollout(model_path=str(make_tiny_model_dir(tmp_path, arch="qwen2")))
+    with pytest.raises(BatchError, match=r"rollout.router_replay=disabled"):
+        rollout.generate(PROMPTS, SAMPLING)
