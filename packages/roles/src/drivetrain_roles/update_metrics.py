@@ -13,9 +13,14 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.distributed import ProcessGroup
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
+from drivetrain_engine_core.router_balance import ROUTER_AUX_METRIC
 
 ENGINE_METRICS: tuple[str, ...] = ("grad_norm", "lr")
 """Metrics the engine itself reports once per step (not per micro-batch)."""
+
+ENGINE_LOSS_METRICS: tuple[str, ...] = (ROUTER_AUX_METRIC,)
+"""Terms the engine adds to the loss per micro-batch (a mixture-of-experts model's router balance loss):
+reported like the loss function's metrics whenever the engine returns them."""
 
 
 class UpdateMetrics:
@@ -43,7 +48,7 @@ class UpdateMetrics:
                 f"the loss function reports no metric {missing}; it reports {reported}. Fix the metric names "
                 "(PolicyObjective.metric_names) or the metrics the loss function returns."
             )
-        for name in names:
+        for name in (*names, *(n for n in ENGINE_LOSS_METRICS if n in output.metrics and n not in names)):
             contributions = output.metrics.get(name, [])
             local = sum(contributions) if isinstance(contributions, list) else float(contributions)
             self._values[name].append(distributed.all_reduce_sum(local, self._dp_group))

@@ -61,7 +61,7 @@ class RolloutConfig:
         bucket_mb: the weight hand-off's bucket size in MiB.
         router_replay: ``disabled``, or ``R3`` (rollout routing replay, verl's ``router_replay.mode=R3``): the
             rollout records each token's routed experts (a mixture-of-experts model, ``rollout.name=hf``) and
-            the actor's and reference's forwards route through them, gating weights from their own routers.
+            every engine forward over the batch (actor, reference; ppo's critic) routes through them, gating weights from its own routers.
 
     With ``top_k``/``top_p``/``min_p`` the rollout samples from the truncated, renormalised distribution and
     reports its log-probs, while the actor's are of the full one at the temperature (as in verl and TRL): the

@@ -26,6 +26,7 @@ from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.router_balance import ROUTER_AUX_METRIC
 
 from ..actor import Actor, ActorConfig
 from ..jobs.assets import load_splits
@@ -292,6 +293,8 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             values["train/rollout_is_capped"] = metrics["rollout_is_capped"]
         if "kl_loss" in metrics:
             values["train/kl"] = metrics["kl_loss"]
+        if ROUTER_AUX_METRIC in metrics:  # a mixture-of-experts model's router balance loss (unscaled)
+            values["train/router_aux_loss"] = metrics[ROUTER_AUX_METRIC]
         if config.algorithm.filter_groups:
             values["train/filtered_group_fraction"] = filtered * config.rollout.n / count
         values.update(sync)

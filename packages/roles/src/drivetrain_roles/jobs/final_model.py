@@ -15,6 +15,7 @@ import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
+from ..hf_layout import CheckpointLayout
 from .rank_zero_write import rank_zero_write
 
 FINAL_MODEL_DIR = "final_model"
@@ -65,13 +66,14 @@ def _hf_model(model_path: str, weights: dict[str, torch.Tensor], *, trust_remote
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
-    result = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing = sorted(set(result.missing_keys) - tied)
-    if missing or result.unexpected_keys:
+    # NOTE: the export is in checkpoint layout (one tensor per expert of a mixture-of-experts model), which
+    # transformers 5 fuses in the module: load_state_dict refused it.
+    try:
+        CheckpointLayout(model).load(weights, optional=tied)
+    except ValueError as e:
         raise RuntimeError(
-            f"exported weights do not match {config.model_type} from {model_path}: missing {missing[:5]}, "
-            f"unexpected {sorted(result.unexpected_keys)[:5]}; the backend's export_weights() must yield "
-            "Hugging Face names."
-        )
+            f"exported weights do not match {config.model_type} from {model_path}: {e}; the backend's "
+            "export_weights() must yield Hugging Face checkpoint names."
+        ) from e
     return model.eval()

@@ -1,7 +1,7 @@
 """Served weights of the Hugging Face rollout: full tensors copied in place, or LoRA adapters folded in.
 
 Streams are in checkpoint layout; a tensor the model holds in another layout (mixture-of-experts experts fused
-by transformers) is copied into the elements it comes from (:mod:`.layout`).
+by transformers) is copied into the elements it comes from (:mod:`..hf_layout`).
 
 Adapters are folded exactly as the engines merge them for ``export_weights`` (``W + (B @ A in fp32) * alpha / r``
 cast back), so an adapter hand-off serves the same bits as a merged one. A delta stream sends only what changed:
@@ -20,7 +20,7 @@ import torch
 from drivetrain_engine_core.checkpoint import PEFT_PREFIX
 from drivetrain_engine_core.handoff import HandoffError, WeightBucket, check_adapter_binding
 
-from .layout import CheckpointLayout
+from ..hf_layout import CheckpointLayout
 
 
 class ServedWeights:

@@ -1,4 +1,4 @@
-"""Where the served model holds each tensor of a weight stream, which is in checkpoint layout.
+"""Where a transformers model holds each tensor of its checkpoint layout (a weight stream, an export).
 
 Engines stream weights as ``save_pretrained`` writes them, and transformers 5 builds some modules in another
 layout: a Qwen3-MoE, Qwen2-MoE or Mixtral layer keeps its experts fused (``mlp.experts.gate_up_proj``) while
@@ -6,11 +6,13 @@ the stream sends one tensor per expert and projection (``mlp.experts.N.gate_proj
 checkpoint renames ``mlp`` to ``block_sparse_moe``. transformers' own ``revert_weight_conversion`` says which
 module weight each checkpoint tensor comes from; applied to a tensor of position numbers it also says *which
 elements*, so a streamed piece is copied into its fused weight, and read back from it, element for element
-(both exact, whatever the conversion: stacking, concatenation, renaming).
+(both exact, whatever the conversion: stacking, concatenation, renaming). The ``hf`` rollout serves streams
+through it, and the jobs load an engine's export into a model (``final_model``, evaluation) through it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -50,6 +52,24 @@ class CheckpointLayout:
                 f"{name}: shape {tuple(piece.shape)}, the served model's piece {tuple(index.shape)}"
             )
         module_weight.view(-1).index_copy_(0, index.reshape(-1), piece.reshape(-1).to(module_weight.dtype))
+
+    def load(self, weights: Mapping[str, torch.Tensor], optional: set[str]) -> None:
+        """Copy a whole export (checkpoint name -> tensor) into the model.
+
+        Raises:
+            ValueError: names the model does not hold, or names it holds missing (but those in ``optional``).
+        """
+        missing = sorted(set(self.owner) - set(weights) - optional)
+        unexpected = sorted(set(weights) - set(self.owner))
+        if missing or unexpected:
+            raise ValueError(f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        state = self._model.state_dict()
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                if self.is_direct(name):
+                    state[name].copy_(tensor)
+                else:
+                    self.copy_piece(state[self.owner[name]], name, tensor)
 
     def read_piece(self, name: str) -> torch.Tensor | None:
         """The checkpoint tensor ``name`` as the model serves it (``None``: no such name)."""
