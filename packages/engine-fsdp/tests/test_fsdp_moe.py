@@ -187,16 +187,18 @@ def reference_step_with_aux(path, batch, coefficient):
 def test_router_aux_loss_is_hf_per_sequence_whatever_the_micro_batching(model_dirs, arch):
     path, batch = model_dirs[arch], make_batches(1)[0]
     loss, aux, norm = reference_step_with_aux(path, batch, COEFFICIENT)
-    for micro_batch_size in (4, 2):
-        engine = make_engine(
-            path,
-            router_aux_loss_coef=COEFFICIENT,
-            micro_batch=MicroBatchConfig(micro_batch_size=micro_batch_size),
-        )
+    # Fixed micro-batches of 4 and 2 sequences, and dynamic ones of at most 8 tokens (sequences of 7, 7, 8, 7).
+    splits = [
+        (1, MicroBatchConfig(micro_batch_size=4)),
+        (2, MicroBatchConfig(micro_batch_size=2)),
+        (4, MicroBatchConfig(micro_batch_size=None, max_tokens=8)),
+    ]
+    for count, micro_batch in splits:
+        engine = make_engine(path, router_aux_loss_coef=COEFFICIENT, micro_batch=micro_batch)
         with engine.train_mode():
             output = engine.train_batch(batch, token_mean_nll)
         shares = output.metrics[METRIC]
-        assert len(shares) == 4 // micro_batch_size
+        assert len(shares) == count
         assert sum(shares) == pytest.approx(aux, rel=1e-5)
         assert output.loss == pytest.approx(loss, rel=1e-5)
         assert output.metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
