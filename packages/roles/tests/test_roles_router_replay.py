@@ -8,16 +8,20 @@ Qwen3-MoE's ``norm_topk_prob`` says). One process, the tiny Qwen3-MoE (4 experts
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.errors import BatchError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_roles.rollout.hf import HFRollout
+from drivetrain_roles.workers.dispatch import WorkerTopology
+from drivetrain_roles.workers.generation import merged_output
 from transformers import AutoModelForCausalLM
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13, 4, 8]]  # different lengths: the prefill is left-padded
@@ -165,3 +169,24 @@ def test_a_rollout_asked_to_record_a_dense_model_names_the_option(tmp_path):
     rollout = HFRollout(model_path=str(make_tiny_model_dir(tmp_path, arch="qwen2")))
     with pytest.raises(BatchError, match=r"rollout.router_replay=disabled"):
         rollout.generate(PROMPTS, SAMPLING)
+
+
+def test_the_worker_groups_merge_keeps_each_responses_routes_in_order():
+    """Ray's colocated and disaggregated groups merge the workers' outputs by data-parallel rank: the routes
+    follow their responses (they were dropped, and the actor then routed live without a word)."""
+    topology = [WorkerTopology(rank=r, dp_rank=1 - r, dp_size=2, is_output_rank=True) for r in range(2)]
+    outputs = [
+        RolloutOutput(
+            responses=[torch.tensor([r])],
+            log_probs=[torch.zeros(1)],
+            version=3,
+            n=1,
+            routed_experts=[torch.full((2, 2, TOP_K), r, dtype=torch.int16)],
+        )
+        for r in range(2)
+    ]
+    merged = merged_output(outputs, topology, n=1)
+    assert [int(r) for r in merged.responses] == [1, 0]
+    assert [int(r[0, 0, 0]) for r in merged.routed_experts] == [1, 0]
+    plain = [dataclasses.replace(o, routed_experts=None) for o in outputs]
+    assert merged_output(plain, topology, n=1).routed_experts is None

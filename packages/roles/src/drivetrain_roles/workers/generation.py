@@ -57,9 +57,11 @@ def merged_output(
             "hand the weights off to every rollout before generating."
         )
     ordered = [by_dp_rank[d] for d in range(topology[0].dp_size)]
+    recorded = all(output.routed_experts is not None for output in ordered)  # router replay
     return RolloutOutput(
         responses=[r for output in ordered for r in output.responses],
         log_probs=[lp for output in ordered for lp in output.log_probs],
         version=versions.pop(),
         n=n,
+        routed_experts=[r for output in ordered for r in output.routed_experts or ()] if recorded else None,
     )
