@@ -14,11 +14,13 @@ import pytest
 import torch
 from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.errors import BatchError, ConfigError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS
 from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_roles.grpo.config import load_config
+from drivetrain_roles.grpo.router_replay import check_router_replay
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.workers.dispatch import WorkerTopology
 from drivetrain_roles.workers.generation import merged_output
@@ -190,3 +192,14 @@ def test_the_worker_groups_merge_keeps_each_responses_routes_in_order():
     assert [int(r[0, 0, 0]) for r in merged.routed_experts] == [1, 0]
     plain = [dataclasses.replace(o, routed_experts=None) for o in outputs]
     assert merged_output(plain, topology, n=1).routed_experts is None
+
+
+def test_router_replay_that_cannot_be_served_is_refused_up_front():
+    with pytest.raises(ConfigError, match=r"rollout.router_replay='R2': choose from \['disabled', 'R3'\]"):
+        load_config(None, ["rollout.router_replay=R2"])
+    with pytest.raises(ConfigError, match=r"rollout.name=other does not record; use rollout.name=hf"):
+        check_router_replay("R3", "other", object, "fsdp")
+    with pytest.raises(ConfigError, match=r"engine.backend=megatron does not replay routed experts"):
+        check_router_replay("R3", "hf", HFRollout, "megatron")
+    check_router_replay("R3", "hf", HFRollout, "fsdp")
+    check_router_replay("disabled", "other", object, "megatron")

@@ -36,13 +36,10 @@ from ..command_sections import (
 from ..jobs.default_assets import BUILTIN_MODEL
 from ..losses.names import choose
 from ..losses.policy import PolicyLossConfig
+from .router_replay import check_mode
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-
-
-ROUTER_REPLAY_MODES = ("disabled", "R3")
-"""``rollout.router_replay``: off, or the rollout's routing replayed in training (R3)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -89,11 +86,7 @@ class RolloutConfig:
             raise ConfigError(f"rollout.temperature must be > 0 (GRPO samples), got {self.temperature}.")
         if self.max_new_tokens < 1 or not self.bucket_mb > 0:
             raise ConfigError("rollout.max_new_tokens must be >= 1 and rollout.bucket_mb > 0.")
-        if self.router_replay not in ROUTER_REPLAY_MODES:
-            raise ConfigError(
-                f"rollout.router_replay={self.router_replay!r}: choose from {list(ROUTER_REPLAY_MODES)} (R2, the "
-                "replay of the old policy's own routing, is not implemented)."
-            )
+        check_mode(self.router_replay)
         try:
             self.sampling(seed=0)
         except ConfigError as e:

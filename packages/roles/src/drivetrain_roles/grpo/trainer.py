@@ -41,6 +41,7 @@ from ..reference import Reference
 from .config import GRPOConfig, PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .rewards import exact_match, load_reward_function
+from .router_replay import check_router_replay
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
 from .warm_start import start_model
@@ -119,7 +120,10 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         """The start policy, the prompts, the actor, the reference and the rollout."""
         config = self.config
         check_mini_batch_share(config, distributed.world_size())
-        plugins().rollouts.get(config.rollout.name)  # a missing rollout is refused before the warm start
+        # A missing rollout is refused before the warm start, and so is router replay it cannot serve.
+        rollout_class = plugins().rollouts.get(config.rollout.name)
+        replay = config.rollout.router_replay
+        check_router_replay(replay, config.rollout.name, rollout_class, config.engine.backend)
         # ... and so is a reward function that does not load.
         load_reward_function(config.algorithm.reward_function)
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)

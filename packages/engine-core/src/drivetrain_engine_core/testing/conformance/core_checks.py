@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -213,7 +214,7 @@ class CoreChecks(ConformanceBase):
         merger build on it; the other export tests compare the engine only with itself."""
         engine = self.make_engine(model_dir, optimizer_config=None)
         exported = {name: tensor.detach().cpu() for name, tensor in engine.export_weights()}
-        model = load_reference_model(model_dir)
+        model: Any = load_reference_model(model_dir)
         # Unconverted weights come back as the same tensors, so ties still share a storage.
         reference = revert_weight_conversion(model, dict(model.state_dict()))
         unknown = sorted(set(exported) - set(reference))
