@@ -195,7 +195,7 @@ def test_the_worker_groups_merge_keeps_each_responses_routes_in_order():
 
 
 def test_router_replay_that_cannot_be_served_is_refused_up_front():
-    with pytest.raises(ConfigError, match=r"rollout.router_replay='R2': choose from \['disabled', 'R3'\]"):
+    with pytest.raises(ConfigError, match=r"rollout.router_replay='R2' is not a valid 'disabled' \| 'R3'"):
         load_config(None, ["rollout.router_replay=R2"])
     with pytest.raises(ConfigError, match=r"rollout.name=other does not record; use rollout.name=hf"):
         check_router_replay("R3", "other", object, "fsdp")

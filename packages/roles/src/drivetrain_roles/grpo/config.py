@@ -36,29 +36,25 @@ from ..command_sections import (
 from ..jobs.default_assets import BUILTIN_MODEL
 from ..losses.names import choose
 from ..losses.policy import PolicyLossConfig
-from .router_replay import check_mode
+from .router_replay import RouterReplayOption
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
 @dataclass(kw_only=True, frozen=True)
-class RolloutConfig:
-    """How responses are sampled.
+class RolloutConfig(RouterReplayOption):
+    """How responses are sampled (and whether routed experts are recorded: :class:`RouterReplayOption`).
 
     Attributes:
         name: the registered rollout backend (``hf``: Hugging Face ``generate``; see ``drivetrain plugins``).
         n: responses per prompt (the group whose rewards are normalised together).
         temperature: sampling temperature (> 0); the actor's and reference's log-probs use the same one.
-        top_k: sample among the ``top_k`` likeliest tokens only (0: all; verl's and vLLM's ``top_k``, where
-            verl's -1 is 0 here).
+        top_k: sample among the ``top_k`` likeliest tokens only (verl's and vLLM's ``top_k``; 0: all, verl's -1).
         top_p: sample among the likeliest tokens whose probabilities sum to ``top_p`` (1: all).
         min_p: drop tokens less likely than ``min_p`` times the likeliest one (0: none).
         max_new_tokens: most tokens of one response.
         bucket_mb: the weight hand-off's bucket size in MiB.
-        router_replay: ``disabled``, or ``R3`` (rollout routing replay, verl's ``router_replay.mode=R3``): the
-            rollout records each token's routed experts (a mixture-of-experts model, ``rollout.name=hf``) and
-            every engine forward over the batch (actor, reference; ppo's critic) routes through them, gating weights from its own routers.
 
     With ``top_k``/``top_p``/``min_p`` the rollout samples from the truncated, renormalised distribution and
     reports its log-probs, while the actor's are of the full one at the temperature (as in verl and TRL): the
@@ -73,7 +69,6 @@ class RolloutConfig:
     min_p: float = 0.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
-    router_replay: str = "disabled"
 
     least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")
     """The fewest responses per prompt the command can learn from, and why."""
@@ -86,7 +81,6 @@ class RolloutConfig:
             raise ConfigError(f"rollout.temperature must be > 0 (GRPO samples), got {self.temperature}.")
         if self.max_new_tokens < 1 or not self.bucket_mb > 0:
             raise ConfigError("rollout.max_new_tokens must be >= 1 and rollout.bucket_mb > 0.")
-        check_mode(self.router_replay)
         try:
             self.sampling(seed=0)
         except ConfigError as e:
@@ -102,7 +96,6 @@ class RolloutConfig:
             min_p=self.min_p,
             max_new_tokens=self.max_new_tokens,
             seed=seed,
-            record_routed_experts=self.router_replay == "R3",
         )
 
 

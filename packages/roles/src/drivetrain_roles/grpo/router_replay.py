@@ -1,4 +1,4 @@
-"""``rollout.router_replay``: the checks of router replay (R3) before a run starts.
+"""``rollout.router_replay``: the option, and the checks of router replay (R3) before a run starts.
 
 Recording needs a rollout that records routed experts (``hf``); replaying needs an engine that replays them
 (FSDP: core's ``router_replay`` hooks around each micro-batch). Both are refused up front, before the warm
@@ -7,23 +7,34 @@ start, with the option named: the batch-time refusals (the rollout's, Megatron's
 
 from __future__ import annotations
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.rollout import RecordsRoutedExperts
+from dataclasses import dataclass
+from typing import Literal
 
-ROUTER_REPLAY_MODES = ("disabled", "R3")
-"""``rollout.router_replay``: off, or the rollout's routing replayed in training (R3)."""
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.plugins import plugins
+from drivetrain_engine_core.rollout import RecordsRoutedExperts
 
 REPLAYING_BACKENDS = ("fsdp",)
 """Engine backends whose forward replays recorded routes."""
 
 
-def check_mode(mode: str) -> None:
-    """Raises: ConfigError: ``mode`` is not one of :data:`ROUTER_REPLAY_MODES`."""
-    if mode not in ROUTER_REPLAY_MODES:
-        raise ConfigError(
-            f"rollout.router_replay={mode!r}: choose from {list(ROUTER_REPLAY_MODES)} (R2, the replay of the old "
-            "policy's own routing, is not implemented)."
-        )
+@dataclass(kw_only=True, frozen=True)
+class RouterReplayOption:
+    """The rollout section's router replay option (a base of ``RolloutConfig``, which ``grpo`` and ``ppo`` use).
+
+    Attributes:
+        router_replay: ``disabled``, or ``R3`` (rollout routing replay, verl's ``router_replay.mode=R3``; R2 is
+            not implemented): the rollout records each token's routed experts (a mixture-of-experts model,
+            ``rollout.name=hf``) and every engine forward over the batch (actor, reference; ppo's critic) routes
+            through them, the gating weights still from its own routers.
+    """
+
+    router_replay: Literal["disabled", "R3"] = "disabled"
+
+    @property
+    def records_routes(self) -> bool:
+        """Whether the rollout records routed experts (``SamplingConfig.record_routed_experts``)."""
+        return self.router_replay == "R3"
 
 
 def check_router_replay(mode: str, rollout_name: str, rollout_class: type, backend: str) -> None:
@@ -41,3 +52,12 @@ def check_router_replay(mode: str, rollout_name: str, rollout_class: type, backe
             f"rollout.router_replay={mode}: engine.backend={backend} does not replay routed experts (only "
             f"{list(REPLAYING_BACKENDS)} does); use engine.backend=fsdp or set rollout.router_replay=disabled."
         )
+
+
+def require_rollout(name: str, router_replay: str, backend: str) -> None:
+    """The rollout ``rollout.name`` is installed and serves ``rollout.router_replay`` on ``engine.backend``.
+
+    Raises:
+        PluginError: no such rollout. ConfigError: as :func:`check_router_replay`.
+    """
+    check_router_replay(router_replay, name, plugins().rollouts.get(name), backend)

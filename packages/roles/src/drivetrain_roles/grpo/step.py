@@ -11,6 +11,7 @@ rollout, which serves only complete, newer versions on the base it holds intact.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +65,9 @@ class RolloutBatch:
 
 def sampling_config(config: RolloutJobConfig, *, seed: int) -> SamplingConfig:
     """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature, truncated by its
-    ``top_k``/``top_p``/``min_p``."""
-    return config.rollout.sampling(seed=seed)
+    ``top_k``/``top_p``/``min_p``, recording routed experts under ``rollout.router_replay=R3``."""
+    sampling = config.rollout.sampling(seed=seed)
+    return dataclasses.replace(sampling, record_routed_experts=config.rollout.records_routes)
 
 
 def sample(

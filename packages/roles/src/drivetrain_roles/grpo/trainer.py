@@ -24,9 +24,7 @@ from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
-from drivetrain_engine_core.router_balance import ROUTER_AUX_METRIC
 
 from ..actor import Actor, ActorConfig
 from ..jobs.assets import load_splits
@@ -38,10 +36,11 @@ from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
+from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .rewards import exact_match, load_reward_function
-from .router_replay import check_router_replay
+from .router_replay import require_rollout
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
 from .warm_start import start_model
@@ -120,10 +119,8 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         """The start policy, the prompts, the actor, the reference and the rollout."""
         config = self.config
         check_mini_batch_share(config, distributed.world_size())
-        # A missing rollout is refused before the warm start, and so is router replay it cannot serve.
-        rollout_class = plugins().rollouts.get(config.rollout.name)
-        replay = config.rollout.router_replay
-        check_router_replay(replay, config.rollout.name, rollout_class, config.engine.backend)
+        # A missing rollout is refused before the warm start, and so is router replay it cannot serve...
+        require_rollout(config.rollout.name, config.rollout.router_replay, config.engine.backend)
         # ... and so is a reward function that does not load.
         load_reward_function(config.algorithm.reward_function)
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
@@ -297,8 +294,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             values["train/rollout_is_capped"] = metrics["rollout_is_capped"]
         if "kl_loss" in metrics:
             values["train/kl"] = metrics["kl_loss"]
-        if ROUTER_AUX_METRIC in metrics:  # a mixture-of-experts model's router balance loss (unscaled)
-            values["train/router_aux_loss"] = metrics[ROUTER_AUX_METRIC]
+        values.update({f"train/{name}": metrics[name] for name in ENGINE_LOSS_METRICS if name in metrics})
         if config.algorithm.filter_groups:
             values["train/filtered_group_fraction"] = filtered * config.rollout.n / count
         values.update(sync)
