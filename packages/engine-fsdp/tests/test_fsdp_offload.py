@@ -13,6 +13,7 @@ from drivetrain_engine_fsdp import offload
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
 from drivetrain_engine_fsdp.offload import HostBuffers
+from drivetrain_engine_fsdp.shards import sharded_like
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
@@ -97,7 +98,7 @@ def test_offloaded_state_of_a_cuda_mesh_stays_in_its_host_buffer():
     mesh = DeviceMesh("cuda", [0], _init_backend=False)
     moment = DTensor.from_local(torch.zeros(4, device="meta"), mesh, [Shard(0)], run_check=False)
     buffer = HostBuffers().stash((0, "exp_avg"), torch.arange(4.0))
-    offloaded = offload._rewrap(moment, buffer)
+    offloaded = sharded_like(moment, buffer)
     assert isinstance(offloaded, DTensor) and offloaded.device_mesh.device_type == "cuda"
     assert offloaded.placements == (Shard(0),) and offloaded.shape == (4,)
     assert offloaded.to_local().device.type == "cpu" and offloaded.to_local().data_ptr() == buffer.data_ptr()

@@ -17,6 +17,7 @@ from .conversion import FusedWeight, fuse
 from .export import hf_name
 from .hf_weights import load_checkpoint_shards
 from .meta_build import MetaModel
+from .shards import local_shard
 
 
 @torch.no_grad()
@@ -33,7 +34,7 @@ def materialize(module: nn.Module, built: MetaModel, device: str) -> None:
     for name, value in built.buffers.items():
         tensors[name].copy_(value)
     for name, value in built.initial.items():
-        _local(tensors[name]).copy_(_local_slice(value.to(device), tensors[name]))
+        local_shard(tensors[name]).copy_(_local_slice(value.to(device), tensors[name]))
     copies: dict[str, list[str]] = {}
     for name, checkpoint_name in built.checkpoint_names.items():
         copies.setdefault(checkpoint_name, []).append(name)
@@ -41,10 +42,10 @@ def materialize(module: nn.Module, built: MetaModel, device: str) -> None:
     for names in copies.values():
         # A PEFT module-to-save keeps two copies of one weight (``original_module`` and the trained one).
         for name in names[1:]:
-            _local(tensors[name]).copy_(_local(tensors[names[0]]))
+            local_shard(tensors[name]).copy_(local_shard(tensors[names[0]]))
     for name, fused in built.fused.items():
         full = _read_fused(built, name, fused, tensors[name].dtype)
-        _local(tensors[name]).copy_(_local_slice(full.to(device), tensors[name]))
+        local_shard(tensors[name]).copy_(_local_slice(full.to(device), tensors[name]))
 
 
 def _read_fused(built: MetaModel, name: str, fused: FusedWeight, dtype: torch.dtype) -> torch.Tensor:
@@ -58,10 +59,6 @@ def _read_fused(built: MetaModel, name: str, fused: FusedWeight, dtype: torch.dt
     hf = hf_name(name)
     assert hf is not None  # adapters are never fused
     return fuse(built.hf_model, hf, fused, pieces)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _local_slice(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

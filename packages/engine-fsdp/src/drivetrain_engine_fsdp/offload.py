@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
+
+from .shards import local_shard, sharded_like
 
 
 class HostBuffers:
@@ -102,10 +103,10 @@ def _parking(buffers: HostBuffers) -> Callable[[torch.Tensor], torch.Tensor]:
     keys = itertools.count()
 
     def park(tensor: torch.Tensor) -> torch.Tensor:
-        key, local = next(keys), _local(tensor)
+        key, local = next(keys), local_shard(tensor)
         if buffers.holds(local):
             return tensor
-        return _rewrap(tensor, buffers.stash(key, local, non_blocking=False))
+        return sharded_like(tensor, buffers.stash(key, local, non_blocking=False))
 
     return park
 
@@ -127,9 +128,9 @@ def move_optimizer_state(
                 continue
             moved += _nbytes(value)
             if device == "cpu" and buffers is not None:
-                state[name] = _rewrap(value, buffers.stash((index, name), _local(value)))
+                state[name] = sharded_like(value, buffers.stash((index, name), local_shard(value)))
             else:
-                state[name] = _rewrap(value, _local(value).to(device, non_blocking=True))
+                state[name] = sharded_like(value, local_shard(value).to(device, non_blocking=True))
     return moved
 
 
@@ -147,28 +148,14 @@ def load_optimizer_state_on(optimizer: torch.optim.Optimizer, stream: Any) -> tu
     for state in optimizer.state.values():
         for value in state.values():
             if isinstance(value, torch.Tensor) and _device_type(value) == "cuda":
-                _local(value).record_stream(compute)
+                local_shard(value).record_stream(compute)
     return moved, stream.record_event()
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _rewrap(like: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-    """``local`` as a tensor of ``like``'s kind: a DTensor on the same mesh and placements, or plain."""
-    if not isinstance(like, DTensor):
-        return local
-    # NOTE: not ``DTensor.from_local``: it moves ``local`` to the mesh's device type, so a host buffer on a
-    # CUDA mesh went straight back to the GPU (the offload freed nothing and cost two copies). Wrapped in
-    # place, as FSDP2 wraps its own CPU-offloaded parameters; shape, stride, mesh and placements are ``like``'s.
-    return DTensor(local, like._spec, requires_grad=False)
-
-
 def _device_type(tensor: torch.Tensor) -> str:
-    return _local(tensor).device.type
+    return local_shard(tensor).device.type
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
-    local = _local(tensor)
+    local = local_shard(tensor)
     return local.numel() * local.element_size()
