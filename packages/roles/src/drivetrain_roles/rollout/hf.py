@@ -66,13 +66,15 @@ class HFRollout(Rollout, RecordsRoutedExperts):
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        rows = [list(prompt) for prompt in prompts for _ in range(sampling.n)]
-        width = max(len(row) for row in rows)
-        input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
-        for index, row in enumerate(rows):
-            input_ids[index, width - len(row) :] = torch.tensor(row)
-            attention_mask[index, width - len(row) :] = 1
+        for index, prompt in enumerate(prompts):
+            input_ids[index, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[index, width - len(prompt) :] = 1
+        # Each prompt's row repeated n times (prompt-major), built once per prompt, not once per sample.
+        input_ids = input_ids.repeat_interleave(sampling.n, dim=0)
+        attention_mask = attention_mask.repeat_interleave(sampling.n, dim=0)
         # The sampling seed seeds every generator (manual_seed), so the device's is forked too: it seeded the
         # colocated engines' CUDA generator (their dropout) for the rest of the run.
         devices = [self.device] if torch.device(self.device).type == "cuda" else []
@@ -94,14 +96,12 @@ class HFRollout(Rollout, RecordsRoutedExperts):
             log_probs = sampled_log_probs(output.logits, sampled, sampling.temperature or 1.0).cpu()
         del output  # the per-step logits
         tokens = sampled.cpu()
-        ends = (*self._eos_ids, *sampling.stop_token_ids)
-        lengths = [self._length(row, ends) for row in tokens]
+        lengths = response_lengths(tokens, (*self._eos_ids, *sampling.stop_token_ids))
         if routers:
-            self._routes = sequence_routes(calls, [len(row) for row in rows], lengths, width)
-        return (
-            [row[:length].clone() for row, length in zip(tokens, lengths, strict=True)],
-            [row[:length].clone() for row, length in zip(log_probs, lengths, strict=True)],
-        )
+            prompt_lengths = [len(prompt) for prompt in prompts for _ in range(sampling.n)]
+            self._routes = sequence_routes(calls, prompt_lengths, lengths, width)
+        kept = torch.arange(tokens.shape[1]) < torch.tensor(lengths)[:, None]
+        return list(tokens[kept].split(lengths)), list(log_probs[kept].split(lengths))
 
     def _take_routed_experts(self) -> list[torch.Tensor]:
         routes, self._routes = self._routes, []
@@ -125,12 +125,6 @@ class HFRollout(Rollout, RecordsRoutedExperts):
             output_scores=sampling.truncates,
         )
 
-    @staticmethod
-    def _length(tokens: torch.Tensor, end_ids: Sequence[int]) -> int:
-        """Tokens up to and including the first of ``end_ids`` (all of them when there is none)."""
-        ends = torch.isin(tokens, torch.tensor(end_ids, dtype=tokens.dtype)).nonzero()
-        return int(ends[0, 0]) + 1 if len(ends) else len(tokens)
-
     def _sleep(self) -> None:
         # NOTE: on CPU nothing is worth freeing (generate keeps no cache between calls); on an accelerator the
         # weights go to host memory so training can use the device.
@@ -143,6 +137,15 @@ class HFRollout(Rollout, RecordsRoutedExperts):
         if self.device != "cpu":
             self.model.to(self.device)
             self._weights.move_base(self.device)
+
+
+def response_lengths(tokens: torch.Tensor, end_ids: Sequence[int]) -> list[int]:
+    """Each row's tokens up to and including its first of ``end_ids`` (the whole row when it has none)."""
+    if tokens.shape[1] == 0:
+        return [0] * len(tokens)
+    ends = torch.isin(tokens, torch.tensor(end_ids, dtype=tokens.dtype))
+    first = ends.int().argmax(dim=1) + 1  # argmax: the first maximum, i.e. the first end
+    return torch.where(ends.any(dim=1), first, tokens.shape[1]).tolist()
 
 
 def sampled_log_probs(
