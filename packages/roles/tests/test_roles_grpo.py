@@ -21,8 +21,10 @@ from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
 from drivetrain_roles.grpo.step import (
     RolloutBatch,
+    RolloutStatistics,
     log_prob_gap,
     mismatch_kl_sum,
+    rollout_batch,
     sample,
     sampling_config,
     score,
@@ -35,6 +37,7 @@ from drivetrain_roles.jobs.default_assets import (
     write_model_dir,
 )
 from drivetrain_roles.rollout.hf import HFRollout
+from tensordict import TensorDict
 
 N, TEMPERATURE, KL_COEF = 4, 0.8, 0.1
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
@@ -93,6 +96,44 @@ def test_the_mismatch_kl_is_the_k3_estimate_over_response_tokens():
     expected = sum(math.exp(d) - 1 - d for d in (0.5, 0.0, -0.5))
     assert mismatch_kl_sum(batch, actor, rollout) == pytest.approx(expected, rel=1e-12)
     assert mismatch_kl_sum(batch, actor, [torch.tensor([-1.0, -2.0]), torch.tensor([-3.0])]) == 0.0
+
+
+def test_the_rollout_statistics_leave_out_filtered_groups():
+    """Regression: a group ``algorithm.filter_groups`` took out of the loss (all rewards equal) has no loss token;
+    comparing its responses' log-probs failed the step with a shape error. Two prompts of two responses: the
+    first group's rewards are equal, so the gap, the k3 sum, the entropy and the token count cover the second
+    group's three response tokens."""
+    responses = [[5, 6], [7, 8, 9], [5], [6, 7]]
+    rolled = [[-0.1, -0.2], [-0.3, -0.4, -0.5], [-1.0], [-2.0, -3.0]]
+    output = RolloutOutput(
+        responses=[torch.tensor(r) for r in responses],
+        log_probs=[torch.tensor(r) for r in rolled],
+        version=None,
+        n=2,
+    )
+    examples = [Example(prompt_ids=[1, 2], response_ids=[], prompt_text="", response_text="")] * 2
+    config = load_config(None, ["rollout.n=2", "rollout.max_new_tokens=4", "algorithm.filter_groups=true"])
+    samples = rollout_batch(examples, output, torch.tensor([1.0, 1.0, 0.0, 1.0]), config)
+    assert samples.filtered_groups == 1
+    offsets = samples.batch["input_ids"].offsets()
+    tokens = int(offsets[-1])
+    old = TensorDict(
+        {
+            "log_probs": torch.nested.nested_tensor_from_jagged(-0.25 * torch.ones(tokens), offsets),
+            "entropy": torch.nested.nested_tensor_from_jagged(
+                torch.arange(tokens, dtype=torch.float), offsets
+            ),
+        },
+        batch_size=[4],
+    )
+    statistics = RolloutStatistics.measure(samples.batch, old, samples.rollout_log_probs)
+    differences = [-0.25 - r for r in (-1.0, -2.0, -3.0)]  # the second group's response tokens
+    assert statistics.log_prob_gap == pytest.approx(max(abs(d) for d in differences))
+    assert statistics.mismatch_kl_sum == pytest.approx(sum(math.exp(d) - 1 - d for d in differences))
+    # The second group's response tokens sit at 2 (after [1, 2]) of the third sequence and 2, 3 of the fourth.
+    third, fourth = int(offsets[2]), int(offsets[3])
+    assert statistics.entropy_sum == third + 2 + fourth + 2 + fourth + 3
+    assert statistics.response_tokens == 3
 
 
 @pytest.fixture

@@ -306,16 +306,22 @@ def update_with(calls: PolicyCalls, samples: RolloutBatch) -> tuple[dict[str, fl
 def response_log_ratios(
     batch: TensorDict, actor_log_probs: torch.Tensor, rollout_log_probs: list[torch.Tensor]
 ) -> torch.Tensor:
-    """``log pi_actor - log pi_rollout`` of every response token of the batch, concatenated, in float64 (exact
+    """``log pi_actor - log pi_rollout`` of every response token in the loss, concatenated, in float64 (exact
     differences of the float32 inputs); empty when no response has a token (a third-party rollout may return
-    empty ones)."""
-    parts = [
-        values[mask].double() - rolled.to(values.device).double()
-        for values, mask, rolled in zip(
-            actor_log_probs.unbind(), batch["loss_mask"].unbind(), rollout_log_probs, strict=True
-        )
-    ]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    empty ones).
+
+    The responses of groups out of the loss (``algorithm.filter_groups``, too stale) have no loss token and
+    are left out, as they are of the entropy and the token count beside these ratios.
+    """
+    mask = batch["loss_mask"]
+    flat_mask = mask.values()
+    loss_tokens = torch.cat([flat_mask.new_zeros(1, dtype=torch.long), flat_mask.long().cumsum(0)])
+    in_loss = (loss_tokens[mask.offsets()].diff() > 0).tolist()
+    actor = actor_log_probs.values()[flat_mask].double()
+    rolled = [r for r, kept in zip(rollout_log_probs, in_loss, strict=True) if kept]
+    if not rolled:
+        return actor.new_zeros(0)
+    return actor - torch.cat(rolled).to(actor.device).double()
 
 
 def largest_gap(log_ratios: torch.Tensor) -> float:
