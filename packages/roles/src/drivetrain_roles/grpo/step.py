@@ -145,13 +145,13 @@ def rollout_batch(
     batch = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
     prompt_lengths = batch["input_ids"].offsets().diff() - torch.tensor(lengths, dtype=torch.long)
     batch["token_versions"] = _jagged(versions.token_field(prompt_lengths.tolist()), batch)
-    batch["rollout_log_probs"] = _jagged(
-        [
-            torch.cat([torch.zeros(int(p)), lp.float()])
-            for p, lp in zip(prompt_lengths, output.log_probs, strict=True)
-        ],
-        batch,
-    )
+    rollout_log_probs = torch.zeros(batch["input_ids"].values().numel())
+    if output.log_probs:
+        responses = response_tokens(
+            prompt_lengths, torch.tensor(lengths), torch.ones(len(lengths), dtype=torch.bool)
+        )
+        rollout_log_probs[responses] = torch.cat(list(output.log_probs)).float()
+    batch["rollout_log_probs"] = _jagged([rollout_log_probs], batch)
     if output.routed_experts is not None:  # router replay: the actor routes through the rollout's experts
         batch[ROUTED_EXPERTS] = _jagged(output.routed_experts, batch)
     batch["advantages"] = outcome_advantages(
@@ -191,13 +191,21 @@ def answer_rewards(
 
 def response_batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
     """Prompt+response sequences; the loss mask holds the responses of the ``keep`` sequences."""
-    prompts = [examples[i // output.n].prompt_ids for i in range(len(output.responses))]
-    sequences = [torch.tensor(p + r.tolist()) for p, r in zip(prompts, output.responses, strict=True)]
-    masks = [
-        torch.tensor([False] * len(p) + [bool(k)] * len(r))
-        for p, r, k in zip(prompts, output.responses, keep, strict=True)
-    ]
-    return make_batch(sequences, loss_mask=masks)
+    prompts = [torch.tensor(e.prompt_ids, dtype=torch.long) for e in examples]
+    sequences = [torch.cat([prompts[i // output.n], r.long()]) for i, r in enumerate(output.responses)]
+    prompt_lengths = torch.tensor([len(prompts[i // output.n]) for i in range(len(sequences))])
+    response_lengths = torch.tensor([len(r) for r in output.responses])
+    mask = response_tokens(prompt_lengths, response_lengths, keep.bool())
+    return make_batch(sequences, loss_mask=list(mask.split((prompt_lengths + response_lengths).tolist())))
+
+
+def response_tokens(
+    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
+    """Over the tokens of prompt+response sequences laid end to end: true at the responses of the ``keep``
+    sequences (one ``repeat_interleave``, not a list per sequence)."""
+    marks = torch.stack([torch.zeros_like(keep), keep], dim=1).reshape(-1)
+    return marks.repeat_interleave(torch.stack([prompt_lengths, response_lengths], dim=1).reshape(-1))
 
 
 def update(actor: Actor, reference: Reference | None, samples: RolloutBatch) -> dict[str, float]:
