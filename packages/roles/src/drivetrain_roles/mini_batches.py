@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.data import select_rows
 from drivetrain_engine_core.distributed import ProcessGroup
 from drivetrain_engine_core.errors import BatchError
 from tensordict import TensorDict
@@ -74,6 +73,4 @@ def iterate_mini_batches(
             generator = torch.Generator().manual_seed(schedule.seed + 1_000_003 * update_index + epoch)
             order = torch.randperm(len(batch), generator=generator)
         for indices in torch.tensor_split(order, count):
-            # NOTE: not ``batch[indices]``: tensordict gathers each jagged field token by token and rebuilds it
-            # on its own offsets; select_rows cuts each field once and shares one offsets (same values).
-            yield select_rows(batch, indices)
+            yield batch[indices]
