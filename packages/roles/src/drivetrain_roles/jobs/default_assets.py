@@ -23,14 +23,18 @@ TINY_MODEL_CONFIG: dict[str, object] = {
     "hidden_size": 64,
     "intermediate_size": 256,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
     "max_position_embeddings": 64,
     "tie_word_embeddings": False,
     "attention_dropout": 0.0,
     "rope_theta": 10000.0,
 }
-"""A Qwen2-style decoder: 2 layers of width 64, about 0.1 M parameters."""
+"""A Qwen2-style decoder: 2 layers of width 64, about 0.1 M parameters.
+
+Two attention heads of 32 (not four of 16, which have the same parameter shapes): vLLM's CPU attention serves
+heads of 32 and up, so ``drivetrain grpo rollout.name=vllm`` can run this default on CPU.
+"""
 
 
 def build_arithmetic_tokenizer():
