@@ -508,3 +508,13 @@ def test_a_reward_function_failing_on_one_rank_fails_every_rank(tmp_path, arithm
     assert answers[0] == answers[1]
     assert answers[0].startswith("rank 1 (of failing ranks 1): algorithm.reward_function=")
     assert "raised ConnectionError: the grader service is down" in answers[0]
+
+
+@pytest.mark.parametrize(("command", "default"), [("grpo", 175), ("ppo", 200)])
+def test_a_warm_start_of_zero_steps_names_the_commands_own_default(command, default) -> None:
+    """grpo's and ppo's warm starts differ in length; the refusal read a fixed 200 for both."""
+    from drivetrain_roles.ppo.config import load_config as load_ppo_config
+
+    load = {"grpo": load_config, "ppo": load_ppo_config}[command]
+    with pytest.raises(ConfigError, match=rf"at least 1 step \({default} by default\)"):
+        load(None, ["trainer.warm_start_steps=0"])

@@ -209,6 +209,9 @@ class TrainerConfig(GRPOTrainerConfig):
             asynchronous modes are ``drivetrain grpo``'s; the critic's values of stale samples are not corrected).
     """
 
+    # NOTE: PPO's defaults (actor lr, n, critic warm-up) were tuned on a 200-step warm start; GRPO's shorter one
+    # has not been measured with PPO's critic.
+    warm_start_steps: int = 200
     critic_warmup: int = 10
 
     def __post_init__(self) -> None:
