@@ -66,7 +66,7 @@ def test_bad_dpo_settings_name_the_field(override, message) -> None:
         load_dpo_config(overrides=[override])
 
 
-@pytest.mark.parametrize(("load", "embedded_steps"), [(load_dpo_config, 250), (load_rm_config, 800)])
+@pytest.mark.parametrize(("load", "embedded_steps"), [(load_dpo_config, 800), (load_rm_config, 800)])
 def test_only_the_embedded_model_gets_an_sft_warm_start_unless_asked(load, embedded_steps) -> None:
     """A user's model (an instruct model, from TRL) went through the embedded job's SFT warm start, a full
     fine-tune at lr 5e-3, before DPO or reward modelling; GRPO already warmed up the embedded model only."""

@@ -103,7 +103,7 @@ class WarmStartConfig:
         lr: SFT learning rate (cosine schedule over ``sft_steps``).
     """
 
-    sft_steps: int = 250
+    sft_steps: int = 800
     batch_size: int = 64
     lr: float = 5e-3
 

@@ -87,8 +87,7 @@ class RMConfig:
     optimizer: RunOptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(max_ckpt_to_keep=1))
     data: PairDataConfig = field(default_factory=_default_data)
-    # A fully trained SFT start (the SFT job's 800 steps) gives the reward model features of a correct sum.
-    warm_start: WarmStartConfig = field(default_factory=lambda: WarmStartConfig(sft_steps=800))
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: PairTrainerConfig = field(default_factory=_default_trainer)
     rm: RewardLossConfig = field(default_factory=RewardLossConfig)
 
