@@ -53,3 +53,23 @@ def test_sliding_window_models_are_refused(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"sliding window \(sliding_window=3\).*use the fsdp backend"):
         _log_probs(model_dir)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tp", "dividing"), [(4, 2, 4, "[1, 2]"), (6, 3, 2, "[1, 3]")])
+def test_a_tensor_parallel_size_that_splits_a_head_is_refused_naming_the_option(
+    heads, kv_heads, tp, dividing
+):
+    """Megatron gives each tensor rank whole query and key/value heads; the sizes that do are named."""
+    from drivetrain_engine_core.backend import ConfigError
+    from drivetrain_engine_megatron.bridge import refuse_heads_not_split
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=48, num_attention_heads=heads, num_key_value_heads=kv_heads)
+    with pytest.raises(ConfigError) as refused:
+        refuse_heads_not_split(config, tp)
+    message = str(refused.value)
+    assert f"engine.tensor_model_parallel_size={tp}" in message
+    assert f"{heads} query heads and {kv_heads} key/value heads" in message
+    assert message.endswith(f"divides both: {dividing}.")
+    refuse_heads_not_split(config, 1)
+    refuse_heads_not_split(Qwen2Config(hidden_size=48, num_attention_heads=4, num_key_value_heads=2), 2)

@@ -193,6 +193,27 @@ def refuse_sliding_window(hf_config: PretrainedConfig) -> None:
         )
 
 
+def refuse_heads_not_split(hf_config: PretrainedConfig, tensor_parallel_size: int) -> None:
+    """Refuse a tensor-parallel size that does not divide the model's query and key/value heads.
+
+    Megatron gives each tensor rank whole heads; an uneven split fails deep in megatron-core's config (an
+    assertion naming none of drivetrain's options), and a checkpoint moved to such a layout never loads.
+
+    Raises:
+        ConfigError: ``tensor_parallel_size`` does not divide both head counts; names the sizes that do.
+    """
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % tensor_parallel_size == 0 and kv_heads % tensor_parallel_size == 0:
+        return
+    dividing = [size for size in range(1, kv_heads + 1) if heads % size == 0 and kv_heads % size == 0]
+    raise ConfigError(
+        f"engine.tensor_model_parallel_size={tensor_parallel_size} splits each layer's attention heads over "
+        f"{tensor_parallel_size} ranks, but this {hf_config.model_type} model has {heads} query heads and "
+        f"{kv_heads} key/value heads; set tensor_model_parallel_size to one that divides both: {dividing}."
+    )
+
+
 def bridge_class(hf_config: PretrainedConfig, *, value_model: bool = False) -> type[Bridge]:
     """drivetrain's subclass of the mbridge bridge registered for ``hf_config.model_type``.
 
@@ -229,7 +250,10 @@ def make_bridge(
 
     Call after the model-parallel groups exist: the bridge reads the parallel layout from megatron.
     """
+    from megatron.core import parallel_state as mpu
+
     refuse_sliding_window(hf_config)
+    refuse_heads_not_split(hf_config, mpu.get_tensor_model_parallel_world_size())
     if value_model and getattr(hf_config, "tie_word_embeddings", False):
         hf_config = copy.deepcopy(hf_config)
         hf_config.tie_word_embeddings = False
