@@ -78,6 +78,11 @@ def test_cutting_the_next_core_minor_moves_every_plugin_range(tmp_path):
     copy = _copy_of_the_workspace(tmp_path)
     core = project_version((ROOT / "packages/engine-core/pyproject.toml").read_text())
     new = Version(f"{core.major}.{core.minor + 1}.0")
+    # Right after a release core's `## Unreleased` is empty, which the script refuses: give the copy an entry.
+    changelog = copy / "packages/engine-core/CHANGELOG.md"
+    changelog.write_text(
+        changelog.read_text().replace("## Unreleased\n", "## Unreleased\n\n- A change.\n", 1)
+    )
     done = subprocess.run(
         [sys.executable, ".ci/release.py", "engine-core", str(new), "--date", "2026-11-27"],
         cwd=copy, capture_output=True, text=True, check=False,
