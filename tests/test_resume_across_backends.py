@@ -167,7 +167,7 @@ def test_steps_continue_across_backends_and_layouts(tied_model, tmp_path):
 
 @pytest.mark.skipif(
     os.environ.get(FOUR_RANKS) != "1",
-    reason=f"a 4-process gloo launch (TP2xPP2; ~200 s on 2 shared cores, not in CI): set {FOUR_RANKS}=1",
+    reason=f"a 4-process gloo launch (TP2xPP2; ~200 s on 2 shared cores; .ci/run runs it in a step of its own): set {FOUR_RANKS}=1",
 )
 def test_steps_continue_across_tp2xpp2(tied_model, tmp_path):
     """Megatron TP2xPP2 needs four ranks: FSDP 1 rank -> TP2xPP2 and TP2xPP2 (distributed optimizer) -> FSDP 1
