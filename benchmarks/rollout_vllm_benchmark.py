@@ -140,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--models", nargs="+", choices=tuple(MODELS), default=tuple(MODELS), help="the model sizes to measure"
+    )
     args = parser.parse_args(argv)
     if args.tiny:
         args.prompts, args.n, args.new_tokens, args.repeats = 4, 2, 8, 1
-    names = ("tiny",) if args.tiny else tuple(MODELS)
+    names = ("tiny",) if args.tiny else tuple(args.models)
     with tempfile.TemporaryDirectory() as tmp:
         rows = [measure(name, rollout, Path(tmp), args) for name in names for rollout in ROLLOUTS]
     json.dump(
