@@ -91,13 +91,18 @@ def core_floor(plugin: Release) -> Version:
     return floor
 
 
+def release_tag(floor: Version) -> str:
+    """Core's release tag at ``floor``, spelled as cuts are (``>=0.2`` admits 0.2.0: tag ``...-v0.2.0``)."""
+    return tag_name(CORE, f"{floor.major}.{floor.minor}.{floor.micro}")
+
+
 def core_source(floor: Version, work: Path) -> Path:
     """A folder holding core at ``floor``: the working tree's if it is that version, else that release's."""
     here = ROOT / "packages" / "engine-core"
     if project_version((here / "pyproject.toml").read_text()) == floor:
         return here
     recorded = find_release(load_releases(), CORE)
-    ref = recorded.ref if recorded.version == floor else tag_name(CORE, floor)
+    ref = recorded.ref if recorded.version == floor else release_tag(floor)
     archive = subprocess.run(["git", "archive", ref, "packages/engine-core"], cwd=ROOT, capture_output=True)
     if archive.returncode != 0:
         raise SystemExit(f"lowest-deps: core {floor} is not at {ref!r} in this clone (`git fetch --tags`).")

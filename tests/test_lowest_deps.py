@@ -19,6 +19,7 @@ from lowest_deps import (  # noqa: E402
     declared,
     disagreements,
     floors_not_resolved,
+    release_tag,
     requirements,
     resolved_versions,
 )
@@ -110,3 +111,9 @@ def test_two_floors_that_cannot_both_hold_are_named_together(tmp_path):
         "uv, with torch==2.11 pinned:\n    with torch==2.11 the others resolve to tensordict 0.15.2 (declared "
         ">=0.15): these floors cannot all hold at once, so raise this one or those"
     )
+
+
+def test_a_two_part_floor_names_the_three_part_release_tag():
+    """``>=0.2`` admits core 0.2.0, cut at tag ``drivetrain-engine-core-v0.2.0``: looking for ``-v0.2`` failed."""
+    assert release_tag(Version("0.2")) == f"{CORE}-v0.2.0"
+    assert release_tag(Version("0.2.1")) == f"{CORE}-v0.2.1"
