@@ -1,0 +1,95 @@
+"""What a command that samples from its policy and trains it (``grpo``, ``ppo``) shares: the sections the warm
+start, the sampling and the update read (as protocols), and the checks across those sections."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from drivetrain_engine_core.config import (
+    CheckpointConfig,
+    ConfigError,
+    EngineConfig,
+    ModelConfig,
+    OptimizerConfig,
+)
+
+from ..algorithm_section import AlgorithmSection
+from ..command_sections import DataConfig
+from ..jobs.default_assets import BUILTIN_MODEL
+from .rollout_config import RolloutConfig
+from .trainer_config import TrainerConfig
+
+
+class RolloutJobConfig(Protocol):
+    """The sections a command that samples from its policy shares with ``drivetrain grpo`` (``grpo``, ``ppo``):
+    what the warm start, the sampling and the rollout-length check read."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def engine(self) -> EngineConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def trainer(self) -> TrainerConfig: ...
+
+
+class PolicyJobConfig(RolloutJobConfig, Protocol):
+    """A :class:`RolloutJobConfig` with the sections that train the policy: optimizer, checkpoint, algorithm."""
+
+    @property
+    def optimizer(self) -> OptimizerConfig: ...
+    @property
+    def checkpoint(self) -> CheckpointConfig: ...
+    @property
+    def algorithm(self) -> AlgorithmSection: ...
+
+
+def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:
+    """The checks across the sections of a command that samples from its policy (``grpo``, ``ppo``): the embedded
+    model's warm start, the overlong buffer within a response, mini-batches that divide a step's sequences.
+
+    Raises:
+        ConfigError: naming the settings and the fix.
+    """
+    if config.model.path == BUILTIN_MODEL and config.trainer.warm_start_steps < 1:
+        # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
+        raise ConfigError(
+            "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of its "
+            f"SFT warm start, so it needs at least 1 step ({type(config.trainer)().warm_start_steps} by default). Set "
+            "trainer.warm_start_steps >= 1, or give model.path (a drivetrain sft run's final_model), which starts as is."
+        )
+    buffer, longest = overlong_buffer_len, config.rollout.max_new_tokens
+    if buffer >= longest:
+        raise ConfigError(
+            f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
+            f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
+        )
+    sequences = config.trainer.prompts_per_step * config.rollout.n
+    if sequences % ppo_mini_batches:
+        # NOTE: mini-batches of ceil(sequences / k) made fewer than k optimizer steps (9 sequences, k=4: 3).
+        raise ConfigError(
+            f"algorithm.ppo_mini_batches={ppo_mini_batches} must divide the sequences of a "
+            f"step, trainer.prompts_per_step x rollout.n = {config.trainer.prompts_per_step} x {config.rollout.n} "
+            f"= {sequences}, so that each of its optimizer steps takes as many; choose a divisor of {sequences}."
+        )
+
+
+def check_mini_batch_share(config: PolicyJobConfig, world_size: int) -> None:
+    """Every data-parallel rank's share of a step must fill each of the update's mini-batches; checked on every
+    rank before the warm start (the update refused it after the warm start and a rollout).
+
+    Raises:
+        ConfigError: a rank samples fewer sequences per step than ``algorithm.ppo_mini_batches``.
+    """
+    dp_size = config.engine.data_parallel_size(world_size)
+    prompts, n, count = config.trainer.prompts_per_step, config.rollout.n, config.algorithm.ppo_mini_batches
+    local = prompts // dp_size * n
+    if local < count:
+        raise ConfigError(
+            f"each of the {dp_size} data-parallel ranks samples {local} sequences per step (trainer.prompts_per_step"
+            f"={prompts} / {dp_size} x rollout.n={n}), fewer than algorithm.ppo_mini_batches={count} optimizer "
+            f"steps; raise trainer.prompts_per_step or rollout.n, or set algorithm.ppo_mini_batches <= {local}."
+        )
