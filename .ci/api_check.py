@@ -116,6 +116,25 @@ def member(root: griffe.Object | None, dotted: str) -> griffe.Object | griffe.Al
         return None
 
 
+def inline_moved(old: griffe.Object | griffe.Alias, new: griffe.Object | griffe.Alias) -> None:
+    """Put, in the loaded working tree only, the definition of each public object the release defined in ``old``
+    and ``new`` now re-exports (an alias), so that it is compared: griffe's diff marks the released path as seen
+    before it follows the alias, and then compares nothing (a moved class's changed default passed unseen)."""
+    if old.is_alias or new.is_alias or not old.is_module:
+        return
+    for name, old_member in old.members.items():
+        new_member = new.members.get(name)
+        if new_member is None:
+            continue
+        if new_member.is_alias and not old_member.is_alias and old_member.is_public:
+            try:
+                new.members[name] = new_member.final_target
+            except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+                continue
+        else:
+            inline_moved(old_member, new_member)
+
+
 def breaking_changes(release: Release, against: str) -> list[str]:
     """One line per breaking change of ``release``'s API modules since ``against`` (deduplicated, sorted).
 
@@ -138,6 +157,7 @@ def breaking_changes(release: Release, against: str) -> list[str]:
         if new is None:
             lines.add(f"{module}: module was removed")
         elif old is not None:
+            inline_moved(old, new)
             lines.update(ANSI.sub("", b.explain()) for b in griffe.find_breaking_changes(old, new))
             lines.update(cli_breaks(old, new))
 

@@ -175,3 +175,18 @@ def test_a_missing_tag_or_commit_is_one_message(repo):
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert missing.stderr.startswith("api-check: git ref '0123456789abcdef0123456789abcdef01234567'")
     assert "git fetch --unshallow --tags origin" in missing.stderr
+
+
+def test_a_function_moved_behind_a_re_export_is_still_compared(repo):
+    """Moving ``greet`` into a submodule that ``tiny_api`` re-exports is no break, but a change to it still is:
+    griffe alone compared nothing once the released definition had become an alias."""
+    moved = "from .greeting import greet\n\n__all__ = ['greet']\n"
+    greeting = repo.root / "tiny" / "src" / "tiny_api" / "greeting.py"
+    repo.write(version="0.1.0", source=moved)
+    greeting.write_text("def greet(name, punctuation='!'):\n    return name\n")
+    assert repo.check().returncode == 0
+    greeting.write_text("def greet(name, punctuation='?'):\n    return name\n")
+    failed = repo.check()
+    assert failed.returncode == 1
+    changed = "tiny/src/tiny_api/greeting.py:1: greet(punctuation): Parameter default was changed: '!' -> '?'"
+    assert changed in failed.stdout
