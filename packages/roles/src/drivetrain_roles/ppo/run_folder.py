@@ -27,8 +27,9 @@ class PPORunFolder(RunFolder):
     """The run folder of :class:`~drivetrain_roles.jobs.run_folder.RunFolder`, saving and resuming the critic too.
 
     The critic's step is written first, the actor's last: the actor's ``latest`` (what ``--resume`` reads)
-    names a step only once both are complete, and the resumed run loads the critic's step of the same
-    number. ``--overwrite`` clears both (the critic's root is inside the checkpoint root).
+    names a step only once both are complete, and the resumed run, once the actor's step has loaded and
+    matched the run, loads the critic's step of the same number (:meth:`resume_critic`). ``--overwrite``
+    clears both (the critic's root is inside the checkpoint root).
 
     Attributes:
         critic: the critic role (its engine and update count).
@@ -50,14 +51,12 @@ class PPORunFolder(RunFolder):
     def critic_root(self) -> Path:
         return self.checkpoint_root / CRITIC_DIR
 
-    def start_step(self, engine: Engine) -> int:
-        """The actor's step (see :meth:`RunFolder.start_step`), with the critic and the KL coefficient of the
-        same step."""
-        step = super().start_step(engine)
+    def resume_critic(self, step: int) -> None:
+        """Load the critic and the KL coefficient of the actor's resumed ``step`` (see
+        :meth:`RunFolder.start_step`); nothing at step 0."""
         if step:
             state = self.critic.load_checkpoint(self.critic_root / step_dir_name(step))
             self.kl_control.value = float(state[KL_COEF_KEY])
-        return step
 
     def save(self, engine: Engine, step: int, metrics: MetricsWriter) -> None:
         """The critic's checkpoint (with the KL coefficient), then the actor's (collective)."""

@@ -52,11 +52,9 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
     result_type = GRPOResult
 
     def _setup(self) -> Engine:
-        """GRPO's setup (start policy, prompts, actor, reference, rollout), then the critic."""
+        """GRPO's setup (start policy, prompts, actor, reference, rollout); the critic comes with the start step."""
         engine = super()._setup()
-        self.critic = self.make_critic(self.model_path)
         self.kl_control = self.config.algorithm.kl_ctrl.controller()
-        self.folder = PPORunFolder.around(self.folder, self.critic, self.kl_control)
         return engine
 
     def make_critic(self, model_path: str) -> Critic:
@@ -82,7 +80,18 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
         return self.config.algorithm.needs_reference
 
     def _start_step(self, engine: Engine) -> int:
+        """The actor's start step (a resumed checkpoint checked against this run), then the critic, resumed at
+        that step with the KL coefficient saved beside it.
+
+        NOTE: the critic is made only once the actor's checkpoint has loaded and matched the run: making it
+        rebuilds ``<run>/critic_start``, which a resume refused there (another model, another seed) left linked
+        to the refused model. A resumed run's numbers are unchanged: the critic's checkpoint restores the RNG
+        state its fresh head drew from.
+        """
         step = super()._start_step(engine)
+        self.critic = self.make_critic(self.model_path)
+        self.folder = PPORunFolder.around(self.folder, self.critic, self.kl_control)
+        self.folder.resume_critic(step)
         # The actor updates only after the critic's warm-up: its update count seeds its mini-batch shuffle.
         self.actor.updates_done = max(0, step - self.config.trainer.critic_warmup)
         return step
