@@ -123,7 +123,10 @@ def test_groups_with_tokens_older_than_allowed_leave_the_loss_and_are_counted() 
         [1, 1, 2, 3],
         [3, 3, 3],
     ]
-    assert samples.batch["rollout_log_probs"].unbind()[1].tolist() == [0.0, 0.0, -1.0]
+    rollout_log_probs = [r.tolist() for r in samples.batch["rollout_log_probs"].unbind()]
+    assert rollout_log_probs[1] == [0.0, 0.0, -1.0]
+    # The stale group's responses are out of the loss, not out of the batch: their log-probs are placed too.
+    assert rollout_log_probs[2:] == [[0.0, -1.0, -1.0, -1.0], [0.0, -1.0, -1.0]]
     metrics = staleness_metrics(versions, dropped_sequences=samples.dropped_groups * 2)
     assert metrics == {
         "async/staleness_0": 2.0,

@@ -142,14 +142,11 @@ def rollout_batch(
         version = output.version or 0
         versions = Versions.of(output, version, current=version, max_staleness=None)
     stale = versions.stale_groups(output.n)
-    batch = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
+    batch, responses = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
     prompt_lengths = batch["input_ids"].offsets().diff() - torch.tensor(lengths, dtype=torch.long)
     batch["token_versions"] = _jagged(versions.token_field(prompt_lengths.tolist()), batch)
     rollout_log_probs = torch.zeros(batch["input_ids"].values().numel())
     if output.log_probs:
-        responses = response_tokens(
-            prompt_lengths, torch.tensor(lengths), torch.ones(len(lengths), dtype=torch.bool)
-        )
         rollout_log_probs[responses] = torch.cat(list(output.log_probs)).float()
     batch["rollout_log_probs"] = _jagged([rollout_log_probs], batch)
     if output.routed_experts is not None:  # router replay: the actor routes through the rollout's experts
@@ -189,22 +186,25 @@ def answer_rewards(
     return answers, rewards
 
 
-def response_batch(examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor) -> TensorDict:
-    """Prompt+response sequences; the loss mask holds the responses of the ``keep`` sequences."""
+def response_batch(
+    examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor
+) -> tuple[TensorDict, torch.Tensor]:
+    """Prompt+response sequences, whose loss mask holds the responses of the ``keep`` sequences; and over the
+    batch's tokens laid end to end, true at every response (where the rollout's log-probs go)."""
     prompts = [torch.tensor(e.prompt_ids, dtype=torch.long) for e in examples]
     sequences = [torch.cat([prompts[i // output.n], r.long()]) for i, r in enumerate(output.responses)]
     prompt_lengths = torch.tensor([len(prompts[i // output.n]) for i in range(len(sequences))])
     response_lengths = torch.tensor([len(r) for r in output.responses])
-    mask = response_tokens(prompt_lengths, response_lengths, keep.bool())
-    return make_batch(sequences, loss_mask=list(mask.split((prompt_lengths + response_lengths).tolist())))
+    lengths = prompt_lengths + response_lengths
+    responses = response_tokens(prompt_lengths, response_lengths)
+    mask = responses & keep.bool().repeat_interleave(lengths)
+    return make_batch(sequences, loss_mask=list(mask.split(lengths.tolist()))), responses
 
 
-def response_tokens(
-    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, keep: torch.Tensor
-) -> torch.Tensor:
-    """Over the tokens of prompt+response sequences laid end to end: true at the responses of the ``keep``
-    sequences (one ``repeat_interleave``, not a list per sequence)."""
-    marks = torch.stack([torch.zeros_like(keep), keep], dim=1).reshape(-1)
+def response_tokens(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor) -> torch.Tensor:
+    """Over the tokens of prompt+response sequences laid end to end: true at the responses (one
+    ``repeat_interleave``, not a list per sequence)."""
+    marks = torch.tensor([False, True]).repeat(len(prompt_lengths))
     return marks.repeat_interleave(torch.stack([prompt_lengths, response_lengths], dim=1).reshape(-1))
 
 

@@ -80,7 +80,7 @@ def scored_batch(
         algorithm.overlong_buffer_len,
         algorithm.overlong_penalty_factor,
     )
-    batch = response_batch(examples, output, keep=torch.ones(len(lengths), dtype=torch.bool))
+    batch, _ = response_batch(examples, output, keep=torch.ones(len(lengths), dtype=torch.bool))
     return RolloutBatch(
         batch=batch, rollout_log_probs=output.log_probs, rewards=scores, response_lengths=lengths
     )
