@@ -10,7 +10,10 @@ different token counts (7 and 8 tokens, then 7 and 7), which megatron's all-to-a
   that term equals transformers' ``aux_loss`` of each sequence run alone, averaged (the per-sequence
   definition both backends share);
 - an FSDP step (3 steps, saved) resumed at EP2 continues as 3 more uninterrupted FSDP steps (loss and grad norm
-  within 1e-5 at every step): expert weights and Adam moments move through their Hugging Face names.
+  within 1e-5 at every step): expert weights and Adam moments move through their Hugging Face names;
+- router replay (R3) of routes chosen by a formula, unlike the live ones: each rank's log-probs equal a plain
+  HF forward forced to them and the FSDP engine's replay of the same routes (1e-5), and a training step over
+  them (after the balance-loss step) gives the FSDP engine's loss, grad norm and ``router_aux_loss``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from drivetrain_engine_core.backend import ROUTER_AUX_METRIC
 from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import (
+    forced_log_probs,
+    formula_routes,
     load_reference_model,
     make_tiny_model_dir,
     random_batch,
@@ -28,6 +33,7 @@ from drivetrain_engine_core.testing import (
     run_distributed,
     token_mean_nll,
     train_history,
+    with_routes,
 )
 from safetensors.torch import load_file
 
@@ -46,6 +52,16 @@ def _batches() -> list:
         random_batch(vocab_size=100, prompt_lengths=[3, 5, 2, 4], response_lengths=[4, 2, 6, 3], seed=seed)
         for seed in range(STEPS)
     ]
+
+
+def _routed(batch):
+    """``batch`` with a record for every sequence, chosen by a formula (4 experts, top-2, 2 layers)."""
+    return with_routes(batch, [formula_routes(len(ids), 2, 4, 2) for ids in batch["input_ids"].unbind()])
+
+
+def _replayed_log_probs(engine, batch):
+    with engine.eval_mode():
+        return engine.infer_batch(_routed(batch)).outputs["log_probs"]
 
 
 def _shard(batch, rank: int):
@@ -85,6 +101,7 @@ def _expert_parallel(rank: int, world_size: int, path: str, fsdp_root: str) -> d
     exported = dict(engine.export_weights())
     with engine.eval_mode():
         log_probs = engine.infer_batch(batches[0]).outputs["log_probs"].values()
+    replayed = _replayed_log_probs(engine, batches[0]).unbind()
     resumed = _engine("megatron", path, **EP2)
     extra = resumed.load_checkpoint(fsdp_root)
     return {
@@ -92,6 +109,8 @@ def _expert_parallel(rank: int, world_size: int, path: str, fsdp_root: str) -> d
         "exported": exported,
         "log_probs": log_probs,
         "aux_step": _step_with_aux(engine, batches[0]),
+        "replayed": replayed,
+        "replay_step": _step_with_aux(engine, _routed(batches[0])),
         "extra": extra,
         "continued": train_history(resumed, batches[SAVE_AT:], token_mean_nll),
     }
@@ -112,7 +131,10 @@ def _transformers_aux(path: str, batch) -> float:
 def test_expert_parallel_megatron_equals_hf_and_fsdp_and_resumes_fsdp_steps(tmp_path):
     path = str(make_tiny_model_dir(tmp_path / "model", arch="qwen3_moe"))
     batches = _batches()
-    fsdp_aux_step = _step_with_aux(_engine("fsdp", path, router_aux_loss_coef=COEFFICIENT), batches[0])
+    fsdp_aux = _engine("fsdp", path, router_aux_loss_coef=COEFFICIENT)
+    fsdp_replayed = _replayed_log_probs(fsdp_aux, batches[0]).unbind()
+    fsdp_aux_step = _step_with_aux(fsdp_aux, batches[0])
+    fsdp_replay_step = _step_with_aux(fsdp_aux, _routed(batches[0]))
     fsdp = _engine("fsdp", path)
     reference = train_history(fsdp, batches[:SAVE_AT], token_mean_nll)
     fsdp.save_checkpoint(tmp_path / "fsdp", global_step=SAVE_AT, extra_state={"position": SAVE_AT})
@@ -124,6 +146,14 @@ def test_expert_parallel_megatron_equals_hf_and_fsdp_and_resumes_fsdp_steps(tmp_
     shares = sum(result["aux_step"][1] for result in results)
     assert shares == pytest.approx(fsdp_aux_step[1], rel=1e-5)
     assert shares == pytest.approx(_transformers_aux(path, batches[0]), rel=1e-5)
+    replay_shares = sum(result["replay_step"][1] for result in results)
+    assert replay_shares == pytest.approx(fsdp_replay_step[1], rel=1e-5)
+    model = load_reference_model(path)
+    routed = _routed(batches[0])
+    forced = [
+        forced_log_probs(model, ids, routes)
+        for ids, routes in zip(routed["input_ids"].unbind(), routed["routed_experts"].unbind(), strict=True)
+    ]
     on_disk = load_file(f"{path}/model.safetensors")
     for rank, result in enumerate(results):
         assert result["local_experts"] == 2 * 2 * 2, (
@@ -136,6 +166,11 @@ def test_expert_parallel_megatron_equals_hf_and_fsdp_and_resumes_fsdp_steps(tmp_
         assert float((result["log_probs"] - expected).abs().max()) < 1e-5, rank
         loss, _, norm = result["aux_step"]
         assert (loss, norm) == pytest.approx((fsdp_aux_step[0], fsdp_aux_step[2]), rel=1e-5), rank
+        for got, index in zip(result["replayed"], (rank, rank + 2), strict=True):
+            assert float((got[1:] - forced[index]).abs().max()) < 1e-5, (rank, index)
+            assert float((got - fsdp_replayed[index]).abs().max()) < 1e-5, (rank, index)
+        loss, _, norm = result["replay_step"]
+        assert (loss, norm) == pytest.approx((fsdp_replay_step[0], fsdp_replay_step[2]), rel=1e-5), rank
         assert result["extra"] == {"global_step": SAVE_AT, "position": SAVE_AT}
         for step, (got, want) in enumerate(zip(result["continued"], reference[SAVE_AT:], strict=True)):
             assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (rank, step)

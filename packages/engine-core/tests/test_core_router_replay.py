@@ -50,10 +50,8 @@ def test_routes_follow_the_packed_row_and_the_padded_rows():
 
 def test_a_backend_that_does_not_replay_refuses_recorded_routes():
     micro_batch = MicroBatch.build(routed_batch(), 0, device="cpu", layout="packed", round_trip=TRIP)
-    with pytest.raises(
-        BatchError, match=r"which the megatron engine does not replay; set rollout.router_replay"
-    ):
-        refuse_routes([micro_batch], "megatron")
+    with pytest.raises(BatchError, match=r"which the toy engine does not replay; set rollout.router_replay"):
+        refuse_routes([micro_batch], "toy")
     refuse_routes(
         [
             MicroBatch.build(

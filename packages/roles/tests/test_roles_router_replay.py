@@ -1,7 +1,8 @@
 """Router replay (R3): the ``hf`` rollout records each token's routed experts, the FSDP actor replays them.
 
-References written out here, not drivetrain's replay hooks: the routing of a plain Hugging Face forward
-(``output_router_logits``, top-k of the softmax) and, after an update, a plain HF forward whose routers are
+References written out on plain Hugging Face models, not drivetrain's replay hooks
+(``drivetrain_engine_core.testing.routing``, shared with the Megatron tests): the routing of a plain forward
+(``output_router_logits``, top-k of the softmax) and, after an update, a plain forward whose routers are
 forced to the record by the R3 formula (softmax of the live logits at the recorded experts, renormalised as
 Qwen3-MoE's ``norm_topk_prob`` says). One process, the tiny Qwen3-MoE (4 experts, top-2), fp32.
 """
@@ -18,7 +19,12 @@ from drivetrain_engine_core.errors import BatchError, ConfigError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS
-from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.testing import (
+    TinyTorchEngine,
+    forced_log_probs,
+    make_tiny_model_dir,
+    plain_hf_top_k,
+)
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.router_replay import check_router_replay
 from drivetrain_roles.rollout.hf import HFRollout
@@ -57,13 +63,6 @@ def replay_batch(output, routes=None):
     return make_batch(sequences_of(output), **{ROUTED_EXPERTS: routes or output.routed_experts})
 
 
-def plain_hf_top_k(model, sequence):
-    """``(tokens, layers, k)`` experts a plain HF forward of ``sequence`` alone routes each token to."""
-    with torch.no_grad():
-        out = model(input_ids=sequence[None], output_router_logits=True)
-    return torch.stack([logits.softmax(-1).topk(TOP_K).indices for logits in out.router_logits], dim=1)
-
-
 def infer(engine, batch):
     with engine.eval_mode():
         return engine.infer_batch(batch).outputs["log_probs"]
@@ -89,24 +88,6 @@ def test_recorded_routes_are_plain_hf_routing_and_replay_changes_nothing_on_the_
         live = infer(engine, make_batch(sequences_of(output)))
         replayed = infer(engine, replay_batch(output))
         assert torch.equal(replayed.values(), live.values())  # bit for bit
-
-
-def force_routes(model, record):
-    """Force a plain HF model's routers to ``record`` (``(tokens, layers, k)`` of one sequence) by the R3
-    formula: the experts from the record, weights the live softmax there renormalised (``norm_topk_prob``);
-    the unrecorded last token keeps the live choice."""
-    handles = []
-    for layer, block in enumerate(model.model.layers):
-        recorded = record[:, layer].long()
-
-        def hook(module, args, out, recorded=recorded):
-            logits, _, live = out
-            experts = torch.where(recorded[:, :1] >= 0, recorded, live)
-            weights = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, experts)
-            return logits, weights / weights.sum(-1, keepdim=True), experts
-
-        handles.append(block.mlp.gate.register_forward_hook(hook))
-    return handles
 
 
 def experts_used(engine):
@@ -149,12 +130,7 @@ def test_after_an_update_the_actor_routes_through_the_recorded_experts(model_dir
         replayed = infer(engine, single).values()
         for layer in range(record.shape[1]):
             assert torch.equal(seen[layer][:-1], record[:-1, layer].long())
-        handles = force_routes(updated, record)
-        with torch.no_grad():
-            logits = updated(input_ids=sequence[None]).logits[0, :-1].float()
-        for handle in handles:
-            handle.remove()
-        expected = logits.log_softmax(-1).gather(-1, sequence[1:, None]).squeeze(-1)
+        expected = forced_log_probs(updated, sequence, record)
         torch.testing.assert_close(replayed[1:], expected, rtol=0, atol=1e-5)
 
 
@@ -197,9 +173,12 @@ def test_the_worker_groups_merge_keeps_each_responses_routes_in_order():
 def test_router_replay_that_cannot_be_served_is_refused_up_front():
     with pytest.raises(ConfigError, match=r"rollout.router_replay='R2' is not a valid 'disabled' \| 'R3'"):
         load_config(None, ["rollout.router_replay=R2"])
+    from drivetrain_engine_fsdp import FSDPEngine
+
     with pytest.raises(ConfigError, match=r"rollout.name=other does not record; use rollout.name=hf"):
-        check_router_replay("R3", "other", object, "fsdp")
-    with pytest.raises(ConfigError, match=r"engine.backend=megatron does not replay routed experts"):
-        check_router_replay("R3", "hf", HFRollout, "megatron")
-    check_router_replay("R3", "hf", HFRollout, "fsdp")
-    check_router_replay("disabled", "other", object, "megatron")
+        check_router_replay("R3", "other", object, FSDPEngine)
+    # An engine that does not declare the capability (core's tiny test engine).
+    with pytest.raises(ConfigError, match=r"engine.backend=tiny does not replay routed experts"):
+        check_router_replay("R3", "hf", HFRollout, TinyTorchEngine)
+    check_router_replay("R3", "hf", HFRollout, FSDPEngine)
+    check_router_replay("disabled", "other", object, TinyTorchEngine)

@@ -64,7 +64,9 @@ _EXPORTS = {
     "ROUTER_AUX_METRIC": "router_balance",
     "RouterLoss": "router_balance",
     "router_loss_of": "router_balance",
+    "NOT_RECORDED": "router_replay",
     "ROUTED_EXPERTS": "router_replay",
+    "check_routes_shape": "router_replay",
     "hf_routers": "router_replay",
     "micro_batch_routes": "router_replay",
     "refuse_routes": "router_replay",
@@ -142,7 +144,9 @@ if TYPE_CHECKING:
     from .round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
     from .router_balance import ROUTER_AUX_METRIC, RouterLoss, router_loss_of
     from .router_replay import (
+        NOT_RECORDED,
         ROUTED_EXPERTS,
+        check_routes_shape,
         hf_routers,
         micro_batch_routes,
         refuse_routes,
@@ -154,6 +158,7 @@ __all__ = [
     "ALL_LINEAR",
     "DTYPES",
     "MODEL_DIR",
+    "NOT_RECORDED",
     "OPTIMIZER_DIR",
     "PEFT_PREFIX",
     "ROUTED_EXPERTS",
@@ -194,6 +199,7 @@ __all__ = [
     "SequenceLengths",
     "SequenceSplit",
     "TokenLimits",
+    "check_routes_shape",
     "check_saved_shapes",
     "disable_dropout_in_config",
     "disable_dropout_modules",

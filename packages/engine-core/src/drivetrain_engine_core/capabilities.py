@@ -41,6 +41,9 @@ class BackendCapabilities:
         hf_state_resume: loads a checkpoint step of another backend (or a layout its own format cannot
             reshard to) from the step's full state under Hugging Face names (:mod:`.checkpoint.hf_state`):
             weights, Adam moments and step. Hook ``_load_hf_state``.
+        router_replay: the forward routes a mixture-of-experts model through the batch's recorded experts
+            (``routed_experts``, :mod:`.router_replay`; ``rollout.router_replay=R3``), which roles check
+            before a run starts.
         param_dtypes: the compute dtypes (``engine.param_dtype``) the backend runs.
         train_dtypes: those it also trains in (a subset: training in float16 needs loss scaling).
     """
@@ -51,6 +54,7 @@ class BackendCapabilities:
     padded_inputs: bool = False
     sequence_parallel: bool = False
     hf_state_resume: bool = False
+    router_replay: bool = False
     param_dtypes: frozenset[str] = FLOAT32
     train_dtypes: frozenset[str] = FLOAT32
 

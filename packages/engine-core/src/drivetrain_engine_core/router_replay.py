@@ -17,14 +17,16 @@ reads.
 
 This module works on transformers' MoE modules (Qwen3-MoE, Qwen2-MoE, Mixtral): their routers are
 ``*TopKRouter`` modules returning ``(logits, top_k_weights, top_k_indices)``, and hooks on them record or
-replay. Shared by the ``hf`` rollout (recording) and the FSDP engine (replay).
+replay. Shared by the ``hf`` rollout (recording) and the FSDP engine (replay); the Megatron engine replays
+through megatron-core's own hook and shares the record's layout and checks (:func:`micro_batch_routes`,
+:func:`check_routes_shape`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -37,6 +39,7 @@ __all__ = [
     "NOT_RECORDED",
     "ROUTED_EXPERTS",
     "ROUTES_DTYPE",
+    "check_routes_shape",
     "hf_routers",
     "micro_batch_routes",
     "recording_routes",
@@ -108,11 +111,7 @@ def replaying_routes(routers: Sequence[torch.nn.Module], routes: Tensor | None) 
     if routes is None:
         yield
         return
-    if routes.shape[1] != len(routers) or routes.shape[2] != routers[0].top_k:
-        raise BatchError(
-            f"the batch's {ROUTED_EXPERTS} records {routes.shape[1]} layers x top-{routes.shape[2]} per token, but "
-            f"the model routes {len(routers)} layers x top-{routers[0].top_k}; record them with this model."
-        )
+    check_routes_shape(routes, len(routers), cast(int, routers[0].top_k))
     routes = routes.long()
     recorded = routes[:, 0, :1] != NOT_RECORDED  # a position is recorded in every layer or in none
     handles = [
@@ -124,6 +123,20 @@ def replaying_routes(routers: Sequence[torch.nn.Module], routes: Tensor | None) 
     finally:
         for handle in handles:
             handle.remove()
+
+
+def check_routes_shape(routes: Tensor, layers: int, top_k: int) -> None:
+    """Refuse a ``(tokens, layers, top_k)`` record of another model than one of ``layers`` routed layers x
+    ``top_k`` (shared by the backends that replay).
+
+    Raises:
+        BatchError: the record's layer count or top-k is not the model's.
+    """
+    if routes.shape[1] != layers or routes.shape[2] != top_k:
+        raise BatchError(
+            f"the batch's {ROUTED_EXPERTS} records {routes.shape[1]} layers x top-{routes.shape[2]} per token, but "
+            f"the model routes {layers} layers x top-{top_k}; record them with this model."
+        )
 
 
 def _replay(router: torch.nn.Module, chosen: Tensor, recorded: Tensor) -> Any:
@@ -170,5 +183,6 @@ def refuse_routes(micro_batches: Sequence[MicroBatch], backend: str) -> None:
     if micro_batches and ROUTED_EXPERTS in micro_batches[0].batch:
         raise BatchError(
             f"the batch carries {ROUTED_EXPERTS!r} (router replay, rollout.router_replay=R3), which the {backend} "
-            "engine does not replay; set rollout.router_replay=disabled, or use engine.backend=fsdp."
+            "engine does not replay; set rollout.router_replay=disabled, or use a backend that replays "
+            "(engine.backend=fsdp or megatron)."
         )

@@ -67,6 +67,7 @@ class FSDPEngine(Engine):
         padded_inputs=True,
         sequence_parallel=True,
         hf_state_resume=True,
+        router_replay=True,
         param_dtypes=frozenset(DTYPES),
         train_dtypes=frozenset({"float32", "bfloat16"}),
     )

@@ -31,7 +31,6 @@ from drivetrain_engine_core.backend import (
     TokenLimits,
     flash_kernel_missing,
     read_manifest,
-    refuse_routes,
 )
 
 from . import parallel_state
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from megatron.core.optimizer import MegatronOptimizer
 
     from .model import BuiltModel
+    from .replay import MegatronRouterReplay
     from .router_loss import RouterLogits
 
 
@@ -64,6 +64,7 @@ class MegatronEngine(Engine):
         padded_inputs=True,
         sequence_parallel=True,
         hf_state_resume=True,
+        router_replay=True,
         param_dtypes=frozenset(DTYPES),
         train_dtypes=frozenset(DTYPES),
     )
@@ -73,6 +74,7 @@ class MegatronEngine(Engine):
     _optimizer: MegatronOptimizer | None
     _router: RouterLoss | None
     _router_logits: RouterLogits | None
+    _replay: MegatronRouterReplay
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -88,6 +90,9 @@ class MegatronEngine(Engine):
             self.model_config, self.engine_config, trainable=self.optimizer_config is not None
         )
         self._router_logits, self._router = self._router_balance()
+        from .replay import MegatronRouterReplay
+
+        self._replay = MegatronRouterReplay(self._model.unwrapped, self.engine_config.sequence_parallel)
         self._optimizer = None
         if self.optimizer_config is not None:
             from .optim import build_optimizer
@@ -210,13 +215,13 @@ class MegatronEngine(Engine):
     ) -> list[MicroBatchResult]:
         from .schedule import StepSpec, run_schedule
 
-        refuse_routes(micro_batches, "megatron")
         spec = StepSpec(
             value_model=self.model_config.model_type == "value_model",
             vocab_size=self._model.vocab_size,
             chunk_size=self.engine_config.entropy_chunk_size,
             router=self._router,
             router_logits=self._router_logits,
+            replay=self._replay,
         )
         return run_schedule(self._model.chunks, micro_batches, forward_only, spec)
 

@@ -28,6 +28,7 @@ from megatron.core.utils import unwrap_model
 from .head import hidden_states_out, output_shard
 from .inputs import model_kwargs
 from .outputs import language_model_fields, value_fields
+from .replay import MegatronRouterReplay
 from .router_loss import RouterLogits
 
 _FieldsFn = Callable[[torch.Tensor, MicroBatch], dict[str, torch.Tensor]]
@@ -43,6 +44,7 @@ class StepSpec:
         chunk_size: positions whose logits exist at once (``engine.entropy_chunk_size``).
         router: the router balance loss to add (a mixture-of-experts language model), or ``None``.
         router_logits: what records the routers' logits (set with ``router``).
+        replay: what routes each micro-batch through its recorded experts (router replay), or ``None``.
     """
 
     value_model: bool
@@ -50,6 +52,7 @@ class StepSpec:
     chunk_size: int
     router: RouterLoss | None = None
     router_logits: RouterLogits | None = None
+    replay: MegatronRouterReplay | None = None
 
 
 def run_schedule(
@@ -63,16 +66,20 @@ def run_schedule(
     results: list[MicroBatchResult] = []
     forward_step = partial(_forward_step, spec=spec, results=results)
     iterators: Any = [iter(micro_batches) for _ in chunks] if len(chunks) > 1 else iter(micro_batches)
-    # With variable_seq_lengths (always set) megatron sends shapes between stages; seq_length is a hint only.
-    get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=iterators,
-        model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=len(micro_batches),
-        seq_length=max(micro_batch.inputs.max_seqlen for micro_batch in micro_batches),
-        micro_batch_size=1,
-        forward_only=forward_only,
-    )
+    try:
+        # With variable_seq_lengths (always set) megatron sends shapes between stages; seq_length is a hint.
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators,
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(micro_batches),
+            seq_length=max(micro_batch.inputs.max_seqlen for micro_batch in micro_batches),
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
+    finally:
+        if spec.replay is not None:
+            spec.replay.clear()
     return _share_from_last_stage(results, len(micro_batches))
 
 
@@ -88,6 +95,9 @@ def _forward_step(
     language_head = not spec.value_model and gpt.post_process
     if spec.router_logits is not None:
         spec.router_logits.clear()
+    if spec.replay is not None:
+        # No pipelining for routed models: the previous micro-batch's backward (and recomputation) is done.
+        spec.replay.set(micro_batch)
     with hidden_states_out(gpt) if language_head else nullcontext():
         output = model(**model_kwargs(micro_batch))
     # Only the last stage's loss step runs; on other stages ``fields_of`` is never called.

@@ -28,6 +28,11 @@ _EXPORTS = {
     "RolloutConformanceTests": "rollout_conformance",
     "TinyTorchEngine": "tiny_engine",
     "TinyEngineConfig": "tiny_engine",
+    "formula_routes": "routing",
+    "forced_log_probs": "routing",
+    "forced_routing": "routing",
+    "plain_hf_top_k": "routing",
+    "with_routes": "routing",
     "train_history": "training",
 }
 

@@ -1,21 +1,22 @@
 """``rollout.router_replay``: the option, and the checks of router replay (R3) before a run starts.
 
-Recording needs a rollout that records routed experts (``hf``); replaying needs an engine that replays them
-(FSDP: core's ``router_replay`` hooks around each micro-batch). Both are refused up front, before the warm
-start, with the option named: the batch-time refusals (the rollout's, Megatron's) come after minutes of work.
+Recording needs a rollout that records routed experts (``hf``); replaying needs an engine that declares the
+``router_replay`` capability (FSDP: core's ``router_replay`` hooks around each micro-batch; Megatron:
+megatron-core's ``RouterReplay``). Both are refused up front, before the warm start, with the option named:
+the batch-time refusals (the rollout's, an engine's) come after minutes of work.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.config import ConfigError, EngineConfig
 from drivetrain_engine_core.plugins import plugins
 from drivetrain_engine_core.rollout import RecordsRoutedExperts
 
-REPLAYING_BACKENDS = ("fsdp",)
-"""Engine backends whose forward replays recorded routes."""
+if TYPE_CHECKING:
+    from drivetrain_engine_core.engine import Engine
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -37,9 +38,11 @@ class RouterReplayOption:
         return self.router_replay == "R3"
 
 
-def check_router_replay(mode: str, rollout_name: str, rollout_class: type, backend: str) -> None:
+def check_router_replay(
+    mode: str, rollout_name: str, rollout_class: type, engine_class: type[Engine]
+) -> None:
     """Raises: ConfigError: R3 with a rollout that does not record routes or an engine that does not replay
-    them."""
+    them (its ``capabilities.router_replay``)."""
     if mode == "disabled":
         return
     if not issubclass(rollout_class, RecordsRoutedExperts):
@@ -47,17 +50,22 @@ def check_router_replay(mode: str, rollout_name: str, rollout_class: type, backe
             f"rollout.router_replay={mode} needs each token's routed experts, which rollout.name={rollout_name} "
             "does not record; use rollout.name=hf or set rollout.router_replay=disabled."
         )
-    if backend not in REPLAYING_BACKENDS:
+    if not engine_class.capabilities.router_replay:
         raise ConfigError(
-            f"rollout.router_replay={mode}: engine.backend={backend} does not replay routed experts (only "
-            f"{list(REPLAYING_BACKENDS)} does); use engine.backend=fsdp or set rollout.router_replay=disabled."
+            f"rollout.router_replay={mode}: engine.backend={engine_class.backend_name} does not replay routed "
+            "experts (its engine does not declare the router_replay capability); use engine.backend=fsdp or "
+            "megatron, or set rollout.router_replay=disabled."
         )
 
 
-def require_rollout(name: str, router_replay: str, backend: str) -> None:
+def require_rollout(name: str, router_replay: str, engine: EngineConfig) -> None:
     """The rollout ``rollout.name`` is installed and serves ``rollout.router_replay`` on ``engine.backend``.
 
     Raises:
-        PluginError: no such rollout. ConfigError: as :func:`check_router_replay`.
+        PluginError: no such rollout or engine. ConfigError: as :func:`check_router_replay`.
     """
-    check_router_replay(router_replay, name, plugins().rollouts.get(name), backend)
+    registry = plugins()
+    rollout_class = registry.rollouts.get(name)
+    if router_replay != "disabled":
+        engine_class = registry.engines.get("language_model", engine.backend, engine.device)
+        check_router_replay(router_replay, name, rollout_class, engine_class)

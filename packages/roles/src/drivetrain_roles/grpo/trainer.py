@@ -120,7 +120,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         config = self.config
         check_mini_batch_share(config, distributed.world_size())
         # A missing rollout is refused before the warm start, and so is router replay it cannot serve...
-        require_rollout(config.rollout.name, config.rollout.router_replay, config.engine.backend)
+        require_rollout(config.rollout.name, config.rollout.router_replay, config.engine)
         # ... and so is a reward function that does not load.
         load_reward_function(config.algorithm.reward_function)
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
