@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_engine_core.backend import NOT_RECORDED, BatchError, LossContext, MicroBatch, RoundTrip
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig
+from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.testing import (
     forced_log_probs,
@@ -24,11 +24,15 @@ from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     plain_hf_top_k,
     random_batch,
+    token_mean_nll,
+    train_history,
     with_routes,
 )
+from drivetrain_engine_core.testing.device import requires_cuda
 
 pytestmark = pytest.mark.slow
 TOP_K, EXPERTS, LAYERS = 2, 4, 2
+OPTIMIZER = OptimizerConfig(lr=1e-2, clip_grad=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +45,17 @@ def batch():
     return random_batch(vocab_size=100, prompt_lengths=[3, 5, 2, 4], response_lengths=[4, 2, 6, 3], seed=0)
 
 
-def make_engine(model_dir, layout="packed"):
+def make_engine(model_dir, layout="packed", optimizer=None, gradient_checkpointing=False, device="cpu"):
     from drivetrain_engine_megatron import MegatronEngine, MegatronEngineConfig
 
     engine = MegatronEngine(
-        model_config=ModelConfig(path=str(model_dir), use_remove_padding=layout == "packed"),
-        engine_config=MegatronEngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=3)),
-        optimizer_config=None,
+        model_config=ModelConfig(
+            path=str(model_dir),
+            use_remove_padding=layout == "packed",
+            gradient_checkpointing=gradient_checkpointing,
+        ),
+        engine_config=MegatronEngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=3), device=device),
+        optimizer_config=optimizer,
     )
     engine.initialize()
     return engine
@@ -93,6 +101,28 @@ def test_other_routes_give_a_plain_hf_forward_forced_to_them(model_dir, batch):
         # The engine without the record routes live: far from the forced forward (the check can fail).
         live_gap = max(float((got[1:] - want).abs().max()) for got, want in zip(live, expected, strict=True))
         assert live_gap > 1e-3, layout
+
+
+@requires_cuda  # megatron's layer recomputation saves CUDA RNG states: GPU lane only
+def test_layer_recomputation_replays_the_micro_batchs_own_routes(model_dir, batch):
+    """megatron recomputes each layer in backward under ``model.gradient_checkpointing``: with replay the
+    recomputed routing is the record's, so two steps over two micro-batches give the steps without
+    recomputation (whose replay agrees with the FSDP engine's, ``tests/test_moe_across_backends.py``)."""
+    routed = with_routes(
+        batch, [formula_routes(len(s), LAYERS, EXPERTS, TOP_K) for s in batch["input_ids"].unbind()]
+    )
+
+    def history(batch, gradient_checkpointing=False):
+        engine = make_engine(
+            model_dir, optimizer=OPTIMIZER, gradient_checkpointing=gradient_checkpointing, device="cuda"
+        )
+        return train_history(engine, [batch] * 2, token_mean_nll)
+
+    replayed = history(routed)
+    assert history(routed, gradient_checkpointing=True) == pytest.approx(replayed, rel=1e-6)
+    assert history(batch) != pytest.approx(replayed, rel=1e-4), (
+        "replay changed nothing; the test proves nothing"
+    )
 
 
 def test_what_cannot_be_replayed_is_refused_naming_the_option(model_dir, tmp_path):
