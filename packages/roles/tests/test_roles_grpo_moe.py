@@ -3,7 +3,8 @@
 Numbers, not "it ran": the rollout's log-probs equal the actor's recomputed ones every step (the hand-off of
 fused experts is exact, and so is the replay of the rollout's routing); replaying routes that the actor would
 choose anyway changes no number of the run; the reported router balance metric of the first update is the
-mean over its sequences of transformers' own ``load_balancing_loss_func`` on each sequence alone.
+mean over its sequences of transformers' own ``load_balancing_loss_func`` on each sequence alone. The same
+run with R3 on the Megatron engine gives the FSDP engine's numbers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ REWARDS = (
 )
 
 
-def run_grpo(model_dir, run, router_replay, monkeypatch):
+def run_grpo(model_dir, run, router_replay, monkeypatch, backend="fsdp"):
     """Two GRPO steps on ``model_dir``, rewarding longer answers; returns the per-step metrics and each step's
     actor batch."""
     batches = []
@@ -44,6 +45,7 @@ def run_grpo(model_dir, run, router_replay, monkeypatch):
         [
             f"model.path={model_dir}",
             f"rollout.router_replay={router_replay}",
+            f"engine.backend={backend}",
             "rollout.n=2",
             "rollout.max_new_tokens=4",
             "optimizer.lr=0.05",
@@ -98,6 +100,12 @@ def test_grpo_on_moe_with_and_without_router_replay(model_dir, tmp_path, monkeyp
         per_sequence.append(load_balancing_loss_func(logits, num_experts=4, top_k=2))
     expected = float(torch.stack(per_sequence).mean())
     assert live[0]["train/router_aux_loss"] == pytest.approx(expected, rel=1e-5)
+    # R3 on Megatron (megatron-core's RouterReplay): the same run as on FSDP.
+    megatron, _ = run_grpo(model_dir, tmp_path / "r3-megatron", "R3", monkeypatch, backend="megatron")
+    for a, b in zip(replayed, megatron, strict=True):
+        assert b["rollout/log_prob_diff_max"] < 1e-5
+        for key in ("train/reward", "train/pg_loss", "train/grad_norm", "train/router_aux_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
     # The final model (an export in checkpoint layout, experts one tensor each) loads whole.
     _, info = AutoModelForCausalLM.from_pretrained(tmp_path / "r3" / "final_model", output_loading_info=True)
     assert not any(info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
