@@ -71,6 +71,8 @@ class MegatronRouterReplay:
         from megatron.core.transformer.moe.router import TopKRouter
 
         routers = [module for chunk in chunks for module in chunk.modules() if isinstance(module, TopKRouter)]
+        # NOTE: megatron's class also lists every instance in a process-wide list for its static setters; the
+        # slots are driven here one by one instead, as other engines in the process (a reference) have their own.
         self._slots = [PartialRouterReplay() for _ in routers]
         for router, slot in zip(routers, self._slots, strict=True):
             router.router_replay = slot
