@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,6 +22,7 @@ from . import distributed
 from .config import ConfigError
 from .errors import EngineStateError
 from .handoff import BucketReceiver, SyncMetrics, VerifyConfig, WeightBucket, verify_served
+from .rollout_options import RolloutOptions, build_rollout_options
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -116,6 +117,11 @@ class Rollout(ABC):
 
     name: ClassVar[str] = ""
     """The name the rollout registers under (``hf``)."""
+
+    options_class: ClassVar[type[RolloutOptions]] = RolloutOptions
+    """The rollout's own options (a job's ``rollout.options.*``): a plugin's :class:`RolloutOptions` subclass,
+    which its constructor takes built and checked as ``options=``; the base (no options, and no ``options=``
+    passed) for a rollout that declares none."""
 
     def __init__(self, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None) -> None:
         self.model_path = model_path
@@ -304,17 +310,53 @@ def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:
 
 
 def create_rollout(
-    name: str, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None
+    name: str,
+    *,
+    model_path: str,
+    device: str = "cpu",
+    verify: VerifyConfig | None = None,
+    options: Mapping[str, Any] | RolloutOptions | None = None,
 ) -> Rollout:
-    """Build the rollout registered under ``name`` by an installed plugin (``verify``: see :class:`Rollout`).
+    """Build the rollout registered under ``name`` by an installed plugin (``verify``: see :class:`Rollout`;
+    ``options``: its own options, see :func:`rollout_options`).
 
     Raises:
         PluginError: no rollout of that name (the message lists the registered ones and the install command).
+        ConfigError: ``options`` the rollout does not accept (as :func:`rollout_options`).
     """
     from .plugins import plugins
 
-    cls = plugins().rollouts.get(name)
-    return cls(model_path=model_path, device=device, verify=verify)
+    cls: type[Rollout] = plugins().rollouts.get(name)
+    built = rollout_options(name, options)
+    # NOTE: a rollout that declares no options is built as before options existed: its constructor need not
+    # take them.
+    declared: dict[str, Any] = {} if cls.options_class is RolloutOptions else {"options": built}
+    return cls(model_path=model_path, device=device, verify=verify, **declared)
 
 
-__all__ = ["Rollout", "RolloutOutput", "SamplingConfig", "create_rollout", "end_of_sequence_ids"]
+def rollout_options(name: str, values: Mapping[str, Any] | RolloutOptions | None) -> RolloutOptions:
+    """The options ``values`` (plain values by key, as a job's ``rollout.options``) of the rollout registered
+    under ``name``, built as its ``options_class`` and checked; a job calls it before its warm start, so a
+    mistake is named before minutes of work.
+
+    Raises:
+        PluginError: no rollout of that name.
+        ConfigError: an option the rollout does not declare, or a value of the wrong type or range (naming the
+            rollout, its distribution, each option it accepts with type and default, and the fix).
+    """
+    from .plugins import plugins
+
+    registry = plugins().rollouts
+    cls: type[Rollout] = registry.get(name)
+    return build_rollout_options(cls.options_class, values, rollout=name, provider=registry.provider(name))
+
+
+__all__ = [
+    "Rollout",
+    "RolloutOptions",
+    "RolloutOutput",
+    "SamplingConfig",
+    "create_rollout",
+    "end_of_sequence_ids",
+    "rollout_options",
+]

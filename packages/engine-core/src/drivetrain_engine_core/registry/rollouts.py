@@ -30,3 +30,9 @@ class RolloutRegistry(NamedRegistry):
             PluginError: no such rollout (lists the registered ones), or it cannot be imported.
         """
         return self._get(name)
+
+    def provider(self, name: str) -> str:
+        """Who registered the rollout ``name`` (``drivetrain-rollout-vllm 0.2.0``), for messages; ``unknown``
+        when nothing is registered under it."""
+        registration = self._lookup((name,))
+        return registration.source.describe() if registration is not None else "unknown"
