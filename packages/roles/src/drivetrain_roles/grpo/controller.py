@@ -71,7 +71,12 @@ def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
     parts = (
         {"actor": actor} if config.algorithm.kl_loss_coef == 0 else {"actor": actor, "reference": reference}
     )
-    rollout = RolloutSpec(name=config.rollout.name, model_path=path, bucket_mb=config.rollout.bucket_mb)
+    rollout = RolloutSpec(
+        name=config.rollout.name,
+        model_path=path,
+        bucket_mb=config.rollout.bucket_mb,
+        options=config.rollout.options,
+    )
     return ColocatedSpec(parts=parts, rollout=rollout)
 
 

@@ -3,8 +3,8 @@ responses are sampled and handed the new weights."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.rollout import SamplingConfig
@@ -25,6 +25,10 @@ class RolloutConfig(RouterReplayOption):
         min_p: drop tokens less likely than ``min_p`` times the likeliest one (0: none).
         max_new_tokens: most tokens of one response.
         bucket_mb: the weight hand-off's bucket size in MiB.
+        options: the chosen rollout's own options, ``rollout.options.<key>=<value>`` (verl's
+            ``rollout.engine_kwargs``): each rollout plugin declares which keys it takes, with their types and
+            defaults (``vllm``: ``gpu_memory_utilization``, ``max_model_len``, ...; ``vllm-server`` also
+            ``request_timeout_s``; ``hf``: none); checked against the plugin on every rank before the warm start.
 
     With ``top_k``/``top_p``/``min_p`` the rollout samples from the truncated, renormalised distribution and
     reports its log-probs, while the actor's are of the full one at the temperature (as in verl and TRL): the
@@ -39,6 +43,7 @@ class RolloutConfig(RouterReplayOption):
     min_p: float = 0.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
+    options: dict[str, Any] = field(default_factory=dict)
 
     least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")
     """The fewest responses per prompt the command can learn from, and why."""

@@ -24,7 +24,7 @@ from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.rollout import SamplingConfig
 
 from ..actor import Actor, ActorConfig
 from ..jobs.assets import load_splits
@@ -40,7 +40,7 @@ from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .rewards import exact_match, load_reward_function
-from .router_replay import require_rollout
+from .rollout_plugin import build_rollout, require_rollout
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
 from .warm_start import start_model
@@ -119,8 +119,8 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         """The start policy, the prompts, the actor, the reference and the rollout."""
         config = self.config
         check_mini_batch_share(config, distributed.world_size())
-        # A missing rollout is refused before the warm start, and so is router replay it cannot serve...
-        require_rollout(config.rollout.name, config.rollout.router_replay, config.engine)
+        # A missing rollout is refused before the warm start, and so are options or router replay it cannot take ...
+        require_rollout(config.rollout, config.engine)
         # ... and so is a reward function that does not load.
         load_reward_function(config.algorithm.reward_function)
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
@@ -137,9 +137,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         self.folder = self.folder.for_data(e.token_ids for e in self.train)
         self.actor = self.make_actor(self.model_path)
         self.reference = self.make_reference(self.actor, self.model_path)
-        self.rollout = create_rollout(
-            config.rollout.name, model_path=self.model_path, device=config.engine.device
-        )
+        self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
         self.sampler = StepSampler(
             len(self.train),
             config.trainer.prompts_per_step,

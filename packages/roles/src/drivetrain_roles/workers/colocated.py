@@ -11,7 +11,7 @@ the ``weights_from`` part's engine to the local rollout, so no weights travel th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
@@ -30,12 +30,15 @@ class RolloutSpec:
         model_path: the Hugging Face model directory it serves (its architecture and first weights).
         weights_from: the part whose engine hands its weights to the rollout.
         bucket_mb: most MiB per weight bucket of a hand-off.
+        options: the rollout's own options by key (a job's ``rollout.options``), built and checked by core's
+            ``create_rollout`` against the rollout's declared options.
     """
 
     name: str = "hf"
     model_path: str
     weights_from: str = "actor"
     bucket_mb: float = 64.0
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
@@ -117,7 +120,10 @@ class ColocatedWorker(RoleWorker):
             self.parts[name], topologies[name] = build_role(part, rank)
         if spec.rollout is not None:
             self.rollout = create_rollout(
-                spec.rollout.name, model_path=spec.rollout.model_path, device=spec.device
+                spec.rollout.name,
+                model_path=spec.rollout.model_path,
+                device=spec.device,
+                options=spec.rollout.options,
             )
             self.rollout.sleep()
         return topologies

@@ -61,7 +61,10 @@ class RolloutWorker(RoleWorker):
         del master  # nothing to join
         self.rank = rank
         self.rollout: Rollout = create_rollout(
-            spec.rollout.name, model_path=spec.rollout.model_path, device=spec.device
+            spec.rollout.name,
+            model_path=spec.rollout.model_path,
+            device=spec.device,
+            options=spec.rollout.options,
         )
         self._stream: _Stream | None = None
         return WorkerTopology(rank=rank, dp_rank=rank, dp_size=world_size, is_output_rank=True)

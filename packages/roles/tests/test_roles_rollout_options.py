@@ -1,0 +1,95 @@
+"""``rollout.options``: the chosen rollout's own options, from the command line and YAML, refused before the warm
+start when the rollout does not take them, handed to the rollout built as its plugin's dataclass."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import pytest
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core.rollout import RolloutOptions
+from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_roles.grpo.config import load_config
+from drivetrain_roles.grpo.rollout_plugin import build_rollout
+from drivetrain_roles.grpo.trainer import GRPOTrainer
+from drivetrain_roles.ppo.config import load_config as load_ppo_config
+from drivetrain_roles.rollout.hf import HFRollout
+from drivetrain_roles.runtime.command_config import to_yaml
+
+
+@dataclass(kw_only=True, frozen=True)
+class PatientOptions(RolloutOptions):
+    wait_s: float | None = None
+    tags: tuple[str, ...] = ()
+
+
+class PatientHF(HFRollout):
+    """``hf`` with options of its own, as a plugin would register it."""
+
+    name = "patient-hf"
+    options_class = PatientOptions
+
+    def __init__(self, *, model_path, device="cpu", verify=None, options: PatientOptions | None = None):
+        super().__init__(model_path=model_path, device=device, verify=verify)
+        self.options = options
+
+
+@hookimpl
+def _register(registry):
+    registry.register("patient-hf", PatientHF)
+
+
+class _EntryPoint:
+    name, value = "patient", "in_memory"
+    dist = SimpleNamespace(name="drivetrain-rollout-patient", version="0.1.0")
+
+    def load(self):
+        return SimpleNamespace(register_rollouts=_register)
+
+
+@pytest.fixture
+def patient_plugin():
+    installed = list(importlib.metadata.entry_points(group="drivetrain"))
+    reset_plugins()
+    plugins(lambda: get_plugin_manager(entry_points=[*installed, _EntryPoint()]))
+    yield
+    reset_plugins()
+
+
+OVERRIDES = ["rollout.name=patient-hf", "rollout.options.wait_s=600", "rollout.options.tags=[a, b]"]
+
+
+def test_options_from_the_command_line_and_yaml_reach_the_rollout_as_its_dataclass(tmp_path, patient_plugin):
+    config = load_config(None, OVERRIDES)
+    assert config.rollout.options == {"wait_s": 600, "tags": ["a", "b"]}
+    assert load_ppo_config(None, OVERRIDES).rollout.options == config.rollout.options
+    file = tmp_path / "run.yaml"
+    file.write_text("rollout:\n  name: patient-hf\n  options:\n    wait_s: 600\n    tags: [a, b]\n")
+    assert load_config(str(file)) == config
+    printed = tmp_path / "printed.yaml"  # what --print-config and a run's config.yaml hold, re-run as is
+    printed.write_text(to_yaml(config))
+    assert load_config(str(printed)) == config
+    assert load_config(None).rollout.options == {}
+
+    model_dir = make_tiny_model_dir(tmp_path / "lm")
+    rollout = build_rollout(config.rollout, str(model_dir), "cpu")
+    assert isinstance(rollout, PatientHF)
+    assert rollout.options == PatientOptions(wait_s=600.0, tags=("a", "b"))
+
+
+def test_an_option_the_rollout_does_not_take_is_refused_before_the_warm_start(tmp_path, monkeypatch):
+    from drivetrain_roles.grpo import trainer as grpo_trainer
+
+    monkeypatch.setattr(grpo_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
+    config = load_config(None, ["rollout.options.request_timeout_s=600", "trainer.progress_bar=false"])
+    version = importlib.metadata.version("drivetrain-roles")
+    with pytest.raises(ConfigError) as error:
+        GRPOTrainer(config, tmp_path / "run").run()
+    assert str(error.value) == (
+        f"rollout 'hf' (drivetrain-roles {version}) has no option 'request_timeout_s' "
+        "(rollout.options.request_timeout_s); it takes no options: drop rollout.options.request_timeout_s."
+    )
