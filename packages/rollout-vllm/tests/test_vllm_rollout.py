@@ -29,9 +29,21 @@ def model_dir(servable_model_dir):
     return servable_model_dir
 
 
+# Away from the defaults (the model's 256 positions, a 1 GiB CPU cache), so the test below sees them taken.
+OPTIONS = {"max_model_len": 64, "kv_cache_memory_bytes": 1 << 28}
+
+
 @pytest.fixture(scope="module")
 def rollout(model_dir):
-    return create_rollout("vllm", model_path=str(model_dir))
+    return create_rollout("vllm", model_path=str(model_dir), options=OPTIONS)
+
+
+def test_vllm_runs_with_the_rollouts_options(rollout):
+    config = rollout.llm.llm_engine.vllm_config
+    assert (config.model_config.max_model_len, config.cache_config.kv_cache_memory_bytes) == (64, 1 << 28)
+    assert config.model_config.enforce_eager
+    with pytest.raises(Exception, match="maximum context length is 64 tokens"):
+        rollout.generate([[1] * 70], SamplingConfig(max_new_tokens=1))
 
 
 @pytest.fixture(scope="module")

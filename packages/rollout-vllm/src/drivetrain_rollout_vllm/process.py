@@ -28,7 +28,7 @@ from typing import Any
 
 from drivetrain_engine_core.config import ConfigError
 
-from .deadline import REQUEST_SECONDS_VARIABLE
+from .deadline import REQUEST_SECONDS_OPTION
 from .install import INSTALL
 from .wire import AUTHKEY_VARIABLE, RolloutServerError, raise_error
 
@@ -157,7 +157,7 @@ class ServerProcess:
         request's, and a hung vLLM holds its memory); returns the error's message."""
         message = self.describe(
             f"did not answer within {seconds:.0f} s while {what} (it was alive: hung, or slower than the "
-            f"deadline allows; set {REQUEST_SECONDS_VARIABLE} to the seconds a request may take) and was stopped"
+            f"deadline allows; set {REQUEST_SECONDS_OPTION} to the seconds a request may take) and was stopped"
         )
         assert self.connection is not None
         self.connection.close()

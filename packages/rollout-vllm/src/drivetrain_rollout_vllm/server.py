@@ -17,13 +17,21 @@ from importlib.metadata import version as installed_version
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.handoff import HandoffError, VerifyConfig
 from drivetrain_engine_core.rollout import SamplingConfig
 
-from .wire import AUTHKEY_VARIABLE, PROTOCOL, bucket_from, check_arrived, error_reply, tensor_fields
-
-DISTRIBUTION = "drivetrain-rollout-vllm"
+from .options import VLLMOptions
+from .wire import (
+    AUTHKEY_VARIABLE,
+    DISTRIBUTION,
+    PROTOCOL,
+    bucket_from,
+    check_arrived,
+    error_reply,
+    tensor_fields,
+)
 
 
 class Server:
@@ -64,9 +72,17 @@ class Server:
             raise EngineStateError("the vLLM server was asked to work before 'start' built its rollout.")
         return self._rollout
 
-    def start(self, protocol: int, trainer_version: str) -> dict[str, str]:
-        """Check the trainer speaks this server's protocol, then start vLLM (or, started before, serve the
-        checkpoint again); returns what runs here."""
+    def start(
+        self, protocol: int, trainer_version: str, options: dict[str, Any] | None = None
+    ) -> dict[str, str]:
+        """Check the trainer speaks this server's protocol, then start vLLM with ``options`` (the fields of a
+        :class:`.options.VLLMOptions`; or, started before with the same, serve the checkpoint again); returns
+        what runs here.
+
+        Raises:
+            HandoffError: another protocol (``options`` is optional so that an older trainer gets this error).
+            ConfigError: a server started with other vLLM options (they are fixed when vLLM starts).
+        """
         here = installed_version(DISTRIBUTION)
         if protocol != PROTOCOL:
             raise HandoffError(
@@ -74,12 +90,21 @@ class Server:
                 f"vLLM server's {here} protocol {PROTOCOL}: install the same {DISTRIBUTION} version in both "
                 "environments."
             )
+        wanted = VLLMOptions(**(options or {}))
         if self._rollout is None:
             from .rollout import VLLMRollout
 
             # The trainer's rollout verifies on its schedule by reading back through served_weights.
             self._rollout = VLLMRollout(
-                model_path=self.model_path, device=self.device, verify=VerifyConfig(mode="never")
+                model_path=self.model_path,
+                device=self.device,
+                verify=VerifyConfig(mode="never"),
+                options=wanted,
+            )
+        elif self._rollout.options != wanted:
+            raise ConfigError(
+                f"this vLLM server started with {self._rollout.options}, not {wanted}; vLLM takes its options at "
+                "start: start a server for these (build the rollout without server=)."
             )
         else:
             # A new trainer-side rollout on this server expects what a fresh one serves: the checkpoint.

@@ -25,8 +25,15 @@ from drivetrain_engine_core.handoff import (
 from drivetrain_engine_core.handoff.bucket import as_bytes
 from drivetrain_engine_core.rollout import SamplingConfig
 
-PROTOCOL = 1
-"""The message format's version: both ends must speak the same one (raised on any incompatible change)."""
+DISTRIBUTION = "drivetrain-rollout-vllm"
+
+PROTOCOL = 2
+"""The message format's version: both ends must speak the same one (raised on any incompatible change; 2: the
+start request carries the vLLM options)."""
+
+PROTOCOL_1_START = "failed with TypeError: Server.start() takes 3 positional arguments but 4 were given"
+"""How a protocol-1 server (drivetrain-rollout-vllm 0.2.0) answers a protocol-2 start request: it fails on the
+options argument before it compares protocols."""
 
 AUTHKEY_VARIABLE = "DRIVETRAIN_VLLM_SERVER_AUTHKEY"
 """The environment variable that hands the server its connection's secret (hex), so it is not on its argv."""

@@ -1,0 +1,115 @@
+"""The vLLM rollouts' own options (a job's ``rollout.options.<key>``): vLLM's engine settings a user changes for
+a GPU, and, for ``vllm-server``, how long the trainer waits for one answer.
+
+Each vLLM setting keeps the name of vLLM's ``LLM`` argument it sets (verl's ``rollout.gpu_memory_utilization``,
+``rollout.max_model_len``, ``rollout.max_num_seqs``, ``rollout.enforce_eager`` have the same names); one left
+unset is left to vLLM, except the CPU KV cache (:func:`memory_options`). The separate placement sends them to
+its server with the start request, so no environment variable configures the server's vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.rollout_options import RolloutOptions
+
+from .deadline import RequestDeadline
+
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def memory_options(device: str) -> dict[str, Any]:
+    """How much memory vLLM takes beside the training engine in the same process when no option says.
+
+    NOTE: on CPU vLLM otherwise reserves 92% of the host's memory (``gpu_memory_utilization``) and refuses to
+    start when that much is not free; colocated with training it gets a 1 GiB KV cache unless
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's own variable) says otherwise. On GPUs vLLM's own default applies.
+    """
+    if device == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    return {}
+
+
+@dataclass(kw_only=True, frozen=True)
+class VLLMOptions(RolloutOptions):
+    """The ``vllm`` rollout's options; each sets vLLM's ``LLM`` argument of the same name.
+
+    Attributes:
+        gpu_memory_utilization: the share of the device's memory vLLM takes for weights, activations and KV
+            cache, in (0, 1] (unset: vLLM's 0.9 on GPUs; on CPU a 1 GiB KV cache instead). Colocated with
+            training on a GPU, lower it to leave the trainer room (verl's examples: 0.4-0.6).
+        kv_cache_memory_bytes: the KV cache's size in bytes, instead of a share of memory (unset: as
+            ``gpu_memory_utilization`` says). Set at most one of the two.
+        max_model_len: the longest prompt plus response vLLM serves (unset: the model's context length); a
+            long-context model on a small GPU needs it lowered for its KV cache to fit.
+        max_num_seqs: the most sequences vLLM schedules in one step (unset: vLLM's default).
+        enforce_eager: run every step eagerly (true: no CUDA-graph capture, whose memory the trainer would
+            lose); false captures CUDA graphs on GPUs: faster decoding after a slower start.
+    """
+
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    enforce_eager: bool = True
+
+    def __post_init__(self) -> None:
+        share = self.gpu_memory_utilization
+        if share is not None and not 0 < share <= 1:
+            raise ConfigError(
+                f"rollout.options.gpu_memory_utilization={share} must be in (0, 1] (a share of the device's "
+                "memory, e.g. 0.5); unset it for vLLM's default."
+            )
+        if share is not None and self.kv_cache_memory_bytes is not None:
+            raise ConfigError(
+                "rollout.options.gpu_memory_utilization and rollout.options.kv_cache_memory_bytes are both set; "
+                "vLLM sizes its memory by one of them: unset the other."
+            )
+        for name in ("kv_cache_memory_bytes", "max_model_len", "max_num_seqs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"rollout.options.{name}={value} must be >= 1; unset it for vLLM's default."
+                )
+
+    def engine_arguments(self, device: str) -> dict[str, Any]:
+        """The ``vllm.LLM`` arguments these options set (unset ones left out), with the CPU memory default
+        (:func:`memory_options`) when neither memory option is set."""
+        names = ("gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs")
+        given = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        memory = (
+            {} if {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(given) else memory_options(device)
+        )
+        return {"enforce_eager": self.enforce_eager, **memory, **given}
+
+    def vllm_fields(self) -> dict[str, Any]:
+        """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(VLLMOptions)}
+
+
+@dataclass(kw_only=True, frozen=True)
+class VLLMServerOptions(VLLMOptions):
+    """The ``vllm-server`` rollout's options: its vLLM's (:class:`VLLMOptions`) and the trainer's wait.
+
+    Attributes:
+        request_timeout_s: how long the trainer waits for any one answer of the server before it names the
+            server hung and stops it, in seconds (unset: derived from each request, 120 s plus its tokens at
+            10 tokens/s and its weight bytes at 10 MB/s; set it for a model slower than that).
+    """
+
+    request_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        RequestDeadline(fixed_seconds=self.request_timeout_s)  # its check, named by the option
+
+    def deadline(self) -> RequestDeadline:
+        """The requests' deadline: ``request_timeout_s`` when set, else the deprecated
+        ``$DRIVETRAIN_VLLM_REQUEST_SECONDS`` (:meth:`RequestDeadline.from_environment`), else derived."""
+        if self.request_timeout_s is not None:
+            return RequestDeadline(fixed_seconds=self.request_timeout_s)
+        return RequestDeadline.from_environment()

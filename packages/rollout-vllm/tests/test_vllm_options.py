@@ -1,0 +1,146 @@
+"""The vLLM rollouts' options (``rollout.options.*``): what they hand vLLM, how core checks them against the
+plugin's declaration, and the ``vllm-server`` request timeout they set. No vLLM is needed: the arguments are
+compared with the options written out, and the server's side is a recorder of the requests' waits (the real
+server's waits are tested in test_vllm_server_deadline.py); runs in either environment in well under a second."""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import version
+
+import pytest
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.rollout import SamplingConfig, rollout_options
+from drivetrain_rollout_vllm import RequestDeadline, VLLMOptions, VLLMServerOptions, VLLMServerRollout
+from drivetrain_rollout_vllm.deadline import REQUEST_SECONDS_VARIABLE
+from drivetrain_rollout_vllm.options import CPU_KV_CACHE_BYTES
+
+GIB = 1 << 30
+VLLM_ACCEPTS = (
+    "gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None, max_model_len: "
+    "int | None = None, max_num_seqs: int | None = None, enforce_eager: bool = True"
+)
+
+
+def test_the_options_are_vllms_arguments_with_the_cpu_kv_cache_unless_memory_is_set(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert CPU_KV_CACHE_BYTES == GIB
+    assert VLLMOptions().engine_arguments("cpu") == {"enforce_eager": True, "kv_cache_memory_bytes": GIB}
+    assert VLLMOptions().engine_arguments("cuda") == {"enforce_eager": True}
+    set_ = VLLMOptions(gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=64, enforce_eager=False)
+    expected = {
+        "enforce_eager": False,
+        "gpu_memory_utilization": 0.5,
+        "max_model_len": 4096,
+        "max_num_seqs": 64,
+    }
+    assert set_.engine_arguments("cpu") == set_.engine_arguments("cuda") == expected
+    assert VLLMOptions(kv_cache_memory_bytes=GIB // 4).engine_arguments("cuda") == {
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": GIB // 4,
+    }
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # vLLM's own variable sizes the CPU cache then
+    assert VLLMOptions().engine_arguments("cpu") == {"enforce_eager": True}
+
+
+def test_core_builds_each_rollouts_options_from_plain_values():
+    given = {"gpu_memory_utilization": "0.4", "max_model_len": 2048, "enforce_eager": "false"}
+    expected = {"gpu_memory_utilization": 0.4, "max_model_len": 2048, "enforce_eager": False}
+    assert rollout_options("vllm-server", {**given, "request_timeout_s": 900}) == VLLMServerOptions(
+        **expected, request_timeout_s=900.0
+    )
+    assert VLLMServerOptions(**expected, request_timeout_s=9).vllm_fields() == {
+        **expected,
+        "kv_cache_memory_bytes": None,
+        "max_num_seqs": None,
+    }
+
+
+def test_an_unknown_option_names_the_plugin_and_every_option_it_takes():
+    with pytest.raises(ConfigError) as error:
+        rollout_options("vllm-server", {"request_timeout": 600})
+    assert str(error.value) == (
+        f"rollout 'vllm-server' (drivetrain-rollout-vllm {version('drivetrain-rollout-vllm')}) has no option "
+        f"'request_timeout' (rollout.options.request_timeout); it accepts {VLLM_ACCEPTS}, request_timeout_s: "
+        "float | None = None. Did you mean 'request_timeout_s'? Drop rollout.options.request_timeout, or write "
+        "one of those keys."
+    )
+
+
+def test_the_colocated_rollout_takes_vllms_options_only():
+    pytest.importorskip("vllm")  # looking the colocated rollout up needs vLLM
+    assert rollout_options("vllm", {}) == VLLMOptions()
+    with pytest.raises(
+        ConfigError, match=f"has no option 'request_timeout_s' .* it accepts {VLLM_ACCEPTS}\\."
+    ):
+        rollout_options("vllm", {"request_timeout_s": 600})
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"gpu_memory_utilization": 1.5}, "rollout.options.gpu_memory_utilization=1.5 must be in (0, 1]"),
+        ({"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": GIB}, "are both set"),
+        ({"max_model_len": 0}, "rollout.options.max_model_len=0 must be >= 1"),
+        (
+            {"request_timeout_s": 0},
+            "rollout.options.request_timeout_s=0.0 must be a positive number of seconds",
+        ),
+        (
+            {"request_timeout_s": "an hour"},
+            "rollout.options.request_timeout_s='an hour' is not a valid float",
+        ),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_option(given, says):
+    with pytest.raises(ConfigError) as error:
+        rollout_options("vllm-server", given)
+    assert str(error.value).startswith("rollout 'vllm-server' (drivetrain-rollout-vllm ")
+    assert says in str(error.value)
+
+
+class RecordingServer:
+    """Answers every request at once and records how long the rollout would wait for it."""
+
+    model_path, device = "model", "cpu"
+
+    def __init__(self):
+        self.waits: dict[str, float] = {}
+
+    def call(self, op, *args, payload=None, what, seconds):
+        self.waits[op] = seconds
+        return {"start": {}, "generate": ([[3]], [[-0.5]])}.get(op)
+
+
+PROMPTS = [[1, 2, 3], [4, 5]]
+SAMPLING = SamplingConfig(n=1, max_new_tokens=64)
+
+
+def test_every_request_waits_the_options_timeout(monkeypatch, caplog):
+    monkeypatch.setenv(REQUEST_SECONDS_VARIABLE, "7200")  # deprecated: the option wins, and nothing is said
+    server = RecordingServer()
+    rollout = VLLMServerRollout(
+        model_path="model", server=server, options=VLLMServerOptions(request_timeout_s=45)
+    )
+    rollout.generate(PROMPTS, SAMPLING)
+    rollout.sleep()
+    assert rollout.deadline == RequestDeadline(fixed_seconds=45.0)
+    # The start waits at least the server's start-up allowance; every other request the option's seconds.
+    assert server.waits == {"start": 600.0, "generate": 45.0, "sleep": 45.0}
+    assert REQUEST_SECONDS_VARIABLE not in caplog.text
+
+
+def test_unset_the_deprecated_variable_still_fixes_the_deadline_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setenv(REQUEST_SECONDS_VARIABLE, "7200")
+    with caplog.at_level(logging.WARNING, logger="drivetrain_rollout_vllm.deadline"):
+        rollout = VLLMServerRollout(model_path="model", server=RecordingServer())
+    assert rollout.deadline == RequestDeadline(fixed_seconds=7200.0)
+    assert caplog.messages == [
+        f"{REQUEST_SECONDS_VARIABLE} is deprecated and will be removed: set "
+        "rollout.options.request_timeout_s=7200 instead (the option wins where both are set)."
+    ]
+    monkeypatch.delenv(REQUEST_SECONDS_VARIABLE)
+    server = RecordingServer()
+    VLLMServerRollout(model_path="model", server=server).generate(PROMPTS, SAMPLING)
+    # Derived: 120 s, then every prompt token and n x max_new_tokens per prompt at 10 tokens/s.
+    assert server.waits["generate"] == pytest.approx(120 + (3 + 2 + 2 * 1 * 64) / 10)
