@@ -1,7 +1,8 @@
-"""Liger's fused linear cross-entropy agrees with the chunked torch log-probs (values and gradients, bf16).
+"""Liger's fused linear cross-entropy agrees with the chunked torch log-probs (values and gradients, bf16), and
+a float32 model under bf16 autocast attends with the varlen flash kernel.
 
-The agreement test runs in the GPU lane; on CPU, what takes which path and the refusals. (The varlen flash
-attention's tests are core's: ``test_core_packed_attention.py``.)
+The CUDA tests run in the GPU lane; on CPU, what takes which path and the refusals. (The varlen flash
+attention's own tests are core's: ``test_core_packed_attention.py``.)
 """
 
 from __future__ import annotations
@@ -48,6 +49,44 @@ def test_liger_log_probs_match_the_chunked_torch_path():
     for grad, ref in zip(got[1:], expected[1:], strict=True):
         assert grad.dtype == torch.bfloat16
         assert float((grad.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+@requires_cuda
+def test_float32_weights_under_bf16_autocast_attend_with_the_flash_kernel(monkeypatch):
+    """The GPU benchmark's bare loop: float32 weights, bf16 autocast, the varlen attention. Rotary gives float32
+    query/key there; packed attention casts them to bf16, so every layer takes torch's varlen flash kernel and
+    none SDPA (the H100 figures taken before that cast timed a bare loop whose attention ran the math kernel)."""
+    from drivetrain_engine_core import packed_attention
+    from drivetrain_engine_core.data.packing import pack_micro_batch
+    from drivetrain_engine_core.testing import random_batch
+    from drivetrain_engine_fsdp.attention import register_varlen_attention
+    from drivetrain_engine_fsdp.inputs import packed_row_kwargs
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    flash_inputs = []
+    flash = packed_attention._torch_varlen
+
+    def counted_flash(query, *args, **kwargs):
+        flash_inputs.append(query.dtype)
+        return flash(query, *args, **kwargs)
+
+    def no_sdpa(*args, **kwargs):
+        raise AssertionError("packed attention took an SDPA path, not the flash kernel")
+
+    monkeypatch.setattr(packed_attention, "_torch_varlen", counted_flash)
+    monkeypatch.setattr(packed_attention, "_padded_sdpa", no_sdpa)
+    monkeypatch.setattr(packed_attention, "_per_sequence_sdpa", no_sdpa)
+    config = AutoConfig.for_model(
+        "qwen2", vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation=register_varlen_attention()
+    ).cuda()
+    batch = random_batch(vocab_size=64, prompt_lengths=(40, 3), response_lengths=(60, 5), seed=0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(**packed_row_kwargs(pack_micro_batch(batch.to("cuda"), (100, 8))))
+    assert flash_inputs == [torch.bfloat16] * config.num_hidden_layers
 
 
 def test_liger_computes_only_what_it_can_compute_like_the_torch_path():
