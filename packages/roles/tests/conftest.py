@@ -1,5 +1,5 @@
-"""What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from and the small
-``grpo``/``ppo`` config their parity tests run on.
+"""What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from, the small
+``grpo``/``ppo`` config their parity tests run on and a run folder's state entry for entry.
 
 NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
 conftest nor a sibling module.
@@ -7,6 +7,7 @@ conftest nor a sibling module.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,3 +65,23 @@ def small_rl_config() -> Callable[..., Any]:
     """``config(load_config, model_path, *overrides)``: the config of ``grpo`` or ``ppo`` (the command's
     ``load_config``) for ``model_path`` with :data:`SMALL_RL`'s sizes, ``overrides`` on top."""
     return _small_rl_config
+
+
+FolderState = dict[str, tuple[int, int, int, bytes | str | None]]
+
+
+def _folder_state(run: Path) -> FolderState:
+    """Every entry under ``run``: its mode (kind), size, modification time and bytes (a link: its target)."""
+    state = {}
+    for path in sorted(run.rglob("*")):
+        info = path.lstat()
+        content = os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else None
+        state[str(path.relative_to(run))] = (info.st_mode, info.st_size, info.st_mtime_ns, content)
+    return state
+
+
+@pytest.fixture(scope="session")
+def folder_state() -> Callable[[Path], FolderState]:
+    """``state(run)``: every entry of the run folder ``run`` (mode, size, mtime, bytes or link target), what a
+    refused ``--resume`` must leave as it was."""
+    return _folder_state

@@ -449,7 +449,8 @@ def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -
             (self.output_dir / "final_model").mkdir(parents=True, exist_ok=True)
             (self.output_dir / "final_model" / "config.json").write_text("{}")
             if self.config.trainer.total_steps != 13:  # 13: a warm start cut short before its summary
-                (self.output_dir / "summary.json").write_text(json.dumps({"evaluations": []}))
+                summary = {"evaluations": [], "config": {"model": {"path": self.config.model.path}}}
+                (self.output_dir / "summary.json").write_text(json.dumps(summary))
             return type("Result", (), {"evaluations": []})()
 
     monkeypatch.setattr(warm_start, "SFTTrainer", FakeSFTTrainer)

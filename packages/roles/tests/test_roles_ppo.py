@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import pytest
 import torch
@@ -239,17 +238,7 @@ def test_run_folder_and_resume(tmp_path, config_for):
     assert resumer.critic.updates_done == 3 and resumer.actor.updates_done == 2
 
 
-def _folder_state(run):
-    """Every entry under ``run``: its kind, size, modification time and bytes (a link: its target)."""
-    state = {}
-    for path in sorted(run.rglob("*")):
-        info = path.lstat()
-        content = os.readlink(path) if path.is_symlink() else path.read_bytes() if path.is_file() else None
-        state[str(path.relative_to(run))] = (info.st_mode, info.st_size, info.st_mtime_ns, content)
-    return state
-
-
-def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path):
+def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path, folder_state):
     """A resume refused at the actor's checkpoint (another seed, another model) had already rebuilt
     ``critic_start``, linking the run's critic start to the refused model; the critic is made once the checkpoint
     has loaded and matched the run, so the folder is as it was, entry for entry."""
@@ -269,7 +258,7 @@ def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path):
     started = CliRunner().invoke(drivetrain_cli, ["ppo", "--output-dir", str(run), *first])
     assert started.exit_code == 0, started.output
     assert (run / CRITIC_START_DIR / "config.json").is_file()
-    before = _folder_state(run)
+    before = folder_state(run)
     other = make_tiny_model_dir(tmp_path / "other", hidden_size=48)
     refusals = {
         "trainer.seed=7": "trained with trainer.seed=0, this run has 7; resume with the same value or start a new",
@@ -279,4 +268,4 @@ def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path):
         refused = CliRunner().invoke(drivetrain_cli, ["ppo", "--resume", "--output-dir", str(run), override])
         assert refused.exit_code == 1 and "Traceback" not in refused.output
         assert message in refused.output
-        assert _folder_state(run) == before, override
+        assert folder_state(run) == before, override

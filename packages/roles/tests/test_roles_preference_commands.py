@@ -4,6 +4,7 @@ that give the run's scores), reference modes that agree, pair data errors, confi
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -369,6 +370,15 @@ def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp
     assert float((chosen > rejected).float().mean()) == last["val/accuracy"]
 
 
+def _fake_model(directory: Path, name: str) -> Path:
+    """A model folder whose weights and tokenizer are the text ``weights of <name>``, ``tokenizer of <name>``."""
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 8}))
+    (directory / "model.safetensors").write_text(f"weights of {name}")
+    (directory / "tokenizer.json").write_text(f"tokenizer of {name}")
+    return directory
+
+
 def test_the_reward_models_start_is_rebuilt_from_this_runs_model(tmp_path) -> None:
     """Files a previous run left in ``initial_model`` were kept (only config.json was rewritten), so a run in
     the same folder with another ``model.path`` (after --overwrite, or a crash before its first checkpoint)
@@ -377,13 +387,8 @@ def test_the_reward_models_start_is_rebuilt_from_this_runs_model(tmp_path) -> No
 
     sources = {}
     for name in ("a", "b"):
-        source = tmp_path / name
-        source.mkdir()
-        (source / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": len(name) * 8}))
-        (source / "model.safetensors").write_text(f"weights of {name}")
-        (source / "tokenizer.json").write_text(f"tokenizer of {name}")
-        (source / f"only_in_{name}.txt").write_text(name)
-        sources[name] = source
+        sources[name] = _fake_model(tmp_path / name, name)
+        (sources[name] / f"only_in_{name}.txt").write_text(name)
     target = tmp_path / "run" / "initial_model"
     write_value_model_start(str(sources["a"]), target)
     write_value_model_start(str(sources["b"]), target)
@@ -400,6 +405,53 @@ def test_the_reward_models_start_is_rebuilt_from_this_runs_model(tmp_path) -> No
     write_value_model_start(str(target), target)
     assert (target / "tokenizer.json").read_text() == "tokenizer of b"
     assert json.loads((target / "config.json").read_text())["hidden_size"] == 8
+
+
+def test_a_resumed_reward_models_start_is_checked_not_rewritten(tmp_path, folder_state) -> None:
+    """``--resume`` rebuilt ``initial_model`` before its checkpoint was checked (a refused resume wrote into the
+    run folder); keeping it unchecked would train the run's model under another ``model.path``. A resumed start
+    is left as it is when it is the asked model's (in a run folder moved whole too: its links into the run are
+    relative), else one error names both models."""
+    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_roles.rm.export import write_value_model_start
+
+    old, run = tmp_path / "old", tmp_path / "run"
+    warm = _fake_model(old / "warm_start" / "final_model", "warm")
+    write_value_model_start(str(warm), old / "initial_model")
+    assert (
+        os.readlink(old / "initial_model" / "model.safetensors")
+        == "../warm_start/final_model/model.safetensors"
+    )
+    before = folder_state(old)
+    old.rename(run)
+    start = run / "initial_model"
+    write_value_model_start(str(run / "warm_start" / "final_model"), start, resume=True)
+    assert folder_state(run) == before
+    other = _fake_model(tmp_path / "other", "other")
+    with pytest.raises(
+        CheckpointError, match=rf"{start} was made from another model \({run}/warm_start/final"
+    ):
+        write_value_model_start(str(other), start, resume=True)
+    assert folder_state(run) == before
+
+    # A user's model outside the run is linked by its absolute path; another one with the same files is refused.
+    user, start = _fake_model(tmp_path / "model", "user"), tmp_path / "user" / "initial_model"
+    write_value_model_start(str(user), start)
+    assert os.readlink(start / "model.safetensors") == str(user / "model.safetensors")
+    with pytest.raises(
+        CheckpointError, match=rf"another model \({user}\) than this --resume starts from \({other}"
+    ):
+        write_value_model_start(str(other), start, resume=True)
+
+    # The embedded model's untrained start, given the reward config in place, is kept; another model is refused.
+    embedded = _fake_model(tmp_path / "embedded" / "initial_model", "embedded")
+    write_value_model_start(str(embedded), embedded)
+    before = folder_state(embedded)
+    write_value_model_start(str(embedded), embedded, resume=True)
+    assert folder_state(embedded) == before
+    with pytest.raises(CheckpointError, match=r"another model \(its own files, the embedded model\)"):
+        write_value_model_start(str(other), embedded, resume=True)
+    assert folder_state(embedded) == before
 
 
 def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path) -> None:

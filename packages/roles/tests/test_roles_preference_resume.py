@@ -76,3 +76,48 @@ def test_resume_without_a_checkpoint_is_one_error_naming_the_fix(tmp_path, monke
     assert "rm-*; pass --output-dir DIR of the run to continue" in newest.output
     both = runner.invoke(drivetrain_cli, ["dpo", "--resume", "--overwrite"])
     assert both.exit_code == 2 and "--overwrite deletes its checkpoints: pass one" in both.output
+
+
+def test_a_refused_rm_resume_writes_nothing_and_a_resumed_rm_run_is_exact(tmp_path, folder_state) -> None:
+    """A refused ``drivetrain rm --resume`` (another seed, another model) had already rebuilt
+    ``<run>/initial_model`` (linked to the refused model's weights: the start its engine loads) and rewritten the
+    warm start's SFT rows, and one with another model but the warm start it reused went on training the run's
+    model; now each is one error and the folder is as it was, entry for entry (moved whole: the start's links
+    into the run folder are relative), and a resume with the run's model and seed reproduces the uninterrupted
+    run exactly."""
+    from drivetrain_engine_core.testing import make_tiny_model_dir
+    from drivetrain_roles.rm.config import load_config as load_rm_config
+    from drivetrain_roles.rm.trainer import RMTrainer
+
+    steps = [*STEPS[:5], "warm_start.sft_steps=2", "warm_start.batch_size=8"]
+    steps += ["trainer.total_steps=2", "trainer.save_every=1", "checkpoint.max_ckpt_to_keep=2"]
+    full_dir, run = tmp_path / "full", tmp_path / "run"
+    full = RMTrainer(load_rm_config(overrides=steps), full_dir).run()
+    # The run "crashed" after its step-1 checkpoint.
+    shutil.copytree(full_dir, run, symlinks=True)
+    shutil.rmtree(run / "checkpoints" / "global_step_2")
+    (run / "checkpoints" / "latest").write_text("global_step_1")
+    before = folder_state(run)
+    other = make_tiny_model_dir(tmp_path / "other", hidden_size=48)
+    seed = "trained with trainer.seed=0, this run has 7; resume with the same value or start a new"
+    refusals = {
+        ("trainer.seed=7",): seed,
+        (f"model.path={other}",): (
+            f"the warm start in {run / 'warm_start'} was trained from model.path=builtin:arithmetic, this --resume "
+            f"has model.path={other}"
+        ),
+        (f"model.path={other}", "warm_start.sft_steps=0"): (
+            f"{run / 'initial_model'} was made from another model ({run / 'warm_start' / 'final_model'}) than this "
+            f"--resume starts from ({other})"
+        ),
+    }
+    for overrides, message in refusals.items():
+        refused = CliRunner().invoke(drivetrain_cli, ["rm", "--resume", "--output-dir", str(run), *overrides])
+        assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+        assert message in refused.output
+        assert folder_state(run) == before, overrides
+
+    resumed = RMTrainer(load_rm_config(overrides=steps), run, resume=True).run()
+    assert resumed.start_step == 1
+    assert resumed.train_losses == full.train_losses[1:]  # bit-exact
+    assert resumed.evaluations == full.evaluations

@@ -157,10 +157,6 @@ class PairTrainer(TrainingJob[PairResult]):
         directory = self.output_dir / "data"
         sft_train = [str(directory / f"sft_train_{i}.jsonl") for i in range(len(train_files))]
         sft_val = [str(directory / f"sft_val_{i}.jsonl") for i in range(len(val_files))]
-        if distributed.rank() == 0:
-            for source, target in zip(train_files + val_files, sft_train + sft_val, strict=True):
-                write_sft_rows(source, Path(target), self.data)
-        distributed.barrier()
         sft_config = warm_start_config(
             model=model,
             engine=self.engine_config,
@@ -170,8 +166,19 @@ class PairTrainer(TrainingJob[PairResult]):
             sft_files=(sft_train, sft_val),
         )
         return run_warm_start(
-            sft_config, self.output_dir, reuse=self.folder.resume, batch_size_setting="warm_start.batch_size"
+            sft_config,
+            self.output_dir,
+            reuse=self.folder.resume,
+            batch_size_setting="warm_start.batch_size",
+            write_data=lambda: self._write_sft_rows(train_files + val_files, sft_train + sft_val),
         )
+
+    def _write_sft_rows(self, pair_files: list[str], sft_files: list[str]) -> None:
+        """Each pair file's prompts and chosen responses as the warm start's SFT rows (rank 0; collective)."""
+        if distributed.rank() == 0:
+            for source, target in zip(pair_files, sft_files, strict=True):
+                write_sft_rows(source, Path(target), self.data)
+        distributed.barrier()
 
     def _build_engine(
         self, model_path: str, optimizer: OptimizerConfig | None, checkpoint: CheckpointConfig | None = None

@@ -11,16 +11,17 @@ sequence-classification head has no dropout either, so training scores what the 
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.errors import CheckpointError, DrivetrainError
 
 from ..jobs.final_model import gather_weights
 from ..jobs.rank_zero_write import rank_zero_write
@@ -32,40 +33,101 @@ VALUE_START_DIR = "initial_model"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json")
 """Files of the start model that are linked, not copied: the weights (and their index)."""
 
+StartEntry = tuple[Literal["config", "link", "copy"], str]
+"""One entry of the start folder: ``("config", text)``, ``("link", target)`` or ``("copy", source file)``."""
 
-def write_value_model_start(source: str, target: Path) -> str:
+
+def write_value_model_start(source: str, target: Path, *, resume: bool = False) -> str:
     """``target``: ``source``'s weights linked, its other files (tokenizer, generation config) copied, and a
     config with one label, no score bias and no head dropout (rank 0 writes); returns ``target``.
 
+    With ``resume``, a ``target`` already there is checked, not written: the resumed checkpoint was trained
+    from it, and a resume refused later (another seed) must leave the run folder as it was.
+
     NOTE: the small files are copied because a checkpoint merge copies the tokenizer only from regular files
     (a symlink may point anywhere): with links, a merged reward model came out without its tokenizer. The
-    folder is rebuilt every time: files a previous run left there were kept, so a run in the same folder
+    folder is rebuilt by every new run: files a previous run left there were kept, so a run in the same folder
     with another ``model.path`` (after ``--overwrite``, or a crash before its first checkpoint) trained the
     previous model's weights under the new config. The embedded model's untrained start is written to
     ``target`` itself; it is only given the reward model's config.
+
+    Raises:
+        CheckpointError: with ``resume``, ``target`` was made from another model than ``source`` (every rank).
     """
     with rank_zero_write("the reward model's start", target):
         if distributed.rank() == 0:
-            config = json.loads((Path(source) / "config.json").read_text())
-            if Path(source).resolve() != target.resolve():
-                _link_and_copy(Path(source), target)
-            config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
-            (target / "config.json").write_text(json.dumps(config, indent=2))
+            in_place = Path(source).resolve() == target.resolve()
+            entries = _start_entries(Path(source), target, in_place=in_place)
+            if resume and (target / "config.json").is_file():
+                _check_start(source, target, entries, in_place=in_place)
+            else:
+                _write_start(target, entries, in_place=in_place)
     return str(target)
 
 
-def _link_and_copy(source: Path, target: Path) -> None:
-    """``target`` afresh: ``source``'s weights linked, its other files but the config copied."""
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for entry in source.iterdir():
-        destination = target / entry.name
+def _start_entries(source: Path, target: Path, *, in_place: bool) -> dict[str, StartEntry]:
+    """The start folder's entries by name; in place, only the config (the other files are the start's own).
+
+    NOTE: a link to a file of the same run folder (the warm start's final model) is relative, so a run folder
+    moved or copied whole still resumes: its absolute links named the old place.
+    """
+    config = json.loads((source / "config.json").read_text())
+    config.update(num_labels=1, token_classification_bias=False, classifier_dropout=0.0)
+    entries: dict[str, StartEntry] = {"config.json": ("config", json.dumps(config, indent=2))}
+    run = target.parent.resolve()
+    for entry in [] if in_place else sorted(source.iterdir()):
         if entry.name == "config.json":
             continue
         if entry.name.endswith(WEIGHT_SUFFIXES) or not entry.is_file():
-            os.symlink(entry.resolve(), destination)
+            linked = entry.resolve()
+            relative = linked.is_relative_to(run)
+            entries[entry.name] = ("link", os.path.relpath(linked, target) if relative else str(linked))
         else:
-            shutil.copyfile(entry, destination)
+            entries[entry.name] = ("copy", str(entry))
+    return entries
+
+
+def _write_start(target: Path, entries: dict[str, StartEntry], *, in_place: bool) -> None:
+    """Write ``entries`` to ``target``, afresh unless ``in_place``."""
+    if not in_place:
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+    for name, (kind, value) in entries.items():
+        if kind == "link":
+            os.symlink(value, target / name)
+        elif kind == "copy":
+            shutil.copyfile(value, target / name)
+        else:
+            (target / name).write_text(value)
+
+
+def _check_start(source: str, target: Path, entries: dict[str, StartEntry], *, in_place: bool) -> None:
+    """Refuse a ``target`` that does not hold ``entries`` (and, unless ``in_place``, nothing else).
+
+    NOTE: keeping the folder as it is would quietly train the run's first model under another ``model.path``;
+    rebuilding it before the checkpoint is checked wrote into the run folder on a resume refused there.
+    """
+    names = sorted(p.name for p in target.iterdir())
+    if (in_place or names == sorted(entries)) and all(
+        _holds(target / name, kind, value) for name, (kind, value) in entries.items()
+    ):
+        return
+    links = [target / name for name in names if (target / name).is_symlink()]
+    made_from = str(links[0].resolve().parent) if links else "its own files, the embedded model"
+    raise CheckpointError(
+        f"{target} was made from another model ({made_from}) than this --resume starts from ({source}), and the "
+        "run's checkpoints were trained from it. Set model.path (and warm_start.sft_steps) as the run had them, "
+        "or start a new run without --resume."
+    )
+
+
+def _holds(path: Path, kind: str, value: str) -> bool:
+    """Whether ``path`` is the start folder's entry ``(kind, value)`` (see :func:`_start_entries`)."""
+    if kind == "link":  # the same file (a start written before its links were relative held absolute ones)
+        return path.is_symlink() and path.resolve() == (path.parent / value).resolve()
+    if path.is_symlink() or not path.is_file():
+        return False
+    return filecmp.cmp(value, path, shallow=False) if kind == "copy" else path.read_text() == value
 
 
 def export_reward_model(engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:

@@ -24,7 +24,9 @@ class RMTrainer(PairTrainer):
     report_keys = ("val/loss", "val/accuracy", "val/margin")
 
     def _start_model(self, start_model: str) -> str:
-        return write_value_model_start(start_model, self.output_dir / VALUE_START_DIR)
+        return write_value_model_start(
+            start_model, self.output_dir / VALUE_START_DIR, resume=self.folder.resume
+        )
 
     def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:
         self.eos_token_id = tokenizer.eos_token_id
