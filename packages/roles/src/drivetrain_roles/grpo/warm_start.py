@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..jobs.assets import model_directory
 from ..jobs.default_assets import BUILTIN_MODEL
-from ..sft.config import SFTConfig, TrainerConfig
+from ..sft.config import SFTConfig, warm_start_trainer
 from .config import RolloutJobConfig
 
 
@@ -36,21 +36,10 @@ def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> 
 
 
 def _warm_start_config(config: RolloutJobConfig) -> SFTConfig:
-    steps = config.trainer.warm_start_steps
-    trainer = TrainerConfig(
-        total_steps=steps,
+    trainer = warm_start_trainer(
+        config.trainer,
+        steps=config.trainer.warm_start_steps,
         batch_size=config.trainer.warm_start_batch_size,
-        eval_every=0,
-        save_every=0,
-        eval_samples=config.trainer.eval_samples,
         max_new_tokens=config.rollout.max_new_tokens,
-        seed=config.trainer.seed,
-        progress_bar=config.trainer.progress_bar,
-        cpu_threads=config.trainer.cpu_threads,
     )
-    return SFTConfig(
-        model=config.model,
-        engine=config.engine,
-        data=config.data,
-        trainer=trainer,
-    )
+    return SFTConfig(model=config.model, engine=config.engine, data=config.data, trainer=trainer)

@@ -11,7 +11,7 @@ import dataclasses
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig
 
 from ..command_sections import DataConfig, RunOptimizerConfig
-from ..sft.config import SFTConfig, TrainerConfig
+from ..sft.config import SFTConfig, warm_start_trainer
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
 
 
@@ -39,16 +39,10 @@ def warm_start_config(
             max_length=data.max_length,
             overlong=data.overlong,
         ),
-        trainer=TrainerConfig(
-            total_steps=warm_start.sft_steps,
+        trainer=warm_start_trainer(
+            trainer,
+            steps=warm_start.sft_steps,
             batch_size=warm_start.batch_size,
-            eval_every=0,
-            save_every=0,
-            eval_samples=trainer.eval_samples,
             max_new_tokens=trainer.max_new_tokens,
-            seed=trainer.seed,
-            progress_bar=trainer.progress_bar,
-            cpu_threads=trainer.cpu_threads,
-            report_to=trainer.report_to,
         ),
     )

@@ -26,6 +26,7 @@ from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     BatchLoopConfig,
     DataConfig,
+    LoopConfig,
     RunOptimizerConfig,
     builtin_model,
     for_a_user_model,
@@ -56,6 +57,25 @@ class TrainerConfig(BatchLoopConfig):
             raise ConfigError(
                 f"trainer.loss_agg_mode={self.loss_agg_mode!r} is not supported; choose one of {list(AGGREGATION_MODES)}."
             )
+
+
+def warm_start_trainer(run: LoopConfig, *, steps: int, batch_size: int, max_new_tokens: int) -> TrainerConfig:
+    """The ``trainer`` section of a warm start, the SFT run a ``dpo``, ``rm`` or ``grpo`` run starts from: its
+    own ``steps``, ``batch_size`` and ``max_new_tokens``, evaluated before and after and saved only at its end,
+    and the calling run's ``trainer`` values (``run``) for the rest: held-out answers, seed, progress bar, CPU
+    threads, trackers."""
+    return TrainerConfig(
+        total_steps=steps,
+        batch_size=batch_size,
+        eval_every=0,
+        save_every=0,
+        eval_samples=run.eval_samples,
+        max_new_tokens=max_new_tokens,
+        seed=run.seed,
+        progress_bar=run.progress_bar,
+        cpu_threads=run.cpu_threads,
+        report_to=run.report_to,
+    )
 
 
 def sft_warmup_steps(total_steps: int) -> int:
