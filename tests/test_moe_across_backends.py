@@ -13,7 +13,10 @@ different token counts (7 and 8 tokens, then 7 and 7), which megatron's all-to-a
   within 1e-5 at every step): expert weights and Adam moments move through their Hugging Face names;
 - router replay (R3) of routes chosen by a formula, unlike the live ones: each rank's log-probs equal a plain
   HF forward forced to them and the FSDP engine's replay of the same routes (1e-5), and a training step over
-  them (after the balance-loss step) gives the FSDP engine's loss, grad norm and ``router_aux_loss``.
+  them (after the balance-loss step) gives the FSDP engine's loss, grad norm and ``router_aux_loss``;
+- and back: the EP2 run that resumed the FSDP step saves its step 6 (distributed optimizer: dense and expert moments in flat buckets of two
+  data-parallel groups, mapped through the layout record), which one FSDP rank continues as 3 more
+  uninterrupted steps.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ pytest.importorskip("drivetrain_engine_megatron")
 
 OPTIMIZER = OptimizerConfig(lr=1e-3, clip_grad=1.0, warmup_steps=2, weight_decay=0.01)
 COEFFICIENT = 0.5  # large enough that the balance loss moves the grad norm well past the tolerance
-SAVE_AT, STEPS = 3, 6
+SAVE_AT, STEPS, EP2_SAVE_AT = 3, 9, 6
 EP2 = {"expert_model_parallel_size": 2, "micro_batch": {"micro_batch_size": 1}}
 
 
@@ -91,7 +94,7 @@ def _step_with_aux(engine, batch) -> tuple[float, float, float]:
     )
 
 
-def _expert_parallel(rank: int, world_size: int, path: str, fsdp_root: str) -> dict:
+def _expert_parallel(rank: int, world_size: int, path: str, fsdp_root: str, ep2_root: str) -> dict:
     del world_size
     batches = [_shard(batch, rank) for batch in _batches()]
     engine = _engine("megatron", path, router_aux_loss_coef=COEFFICIENT, **EP2)
@@ -104,6 +107,8 @@ def _expert_parallel(rank: int, world_size: int, path: str, fsdp_root: str) -> d
     replayed = _replayed_log_probs(engine, batches[0]).unbind()
     resumed = _engine("megatron", path, **EP2)
     extra = resumed.load_checkpoint(fsdp_root)
+    continued = train_history(resumed, batches[SAVE_AT:EP2_SAVE_AT], token_mean_nll)
+    resumed.save_checkpoint(ep2_root, global_step=EP2_SAVE_AT, extra_state={"position": EP2_SAVE_AT})
     return {
         "local_experts": local_experts,
         "exported": exported,
@@ -112,7 +117,7 @@ def _expert_parallel(rank: int, world_size: int, path: str, fsdp_root: str) -> d
         "replayed": replayed,
         "replay_step": _step_with_aux(engine, _routed(batches[0])),
         "extra": extra,
-        "continued": train_history(resumed, batches[SAVE_AT:], token_mean_nll),
+        "continued": continued,
     }
 
 
@@ -140,7 +145,15 @@ def test_expert_parallel_megatron_equals_hf_and_fsdp_and_resumes_fsdp_steps(tmp_
     fsdp.save_checkpoint(tmp_path / "fsdp", global_step=SAVE_AT, extra_state={"position": SAVE_AT})
     reference += train_history(fsdp, batches[SAVE_AT:], token_mean_nll)
 
-    results = run_distributed(_expert_parallel, path, str(tmp_path / "fsdp"), world_size=2, timeout_s=900)
+    roots = (str(tmp_path / "fsdp"), str(tmp_path / "ep2"))
+    results = run_distributed(_expert_parallel, path, *roots, world_size=2, timeout_s=900)
+    back_on_fsdp = _engine("fsdp", path)
+    assert back_on_fsdp.load_checkpoint(roots[1]) == {"global_step": EP2_SAVE_AT, "position": EP2_SAVE_AT}
+    back = train_history(back_on_fsdp, batches[EP2_SAVE_AT:], token_mean_nll)
+    for step, (got, want) in enumerate(
+        zip(back, reference[EP2_SAVE_AT:], strict=True), start=EP2_SAVE_AT + 1
+    ):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), ("ep2 -> fsdp", step)
 
     # Each rank reports its micro-batches' shares of the balance loss: they sum to the step's value.
     shares = sum(result["aux_step"][1] for result in results)
@@ -172,5 +185,6 @@ def test_expert_parallel_megatron_equals_hf_and_fsdp_and_resumes_fsdp_steps(tmp_
         loss, _, norm = result["replay_step"]
         assert (loss, norm) == pytest.approx((fsdp_replay_step[0], fsdp_replay_step[2]), rel=1e-5), rank
         assert result["extra"] == {"global_step": SAVE_AT, "position": SAVE_AT}
-        for step, (got, want) in enumerate(zip(result["continued"], reference[SAVE_AT:], strict=True)):
+        continued = zip(result["continued"], reference[SAVE_AT:EP2_SAVE_AT], strict=True)
+        for step, (got, want) in enumerate(continued, start=SAVE_AT + 1):
             assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (rank, step)

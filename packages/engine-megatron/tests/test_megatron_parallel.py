@@ -320,11 +320,28 @@ def test_megatron_layout_matches_hugging_face(layout_name, model_dirs, tmp_path)
     _assert_merged_equal_export(
         tmp_path / "lm" / f"global_step_{SAVE_AT}", results[0]["language"]["exported_at_save"]
     )
+    if layout_name in RESUMED_ON_ONE_RANK:
+        _assert_resumes_on_one_rank(lm_path, vocab_size, tmp_path / "lm", results[0]["language"]["continued"])
     if with_value:
         _check_value_model(results, paths["value_model"], vocab_size)
         _assert_merged_equal_export(
             tmp_path / "value" / "global_step_2", results[0]["value"]["exported_at_save"]
         )
+
+
+RESUMED_ON_ONE_RANK = ("tp2-sp", "pp2-vpp2")
+"""Layouts whose distributed-optimizer step (flat per-bucket moments, mapped through the layout record) also
+continues on one rank, in this process: no launch of its own."""
+
+
+def _assert_resumes_on_one_rank(path: str, vocab_size: int, root: Path, continued: list) -> None:
+    """The layout's step resumed on one Megatron rank trains the remaining steps as the layout did uninterrupted
+    (loss and grad norm within 1e-5 each step): weights, Adam moments and step all moved."""
+    engine = _engine(path, {})
+    assert engine.load_checkpoint(root) == {"global_step": SAVE_AT, "position": SAVE_AT}
+    resumed = train_history(engine, _batches(vocab_size)[SAVE_AT:], token_mean_nll)
+    for step, (got, want) in enumerate(zip(resumed, continued, strict=True), start=SAVE_AT + 1):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (step, got, want)
 
 
 def _assert_merged_equal_export(step_dir: Path, exported: dict[str, torch.Tensor]) -> None:

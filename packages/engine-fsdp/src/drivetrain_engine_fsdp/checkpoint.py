@@ -32,6 +32,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .conversion import base_model, checkpoint_layout, fuse, fused_weights
+
 
 def save_state(module: nn.Module, optimizer: torch.optim.Optimizer | None, step_dir: Path) -> None:
     """Write ``model/`` (and ``optimizer/`` when given) under ``step_dir``; a collective on every rank."""
@@ -74,13 +76,18 @@ def load_hf_state(
     """
     tied = {_LM_HEAD: _EMBEDDING} if tie_word_embeddings else {}
     shapes = {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(module).items()}  # type: ignore[union-attr]
-    state.check_fits(shapes, tied=tied)
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+    layout = checkpoint_layout(base_model(module), meta)
+    state.check_fits({key: shape for pieces in layout.values() for key, shape in pieces.items()}, tied=tied)
     # The optimizer first: a step whose moments cannot move fails before any weight is changed.
     if optimizer is not None:
         optimizer_state: Any = get_optimizer_state_dict(module, optimizer, options=_FULL)
         names = [name for group in optimizer_state["param_groups"] for name in group["params"]]
         step = float(state.adam_step())
-        moments = {moment: _by_name(state.tensors(moment), names, tied) for moment in ADAM_MOMENTS}
+        moments = {
+            moment: _by_name(_module_layout(module, state.tensors(moment)), names, tied)
+            for moment in ADAM_MOMENTS
+        }
         optimizer_state["state"] = {
             name: {"step": torch.tensor(step), **{moment: moments[moment][name] for moment in ADAM_MOMENTS}}
             for name in names
@@ -88,9 +95,20 @@ def load_hf_state(
         set_optimizer_state_dict(module, optimizer, optimizer_state, options=_FULL)
         for moment in ADAM_MOMENTS:
             state.release(moment)
-    weights: dict[str, Any] = _by_name(state.tensors(WEIGHT), shapes, tied)
+    weights: dict[str, Any] = _by_name(_module_layout(module, state.tensors(WEIGHT)), shapes, tied)
     set_model_state_dict(module, weights, options=_FULL)
     state.release(WEIGHT)
+
+
+def _module_layout(module: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` (Hugging Face checkpoint layout, as every merger yields them: one tensor per expert of a
+    mixture-of-experts layer) with the pieces of each fused module weight joined as ``from_pretrained`` joins
+    them (transformers' own conversion; stacking copies values, so weights and moments stay exact)."""
+    model = base_model(module)
+    joined = dict(tensors)
+    for name, weight in fused_weights(model, tensors).items():
+        joined[name] = fuse(model, name, weight, {key: joined.pop(key) for key, _ in weight.sources})
+    return joined
 
 
 def _by_name(

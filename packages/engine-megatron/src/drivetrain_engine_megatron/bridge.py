@@ -39,6 +39,11 @@ from .norm import DrivetrainNorm
 _NORM_MAPPING = {
     "input_layernorm.weight": "model.layers.{layer}.input_layernorm.weight",
     "pre_mlp_layernorm.weight": "model.layers.{layer}.post_attention_layernorm.weight",
+    # The names a checkpoint stores them under: the local layer spec's sharded state dict keys the norms as
+    # Transformer Engine fuses them. mbridge's mixture-of-experts bridges know the pre-MLP norm only under its
+    # module name (a TE MoE layer keeps it separate), so merging a MoE step failed without these two.
+    "self_attention.linear_qkv.layer_norm_weight": "model.layers.{layer}.input_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_weight": "model.layers.{layer}.post_attention_layernorm.weight",
 }
 _VALUE_HEAD_MAPPING = {"output_layer.weight": "score.weight", "output_layer.bias": "score.bias"}
 

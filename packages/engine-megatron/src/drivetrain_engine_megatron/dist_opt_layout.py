@@ -40,12 +40,16 @@ def write_layout(step_dir: Path, model_state: dict[str, Any], optimizer: Megatro
     """
     pieces = list(_sharded_tensors(model_state))
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    for index, inner in enumerate(getattr(optimizer, "chained_optimizers", [optimizer])):
+    inners = getattr(optimizer, "chained_optimizers", [optimizer])
+    for index, inner in enumerate(inners):
         if not hasattr(inner, "gbuf_ranges") or inner.data_parallel_group.rank() != 0:
             continue
+        # megatron's ChainedOptimizer prefixes each optimizer's keys when it chains several (a mixture of
+        # experts: the dense and the expert parameters have their own optimizers and data-parallel groups).
+        prefix = f"chained_{index}." if len(inners) > 1 else ""
         record = {
             "adam_step": _adam_step(inner),
-            "pieces": [entry for piece in pieces if (entry := _locate(inner, piece)) is not None],
+            "pieces": [entry for piece in pieces if (entry := _locate(inner, piece, prefix)) is not None],
         }
         directory = step_dir / LAYOUT_DIR
         directory.mkdir(parents=True, exist_ok=True)
@@ -109,9 +113,10 @@ def _sharded_tensors(model_state: dict[str, Any]) -> Iterator[ShardedTensor]:
                 yield each
 
 
-def _locate(inner: Any, piece: ShardedTensor) -> dict[str, Any] | None:
-    """``piece``'s checkpoint placement and where its elements start in one of ``inner``'s buckets, or
-    ``None`` when they are not in its buffers (another optimizer's parameters, or not a parameter)."""
+def _locate(inner: Any, piece: ShardedTensor, prefix: str) -> dict[str, Any] | None:
+    """``piece``'s checkpoint placement and where its elements start in one of ``inner``'s buckets (whose keys
+    start with ``prefix``), or ``None`` when they are not in its buffers (another optimizer's parameters, or
+    not a parameter)."""
     data = piece.data
     for gbuf_idx, buffer in enumerate(inner.buffers):
         base = buffer.param_data
@@ -126,7 +131,7 @@ def _locate(inner: Any, piece: ShardedTensor) -> dict[str, Any] | None:
                 return {
                     # The key megatron's sharded_param_state_dp_reshardable gives this bucket's tensors.
                     "bucket": (
-                        f"optimizer.distributed.dp_group_idx_{inner.data_parallel_group_idx}"
+                        f"{prefix}optimizer.distributed.dp_group_idx_{inner.data_parallel_group_idx}"
                         f".gbuf_idx_{gbuf_idx}.dtype_{dtype}.bucket_idx_{bucket_idx}"
                     ),
                     "start": position - bucket.offset,

@@ -2,13 +2,15 @@
 
 A step's ``model/`` (dist_checkpointing ``torch_dist``) holds **full** tensors: TP shards concatenated
 (``linear_qkv`` in megatron's per-query-group layout, ``linear_fc1`` as ``[gate; up]``) and the decoder
-layers stacked on a leading dimension under ``decoder.layers.<param>``. This module unstacks the layers and
+layers stacked on a leading dimension under ``decoder.layers.<param>`` (a mixture of experts' expert weights
+on a second one). This module unstacks the layers (and experts) and
 converts each tensor with the same mbridge bridge the engine uses, built here for a world of one, so the
 merged weights equal ``MegatronEngine.export_weights()``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -20,6 +22,7 @@ from .bridge import bridge_class
 _LAYERS = "decoder.layers."
 _EMBEDDING = "embedding.word_embeddings.weight"
 _OUTPUT_LAYER = "output_layer.weight"
+_STACKED_EXPERTS = re.compile(r"^(decoder\.layers\.\d+\.mlp\.experts)\.experts\.(linear_fc[12]\.weight)$")
 
 
 def unstack_layers(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
@@ -30,6 +33,18 @@ def unstack_layers(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch
             yield f"{_LAYERS}{index}.{rest}", tensor[index]
     else:
         yield name, tensor
+
+
+def unstack_experts(name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """One layer's ``mlp.experts.experts.linear_fc<N>.weight`` of shape ``[experts, ...]`` (the key the sequential
+    expert MLP stores its experts under, stacked on a leading axis) -> mbridge's grouped names
+    ``mlp.experts.linear_fc<N>.weight<e>`` per expert; else as is."""
+    stacked = _STACKED_EXPERTS.match(name)
+    if stacked is None:
+        yield name, tensor
+        return
+    for expert in range(tensor.shape[0]):
+        yield f"{stacked[1]}.{stacked[2]}{expert}", tensor[expert]
 
 
 def checkpoint_tensors_to_hf(
@@ -53,7 +68,9 @@ def checkpoint_tensors_to_hf(
     for key, stacked in tensors:
         if "_extra_state" in key:
             continue
-        for name, tensor in unstack_layers(key, stacked):
+        for name, tensor in (
+            expert for layer in unstack_layers(key, stacked) for expert in unstack_experts(*layer)
+        ):
             if name == _EMBEDDING or (name == _OUTPUT_LAYER and not value_model):
                 tensor = tensor[:vocab_size]
             hf_names, hf_tensors = bridge._weight_to_hf_format(name, tensor)
