@@ -8,6 +8,8 @@ transformers.
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,32 @@ def test_megatron_merge_matches_the_engine(megatron_steps, tmp_path, name):
     # One optimizer step was taken: the source model must score differently.
     source = reference_outputs(Path(merger.manifest.model_path), merger, sequences)
     assert _max_diff(engine_outputs[name], source) > 1e-4
+
+
+def test_ls_shows_the_optimizer_and_whether_it_moves(megatron_steps, tmp_path):
+    """``ckpt ls`` reports a distributed-optimizer step as moving exactly when its save wrote the layout record
+    (the ``optimizer_layout/`` files), and one without the record (a save by an older version) as staying."""
+    from click.testing import CliRunner
+    from drivetrain_engine_core.checkpoint import read_manifest
+    from drivetrain_engine_core.cli import build_cli
+
+    work, _ = megatron_steps
+    recorded = work / "tp2"
+    old_version = tmp_path / "old"
+    shutil.copytree(recorded, old_version)
+    shutil.rmtree(old_version / "global_step_1" / "optimizer_layout")
+    moves = []
+    for root in (recorded, old_version):
+        step = root / "global_step_1"
+        listed = CliRunner().invoke(build_cli(), ["ckpt", "ls", str(root), "--json"])
+        (info,) = json.loads(listed.output)
+        distributed = read_manifest(step).backend_info["use_distributed_optimizer"]
+        assert info["optimizer"] == ("distributed" if distributed else "per-parameter")
+        assert info["optimizer_moves"] == (step / "optimizer_layout").is_dir()
+        moves.append(info["optimizer_moves"])
+        table = CliRunner().invoke(build_cli(), ["ckpt", "ls", str(root)]).output
+        assert (
+            f"optimizer: distributed, moves to other backends and layouts: {'yes' if info['optimizer_moves'] else 'no'}"
+            in table
+        )
+    assert moves == [True, False]

@@ -8,6 +8,7 @@ from typing import Any
 
 from drivetrain_engine_core.checkpoint import (
     MANIFEST_FILE,
+    Manifest,
     StepEntry,
     complete_steps,
     read_latest,
@@ -15,7 +16,8 @@ from drivetrain_engine_core.checkpoint import (
     step_entries,
     verify_files,
 )
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.errors import CheckpointError, PluginError
+from drivetrain_engine_core.plugins import plugins
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -33,6 +35,10 @@ class StepInfo:
         backend, world_size, model_type, lora: from the manifest (``None`` for incomplete steps).
         layout: the parallel layout that wrote the step (``Manifest.layout``: world size, the backend's
             ``*_size`` settings); another backend or layout can resume it (ARCHITECTURE §5).
+        optimizer: how the step stores its optimizer state, as the backend's merger says (``per-parameter``;
+            Megatron's ``distributed``: flat per-bucket buffers), ``None`` without one or without the merger.
+        optimizer_moves: whether that state can resume on another backend or layout (a distributed-optimizer
+            step needs the layout record its save writes); ``None`` when the backend's merger is not installed.
         contents: top-level entries of the step (``model``, ``optimizer``, ``extra``, ...).
         size_bytes: total size of the step's files.
         problem: why the step cannot be used (missing manifest, or a damaged file when checked), else ``None``.
@@ -50,6 +56,8 @@ class StepInfo:
     model_type: str | None = None
     lora: dict[str, Any] | None = None
     layout: dict[str, Any] = field(default_factory=dict)
+    optimizer: str | None = None
+    optimizer_moves: bool | None = None
     contents: list[str] = field(default_factory=list)
     size_bytes: int = 0
     problem: str | None = None
@@ -109,8 +117,11 @@ def _describe(entry: StepEntry, latest: bool, loadable: bool, check_files: bool)
             verify_files(step_dir, manifest)
     except CheckpointError as e:
         return replace(base, problem=str(e), damaged=check_files)
+    optimizer, moves = _optimizer(step_dir, manifest)
     return replace(
         base,
+        optimizer=optimizer,
+        optimizer_moves=moves,
         complete=True,
         backend=manifest.backend,
         world_size=manifest.world_size,
@@ -118,6 +129,16 @@ def _describe(entry: StepEntry, latest: bool, loadable: bool, check_files: bool)
         lora=manifest.lora,
         layout=manifest.layout,
     )
+
+
+def _optimizer(step_dir: Path, manifest: Manifest) -> tuple[str | None, bool | None]:
+    """The step's optimizer kind and whether it moves, as the merger of the backend that wrote it says (only the
+    backend knows its optimizer format); unknown when that merger is not installed."""
+    try:
+        merger = plugins().mergers.get(manifest.backend)(step_dir, manifest)
+    except PluginError:
+        return None, None
+    return merger.optimizer_kind(), merger.optimizer_moves()
 
 
 def format_steps(steps: list[StepInfo]) -> str:
@@ -136,10 +157,20 @@ def format_steps(steps: list[StepInfo]) -> str:
             f"{step.model_type or '-':<15} {'yes' if step.lora else 'no':<5} {step.size_bytes / 1e6:>9.2f}  "
             f"{','.join(step.contents)}"
             + (f"\n          layout: {_layout(step.layout)}" if step.layout else "")
+            + (f"\n          optimizer: {_optimizer_line(step)}" if step.complete else "")
             + (f"\n          problem: {step.problem}" if step.problem else "")
         )
     lines.append("(* = latest; aside = the only complete copy of a step whose re-save was interrupted)")
     return "\n".join(lines)
+
+
+def _optimizer_line(step: StepInfo) -> str:
+    if step.optimizer_moves is None:
+        return "unknown (the backend's checkpoint merger is not installed)"
+    if step.optimizer is None:
+        return "none saved"
+    moves = "yes" if step.optimizer_moves else "no (no layout record: resume with the layout that wrote it)"
+    return f"{step.optimizer}, moves to other backends and layouts: {moves}"
 
 
 def _layout(layout: dict[str, Any]) -> str:

@@ -49,12 +49,12 @@ class MegatronCheckpointMerger(CheckpointMerger):
                 yield hf_name, tensor
 
     def _optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
-        from .dist_opt_layout import has_layout, read_moments
+        from .dist_opt_layout import read_moments
 
-        if not self.manifest.backend_info.get("use_distributed_optimizer", True):
+        if self.optimizer_kind() != "distributed":
             yield from self._converted(_stored(self._optimizer_reader, f"{_OPTIMIZER_STATE}.{moment}."))
             return
-        if not has_layout(self.step_dir):
+        if not self.optimizer_moves():
             raise CheckpointError(
                 f"{self.step_dir} holds megatron optimizer state saved with engine.use_distributed_optimizer=true "
                 "by a drivetrain-engine-megatron that did not record where each parameter sits in its flat "
@@ -74,6 +74,20 @@ class MegatronCheckpointMerger(CheckpointMerger):
                 "or load it with load_optimizer=False (weights only)."
             )
         yield from self._converted(_in_layers(moments))
+
+    def optimizer_kind(self) -> str | None:
+        """``distributed`` for megatron's DistributedOptimizer (flat per-bucket state), else the default."""
+        kind = super().optimizer_kind()
+        if kind is not None and self.manifest.backend_info.get("use_distributed_optimizer", True):
+            return "distributed"
+        return kind
+
+    def optimizer_moves(self) -> bool:
+        """A distributed optimizer's state moves only with the layout record its save wrote."""
+        from .dist_opt_layout import has_layout
+
+        distributed = self.optimizer_kind() == "distributed"
+        return super().optimizer_moves() and (not distributed or has_layout(self.step_dir))
 
     def _adam_step(self) -> int:
         from .dist_opt_layout import has_layout, read_adam_step

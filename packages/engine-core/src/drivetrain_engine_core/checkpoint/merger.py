@@ -141,12 +141,22 @@ class CheckpointMerger(ABC):
             CheckpointError: the step holds no optimizer state, or the backend cannot read it without its
                 own process groups.
         """
-        if not any(name.startswith("optimizer/") for name in self.manifest.files):
+        if self.optimizer_kind() is None:
             raise CheckpointError(
                 f"{self.step_dir} holds no optimizer state (saved with checkpoint.save_optimizer=false); load it "
                 "with load_optimizer=False for a fresh optimizer."
             )
         yield from self._optimizer_tensors(moment)
+
+    def optimizer_kind(self) -> str | None:
+        """How the step stores its optimizer state (shown by ``drivetrain ckpt ls``): ``None`` without one, else
+        the backend's word for it (``per-parameter``, the default: a state per named parameter)."""
+        return "per-parameter" if any(name.startswith("optimizer/") for name in self.manifest.files) else None
+
+    def optimizer_moves(self) -> bool:
+        """Whether :meth:`optimizer_tensors` can read the step's optimizer state, so that it resumes on another
+        backend or layout (``False`` without one). Backends whose state needs more than its files override it."""
+        return self.optimizer_kind() is not None
 
     def adam_step(self) -> int:
         """The number of AdamW updates the step's optimizer state has taken."""
