@@ -30,12 +30,14 @@ def test_ls_lists_complete_and_incomplete_steps(synthetic_step, tmp_path):
         "language_model",
     )
     assert steps[5]["contents"] == ["manifest.json", "model"]
+    assert (steps[5]["optimizer"], steps[5]["optimizer_moves"]) == (None, False)  # no optimizer/ saved
     assert not steps[9]["complete"]
     assert "no manifest.json" in steps[9]["problem"]
 
     table = _run("ls", str(root))
     assert table.exit_code == 0
     assert "complete*" in table.output and "BROKEN" in table.output
+    assert "optimizer: none saved" in table.output
 
 
 def test_ls_skips_a_step_a_running_job_moves_while_it_is_read(synthetic_step, monkeypatch):

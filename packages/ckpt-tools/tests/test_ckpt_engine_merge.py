@@ -150,3 +150,13 @@ def test_cli_verify_prints_the_difference_and_fails_on_the_wrong_checkpoint(engi
     assert "values" in adapter_out
     assert bad_code == 1
     assert "exceeds the tolerance 1e-05" in bad_out
+
+
+def test_ls_says_an_fsdp_optimizer_moves(engine_steps):
+    """An FSDP step keeps one optimizer state per named parameter: ``ckpt ls`` reports it as moving."""
+    from drivetrain_ckpt_tools.inspect import list_steps
+
+    work, _ = engine_steps[2]
+    (info,) = list_steps(work / "lm")
+    assert (Path(info.path) / "optimizer").is_dir()
+    assert (info.optimizer, info.optimizer_moves) == ("per-parameter", True)

@@ -4,7 +4,9 @@ One launch per layout (TP2, PP2, PP2 x VPP2, DP2, and a tied output layer at TP2
 at PP2) runs every check and returns numbers; the parent computes the references and asserts:
 log-probs/entropy (packed and padded), first-step loss and grad norm, a 5-step loss curve, a bit-exact
 checkpoint resume, weights exported equal to the Hugging Face state dict, the weight hand-off in bounded buckets
-equal to the export bit for bit on every rank, and (TP2) the value model.
+equal to the export bit for bit on every rank, and (TP2) the value model. The TP2+SP and PP2 x VPP2 steps
+(distributed optimizer) are also resumed on one rank in the test process: their moments move through the
+layout record exactly.
 """
 
 from __future__ import annotations
