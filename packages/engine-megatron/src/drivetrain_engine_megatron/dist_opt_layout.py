@@ -6,25 +6,24 @@ bucket_idx_<b>.exp_avg``), the bucket's parameters back to back. Which range bel
 the live optimizer knows (its buffers' ``param_index_map``); the checkpoint does not say. So at save time each
 data-parallel group's rank 0 writes a record (``optimizer_layout/rank<N>-<i>.json``): for every tensor of the
 model's sharded state dict (the global ``GPTModel`` key, global shape and offset that ``model/`` stores it
-under), the bucket and the position in it where its moments start. :func:`read_moments` then rebuilds full
-per-parameter moments offline, keyed as ``model/`` is, for another backend or layout to load.
+under), the bucket and the position in it where its moments start. :mod:`.dist_opt_record` (the reading side,
+which needs no megatron import) then rebuilds full per-parameter moments offline, keyed as ``model/`` is, for
+another backend or layout to load.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import DCPTensorReader
 from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from megatron.core.optimizer import MegatronOptimizer
 
-LAYOUT_DIR = "optimizer_layout"
+from .dist_opt_record import LAYOUT_DIR
 
 
 def write_layout(step_dir: Path, model_state: dict[str, Any], optimizer: MegatronOptimizer) -> None:
@@ -54,48 +53,6 @@ def write_layout(step_dir: Path, model_state: dict[str, Any], optimizer: Megatro
         directory = step_dir / LAYOUT_DIR
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"rank{rank}-{index}.json").write_text(json.dumps(record))
-
-
-def has_layout(step_dir: Path) -> bool:
-    """Whether ``step_dir`` holds the record :func:`write_layout` writes (steps saved before it do not)."""
-    return any((step_dir / LAYOUT_DIR).glob("*.json"))
-
-
-def read_adam_step(step_dir: Path) -> int:
-    """The AdamW step the record's optimizers had taken (megatron pickles it inside its own state object,
-    which an offline reader would have to unpickle; the record keeps it as a number)."""
-    return max((record["adam_step"] for record in _records(step_dir)), default=0)
-
-
-def read_moments(step_dir: Path, reader: DCPTensorReader, moment: str) -> dict[str, torch.Tensor]:
-    """Full ``moment`` tensors keyed by ``model/``'s checkpoint keys, cut out of the flat bucket tensors.
-
-    Args:
-        step_dir: a step with an ``optimizer_layout/`` record.
-        reader: the step's ``optimizer/`` directory.
-        moment: ``"exp_avg"`` or ``"exp_avg_sq"``.
-    """
-    buckets: dict[str, torch.Tensor] = {}
-    moments: dict[str, torch.Tensor] = {}
-    for record in _records(step_dir):
-        for entry in record["pieces"]:
-            name = f"{entry['bucket']}.{moment}"
-            if name not in buckets:
-                buckets[name] = reader.read(name)
-            flat = buckets[name]
-            full = moments.setdefault(entry["key"], torch.zeros(entry["global_shape"], dtype=flat.dtype))
-            shape = entry["shape"]
-            start = entry["start"]
-            region = tuple(
-                slice(offset, offset + size) for offset, size in zip(entry["offset"], shape, strict=True)
-            )
-            full[region] = flat[start : start + math.prod(shape)].view(shape)
-    return moments
-
-
-def _records(step_dir: Path) -> Iterator[dict[str, Any]]:
-    for path in sorted((step_dir / LAYOUT_DIR).glob("*.json")):
-        yield json.loads(path.read_text())
 
 
 def _adam_step(inner: Any) -> int:

@@ -23,6 +23,8 @@ from drivetrain_engine_core.backend import (
     DCPTensorReader,
 )
 
+from .dist_opt_record import has_layout, read_adam_step, read_moments
+
 _STACKED_PREFIX = "decoder.layers."
 _OPTIMIZER_STATE = "optimizer.state"
 
@@ -49,8 +51,6 @@ class MegatronCheckpointMerger(CheckpointMerger):
                 yield hf_name, tensor
 
     def _optimizer_tensors(self, moment: str) -> Iterator[tuple[str, torch.Tensor]]:
-        from .dist_opt_layout import read_moments
-
         if self.optimizer_kind() != "distributed":
             yield from self._converted(_stored(self._optimizer_reader, f"{_OPTIMIZER_STATE}.{moment}."))
             return
@@ -84,14 +84,10 @@ class MegatronCheckpointMerger(CheckpointMerger):
 
     def optimizer_moves(self) -> bool:
         """A distributed optimizer's state moves only with the layout record its save wrote."""
-        from .dist_opt_layout import has_layout
-
         distributed = self.optimizer_kind() == "distributed"
         return super().optimizer_moves() and (not distributed or has_layout(self.step_dir))
 
     def _adam_step(self) -> int:
-        from .dist_opt_layout import has_layout, read_adam_step
-
         if has_layout(self.step_dir):
             return read_adam_step(self.step_dir)
         common = self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR) / "common.pt"
