@@ -15,8 +15,8 @@ different token counts (7 and 8 tokens, then 7 and 7), which megatron's all-to-a
   HF forward forced to them and the FSDP engine's replay of the same routes (1e-5), and a training step over
   them (after the balance-loss step) gives the FSDP engine's loss, grad norm and ``router_aux_loss``;
 - and back: the EP2 run that resumed the FSDP step saves its step 6 (distributed optimizer: dense and expert moments in flat buckets of two
-  data-parallel groups, mapped through the layout record), which one FSDP rank continues as 3 more
-  uninterrupted steps.
+  data-parallel groups, mapped through the layout record), which one FSDP rank and one Megatron rank (EP1)
+  each continue as 3 more uninterrupted steps.
 """
 
 from __future__ import annotations
@@ -147,13 +147,14 @@ def test_expert_parallel_megatron_equals_hf_and_fsdp_and_resumes_fsdp_steps(tmp_
 
     roots = (str(tmp_path / "fsdp"), str(tmp_path / "ep2"))
     results = run_distributed(_expert_parallel, path, *roots, world_size=2, timeout_s=900)
-    back_on_fsdp = _engine("fsdp", path)
-    assert back_on_fsdp.load_checkpoint(roots[1]) == {"global_step": EP2_SAVE_AT, "position": EP2_SAVE_AT}
-    back = train_history(back_on_fsdp, batches[EP2_SAVE_AT:], token_mean_nll)
-    for step, (got, want) in enumerate(
-        zip(back, reference[EP2_SAVE_AT:], strict=True), start=EP2_SAVE_AT + 1
-    ):
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), ("ep2 -> fsdp", step)
+    for backend in ("fsdp", "megatron"):  # Megatron on one rank: EP1, the experts' optimizer not split
+        back = _engine(backend, path)
+        assert back.load_checkpoint(roots[1]) == {"global_step": EP2_SAVE_AT, "position": EP2_SAVE_AT}
+        history = train_history(back, batches[EP2_SAVE_AT:], token_mean_nll)
+        for step, (got, want) in enumerate(
+            zip(history, reference[EP2_SAVE_AT:], strict=True), start=EP2_SAVE_AT + 1
+        ):
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-6), (f"ep2 -> {backend}", step)
 
     # Each rank reports its micro-batches' shares of the balance loss: they sum to the step's value.
     shares = sum(result["aux_step"][1] for result in results)

@@ -81,11 +81,14 @@ OPTIMIZER_LAYOUT = (
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size",
+    "expert_model_parallel_size",
     "use_distributed_optimizer",
 )
 """The settings an optimizer state is saved for: megatron's ``dp_reshardable`` format reshards across
 data-parallel ranks only; a step saved with other values loads through its Hugging Face-named state
-(:mod:`.hf_state`)."""
+(:mod:`.hf_state`). Expert parallelism changes which optimizer and data-parallel group hold an expert's state
+(an EP2 step loaded straight into EP1 failed inside torch's distributed checkpoint). A step whose manifest
+lacks a key (saved before it was recorded) counts as saved with the same value."""
 
 
 def optimizer_layout_changed(step_dir: Path, config: MegatronEngineConfig) -> bool:
@@ -195,6 +198,7 @@ def backend_info(model: BuiltModel, config: MegatronEngineConfig) -> dict[str, A
         "tensor_model_parallel_size": config.tensor_model_parallel_size,
         "pipeline_model_parallel_size": config.pipeline_model_parallel_size,
         "virtual_pipeline_model_parallel_size": config.virtual_pipeline_model_parallel_size,
+        "expert_model_parallel_size": config.expert_model_parallel_size,
         "use_distributed_optimizer": config.use_distributed_optimizer,
         "hf_model_type": hf_config.model_type,
         "hf_architectures": list(getattr(hf_config, "architectures", None) or []),
