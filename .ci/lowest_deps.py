@@ -150,8 +150,12 @@ def compile_lowest(
     source.write_text("\n".join(lines) + "\n")
     constraints = work / f"{name}.constraints"
     constraints.write_text(pins)
+    output = work / f"{name}.txt"
+    # NOTE: uv takes the versions an existing output file pins as preferences, so an earlier compile (another
+    # core floor's group, an earlier pin's `why`) would lift this one's floors; each compile starts afresh.
+    output.unlink(missing_ok=True)
     args = ["uv", "pip", "compile", "--no-progress", "--resolution", "lowest-direct", "--python", sys.executable,
-            "-c", constraints, source, "-o", work / f"{name}.txt"]  # fmt: skip
+            "-c", constraints, source, "-o", output]  # fmt: skip
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False)
 
 

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / ".ci"))
 
 from lowest_deps import (  # noqa: E402
     KITS,
+    compile_lowest,
     declared,
     disagreements,
     floors_not_resolved,
@@ -111,6 +112,16 @@ def test_two_floors_that_cannot_both_hold_are_named_together(tmp_path):
         "uv, with torch==2.11 pinned:\n    with torch==2.11 the others resolve to tensordict 0.15.2 (declared "
         ">=0.15): these floors cannot all hold at once, so raise this one or those"
     )
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="needs uv")
+def test_a_compile_resolves_the_floors_whatever_an_earlier_compile_pinned(tmp_path):
+    """uv prefers the versions an existing output file pins: the second core floor's group of the floor run
+    resolved pyyaml 6.0.4 and tqdm 4.70.1 (the first group's transitive picks) for floors 6 and 4.66."""
+    (tmp_path / "floors.txt").write_text("xxhash==3.5.0\n")
+    compiled = compile_lowest(["xxhash>=3.4.1"], tmp_path, "floors")
+    assert compiled.returncode == 0, compiled.stderr
+    assert resolved_versions(tmp_path / "floors.txt") == {"xxhash": Version("3.4.1")}
 
 
 def test_a_two_part_floor_names_the_three_part_release_tag():
