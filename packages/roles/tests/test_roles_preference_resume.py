@@ -5,6 +5,7 @@ clear error naming the fix."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -88,6 +89,8 @@ def test_a_refused_rm_resume_writes_nothing_and_a_resumed_rm_run_is_exact(tmp_pa
     from drivetrain_engine_core.testing import make_tiny_model_dir
     from drivetrain_roles.rm.config import load_config as load_rm_config
     from drivetrain_roles.rm.trainer import RMTrainer
+    from drivetrain_roles.sft.config import load_config as load_sft_config
+    from drivetrain_roles.sft.warm_start import run_warm_start
 
     steps = [*STEPS[:5], "warm_start.sft_steps=2", "warm_start.batch_size=8"]
     steps += ["trainer.total_steps=2", "trainer.save_every=1", "checkpoint.max_ckpt_to_keep=2"]
@@ -100,24 +103,65 @@ def test_a_refused_rm_resume_writes_nothing_and_a_resumed_rm_run_is_exact(tmp_pa
     before = folder_state(run)
     other = make_tiny_model_dir(tmp_path / "other", hidden_size=48)
     seed = "trained with trainer.seed=0, this run has 7; resume with the same value or start a new"
+    run_start = (
+        f"started from model.path=builtin:arithmetic after a warm start of 2 SFT steps ({run / 'config.yaml'}), "
+        "this --resume from"
+    )
     refusals = {
         ("trainer.seed=7",): seed,
-        (f"model.path={other}",): (
-            f"the warm start in {run / 'warm_start'} was trained from model.path=builtin:arithmetic, this --resume "
-            f"has model.path={other}"
-        ),
-        (f"model.path={other}", "warm_start.sft_steps=0"): (
-            f"{run / 'initial_model'} was made from another model ({run / 'warm_start' / 'final_model'}) than this "
-            f"--resume starts from ({other})"
-        ),
+        (f"model.path={other}",): f"{run_start} model.path={other} after a warm start of 2 SFT steps;",
+        (f"model.path={other}", "warm_start.sft_steps=0"): f"{run_start} model.path={other} without a",
     }
     for overrides, message in refusals.items():
         refused = CliRunner().invoke(drivetrain_cli, ["rm", "--resume", "--output-dir", str(run), *overrides])
         assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
         assert message in refused.output
         assert folder_state(run) == before, overrides
+    # The warm start's own record, for a run folder without config.yaml (and grpo's warm start).
+    warm = load_sft_config(overrides=[f"model.path={other}"])
+    trained_from = (
+        f"the warm start in {run / 'warm_start'} was trained from model.path=builtin:arithmetic, this"
+    )
+    with pytest.raises(CheckpointError, match=re.escape(trained_from)):
+        run_warm_start(warm, run, reuse=True, batch_size_setting="warm_start.batch_size")
+    assert folder_state(run) == before
 
     resumed = RMTrainer(load_rm_config(overrides=steps), run, resume=True).run()
     assert resumed.start_step == 1
     assert resumed.train_losses == full.train_losses[1:]  # bit-exact
     assert resumed.evaluations == full.evaluations
+
+
+def test_a_dpo_resume_from_another_start_is_refused_and_writes_nothing(tmp_path, folder_state) -> None:
+    """``drivetrain dpo --resume`` of a run without a warm start, with another model of the same shape, went on
+    from the checkpoint with the new model's reference log-probs (one run of two models); now it is one error
+    naming the run's start and the asked one, like a warm start asked where the run had none, and the folder
+    is as it was. The run's own model, under another spelling of its path, still resumes."""
+    from drivetrain_engine_core.testing import make_tiny_model_dir
+
+    model, other = make_tiny_model_dir(tmp_path / "model"), make_tiny_model_dir(tmp_path / "other", seed=1)
+    steps = [*STEPS[:5], "warm_start.sft_steps=0", "trainer.total_steps=1", "trainer.save_every=1"]
+    run = tmp_path / "run"
+    DPOTrainer(load_config(overrides=[f"model.path={model}", *steps]), run).run()
+    before = folder_state(run)
+    run_start = (
+        f"started from model.path={model} without a warm start ({run / 'config.yaml'}), this --resume from"
+    )
+    refusals = {
+        (f"model.path={other}",): f"{run_start} model.path={other} without a warm start;",
+        ("warm_start.sft_steps=2",): f"{run_start} model.path={model} after a warm start of 2 SFT steps;",
+    }
+    fix = f"Resume with model.path={model} warm_start.sft_steps=0, or start a new run without --resume."
+    for overrides, message in refusals.items():
+        refused = CliRunner().invoke(
+            drivetrain_cli, ["dpo", "--resume", "--output-dir", str(run), *overrides]
+        )
+        assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+        assert message in refused.output and fix in refused.output, refused.output
+        assert folder_state(run) == before, overrides
+
+    (tmp_path / "link").symlink_to(model)
+    resumed = CliRunner().invoke(
+        drivetrain_cli, ["dpo", "--resume", "--output-dir", str(run), f"model.path={tmp_path / 'link'}"]
+    )
+    assert resumed.exit_code == 0, resumed.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,13 @@ def resolve_model_path(path: str, output_dir: Path, seed: int, *, resume: bool =
         write_model_dir(target, seed=seed)
     distributed.barrier()
     return str(target)
+
+
+def same_model_path(first: str, second: str) -> bool:
+    """Whether two ``model.path`` values name the same model: equal, or the same local directory."""
+    if first == second:
+        return True
+    return Path(first).is_dir() and Path(second).is_dir() and os.path.samefile(first, second)
 
 
 class ModelPathError(DrivetrainError, FileNotFoundError):

@@ -34,6 +34,7 @@ from .batches import check_pair_micro_batches, check_pair_token_budget
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
 from .data import PairExample, check_pair_rows, load_pairs, write_sft_rows
 from .default_pairs import write_arithmetic_pairs
+from .resume_start import check_resumed_start
 from .warm_start import warm_start_config
 
 
@@ -94,6 +95,8 @@ class PairTrainer(TrainingJob[PairResult]):
 
     def _setup(self) -> Engine:
         """Pair files, warm start, pairs, the engine and the job's preparation (DPO: the reference)."""
+        if self.folder.resume:  # before any file is read or written
+            check_resumed_start(self.output_dir, self.config.model.path, self.config.warm_start.sft_steps)
         train_files, val_files = self._pair_files()
         # Before the warm start: pair data the pairwise steps could not use fails fast, on every rank.
         check_pair_micro_batches(self.engine_config.micro_batch)

@@ -8,12 +8,12 @@ replaces it: a new run in the folder (``--overwrite``) may have changed the mode
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from drivetrain_engine_core.errors import CheckpointError
 
+from ..jobs.assets import same_model_path
 from ..jobs.final_model import FINAL_MODEL_DIR
 from ..jobs.launch import SUMMARY_FILE
 from .config import SFTConfig
@@ -63,8 +63,7 @@ def _check_same_model(trained: str, asked: str, target: Path) -> None:
     NOTE: a resumed run reuses the warm start whatever ``model.path`` says, so a ``--resume`` with another model
     went on training the run's model (and wrote into its folder) as if it were the one asked for.
     """
-    same_directory = Path(trained).is_dir() and Path(asked).is_dir() and os.path.samefile(trained, asked)
-    if trained != asked and not same_directory:
+    if not same_model_path(trained, asked):
         raise CheckpointError(
             f"the warm start in {target} was trained from model.path={trained}, this --resume has model.path="
             f"{asked}, and the run's checkpoints were trained from it. Resume with model.path={trained}, or start "
