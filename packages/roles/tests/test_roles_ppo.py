@@ -239,9 +239,9 @@ def test_run_folder_and_resume(tmp_path, config_for):
 
 
 def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path, folder_state):
-    """A resume refused at the actor's checkpoint (another seed, another model) had already rebuilt
-    ``critic_start``, linking the run's critic start to the refused model; the critic is made once the checkpoint
-    has loaded and matched the run, so the folder is as it was, entry for entry."""
+    """A resume refused at the actor's checkpoint (another seed; another model, now refused before, at the run's
+    recorded start) had already rebuilt ``critic_start``, linking the run's critic start to the refused model; the
+    critic is made once the checkpoint has loaded and matched the run, so the folder is as it was, entry for entry."""
     from click.testing import CliRunner
     from drivetrain_engine_core.cli import main as drivetrain_cli
     from drivetrain_engine_core.testing import make_tiny_model_dir
@@ -262,7 +262,8 @@ def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path, folder_stat
     other = make_tiny_model_dir(tmp_path / "other", hidden_size=48)
     refusals = {
         "trainer.seed=7": "trained with trainer.seed=0, this run has 7; resume with the same value or start a new",
-        f"model.path={other}": "was saved from another model",
+        # Refused before the checkpoint loads, by the run's recorded start (jobs.resume_start).
+        f"model.path={other}": f"started from model.path={tmp_path / 'model'} ({run / 'config.yaml'}), this --resume",
     }
     for override, message in refusals.items():
         refused = CliRunner().invoke(drivetrain_cli, ["ppo", "--resume", "--output-dir", str(run), override])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..jobs.assets import model_directory
 from ..jobs.default_assets import BUILTIN_MODEL
+from ..jobs.resume_start import check_resumed_start
 from ..sft.config import SFTConfig, warm_start_trainer
 from .config import RolloutJobConfig
 
@@ -16,12 +17,17 @@ def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> 
 
     The warm start is ``drivetrain sft`` for ``trainer.warm_start_steps`` steps in ``<run>/warm_start`` (same
     engine, data and seed): a resumed GRPO run reuses the one its first part finished, any other run makes
-    its own (:func:`~drivetrain_roles.sft.warm_start.run_warm_start`).
+    its own (:func:`~drivetrain_roles.sft.warm_start.run_warm_start`). A resumed run is first checked against
+    the start its ``config.yaml`` records, before anything loads or writes: the actor resumes from the
+    checkpoint, but the KL reference (and PPO's critic start) would come from the asked model.
 
     Raises:
+        CheckpointError: a resume asks for another ``model.path`` than the run started from.
         ModelPathError: ``model.path`` is neither a local Hugging Face model directory nor a cached Hub
             repository.
     """
+    if resume:
+        check_resumed_start(output_dir, config.model.path)
     if config.model.path != BUILTIN_MODEL:
         return model_directory(config.model.path)
     from ..sft.warm_start import run_warm_start
