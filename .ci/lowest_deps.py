@@ -1,12 +1,13 @@
 """Compatibility matrix, lowest side: the plugins against the lowest versions they declare (docs/versioning.md).
 
 Every floor is a promise, so every floor is installed and tested. The plugins share one environment: core at
-the floor of their core range (built from that release's tag or recorded ref, or from the working tree when the
-floor is the current version), and every direct dependency of core (with its ``testing`` extra) and of each
-plugin at its declared floor (``uv pip compile --resolution lowest-direct``). Then each plugin's kit runs there,
-in one pytest session. One environment can test a floor only where every package declares the same floor for
-that dependency, so the script first checks that they agree, then that each floor is what actually resolved,
-and names the package, the dependency and the fix when not.
+the floor of their core range (built from that release's commit, found by its tag or, in a clone without tags, as
+the first commit declaring that version; or from the working tree when the floor is the current version), and
+every direct dependency of core (with its ``testing`` extra) and of each plugin at its declared floor
+(``uv pip compile --resolution lowest-direct``). Then each plugin's kit runs there, in one pytest session. One
+environment can test a floor only where every package declares the same floor for that dependency, so the
+script first checks that they agree, then that each floor is what actually resolved, and names the package,
+the dependency and the fix when not.
 
     uv run --all-packages --locked python .ci/lowest_deps.py [--resolve-only] [DISTRIBUTION ...]
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from releasing import CORE, ROOT, Release, find_release, load_releases, project_version, tag_name
+from releasing import CORE, ROOT, Release, cut_commit, find_release, load_releases, project_version, tag_name
 
 KITS = {
     "drivetrain-engine-fsdp": ["packages/engine-fsdp/tests/test_fsdp_conformance.py"],
@@ -91,9 +92,9 @@ def core_floor(plugin: Release) -> Version:
     return floor
 
 
-def release_tag(floor: Version) -> str:
-    """Core's release tag at ``floor``, spelled as cuts are (``>=0.2`` admits 0.2.0: tag ``...-v0.2.0``)."""
-    return tag_name(CORE, f"{floor.major}.{floor.minor}.{floor.micro}")
+def release_version(floor: Version) -> Version:
+    """The release a floor admits first, spelled as cuts are (``>=0.2`` admits 0.2.0)."""
+    return Version(f"{floor.major}.{floor.minor}.{floor.micro}")
 
 
 def core_source(floor: Version, work: Path) -> Path:
@@ -101,11 +102,21 @@ def core_source(floor: Version, work: Path) -> Path:
     here = ROOT / "packages" / "engine-core"
     if project_version((here / "pyproject.toml").read_text()) == floor:
         return here
-    recorded = find_release(load_releases(), CORE)
-    ref = recorded.ref if recorded.version == floor else release_tag(floor)
-    archive = subprocess.run(["git", "archive", ref, "packages/engine-core"], cwd=ROOT, capture_output=True)
+    version = release_version(floor)
+    commit = cut_commit(CORE, "packages/engine-core", version)
+    if commit is None:
+        raise SystemExit(
+            f"lowest-deps: core {version} is neither tagged ({tag_name(CORE, version)}) nor declared by any "
+            "commit of this clone; clone the whole history (not --depth) or lower no floor below the "
+            "first release."
+        )
+    archive = subprocess.run(
+        ["git", "archive", commit, "packages/engine-core"], cwd=ROOT, capture_output=True
+    )
     if archive.returncode != 0:
-        raise SystemExit(f"lowest-deps: core {floor} is not at {ref!r} in this clone (`git fetch --tags`).")
+        raise SystemExit(
+            f"lowest-deps: git archive of core {version} at {commit} failed:\n{archive.stderr!r}"
+        )
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(work / f"core-{floor}", filter="data")
     return work / f"core-{floor}" / "packages" / "engine-core"

@@ -7,6 +7,7 @@ Used by ``.ci/api_check.py`` (is a breaking change matched by a version bump and
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,32 @@ def tag_name(distribution: str, version: Version | str) -> str:
 def project_version(pyproject: str) -> Version:
     """The static ``[project] version`` of a pyproject.toml's text."""
     return Version(tomllib.loads(pyproject)["project"]["version"])
+
+
+def _git(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def cut_commit(distribution: str, path: str, version: Version, root: Path = ROOT) -> str | None:
+    """The commit ``distribution`` ``version`` was cut from, or None where this clone's history lacks it.
+
+    Its tag where the clone has it; otherwise the first commit whose ``<path>/pyproject.toml`` declares that
+    version, which is the cut itself (``.ci/release`` sets the version in the release commit, and the tag is
+    created on that commit). A clone without tags (CI's) needs the second: ``releases.toml`` records only each
+    distribution's last cut, and a plugin's core floor may be an older one.
+    """
+    tagged = _git(
+        "rev-parse", "--verify", "--quiet", f"{tag_name(distribution, version)}^{{commit}}", root=root
+    )
+    if tagged.returncode == 0:
+        return tagged.stdout.strip()
+    pyproject = f"{path}/pyproject.toml"
+    history = _git("log", "--reverse", "--format=%H", "--", pyproject, root=root).stdout.split()
+    for commit in history:
+        text = _git("show", f"{commit}:{pyproject}", root=root)
+        if text.returncode == 0 and project_version(text.stdout) == version:
+            return commit
+    return None
 
 
 def allows_breaking(old: Version, new: Version) -> bool:

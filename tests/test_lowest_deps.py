@@ -4,6 +4,7 @@ refused with the package, the dependency and the fix; the repository's own floor
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,11 +21,11 @@ from lowest_deps import (  # noqa: E402
     declared,
     disagreements,
     floors_not_resolved,
-    release_tag,
+    release_version,
     requirements,
     resolved_versions,
 )
-from releasing import CORE, find_release, load_releases  # noqa: E402
+from releasing import CORE, cut_commit, find_release, load_releases  # noqa: E402
 
 
 def _reqs(*lines: str) -> list[Requirement]:
@@ -124,7 +125,49 @@ def test_a_compile_resolves_the_floors_whatever_an_earlier_compile_pinned(tmp_pa
     assert resolved_versions(tmp_path / "floors.txt") == {"xxhash": Version("3.4.1")}
 
 
-def test_a_two_part_floor_names_the_three_part_release_tag():
+def test_a_two_part_floor_names_the_three_part_release():
     """``>=0.2`` admits core 0.2.0, cut at tag ``drivetrain-engine-core-v0.2.0``: looking for ``-v0.2`` failed."""
-    assert release_tag(Version("0.2")) == f"{CORE}-v0.2.0"
-    assert release_tag(Version("0.2.1")) == f"{CORE}-v0.2.1"
+    assert release_version(Version("0.2")) == Version("0.2.0")
+    assert release_version(Version("0.2.1")) == Version("0.2.1")
+
+
+def _git(root: Path, *args: str) -> str:
+    identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+    return subprocess.run(
+        ["git", *identity, *args], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def _commit_version(root: Path, version: str, note: str) -> str:
+    (root / "pkg").mkdir(exist_ok=True)
+    (root / "pkg" / "pyproject.toml").write_text(f'[project]\nname = "p"\nversion = "{version}"\n# {note}\n')
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", note)
+    return _git(root, "rev-parse", "HEAD").strip()
+
+
+def test_a_cut_is_found_without_tags_as_the_first_commit_declaring_its_version(tmp_path):
+    """CI clones without tags: core 0.2.1, the toy example's floor, was looked up by tag only and the floor run
+    stopped (`core 0.2.1 is not at 'drivetrain-engine-core-v0.2.1'`)."""
+    _git(tmp_path, "init", "-q")
+    _commit_version(tmp_path, "0.1.0", "start")
+    cut_020 = _commit_version(tmp_path, "0.2.0", "release 0.2.0")
+    _commit_version(tmp_path, "0.2.0", "a fix after the cut")
+    cut_021 = _commit_version(tmp_path, "0.2.1", "release 0.2.1")
+    _commit_version(tmp_path, "0.2.1", "another fix")
+    assert cut_commit("p", "pkg", Version("0.2.0"), root=tmp_path) == cut_020
+    assert cut_commit("p", "pkg", Version("0.2.1"), root=tmp_path) == cut_021
+    assert cut_commit("p", "pkg", Version("0.3.0"), root=tmp_path) is None
+    _git(tmp_path, "tag", "p-v0.2.0", "HEAD")
+    assert (
+        cut_commit("p", "pkg", Version("0.2.0"), root=tmp_path) == _git(tmp_path, "rev-parse", "HEAD").strip()
+    )
+
+
+def test_this_repositorys_older_core_cut_is_found_in_a_clone_without_tags(tmp_path):
+    """Core 0.2.1 was cut at 5ce0386 (its tag's commit), found alike with and without tags."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-tags", "--shared", str(ROOT), str(clone)], check=True)
+    assert _git(clone, "tag", "--list") == ""
+    assert cut_commit(CORE, "packages/engine-core", Version("0.2.1"), root=clone).startswith("5ce0386e698f")
+    assert cut_commit(CORE, "packages/engine-core", Version("0.2.1")).startswith("5ce0386e698f")
