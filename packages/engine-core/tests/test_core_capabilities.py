@@ -16,6 +16,7 @@ from drivetrain_engine_core.hooks import BackendHooks
 from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager
 from drivetrain_engine_core.state_checks import check_move
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 
 
@@ -42,17 +43,14 @@ def _register(registry: Any) -> None:
     )
 
 
-class _EntryPoint:
-    name, value = "tiny", "in_memory"
-    dist = SimpleNamespace(name="drivetrain-engine-tiny", version="0.1.0")
-
-    def load(self) -> SimpleNamespace:
-        return SimpleNamespace(register_engines=_register)
+_ENTRY_POINT = InMemoryEntryPoint(
+    name="tiny", distribution="drivetrain-engine-tiny", plugin=SimpleNamespace(register_engines=_register)
+)
 
 
 @pytest.fixture(scope="module")
 def loaded() -> Iterator[Any]:
-    yield get_plugin_manager(entry_points=[_EntryPoint()], disabled=[])
+    yield get_plugin_manager(entry_points=[_ENTRY_POINT], disabled=[])
 
 
 def build(loaded: Any, *, optimizer: bool = True, lora: LoraConfig | None = None, **engine: Any) -> Any:

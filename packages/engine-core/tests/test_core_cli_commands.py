@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
 
 import click
 import pytest
@@ -14,6 +12,7 @@ from drivetrain_engine_core.cli import build_cli
 from drivetrain_engine_core.errors import PluginError
 from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 PLUGIN_DISTRIBUTIONS = {
     "drivetrain-engine-fsdp",
@@ -21,26 +20,6 @@ PLUGIN_DISTRIBUTIONS = {
     "drivetrain-roles",
     "drivetrain-ckpt-tools",
 }
-
-
-@dataclass
-class InMemoryEntryPoint:
-    """An entry point whose ``load()`` returns a ready plugin object (or raises)."""
-
-    name: str
-    plugin: Any
-    distribution: str
-    version: str = "0.5.0"
-    value: str = "in_memory"
-
-    @property
-    def dist(self) -> Any:
-        return SimpleNamespace(name=self.distribution, version=self.version)
-
-    def load(self) -> Any:
-        if isinstance(self.plugin, Exception):
-            raise self.plugin
-        return self.plugin
 
 
 @hookimpl
@@ -86,9 +65,11 @@ HIJACK = SimpleNamespace(register_commands=_register_hijacking_commands)
 @pytest.fixture
 def fake_cli():
     entry_points = [
-        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
-        InMemoryEntryPoint("half", HALF, "drivetrain-half", "0.0.9"),
-        InMemoryEntryPoint("gone", ImportError("cannot import name 'gone'"), "drivetrain-gone"),
+        InMemoryEntryPoint(name="hello", plugin=HELLO, distribution="drivetrain-hello"),
+        InMemoryEntryPoint(name="half", plugin=HALF, distribution="drivetrain-half", version="0.0.9"),
+        InMemoryEntryPoint(
+            name="gone", plugin=ImportError("cannot import name 'gone'"), distribution="drivetrain-gone"
+        ),
     ]
     reset_plugins()
     plugins(lambda: get_plugin_manager(entry_points=entry_points, disabled=[]))
@@ -122,12 +103,12 @@ def test_listings_as_json_and_text(fake_cli):
             "config": "hello_pkg:C",
             "plugin": "hello",
             "distribution": "drivetrain-hello",
-            "version": "0.5.0",
+            "version": "0.1.0",
         }
     ]
     text = runner.invoke(fake_cli, ["engines"]).stdout
-    assert text == "language_model/hello/* -> hello_pkg:E (drivetrain-hello 0.5.0)\n"
-    assert "gone: drivetrain-gone 0.5.0 [failed] ImportError" in runner.invoke(fake_cli, ["plugins"]).stdout
+    assert text == "language_model/hello/* -> hello_pkg:E (drivetrain-hello 0.1.0)\n"
+    assert "gone: drivetrain-gone 0.1.0 [failed] ImportError" in runner.invoke(fake_cli, ["plugins"]).stdout
 
 
 def test_plugin_commands_and_a_failing_registration(fake_cli):
@@ -136,7 +117,7 @@ def test_plugin_commands_and_a_failing_registration(fake_cli):
     assert result.stdout == "hello drivetrain\n"
     failed_to_load, failed_commands = result.stderr.splitlines()
     assert failed_to_load.startswith(
-        "drivetrain: plugin 'gone' (drivetrain-gone 0.5.0) failed to load: ImportError: cannot import name 'gone'"
+        "drivetrain: plugin 'gone' (drivetrain-gone 0.1.0) failed to load: ImportError: cannot import name 'gone'"
     )
     assert failed_commands == (
         "drivetrain: plugin 'half' (drivetrain-half 0.0.9) could not add its commands: "
@@ -207,14 +188,14 @@ def test_a_plugin_cannot_replace_drivetrains_own_command():
     """``add_command`` overwrites: a plugin registering ``engines`` made ``drivetrain engines`` print its output,
     with no word of it anywhere. drivetrain's command is kept; the plugin's other commands stay."""
     entry_points = [
-        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
-        InMemoryEntryPoint("hijack", HIJACK, "drivetrain-hijack"),
+        InMemoryEntryPoint(name="hello", plugin=HELLO, distribution="drivetrain-hello"),
+        InMemoryEntryPoint(name="hijack", plugin=HIJACK, distribution="drivetrain-hijack"),
     ]
     engines, mine = _invoke(entry_points, ["engines"], ["mine"])
     assert engines.exit_code == 0 and "HIJACKED" not in engines.stdout
     assert "language_model/hello/*" in engines.stdout
     assert (
-        "drivetrain: plugin 'hijack' (drivetrain-hijack 0.5.0) may not replace drivetrain's own command 'engines'"
+        "drivetrain: plugin 'hijack' (drivetrain-hijack 0.1.0) may not replace drivetrain's own command 'engines'"
         in engines.stderr
     )
     assert mine.exit_code == 0
@@ -224,14 +205,14 @@ def test_a_command_two_plugins_add_is_a_conflict_neither_wins():
     """Entry-point order decided: a plugin named to load first could take ``sft`` from drivetrain-roles, or a later
     one replace it. As with engines, there is no precedence: neither is offered, and both are named."""
     entry_points = [
-        InMemoryEntryPoint("aaa", RIVAL, "drivetrain-rival"),
-        InMemoryEntryPoint("hello", HELLO, "drivetrain-hello"),
+        InMemoryEntryPoint(name="aaa", plugin=RIVAL, distribution="drivetrain-rival"),
+        InMemoryEntryPoint(name="hello", plugin=HELLO, distribution="drivetrain-hello"),
     ]
     (hello, explode) = _invoke(entry_points, ["hello"], ["explode", "--help"])
     assert hello.exit_code == 2 and "No such command 'hello'" in hello.stderr
     assert (
-        "drivetrain: command 'hello' is added by several plugins: 'aaa' (drivetrain-rival 0.5.0), 'hello' "
-        "(drivetrain-hello 0.5.0). There is no precedence, so neither is offered"
+        "drivetrain: command 'hello' is added by several plugins: 'aaa' (drivetrain-rival 0.1.0), 'hello' "
+        "(drivetrain-hello 0.1.0). There is no precedence, so neither is offered"
     ) in hello.stderr
     assert explode.exit_code == 0, "the plugins' other commands stay"
 

@@ -5,17 +5,15 @@ version, so the tests hold across core releases."""
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import build_cli
 from drivetrain_engine_core.errors import PluginError
-from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugin_compat import declared_core_range
 from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -24,43 +22,22 @@ THIS_MINOR = f">={CORE.major}.{CORE.minor},<{CORE.major}.{CORE.minor + 1}"
 NEXT_MINOR = f">={CORE.major}.{CORE.minor + 1},<{CORE.major}.{CORE.minor + 2}"
 
 
-@dataclass
-class DistributedEntryPoint:
-    """An entry point of a fake distribution with ``Requires-Dist`` lines; ``load()`` counts its calls."""
-
-    name: str
-    distribution: str
-    requires: list[str]
-    plugin: Any = field(default_factory=SimpleNamespace)
-    value: str = "fake_module"
-    loads: int = 0
-
-    @property
-    def dist(self) -> Any:
-        return SimpleNamespace(name=self.distribution, version="0.3.0", requires=self.requires)
-
-    def load(self) -> Any:
-        self.loads += 1
-        return self.plugin
-
-
-@hookimpl
-def _register_old_engines(registry):
-    registry.register(
-        model_type="language_model", backend="old", devices=["*"], engine="old_pkg:E", config="old_pkg:C"
+def _entry_points() -> tuple[InMemoryEntryPoint, InMemoryEntryPoint]:
+    """A plugin built for the next core minor (incompatible) and one built for this minor (compatible). The
+    first raises if it is imported: it would be listed as failed, not incompatible."""
+    newer = InMemoryEntryPoint(
+        name="old",
+        distribution="drivetrain-engine-old",
+        version="0.3.0",
+        requires=(f"drivetrain-engine-core[testing]{NEXT_MINOR}", "transformers>=4.56"),
+        plugin=ImportError("an incompatible plugin was imported"),
     )
-
-
-def _entry_points() -> tuple[DistributedEntryPoint, DistributedEntryPoint]:
-    """A plugin built for the next core minor (incompatible) and one built for this minor (compatible)."""
-    newer = DistributedEntryPoint(
-        "old",
-        "drivetrain-engine-old",
-        [f"drivetrain-engine-core[testing]{NEXT_MINOR}", "transformers>=4.56"],
-        SimpleNamespace(register_engines=_register_old_engines),
-    )
-    fits = DistributedEntryPoint(
-        "fits", "drivetrain-engine-fits", [f"drivetrain-engine-core{THIS_MINOR}", "torch>=2.11"]
+    fits = InMemoryEntryPoint(
+        name="fits",
+        distribution="drivetrain-engine-fits",
+        version="0.3.0",
+        requires=(f"drivetrain-engine-core{THIS_MINOR}", "torch>=2.11"),
+        plugin=SimpleNamespace(),
     )
     return newer, fits
 
@@ -70,7 +47,6 @@ def test_a_plugin_outside_its_core_range_is_listed_incompatible_and_not_imported
     loaded = get_plugin_manager(entry_points=[newer, fits], disabled=[])
     by_name = {p.name: p for p in loaded.plugins}
     assert (by_name["old"].status, by_name["fits"].status) == ("incompatible", "loaded")
-    assert (newer.loads, fits.loads) == (0, 1)
     assert by_name["old"].traceback is None
     assert loaded.engines.backends() == []
     (line,) = loaded.problems()

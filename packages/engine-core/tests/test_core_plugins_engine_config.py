@@ -10,6 +10,7 @@ from drivetrain_engine_core.config import ConfigError, EngineConfig, LoraConfig,
 from drivetrain_engine_core.factory import engine_config_from_dict
 from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -40,17 +41,14 @@ def _register(registry):
     )
 
 
-class _EntryPoint:
-    name, value = "nested", "in_memory"
-    dist = SimpleNamespace(name="drivetrain-engine-nested", version="0.1.0")
-
-    def load(self):
-        return SimpleNamespace(register_engines=_register)
+_ENTRY_POINT = InMemoryEntryPoint(
+    name="nested", distribution="drivetrain-engine-nested", plugin=SimpleNamespace(register_engines=_register)
+)
 
 
 @pytest.fixture(scope="module")
 def loaded():
-    return get_plugin_manager(entry_points=[_EntryPoint()], disabled=[])
+    return get_plugin_manager(entry_points=[_ENTRY_POINT], disabled=[])
 
 
 def test_nested_backend_fields(loaded):

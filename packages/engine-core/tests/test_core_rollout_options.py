@@ -15,6 +15,7 @@ from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
 from drivetrain_engine_core.rollout import Rollout, RolloutOptions, create_rollout, rollout_options
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -65,18 +66,15 @@ def _register(registry):
     registry.register("plain", PlainRollout)
 
 
-class _EntryPoint:
-    name, value = "toy", "in_memory"
-    dist = SimpleNamespace(name="drivetrain-rollout-toy", version="0.1.0")
-
-    def load(self):
-        return SimpleNamespace(register_rollouts=_register)
+_ENTRY_POINT = InMemoryEntryPoint(
+    name="toy", distribution="drivetrain-rollout-toy", plugin=SimpleNamespace(register_rollouts=_register)
+)
 
 
 @pytest.fixture(autouse=True)
 def toy_plugins():
     reset_plugins()
-    plugins(lambda: get_plugin_manager(entry_points=[_EntryPoint()], disabled=[]))
+    plugins(lambda: get_plugin_manager(entry_points=[_ENTRY_POINT], disabled=[]))
     yield
     reset_plugins()
 

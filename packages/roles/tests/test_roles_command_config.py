@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig
 from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.runtime.command_config import (
     build_config,
     config_options,
@@ -121,17 +122,14 @@ def _register(registry):
     )
 
 
-class _EntryPoint:
-    name, value = "toy", "in_memory"
-    dist = SimpleNamespace(name="drivetrain-engine-toy", version="0.1.0")
-
-    def load(self):
-        return SimpleNamespace(register_engines=_register)
+_ENTRY_POINT = InMemoryEntryPoint(
+    name="toy", distribution="drivetrain-engine-toy", plugin=SimpleNamespace(register_engines=_register)
+)
 
 
 @pytest.fixture(scope="module")
 def loaded():
-    return get_plugin_manager(entry_points=[_EntryPoint()], disabled=[])
+    return get_plugin_manager(entry_points=[_ENTRY_POINT], disabled=[])
 
 
 def build(loaded, *overrides: str) -> CommandConfig:

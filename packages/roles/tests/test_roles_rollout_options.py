@@ -13,6 +13,7 @@ from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
 from drivetrain_engine_core.rollout import RolloutOptions
 from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rollout_plugin import build_rollout
 from drivetrain_roles.grpo.trainer import GRPOTrainer
@@ -43,19 +44,18 @@ def _register(registry):
     registry.register("patient-hf", PatientHF)
 
 
-class _EntryPoint:
-    name, value = "patient", "in_memory"
-    dist = SimpleNamespace(name="drivetrain-rollout-patient", version="0.1.0")
-
-    def load(self):
-        return SimpleNamespace(register_rollouts=_register)
+_ENTRY_POINT = InMemoryEntryPoint(
+    name="patient",
+    distribution="drivetrain-rollout-patient",
+    plugin=SimpleNamespace(register_rollouts=_register),
+)
 
 
 @pytest.fixture
 def patient_plugin():
     installed = list(importlib.metadata.entry_points(group="drivetrain"))
     reset_plugins()
-    plugins(lambda: get_plugin_manager(entry_points=[*installed, _EntryPoint()]))
+    plugins(lambda: get_plugin_manager(entry_points=[*installed, _ENTRY_POINT]))
     yield
     reset_plugins()
 

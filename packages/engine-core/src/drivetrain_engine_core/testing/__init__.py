@@ -34,6 +34,7 @@ _EXPORTS = {
     "plain_hf_top_k": "routing",
     "with_routes": "routing",
     "train_history": "training",
+    "InMemoryEntryPoint": "plugins",
 }
 
 __all__ = sorted(_EXPORTS)
