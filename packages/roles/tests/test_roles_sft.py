@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, PluginError
 from drivetrain_roles.jobs.assets import ModelPathError
 from drivetrain_roles.jobs.data import DataError
+from drivetrain_roles.jobs.default_assets import BUILTIN_MODEL, write_model_dir
 from drivetrain_roles.jobs.launch import spawn_ranks
 from drivetrain_roles.jobs.metrics import MetricsWriter, plot_loss_curve, read_records
 from drivetrain_roles.sft.config import load_config
@@ -155,28 +155,35 @@ def test_resume_starts_from_the_runs_own_config(full_run) -> None:
     assert yaml.safe_load(printed.output)["data"]["generated_train_size"] == 128
 
 
-def test_a_refused_resume_leaves_the_runs_config_yaml_as_it_was(full_run, tmp_path) -> None:
-    """A resume refused at its checkpoint (other data-order values, another model) had already rewritten
-    config.yaml with the refused overrides, so the run no longer resumed as saved. config.yaml is written once
-    the checkpoint has loaded; a resume that is not refused still records its overrides."""
-    from drivetrain_engine_core.testing import make_tiny_model_dir
-
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(full_run, tmp_path, folder_state) -> None:
+    """A resume refused at its checkpoint (other data-order values) had already rewritten config.yaml with the
+    refused overrides, so the run no longer resumed as saved; config.yaml is written once the checkpoint has
+    loaded, and a resume that is not refused still records its overrides. A resume from another model of the
+    same shape was not refused at all: it trained on with that model's tokenizer and config (the start check of
+    dpo, rm, grpo and ppo, jobs.resume_start, now runs first for sft too)."""
     full_dir, _ = full_run
     run_dir = tmp_path / "run"
     shutil.copytree(full_dir, run_dir)
-    saved = (run_dir / "config.yaml").read_bytes()
-    other = make_tiny_model_dir(tmp_path / "other", hidden_size=48)
+    before = folder_state(run_dir)
+    other = write_model_dir(tmp_path / "other", seed=4)
     refusals = {
-        "trainer.seed=7": "trained with trainer.seed=0, this run has 7; resume with the same value or start a new",
-        f"model.path={other}": "was saved from another model (.*). Set model.path to the model the run started",
+        "trainer.seed=7": [
+            "trained with trainer.seed=0, this run has 7; resume with the same value or start a new"
+        ],
+        f"model.path={other}": [
+            f"the run in {run_dir} started from model.path={BUILTIN_MODEL} ({run_dir / 'config.yaml'}), this "
+            f"--resume from model.path={other};",
+            f"Resume with model.path={BUILTIN_MODEL}, or start a new run without --resume.",
+        ],
     }
-    for override, message in refusals.items():
+    for override, messages in refusals.items():
         result = CliRunner().invoke(
             drivetrain_cli, ["sft", "--resume", "--output-dir", str(run_dir), override]
         )
-        assert result.exit_code == 1 and "Traceback" not in result.output
-        assert len(result.output.strip().splitlines()) == 1 and re.search(message, result.output)
-        assert (run_dir / "config.yaml").read_bytes() == saved
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert all(message in result.output for message in messages), result.output
+        assert folder_state(run_dir) == before
     resumed = CliRunner().invoke(
         drivetrain_cli, ["sft", "--resume", "--output-dir", str(run_dir), "trainer.max_new_tokens=3"]
     )

@@ -5,7 +5,8 @@ shards the work, and the output rank writes metrics. Per step: this rank's share
 ``engine.train_batch`` with the SFT loss -> one LR-schedule step. Held-out loss and greedy accuracy are
 measured before the first step, every ``trainer.eval_every`` steps and after the last; checkpoints go to
 ``<output_dir>/checkpoints`` every ``trainer.save_every`` steps and at the end, and ``resume=True`` continues
-from the latest one with the same data order, so a resumed run reproduces the uninterrupted one exactly.
+from the latest one with the same data order, so a resumed run reproduces the uninterrupted one exactly (from
+the ``model.path`` it started from: another one's tokenizer and config would be saved with the trained weights).
 The run directory also holds the resolved ``config.yaml`` and, at the end, the trained model as a plain
 Hugging Face folder (``final_model``).
 """
@@ -29,6 +30,7 @@ from ..jobs.evaluate import greedy_accuracy, held_out_loss
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
 from ..jobs.metrics import step_record
+from ..jobs.resume_start import check_resumed_start
 from ..losses.sft import sft_loss_fn
 from .config import SFTConfig
 
@@ -89,6 +91,8 @@ class SFTTrainer(TrainingJob[SFTResult]):
         return (self.batch_size_setting, self.config.trainer.batch_size)
 
     def _setup(self) -> Engine:
+        if self.folder.resume:  # before any file is read or written
+            check_resumed_start(self.output_dir, self.config.model.path)
         self.model_path = resolve_model_path(
             self.config.model.path, self.output_dir, self.config.engine.seed, resume=self.folder.resume
         )
