@@ -1,11 +1,12 @@
 """API-break check: each distribution's Python API against its last release, with griffe.
 
 For every distribution in ``.ci/releases.toml``: find its last release (the newest ``<distribution>-v<version>``
-tag merged into HEAD, else the ref the file records), load the API modules there and in the working tree, and
-list griffe's breaking changes. Breaking changes pass only when the working tree's version allows them (a new
-minor in 0.x, a new major from 1.0) and its CHANGELOG.md has a section for that version; otherwise each changed
-symbol is printed with the fix, and the exit status is 1. A check that cannot run (a ref this clone lacks and
-cannot fetch, a stale module list) says why on stderr, also with status 1.
+tag merged into HEAD, else the ref the file records; a recorded tag a clone lacks, the commit that declared that
+version), load the API modules there and in the working tree, and list griffe's breaking changes. Breaking
+changes pass only when the working tree's version allows them (a new minor in 0.x, a new major from 1.0) and
+its CHANGELOG.md has a section for that version; otherwise each changed symbol is printed with the fix, and
+the exit status is 1. A check that cannot run (a ref this clone lacks and cannot fetch, a stale module list)
+says why on stderr, also with status 1.
 
     uv run --all-packages --locked python .ci/api_check.py [DISTRIBUTION ...]
 """
@@ -27,6 +28,7 @@ from releasing import (
     Release,
     allows_breaking,
     changelog_section,
+    cut_commit,
     find_release,
     load_releases,
     project_version,
@@ -53,32 +55,40 @@ def has_commit(ref: str) -> bool:
     return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode == 0
 
 
-def ensure_ref(ref: str, distribution: str) -> None:
-    """Make ``distribution``'s release ``ref`` available, fetching from ``origin`` once where a shallow or
-    tag-less clone lacks it.
+def available_ref(last: Baseline, release: Release) -> str:
+    """``last``'s ref as this clone can read it, fetching from ``origin`` once where a shallow or tag-less clone
+    lacks it; a release tag still missing then stands for the commit that cut it (found by the version it
+    declares: CI clones without tags, and ``.ci/release`` records the tag it prints).
 
     Raises:
         SystemExit: the ref cannot be found or fetched, with the command that gets it.
     """
+    ref = last.ref
     if has_commit(ref):
-        return
+        return ref
     if git("remote", "get-url", "origin").returncode == 0:
         shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
         git("fetch", "--quiet", "--tags", *(["--unshallow"] if shallow else []), "origin")
         if not has_commit(ref):
             git("fetch", "--quiet", "origin", ref)
-    if not has_commit(ref) and ref.startswith(f"{distribution}-v"):
+    if has_commit(ref):
+        return ref
+    distribution = release.distribution
+    if ref == tag_name(distribution, last.version):
+        cut = cut_commit(distribution, release.path, last.version, root=ROOT)
+        if cut is not None:
+            return cut
         raise SystemExit(
-            f"api-check: {distribution}'s last release is recorded as tag {ref!r}, which does not exist. Create it "
-            f"on the release commit (`git tag {ref} <commit>`; docs/versioning.md, Cutting a release), or fetch "
-            "tags (`git fetch --tags origin`)."
+            f"api-check: {distribution}'s last release is recorded as tag {ref!r}, which does not exist, and no "
+            f"commit declares version {last.version}. Commit the release, then create the tag on that commit "
+            f"(`git tag {ref} <commit>`; docs/versioning.md, Cutting a release), or fetch tags "
+            "(`git fetch --tags origin`)."
         )
-    if not has_commit(ref):
-        raise SystemExit(
-            f"api-check: git ref {ref!r} (a last release recorded in {RELEASES.relative_to(ROOT)} or its tag) is "
-            "not in this clone and could not be fetched from origin. The check needs the history and tags: clone "
-            "without --depth, or run `git fetch --unshallow --tags origin`."
-        )
+    raise SystemExit(
+        f"api-check: git ref {ref!r} (a last release recorded in {RELEASES.relative_to(ROOT)} or its tag) is "
+        "not in this clone and could not be fetched from origin. The check needs the history and tags: clone "
+        "without --depth, or run `git fetch --unshallow --tags origin`."
+    )
 
 
 def baseline(release: Release) -> Baseline:
@@ -189,8 +199,8 @@ def check(release: Release) -> bool:
     if not release.api:
         print(f"ok   {name}: no Python API to check (releases.toml lists none)")
         return True
-    ensure_ref(last.ref, release.distribution)
-    breaks = breaking_changes(release, last.ref)
+    ref = available_ref(last, release)
+    breaks = breaking_changes(release, ref)
     if not breaks:
         print(f"ok   {name}: no breaking change since {last.version} ({last.ref})")
         return True

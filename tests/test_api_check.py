@@ -162,14 +162,34 @@ def test_a_release_tag_is_the_new_baseline(repo):
     assert "greet(loud): Parameter was added as required" in failed.stdout
 
 
+def test_a_recorded_tag_this_clone_lacks_is_the_commit_that_declared_the_version(repo):
+    """``.ci/release`` records the tag it prints, and CI clones without tags: the check failed there until the
+    recorded ref was replaced by hand with the release commit."""
+    release_commit = repo.git("rev-parse", "HEAD")
+    repo.write(version="0.1.0", source="def greet(name, punctuation='!', *, loud=False):\n    return name\n")
+    repo.commit("a change after the release")
+    repo.write(version="0.1.0", source="def greet(who):\n    return who\n")
+    repo.write_releases("tiny-dist-v0.1.0")
+    failed = repo.check()
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert "FAIL tiny-dist 0.1.0: 3 breaking change(s) since 0.1.0 (tiny-dist-v0.1.0)" in failed.stdout
+    repo.git("tag", "tiny-dist-v0.1.0", release_commit)
+    assert repo.check().stdout == failed.stdout
+
+
 def test_a_missing_tag_or_commit_is_one_message(repo):
-    repo.write_releases("tiny-dist-v0.1.0")  # recorded by .ci/release.py, not tagged yet
+    repo.write(version="0.2.0", source="def greet(name, punctuation='!'):\n    return name\n")
+    (repo.root / ".ci" / "releases.toml").write_text(
+        RELEASES.format(ref="tiny-dist-v0.2.0").replace('version = "0.1.0"', 'version = "0.2.0"')
+    )  # recorded by .ci/release.py, neither committed nor tagged yet
     untagged = repo.check()
     assert untagged.returncode == 1 and "Traceback" not in untagged.stderr
     assert untagged.stderr.startswith(
-        "api-check: tiny-dist's last release is recorded as tag 'tiny-dist-v0.1.0', which does not exist. Create "
-        "it on the release commit (`git tag tiny-dist-v0.1.0 <commit>`"
+        "api-check: tiny-dist's last release is recorded as tag 'tiny-dist-v0.2.0', which does not exist, and no "
+        "commit declares version 0.2.0. Commit the release, then create the tag on that commit "
+        "(`git tag tiny-dist-v0.2.0 <commit>`"
     )
+    repo.write(version="0.1.0", source="def greet(name, punctuation='!'):\n    return name\n")
     repo.write_releases("0123456789abcdef0123456789abcdef01234567")  # history a shallow clone lacks
     missing = repo.check()
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
