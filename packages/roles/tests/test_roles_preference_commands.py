@@ -137,7 +137,7 @@ def test_a_users_model_gets_lengths_that_hold_real_text(command) -> None:
 
 
 def test_answers_longer_than_a_response_may_be_are_warned_about(caplog) -> None:
-    from drivetrain_roles.grpo.trainer import warn_unreachable_answers
+    from drivetrain_roles.grpo.prompt_checks import warn_unreachable_answers
     from drivetrain_roles.jobs.data import Example
 
     def example(answer_tokens: int) -> Example:

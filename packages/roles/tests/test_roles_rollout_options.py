@@ -4,6 +4,7 @@ start when the rollout does not take them, handed to the rollout built as its pl
 from __future__ import annotations
 
 import importlib.metadata
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rollout_plugin import build_rollout
 from drivetrain_roles.grpo.trainer import GRPOTrainer
+from drivetrain_roles.jobs.default_assets import write_model_dir
 from drivetrain_roles.ppo.config import load_config as load_ppo_config
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.runtime.command_config import to_yaml
@@ -26,6 +28,10 @@ from drivetrain_roles.runtime.command_config import to_yaml
 class PatientOptions(RolloutOptions):
     wait_s: float | None = None
     tags: tuple[str, ...] = ()
+    max_len: int | None = None
+
+    def length_limit(self) -> tuple[str, int] | None:
+        return None if self.max_len is None else ("max_len", self.max_len)
 
 
 class PatientHF(HFRollout):
@@ -93,3 +99,45 @@ def test_an_option_the_rollout_does_not_take_is_refused_before_the_warm_start(tm
         f"rollout 'hf' (drivetrain-roles {version}) has no option 'request_timeout_s' "
         "(rollout.options.request_timeout_s); it takes no options: drop rollout.options.request_timeout_s."
     )
+
+
+class _ActorBuilt(Exception):
+    pass
+
+
+def test_a_prompt_over_the_rollouts_length_limit_is_refused_when_the_prompts_load(
+    tmp_path, monkeypatch, patient_plugin
+):
+    """vLLM refuses a prompt over its max_model_len only at the step that first samples it (a traceback hours
+    into a run); a rollout's options now declare that limit, and the job checks its longest prompt plus
+    rollout.max_new_tokens against it before any engine is built. The limit itself is accepted."""
+
+    def actor_built(*args, **kwargs):
+        raise _ActorBuilt
+
+    monkeypatch.setattr(GRPOTrainer, "make_actor", actor_built)
+    model = write_model_dir(tmp_path / "model")
+    base = [
+        f"model.path={model}",
+        "rollout.name=patient-hf",
+        "rollout.max_new_tokens=4",
+        "data.generated_train_size=8",
+        "data.generated_val_size=2",
+        "trainer.progress_bar=false",
+    ]
+    with pytest.raises(ConfigError) as error:
+        GRPOTrainer(load_config(None, [*base, "rollout.options.max_len=4"]), tmp_path / "short").run()
+    longest = int(re.search(r"is (\d+) tokens", str(error.value))[1])
+    assert longest > 4 and str(error.value) == (
+        f"the longest prompt plus rollout.max_new_tokens=4 is {longest} tokens, over rollout.options.max_len=4 of "
+        "rollout 'patient-hf'; lower rollout.max_new_tokens or data.max_length (which bounds the prompts), or "
+        "raise the limit."
+    )
+    with pytest.raises(_ActorBuilt):
+        GRPOTrainer(load_config(None, [*base, f"rollout.options.max_len={longest}"]), tmp_path / "fits").run()
+    with pytest.raises(
+        ConfigError, match=f"is {longest} tokens, over rollout.options.max_len={longest - 1} "
+    ):
+        GRPOTrainer(
+            load_config(None, [*base, f"rollout.options.max_len={longest - 1}"]), tmp_path / "over"
+        ).run()

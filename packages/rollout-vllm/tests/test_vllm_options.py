@@ -56,6 +56,14 @@ def test_core_builds_each_rollouts_options_from_plain_values():
     }
 
 
+def test_max_model_len_is_the_length_limit_jobs_check_their_prompts_against():
+    """vLLM refuses a prompt over max_model_len only when it is sampled; jobs check it when prompts load."""
+    assert rollout_options("vllm-server", {"max_model_len": 64}).length_limit() == ("max_model_len", 64)
+    assert VLLMOptions(max_model_len=64).length_limit() == ("max_model_len", 64)
+    # Unset, vLLM serves the model's context length, which jobs check against the model.
+    assert VLLMOptions().length_limit() is VLLMServerOptions().length_limit() is None
+
+
 def test_an_unknown_option_names_the_plugin_and_every_option_it_takes():
     with pytest.raises(ConfigError) as error:
         rollout_options("vllm-server", {"request_timeout": 600})

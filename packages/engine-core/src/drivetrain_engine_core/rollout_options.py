@@ -36,6 +36,16 @@ class RolloutOptions:
     frozen dataclasses.
     """
 
+    def length_limit(self) -> tuple[str, int] | None:
+        """The option that bounds the tokens of one sequence (prompt plus response) in a rollout built with these
+        options, and its value (vLLM's ``("max_model_len", 4096)``); ``None`` where only the model's own context
+        length bounds it (the base).
+
+        Jobs check their longest prompt plus ``rollout.max_new_tokens`` against it when the prompts load, before
+        any model does: the rollout itself would refuse such a prompt only at the step that first samples it.
+        """
+        return None
+
 
 def build_rollout_options(
     options_class: type[RolloutOptions],

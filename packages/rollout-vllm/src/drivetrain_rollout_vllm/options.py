@@ -76,6 +76,11 @@ class VLLMOptions(RolloutOptions):
                     f"rollout.options.{name}={value} must be >= 1; unset it for vLLM's default."
                 )
 
+    def length_limit(self) -> tuple[str, int] | None:
+        """``max_model_len`` where set: vLLM refuses a longer prompt (unset, vLLM serves the model's context
+        length, which jobs check against the model)."""
+        return None if self.max_model_len is None else ("max_model_len", self.max_model_len)
+
     def engine_arguments(self, device: str) -> dict[str, Any]:
         """The ``vllm.LLM`` arguments these options set (unset ones left out), with the CPU memory default
         (:func:`memory_options`) when neither memory option is set."""

@@ -13,7 +13,6 @@ continues from the latest one (the rollout is synced from it first); the run end
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,6 @@ from typing import Any, Generic, TypeVar
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.values import TokenLimits
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.rollout import SamplingConfig
 
@@ -37,15 +34,15 @@ from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
 from ..update_metrics import ENGINE_LOSS_METRICS
-from .config import GRPOConfig, PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, generation_lag
+from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
+from .prompt_checks import check_rollout_length, warn_unreachable_answers
 from .rewards import exact_match, load_reward_function
 from .rollout_plugin import build_rollout, require_rollout
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
 from .warm_start import start_model
 
-logger = logging.getLogger(__name__)
 CURVE_FILE = "reward_curve.png"
 
 
@@ -372,46 +369,3 @@ def _postfix(values: dict[str, float]) -> dict[str, str]:
         "kl": f"{values.get('train/kl', 0.0):.4f}",
         "tok_s": f"{values['perf/tokens_per_s']:.0f}",
     }
-
-
-def warn_unreachable_answers(examples: list[Example], max_new_tokens: int, eos_token_id: int | None) -> None:
-    """Warn (rank 0) when reference answers are longer than a response may be: the exact-answer reward of their
-    prompts is 0 whatever the policy does (``rollout.max_new_tokens`` is 6 for the embedded job's sums, and a
-    user's model keeps it unless set)."""
-    lengths = [len(e.response_ids) - (e.response_ids[-1:] == [eos_token_id]) for e in examples]
-    unreachable = sum(length > max_new_tokens for length in lengths)
-    if unreachable and distributed.rank() == 0:
-        logger.warning(
-            "%d of %d training answers are longer than rollout.max_new_tokens=%d tokens (the longest has %d): their "
-            "prompts can never earn reward 1. Raise rollout.max_new_tokens.",
-            unreachable,
-            len(examples),
-            max_new_tokens,
-            max(lengths),
-        )
-
-
-def check_rollout_length(examples: list[Example], config: RolloutJobConfig, model_path: str) -> None:
-    """The longest prompt plus ``rollout.max_new_tokens`` must fit the model's positions and, with dynamic
-    batching, one micro-batch: checked when the prompts load, not at the step whose sample first grows that
-    long (a ``BatchError`` hours into a run).
-
-    Raises:
-        ConfigError: the longest possible sequence exceeds either limit (names both settings).
-    """
-    from transformers import AutoConfig
-
-    longest = max((len(e.prompt_ids) for e in examples), default=0) + config.rollout.max_new_tokens
-    hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
-    positions = TokenLimits.from_hf_config(hf_config, model_path).max_positions
-    budget = config.engine.micro_batch.max_tokens
-    for limit, setting in (
-        (positions, f"the model's max_position_embeddings={positions}"),
-        (budget, f"engine.micro_batch.max_tokens={budget}"),
-    ):
-        if limit is not None and longest > limit:
-            raise ConfigError(
-                f"the longest prompt plus rollout.max_new_tokens={config.rollout.max_new_tokens} is {longest} "
-                f"tokens, over {setting}; lower rollout.max_new_tokens or data.max_length (which bounds the "
-                "prompts), or raise the limit."
-            )
