@@ -1,10 +1,11 @@
 """Compatibility matrix, lowest side: the plugins against the lowest versions they declare (docs/versioning.md).
 
-Every floor is a promise, so every floor is installed and tested. The plugins share one environment: core at
-the floor of their core range (built from that release's commit, found by its tag or, in a clone without tags, as
-the first commit declaring that version; or from the working tree when the floor is the current version), and
-every direct dependency of core (with its ``testing`` extra) and of each plugin at its declared floor
-(``uv pip compile --resolution lowest-direct``). Then each plugin's kit runs there, in one pytest session. One
+Every floor is a promise, so every floor is installed and tested. Plugins with the same core floor share one
+environment: core at that floor (built from that release's commit, found by its tag or, in a clone without
+tags, as the first commit declaring that version; or from the working tree when the floor is the current
+version), every plugin whose range admits it, and every direct dependency of core (with its ``testing`` extra)
+and of those plugins at its declared floor (``uv pip compile --resolution lowest-direct``). Then the kits of
+the plugins with that floor run there, in one pytest session. One
 environment can test a floor only where every package declares the same floor for that dependency, so the
 script first checks that they agree, then that each floor is what actually resolved, and names the package,
 the dependency and the fix when not.
@@ -76,17 +77,23 @@ def floor_of(requirement: Requirement) -> Version | None:
     return max(floors) if floors else None
 
 
-def core_floor(plugin: Release) -> Version:
-    """The lowest core version the plugin's range admits."""
+def core_requirement(plugin: Release) -> Requirement:
+    """The plugin's requirement on core."""
     cores = [r for r in requirements(ROOT / plugin.path / "pyproject.toml") if r.name == CORE]
     if not cores:
         raise SystemExit(
             f"lowest-deps: {plugin.distribution} does not require {CORE}; the matrix is for plugins."
         )
-    floor = floor_of(cores[0])
+    return cores[0]
+
+
+def core_floor(plugin: Release) -> Version:
+    """The lowest core version the plugin's range admits."""
+    requirement = core_requirement(plugin)
+    floor = floor_of(requirement)
     if floor is None:
         raise SystemExit(
-            f"lowest-deps: {plugin.distribution} requires {cores[0]} with no lower bound; add one "
+            f"lowest-deps: {plugin.distribution} requires {requirement} with no lower bound; add one "
             f"(>=) in {plugin.path}/pyproject.toml."
         )
     return floor
@@ -307,6 +314,22 @@ def check(floor: Version, plugins: list[Release], kits: list[str], work: Path, r
     print(f"lowest-deps: core {floor} with {names}: ok in {time.monotonic() - started:.0f} s", flush=True)
 
 
+def floor_runs(plugins: list[Release], chosen: set[str]) -> list[tuple[Version, list[Release], list[str]]]:
+    """One run per core floor of the ``chosen`` plugins: the floor, the plugins installed beside it, the kits.
+
+    NOTE: a kit runs at its plugin's core floor beside every plugin that admits that core, since kits use
+    their siblings (roles' job template trains with fsdp, ckpt-tools' kit merges fsdp's steps); a sibling
+    whose range starts above the floor cannot be there.
+    """
+    runs = []
+    for floor in sorted({core_floor(p) for p in plugins}):
+        tested = [p for p in plugins if core_floor(p) == floor and p.distribution in chosen]
+        if tested:
+            beside = [p for p in plugins if core_requirement(p).specifier.contains(release_version(floor))]
+            runs.append((floor, beside, [test for p in tested for test in KITS[p.distribution]]))
+    return runs
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -324,15 +347,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit(
             f"lowest-deps: {', '.join(sorted(unknown))} has no kit here; plugins: {', '.join(KITS)}."
         )
-    # Every plugin goes into the environment, whichever kits run: ckpt-tools' kit merges fsdp's steps.
-    groups: dict[Version, list[Release]] = defaultdict(list)
-    for plugin in (find_release(releases, name) for name in KITS):
-        groups[core_floor(plugin)].append(plugin)
+    plugins = [find_release(releases, name) for name in KITS]
     with tempfile.TemporaryDirectory(prefix="lowest-deps-") as work:
-        for floor, plugins in sorted(groups.items()):
-            kits = [test for p in plugins if p.distribution in chosen for test in KITS[p.distribution]]
-            if chosen & {p.distribution for p in plugins}:
-                check(floor, plugins, kits, Path(work), args.resolve_only)
+        for floor, beside, kits in floor_runs(plugins, chosen):
+            check(floor, beside, kits, Path(work), args.resolve_only)
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from lowest_deps import (  # noqa: E402
     compile_lowest,
     declared,
     disagreements,
+    floor_runs,
     floors_not_resolved,
     release_version,
     requirements,
@@ -66,6 +68,24 @@ def test_every_plugin_is_in_the_floor_run():
         f"{missing} require {CORE} but .ci/lowest_deps.py never installs their floors: add each to KITS there "
         "(with its kit, or [] with the reason) and to .ci/releases.toml"
     )
+
+
+def test_each_kit_runs_beside_every_plugin_that_admits_its_core_floor():
+    """Roles' kit trains with fsdp: with roles alone at core 0.2.3 (the others from 0.2.2) it had no engine."""
+    plugins = [find_release(load_releases(), name) for name in KITS]
+    runs = floor_runs(plugins, set(KITS))
+    assert sorted(test for _, _, kits in runs for test in kits) == sorted(
+        t for ts in KITS.values() for t in ts
+    )
+    (roles_run,) = [beside for _, beside, kits in runs if KITS["drivetrain-roles"][0] in kits]
+    assert {"drivetrain-roles", "drivetrain-engine-fsdp"} <= {p.distribution for p in roles_run}
+    for floor, beside, _ in runs:
+        for plugin in plugins:
+            text = (ROOT / plugin.path / "pyproject.toml").read_text()
+            (core,) = [
+                Requirement(r) for r in tomllib.loads(text)["project"]["dependencies"] if r.startswith(CORE)
+            ]
+            assert (plugin in beside) == core.specifier.contains(f"{floor.major}.{floor.minor}.{floor.micro}")
 
 
 def test_the_repositorys_floors_agree():
