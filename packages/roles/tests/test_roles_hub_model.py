@@ -73,3 +73,28 @@ def test_a_hub_id_this_machine_cannot_get_is_one_line_naming_the_fix(hub_cache, 
         "at), or set model.path to a local model directory."
     )
     assert not run_dir.exists()
+
+
+def test_a_run_from_a_hub_id_resumes_from_its_snapshot_path_and_back_but_not_from_a_newer_revision(
+    hub_cache, tmp_path
+) -> None:
+    """The start check (jobs.resume_start) compared the two spellings as text: a run started from ``org/name``
+    was refused a resume from the snapshot directory that id stands for, and the reverse."""
+    run_dir = tmp_path / "run"
+
+    def sft(*args: str):
+        return CliRunner().invoke(drivetrain_cli, ["sft", "--output-dir", str(run_dir), *RUN, *args])
+
+    assert sft(f"model.path={hub_cache}").exit_code == 0
+    for path, steps in ((REPO, 4), (hub_cache, 5)):
+        resumed = sft("--resume", f"model.path={path}", f"trainer.total_steps={steps}")
+        assert resumed.exit_code == 0, resumed.output
+        assert len(losses(run_dir)) == steps
+
+    newer = "fedcba9876543210fedcba9876543210fedcba98"
+    write_model_dir(hub_cache.parent / newer, seed=1)
+    (hub_cache.parent.parent / "refs" / "main").write_text(newer)
+    refused = sft("--resume", f"model.path={REPO}", "trainer.total_steps=6")
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    assert f"this --resume from model.path={REPO};" in refused.output
+    assert len(losses(run_dir)) == 5

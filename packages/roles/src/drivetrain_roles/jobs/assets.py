@@ -46,10 +46,23 @@ def resolve_model_path(path: str, output_dir: Path, seed: int, *, resume: bool =
 
 
 def same_model_path(first: str, second: str) -> bool:
-    """Whether two ``model.path`` values name the same model: equal, or the same local directory."""
+    """Whether two ``model.path`` values name the same model: equal, or the same directory on this machine (a
+    Hub repository id stands for its cached snapshot, so ``org/name`` and that snapshot's path are one model;
+    once the cache holds a newer revision they are not)."""
     if first == second:
         return True
-    return Path(first).is_dir() and Path(second).is_dir() and os.path.samefile(first, second)
+    one, other = _local_directory(first), _local_directory(second)
+    return one is not None and other is not None and os.path.samefile(one, other)
+
+
+def _local_directory(path: str) -> str | None:
+    """``path`` if it is a directory, a Hub repository id's cached snapshot, or None (the Hub is not asked)."""
+    if Path(path).is_dir():
+        return path
+    try:
+        return model_directory(path)
+    except ModelPathError:
+        return None
 
 
 class ModelPathError(DrivetrainError, FileNotFoundError):
