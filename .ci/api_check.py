@@ -55,29 +55,33 @@ def has_commit(ref: str) -> bool:
     return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode == 0
 
 
+def readable_ref(last: Baseline, release: Release, is_tag: bool) -> str | None:
+    """``last.ref`` if this clone has it, else for a release tag the commit that declared its version, else None."""
+    if has_commit(last.ref):
+        return last.ref
+    return cut_commit(release.distribution, release.path, last.version, root=ROOT) if is_tag else None
+
+
 def available_ref(last: Baseline, release: Release) -> str:
-    """``last``'s ref as this clone can read it, fetching from ``origin`` once where a shallow or tag-less clone
-    lacks it; a release tag still missing then stands for the commit that cut it (found by the version it
-    declares: CI clones without tags, and ``.ci/release`` records the tag it prints).
+    """``last``'s ref as this clone can read it. A release tag the clone lacks stands for the commit that cut
+    it, found by the version it declares (CI clones without tags, and ``.ci/release`` records the tag it
+    prints); any other missing ref, or a cut outside a shallow clone's history, is fetched from ``origin`` once.
 
     Raises:
         SystemExit: the ref cannot be found or fetched, with the command that gets it.
     """
-    ref = last.ref
-    if has_commit(ref):
-        return ref
-    if git("remote", "get-url", "origin").returncode == 0:
+    ref, distribution = last.ref, release.distribution
+    is_tag = ref == tag_name(distribution, last.version)
+    found = readable_ref(last, release, is_tag)
+    if found is None and git("remote", "get-url", "origin").returncode == 0:
         shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
         git("fetch", "--quiet", "--tags", *(["--unshallow"] if shallow else []), "origin")
         if not has_commit(ref):
             git("fetch", "--quiet", "origin", ref)
-    if has_commit(ref):
-        return ref
-    distribution = release.distribution
-    if ref == tag_name(distribution, last.version):
-        cut = cut_commit(distribution, release.path, last.version, root=ROOT)
-        if cut is not None:
-            return cut
+        found = readable_ref(last, release, is_tag)
+    if found is not None:
+        return found
+    if is_tag:
         raise SystemExit(
             f"api-check: {distribution}'s last release is recorded as tag {ref!r}, which does not exist, and no "
             f"commit declares version {last.version}. Commit the release, then create the tag on that commit "

@@ -5,10 +5,9 @@ environment: core at that floor (built from that release's commit, found by its 
 tags, as the first commit declaring that version; or from the working tree when the floor is the current
 version), every plugin whose range admits it, and every direct dependency of core (with its ``testing`` extra)
 and of those plugins at its declared floor (``uv pip compile --resolution lowest-direct``). Then the kits of
-the plugins with that floor run there, in one pytest session. One
-environment can test a floor only where every package declares the same floor for that dependency, so the
-script first checks that they agree, then that each floor is what actually resolved, and names the package,
-the dependency and the fix when not.
+the plugins with that floor run there, in one pytest session. One environment can test a floor only where
+every package declares the same floor for that dependency, so the script first checks that they agree, then
+that each floor is what actually resolved, and names the package, the dependency and the fix when not.
 
     uv run --all-packages --locked python .ci/lowest_deps.py [--resolve-only] [DISTRIBUTION ...]
 
@@ -114,15 +113,15 @@ def core_source(floor: Version, work: Path) -> Path:
     if commit is None:
         raise SystemExit(
             f"lowest-deps: core {version} is neither tagged ({tag_name(CORE, version)}) nor declared by any "
-            "commit of this clone; clone the whole history (not --depth) or lower no floor below the "
-            "first release."
+            "commit of this clone: clone the whole history (not --depth), or require a core version that "
+            "was released."
         )
     archive = subprocess.run(
         ["git", "archive", commit, "packages/engine-core"], cwd=ROOT, capture_output=True
     )
     if archive.returncode != 0:
         raise SystemExit(
-            f"lowest-deps: git archive of core {version} at {commit} failed:\n{archive.stderr!r}"
+            f"lowest-deps: git archive of core {version} at {commit} failed: {archive.stderr.decode().strip()}"
         )
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(work / f"core-{floor}", filter="data")
