@@ -6,6 +6,8 @@ layout ``hf download`` writes), holding the embedded model; the Hub is never ask
 
 from __future__ import annotations
 
+import json
+
 import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
@@ -97,4 +99,40 @@ def test_a_run_from_a_hub_id_resumes_from_its_snapshot_path_and_back_but_not_fro
     refused = sft("--resume", f"model.path={REPO}", "trainer.total_steps=6")
     assert refused.exit_code == 1 and "Traceback" not in refused.output
     assert f"this --resume from model.path={REPO};" in refused.output
+    assert len(losses(run_dir)) == 5
+
+
+def test_a_run_from_a_hub_id_resumes_only_from_the_snapshot_it_started_from(hub_cache, tmp_path) -> None:
+    """Every command fetches a Hub id before it runs, so a resume after the repository moved on loaded the newer
+    revision (and GRPO's, PPO's, DPO's reference from it) without a word: the run records the snapshot it
+    started from, and a resume from the id is refused once ``main`` points elsewhere; the recorded snapshot's
+    path, which the refusal names, resumes."""
+    run_dir = tmp_path / "run"
+
+    def sft(*args: str):
+        return CliRunner().invoke(drivetrain_cli, ["sft", "--output-dir", str(run_dir), *RUN, *args])
+
+    assert sft(f"model.path={REPO}").exit_code == 0
+    assert json.loads((run_dir / "start_snapshot.json").read_text()) == {
+        "model.path": REPO,
+        "snapshot": str(hub_cache),
+    }
+    assert sft("--resume", f"model.path={REPO}", "trainer.total_steps=4").exit_code == 0
+
+    newer = "fedcba9876543210fedcba9876543210fedcba98"
+    write_model_dir(hub_cache.parent / newer, seed=1)
+    (hub_cache.parent.parent / "refs" / "main").write_text(newer)
+    refused = sft("--resume", f"model.path={REPO}", "trainer.total_steps=5")
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert (
+        f"started from model.path={REPO} ({run_dir / 'config.yaml'}), the Hugging Face snapshot {hub_cache} "
+        f"({run_dir / 'start_snapshot.json'}), this --resume from model.path={REPO}, now the snapshot "
+        f"{hub_cache.parent / newer} (a newer revision);"
+    ) in " ".join(refused.output.split())
+    assert f"Resume with model.path={hub_cache}, or start a new run without --resume." in " ".join(
+        refused.output.split()
+    )
+    assert len(losses(run_dir)) == 4
+    resumed = sft("--resume", f"model.path={hub_cache}", "trainer.total_steps=5")
+    assert resumed.exit_code == 0, resumed.output
     assert len(losses(run_dir)) == 5

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..jobs.assets import model_directory
 from ..jobs.default_assets import BUILTIN_MODEL
-from ..jobs.resume_start import check_resumed_start
+from ..jobs.resume_start import check_or_record_start
 from ..sft.config import SFTConfig, warm_start_trainer
 from .config import RolloutJobConfig
 
@@ -26,8 +26,7 @@ def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> 
         ModelPathError: ``model.path`` is neither a local Hugging Face model directory nor a cached Hub
             repository.
     """
-    if resume:
-        check_resumed_start(output_dir, config.model.path)
+    check_or_record_start(output_dir, config.model.path, resume=resume)
     if config.model.path != BUILTIN_MODEL:
         return model_directory(config.model.path)
     from ..sft.warm_start import run_warm_start

@@ -51,11 +51,11 @@ def same_model_path(first: str, second: str) -> bool:
     once the cache holds a newer revision they are not)."""
     if first == second:
         return True
-    one, other = _local_directory(first), _local_directory(second)
+    one, other = local_model_directory(first), local_model_directory(second)
     return one is not None and other is not None and os.path.samefile(one, other)
 
 
-def _local_directory(path: str) -> str | None:
+def local_model_directory(path: str) -> str | None:
     """``path`` if it is a directory, a Hub repository id's cached snapshot, or None (the Hub is not asked)."""
     if Path(path).is_dir():
         return path
@@ -63,6 +63,11 @@ def _local_directory(path: str) -> str | None:
         return model_directory(path)
     except ModelPathError:
         return None
+
+
+def is_hub_id(path: str) -> bool:
+    """Whether ``model.path`` names a Hub repository (``org/name`` that is not a local path)."""
+    return not Path(path).exists() and _REPO_ID.fullmatch(path) is not None
 
 
 class ModelPathError(DrivetrainError, FileNotFoundError):
@@ -86,7 +91,7 @@ def model_directory(path: str, *, download: bool = False) -> str:
         ModelPathError: no ``config.json`` there, or the repository is neither cached nor fetchable.
     """
     directory = Path(path)
-    if not directory.exists() and _REPO_ID.fullmatch(path):
+    if is_hub_id(path):
         directory = Path(_hub_snapshot(path, download=download))
     if not (directory / "config.json").is_file():
         what = "has no config.json" if directory.is_dir() else "does not exist"

@@ -4,7 +4,7 @@ The start is ``model.path``, and for ``dpo``/``rm`` whether an SFT warm start tr
 (``warm_start.sft_steps``; ``grpo``/``ppo`` warm-start exactly when ``model.path`` is the embedded model). The
 run's checkpoints, DPO's reference log-probs, GRPO's and PPO's KL reference and PPO's critic start were made from
 it. The run's ``config.yaml`` (written by the new run, rewritten by a resume only once its checkpoint fits)
-records it.
+records it, and for a Hub id the snapshot it resolved to (:mod:`.start_snapshot`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,23 @@ from typing import Any
 from drivetrain_engine_core.errors import CheckpointError
 
 from ..runtime.command_config import read_yaml
-from .assets import same_model_path
+from .assets import is_hub_id, local_model_directory, same_model_path
 from .launch import CONFIG_FILE
+from .start_snapshot import START_SNAPSHOT_FILE, in_snapshot, record_start_snapshot, started_snapshot
 
 WarmStart = tuple[str, int]
 """A job's warm-start setting and its value, e.g. ``("warm_start.sft_steps", 2)``; 0 runs none."""
+
+
+def check_or_record_start(
+    run_dir: Path, model_path: str, *, resume: bool, warm_start: WarmStart | None = None
+) -> None:
+    """A resume: :func:`check_resumed_start`. A new run: record the Hub snapshot of a Hub id ``model.path``
+    (:func:`.start_snapshot.record_start_snapshot`), which a resume is then checked against."""
+    if resume:
+        check_resumed_start(run_dir, model_path, warm_start)
+    else:
+        record_start_snapshot(run_dir, model_path)
 
 
 def check_resumed_start(run_dir: Path, model_path: str, warm_start: WarmStart | None = None) -> None:
@@ -48,13 +60,22 @@ def check_resumed_start(run_dir: Path, model_path: str, warm_start: WarmStart | 
     run_warm = None if warm_start is None else _recorded_warm_start(recorded, warm_start[0])
     if run_model is None or (warm_start is not None and run_warm is None):
         return
-    if same_model_path(run_model, model_path) and _warms(run_warm) == _warms(warm_start):
+    snapshot = started_snapshot(run_dir)
+    if snapshot is None:
+        same_model, fix, started = same_model_path(run_model, model_path), run_model, ""
+    else:
+        same_model = in_snapshot(snapshot, model_path)
+        fix = run_model if in_snapshot(snapshot, run_model) else snapshot
+        started = f", the Hugging Face snapshot {snapshot} ({run_dir / START_SNAPSHOT_FILE})"
+    if same_model and _warms(run_warm) == _warms(warm_start):
         return
+    now = local_model_directory(model_path) if is_hub_id(model_path) else None
+    asked = "" if now is None or snapshot is None else f", now the snapshot {now} (a newer revision)"
     setting = "" if run_warm is None else f" {run_warm[0]}={run_warm[1]}"
     raise CheckpointError(
-        f"the run in {run_dir} started from {_start(run_model, run_warm)} ({saved}), this --resume from "
-        f"{_start(model_path, warm_start)}; its checkpoints (and any reference) were made from the run's "
-        f"start. Resume with model.path={run_model}{setting}, or start a new run without --resume."
+        f"the run in {run_dir} started from {_start(run_model, run_warm)} ({saved}){started}, this --resume "
+        f"from {_start(model_path, warm_start)}{asked}; its checkpoints (and any reference) were made from the "
+        f"run's start. Resume with model.path={fix}{setting}, or start a new run without --resume."
     )
 
 

@@ -29,7 +29,7 @@ from ..jobs.assets import load_tokenizer, resolve_model_path
 from ..jobs.batches import StepSampler, check_held_out_size
 from ..jobs.job import JobResult, TrainingJob, evaluation_lines
 from ..jobs.metrics import step_record
-from ..jobs.resume_start import check_resumed_start
+from ..jobs.resume_start import check_or_record_start
 from ..sft.warm_start import run_warm_start
 from .batches import check_pair_micro_batches, check_pair_token_budget
 from .config import PairDataConfig, PairTrainerConfig, WarmStartConfig
@@ -95,9 +95,11 @@ class PairTrainer(TrainingJob[PairResult]):
 
     def _setup(self) -> Engine:
         """Pair files, warm start, pairs, the engine and the job's preparation (DPO: the reference)."""
-        if self.folder.resume:  # before any file is read or written
-            warm_start = ("warm_start.sft_steps", self.config.warm_start.sft_steps)
-            check_resumed_start(self.output_dir, self.config.model.path, warm_start)
+        # A resume: before any file is read or written.
+        warm_start = ("warm_start.sft_steps", self.config.warm_start.sft_steps)
+        check_or_record_start(
+            self.output_dir, self.config.model.path, resume=self.folder.resume, warm_start=warm_start
+        )
         train_files, val_files = self._pair_files()
         # Before the warm start: pair data the pairwise steps could not use fails fast, on every rank.
         check_pair_micro_batches(self.engine_config.micro_batch)

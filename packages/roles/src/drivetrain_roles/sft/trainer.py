@@ -30,7 +30,7 @@ from ..jobs.evaluate import greedy_accuracy, held_out_loss
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
 from ..jobs.metrics import step_record
-from ..jobs.resume_start import check_resumed_start
+from ..jobs.resume_start import check_or_record_start
 from ..losses.sft import sft_loss_fn
 from .config import SFTConfig
 
@@ -91,8 +91,8 @@ class SFTTrainer(TrainingJob[SFTResult]):
         return (self.batch_size_setting, self.config.trainer.batch_size)
 
     def _setup(self) -> Engine:
-        if self.folder.resume:  # before any file is read or written
-            check_resumed_start(self.output_dir, self.config.model.path)
+        # A resume: before any file is read or written.
+        check_or_record_start(self.output_dir, self.config.model.path, resume=self.folder.resume)
         self.model_path = resolve_model_path(
             self.config.model.path, self.output_dir, self.config.engine.seed, resume=self.folder.resume
         )
