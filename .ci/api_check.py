@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -30,6 +29,8 @@ from releasing import (
     changelog_section,
     cut_commit,
     find_release,
+    git,
+    has_commit,
     load_releases,
     project_version,
     tag_name,
@@ -45,14 +46,6 @@ class Baseline:
 
     version: Version
     ref: str
-
-
-def git(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-
-
-def has_commit(ref: str) -> bool:
-    return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode == 0
 
 
 def readable_ref(last: Baseline, release: Release, is_tag: bool) -> str | None:

@@ -320,11 +320,13 @@ def floor_runs(plugins: list[Release], chosen: set[str]) -> list[tuple[Version, 
     their siblings (roles' job template trains with fsdp, ckpt-tools' kit merges fsdp's steps); a sibling
     whose range starts above the floor cannot be there.
     """
+    floors = {p.distribution: core_floor(p) for p in plugins}
+    ranges = {p.distribution: core_requirement(p).specifier for p in plugins}
     runs = []
-    for floor in sorted({core_floor(p) for p in plugins}):
-        tested = [p for p in plugins if core_floor(p) == floor and p.distribution in chosen]
+    for floor in sorted(set(floors.values())):
+        tested = [p for p in plugins if floors[p.distribution] == floor and p.distribution in chosen]
         if tested:
-            beside = [p for p in plugins if core_requirement(p).specifier.contains(release_version(floor))]
+            beside = [p for p in plugins if ranges[p.distribution].contains(release_version(floor))]
             runs.append((floor, beside, [test for p in tested for test in KITS[p.distribution]]))
     return runs
 

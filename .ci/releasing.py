@@ -83,8 +83,14 @@ def project_version(pyproject: str) -> Version:
     return Version(tomllib.loads(pyproject)["project"]["version"])
 
 
-def _git(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
+def git(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``git *args`` in ``root``, its output captured, a failure returned rather than raised."""
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def has_commit(ref: str, root: Path = ROOT) -> bool:
+    """Whether ``ref`` (a commit, tag or branch) names a commit in ``root``'s clone."""
+    return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", root=root).returncode == 0
 
 
 def cut_commit(distribution: str, path: str, version: Version, root: Path = ROOT) -> str | None:
@@ -95,15 +101,13 @@ def cut_commit(distribution: str, path: str, version: Version, root: Path = ROOT
     created on that commit). A clone without tags (CI's) needs the second: ``releases.toml`` records only each
     distribution's last cut, and a plugin's core floor may be an older one.
     """
-    tagged = _git(
-        "rev-parse", "--verify", "--quiet", f"{tag_name(distribution, version)}^{{commit}}", root=root
-    )
-    if tagged.returncode == 0:
-        return tagged.stdout.strip()
+    tag = tag_name(distribution, version)
+    if has_commit(tag, root):
+        return git("rev-parse", f"{tag}^{{commit}}", root=root).stdout.strip()
     pyproject = f"{path}/pyproject.toml"
-    history = _git("log", "--reverse", "--format=%H", "--", pyproject, root=root).stdout.split()
+    history = git("log", "--reverse", "--format=%H", "--", pyproject, root=root).stdout.split()
     for commit in history:
-        text = _git("show", f"{commit}:{pyproject}", root=root)
+        text = git("show", f"{commit}:{pyproject}", root=root)
         if text.returncode == 0 and project_version(text.stdout) == version:
             return commit
     return None
