@@ -17,7 +17,7 @@ from drivetrain_engine_core.errors import CheckpointError
 from ..runtime.command_config import read_yaml
 from .assets import is_hub_id, local_model_directory, same_model_path
 from .launch import CONFIG_FILE
-from .start_snapshot import START_SNAPSHOT_FILE, in_snapshot, record_start_snapshot, started_snapshot
+from .start_snapshot import START_SNAPSHOT_FILE, record_start_snapshot, started_snapshot
 
 WarmStart = tuple[str, int]
 """A job's warm-start setting and its value, e.g. ``("warm_start.sft_steps", 2)``; 0 runs none."""
@@ -60,14 +60,16 @@ def check_resumed_start(run_dir: Path, model_path: str, warm_start: WarmStart | 
     run_warm = None if warm_start is None else _recorded_warm_start(recorded, warm_start[0])
     if run_model is None or (warm_start is not None and run_warm is None):
         return
+    # A run from a Hub id is its snapshot: the id may name a newer revision by now.
     snapshot = started_snapshot(run_dir)
-    if snapshot is None:
-        same_model, fix, started = same_model_path(run_model, model_path), run_model, ""
-    else:
-        same_model = in_snapshot(snapshot, model_path)
-        fix = run_model if in_snapshot(snapshot, run_model) else snapshot
-        started = f", the Hugging Face snapshot {snapshot} ({run_dir / START_SNAPSHOT_FILE})"
-    if same_model and _warms(run_warm) == _warms(warm_start):
+    start = run_model if snapshot is None else snapshot
+    fix = run_model if same_model_path(start, run_model) else snapshot
+    started = (
+        ""
+        if snapshot is None
+        else f", the Hugging Face snapshot {snapshot} ({run_dir / START_SNAPSHOT_FILE})"
+    )
+    if same_model_path(start, model_path) and _warms(run_warm) == _warms(warm_start):
         return
     now = local_model_directory(model_path) if is_hub_id(model_path) else None
     asked = "" if now is None or snapshot is None else f", now the snapshot {now} (a newer revision)"

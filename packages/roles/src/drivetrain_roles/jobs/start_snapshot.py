@@ -35,9 +35,3 @@ def started_snapshot(run_dir: Path) -> str | None:
     """The snapshot directory the run in ``run_dir`` started from, or None where it did not start from a Hub id."""
     record = run_dir / START_SNAPSHOT_FILE
     return json.loads(record.read_text())["snapshot"] if record.is_file() else None
-
-
-def in_snapshot(snapshot: str, model_path: str) -> bool:
-    """Whether ``model_path`` (a directory or a Hub id, resolved in the local cache) is ``snapshot``."""
-    directory = local_model_directory(model_path)
-    return directory is not None and Path(directory).resolve() == Path(snapshot).resolve()
