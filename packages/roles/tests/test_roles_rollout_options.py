@@ -4,7 +4,7 @@ start when the rollout does not take them, handed to the rollout built as its pl
 from __future__ import annotations
 
 import importlib.metadata
-import re
+import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -22,6 +22,7 @@ from drivetrain_roles.jobs.default_assets import write_model_dir
 from drivetrain_roles.ppo.config import load_config as load_ppo_config
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.runtime.command_config import to_yaml
+from transformers import AutoTokenizer
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -127,7 +128,11 @@ def test_a_prompt_over_the_rollouts_length_limit_is_refused_when_the_prompts_loa
     ]
     with pytest.raises(ConfigError) as error:
         GRPOTrainer(load_config(None, [*base, "rollout.options.max_len=4"]), tmp_path / "short").run()
-    longest = int(re.search(r"is (\d+) tokens", str(error.value))[1])
+    # The reference: the prompts the run wrote, tokenised as plain `tokenizer(prompt)`, plus the 4 new tokens.
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    written = [(tmp_path / "short" / "data" / f"{split}.jsonl").read_text() for split in ("train", "val")]
+    prompts = [json.loads(line)["prompt"] for text in written for line in text.splitlines()]
+    longest = max(len(tokenizer(prompt)["input_ids"]) for prompt in prompts) + 4
     assert longest > 4 and str(error.value) == (
         f"the longest prompt plus rollout.max_new_tokens=4 is {longest} tokens, over rollout.options.max_len=4 of "
         "rollout 'patient-hf'; lower rollout.max_new_tokens or data.max_length (which bounds the prompts), or "
