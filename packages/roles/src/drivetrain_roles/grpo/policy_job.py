@@ -40,11 +40,12 @@ class PolicyJobConfig(RolloutJobConfig, Protocol):
     """A :class:`RolloutJobConfig` with the sections that train the policy: optimizer, checkpoint, algorithm."""
 
     @property
-    def optimizer(self) -> OptimizerConfig: ...
-    @property
     def checkpoint(self) -> CheckpointConfig: ...
     @property
     def algorithm(self) -> AlgorithmSection: ...
+    def run_optimizer(self) -> OptimizerConfig:
+        """The policy's optimizer as its engine gets it: the schedule's length is the run's unless set."""
+        ...
 
 
 def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:

@@ -17,6 +17,7 @@ from drivetrain_engine_core.errors import DrivetrainError
 
 # NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
 from ..advantage_estimators import group_advantages as group_advantages
+from .reward_signatures import adapted_reward_function
 
 EXACT_MATCH = "exact_match"
 """The built-in reward function's name in ``algorithm.reward_function``."""
@@ -52,10 +53,12 @@ def exact_match_reward(
 @cache
 def load_reward_function(spec: str) -> RewardFunction:
     """The reward function ``algorithm.reward_function`` names: ``exact_match``, ``package.module:function``, or
-    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process.
+    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process and
+    checked against the call drivetrain makes (verl's ``compute_score`` adapted: :mod:`.reward_signatures`).
 
     Raises:
-        RewardError: the module or file cannot be imported, or has no callable of that name.
+        RewardError: the module or file cannot be imported, has no callable of that name, or the callable cannot
+            take drivetrain's call.
     """
     if spec == EXACT_MATCH:
         return exact_match_reward
@@ -75,7 +78,10 @@ def load_reward_function(spec: str) -> RewardFunction:
             f"algorithm.reward_function={spec!r}: {location!r} has no function {name!r}; define "
             f"{name}(*, prompts, completions, references) returning one number per completion."
         )
-    return function
+    try:
+        return adapted_reward_function(function, spec)
+    except ValueError as e:
+        raise RewardError(str(e)) from e
 
 
 def _import_file(path: Path) -> object:
