@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-DRIVETRAIN_CALL = {"prompts": [], "completions": [], "references": []}
+DRIVETRAIN_CALL: dict[str, list[str]] = {"prompts": [], "completions": [], "references": []}
 """The keywords of drivetrain's call, as :func:`takes_drivetrains_call` binds them."""
 
 VERL_PARAMETERS = ("solution_str", "ground_truth")
