@@ -55,9 +55,9 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
 SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
 DEADLINE_SECONDS = 60
-# The servers' options: vLLM's context cut from the model's 256 positions (the test below sees it taken), and a
-# fixed request timeout instead of the derived one.
-OPTIONS = VLLMServerOptions(max_model_len=64, request_timeout_s=300)
+# The servers' options: vLLM's context cut from the model's 512 positions (the test below sees it taken; the kit's
+# long prompt still fits), and a fixed request timeout instead of the derived one.
+OPTIONS = VLLMServerOptions(max_model_len=448, request_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +104,10 @@ def test_the_server_runs_its_own_torch_and_samples_as_hf(rollout, servable_model
 
 def test_the_servers_vllm_runs_with_the_rollouts_options(rollout, servers, servable_model_dir):
     assert rollout.deadline == RequestDeadline(fixed_seconds=300.0)
-    with pytest.raises(RolloutServerError, match="maximum context length is 64 tokens"):
-        rollout.generate([[1] * 70], SamplingConfig(max_new_tokens=1))
+    with pytest.raises(RolloutServerError, match="maximum context length is 448 tokens"):
+        rollout.generate([[1] * 450], SamplingConfig(max_new_tokens=1))
     # vLLM takes its options at start: a rollout asking for others is refused the running server.
-    with pytest.raises(ConfigError, match=r"this vLLM server started with VLLMOptions\(.*max_model_len=64"):
+    with pytest.raises(ConfigError, match=r"this vLLM server started with VLLMOptions\(.*max_model_len=448"):
         VLLMServerRollout(model_path=str(servable_model_dir), server=servers[1].server)
 
 
@@ -198,13 +198,6 @@ class TestVLLMServerConformance(RolloutConformanceTests):
 
     rollout_name = "vllm-server"
     supports_adapters = False
-    # NOTE: these flip a byte after the sender's digests and expect verification (a read-back) to catch it;
-    # the server checks every bucket against its digests on arrival, whatever the schedule, and refuses it
-    # before anything is applied (test_bytes_corrupted_in_transport_are_refused_on_arrival). The schedule is
-    # core's trainer-side template, which this rollout inherits unchanged (the other rollouts' kits test it).
-    skip_tests = frozenset(
-        {"test_verification_catches_a_tensor_corrupted_in_flight", "test_the_verification_schedule_is_kept"}
-    )
 
     @pytest.fixture(scope="class")
     def model_dir(self, servable_model_dir):

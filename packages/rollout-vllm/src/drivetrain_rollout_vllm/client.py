@@ -4,7 +4,8 @@ The trainer's side is a plain :class:`~drivetrain_engine_core.rollout.Rollout`: 
 every stream (versions, order, completeness, delta base) and run verification on their schedule; each backend
 hook is one request to the server (:mod:`.server`), which runs the colocated rollout's hooks on its vLLM. Nothing
 here imports vLLM or knows the transport beyond :class:`.process.ServerProcess`, so the trainer keeps its own
-torch. Buckets cross as raw bytes with their digests, checked on arrival before anything is applied.
+torch. Buckets cross as raw bytes with their digests, checked on arrival at each end (core's template here, the
+server there) before anything is applied.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ class VLLMServerRollout(Rollout):
         # The error that failed the stream (the server died) is the one the trainer sees.
         with contextlib.suppress(RolloutServerError):
             self._call("abort_update", what="dropping a failed stream")
+
+    def _drop_caches(self) -> None:
+        self._call("drop_caches", what="dropping the server's caches of the old weights")
 
     def served_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """What the server's vLLM computes with under each Hugging Face name (every checkpoint tensor when
