@@ -113,7 +113,7 @@ def commit_problem(
         return (
             f"FAIL {key}: recorded as {ref}, which this clone lacks, and no commit declares version {version} "
             f"in {pyproject}. Commit the release (`.ci/release.py` sets the version), or fetch the history "
-            f"(`git fetch --unshallow --tags origin`). {NEVER_CHANGES}"
+            "(`git fetch --unshallow --tags origin`)."
         )
     if commit is None:
         return (
