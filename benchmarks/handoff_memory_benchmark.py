@@ -3,11 +3,12 @@
 The trainer is an FSDP engine (1 rank, CPU) holding the model with GRPO's default optimizer (AdamW:
 ``handoff_benchmark.make_engine``); the rollout serves the same model: ``hf`` (in the trainer's process),
 ``vllm`` (colocated: in the trainer's process) or ``vllm-server`` (vLLM in a process of its own, in
-``$DRIVETRAIN_VLLM_PYTHON``). As ``drivetrain grpo`` does each step, the engine trains one step and its weights go
-to the rollout as ``rollout.update_weights(engine.weight_buckets(version=..., bucket_bytes=...))``: here always in
-full (no base version), in the training dtype (float32), in buckets of ``rollout.bucket_mb``'s default; twice
-(versions 1 and 2: the rollout's first hand-off and a later one). Each case (rollout x verification of every
-version or of none) runs in a fresh process, so no case's peak or allocator state reaches another.
+``$DRIVETRAIN_VLLM_PYTHON``). As ``drivetrain grpo`` does each step, the rollout samples (4 prompts at the job's
+defaults: 8 responses of 6 tokens), the engine trains one step, and its weights go to the rollout as
+``rollout.update_weights(engine.weight_buckets(version=..., bucket_bytes=...))``: here always in full (no base
+version), in the training dtype (float32), in buckets of ``rollout.bucket_mb``'s default; twice (versions 1 and
+2: the rollout's first hand-off and a later one). Each case (rollout x verification of every version or of none)
+runs in a fresh process, so no case's peak or allocator state reaches another.
 
 Before each hand-off the kernel's high-water mark of the trainer's resident set, and the server's, is reset
 (``peak_memory``); after it, it is read. Per hand-off and process: the resident set before, its peak during the
@@ -107,8 +108,22 @@ def hand_off(engine: Any, rollout: Any, version: int, bucket_bytes: int, pids: d
     }
 
 
+def sample(rollout: Any, seed: int) -> None:
+    """Sample as a GRPO step does before its update (``rollout``'s defaults: 8 responses of 6 tokens per prompt).
+
+    NOTE: this also makes the served weights resident: the ``hf`` rollout's model maps its safetensors, so until
+    something reads them they are not in the resident set, and a first hand-off into an unread model would count
+    the rollout's own weights as the hand-off's growth.
+    """
+    from drivetrain_roles.grpo.rollout_config import RolloutConfig
+
+    prompts = [[1 + (i * 7 + j) % 50 for j in range(16)] for i in range(4)]
+    rollout.generate(prompts, RolloutConfig().sampling(seed=seed))
+
+
 def run_case(model_dir: str, rollout_name: str, verify: str, queue: multiprocessing.Queue) -> None:
-    """In a fresh process: the trainer and the rollout, a training step before each measured hand-off."""
+    """In a fresh process: the trainer and the rollout; before each measured hand-off, a GRPO step's sampling and a
+    training step."""
     from drivetrain_engine_core.handoff import VerifyConfig
     from drivetrain_engine_core.rollout import create_rollout
     from handoff_benchmark import make_engine, train_step
@@ -121,6 +136,7 @@ def run_case(model_dir: str, rollout_name: str, verify: str, queue: multiprocess
     vocab_size = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     handoffs = []
     for version in VERSIONS:
+        sample(rollout, seed=version)
         train_step(engine, vocab_size, seed=version)
         handoffs.append(hand_off(engine, rollout, version, bucket_bytes, pids))
     if hasattr(rollout, "close"):
