@@ -22,7 +22,7 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
 from .deadline import RequestDeadline, generation_tokens
 from .options import VLLMServerOptions
-from .process import START_SECONDS, ServerProcess, check_serves, server_python
+from .process import START_SECONDS, ServerProcess, check_serves, require_named_python, server_python
 from .wire import (
     DISTRIBUTION,
     PROTOCOL,
@@ -33,6 +33,8 @@ from .wire import (
     sampling_fields,
     tensor_from,
 )
+
+require_named_python()  # a DRIVETRAIN_VLLM_PYTHON without vLLM is refused when the rollout is looked up
 
 
 class VLLMServerRollout(Rollout):

@@ -13,6 +13,7 @@ is named when its request's deadline (:mod:`.deadline`) passes, and stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import secrets
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import PluginError
 
 from .deadline import REQUEST_SECONDS_OPTION
 from .install import INSTALL
@@ -38,29 +40,83 @@ PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
 START_SECONDS = 600.0
 """How long vLLM may take to start (about 11 s for a tiny model on an idle CPU; much longer under load)."""
 
+VLLM_CHECK_SECONDS = 120.0
+"""How long the named Python may take to import vLLM when it is checked (a few seconds on a loaded CPU)."""
+
 # Variables of the trainer's environment that would make vLLM's Python import the trainer's packages.
 _FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
 
 
+def server_environment() -> dict[str, str]:
+    """The server's environment: this one without the variables that point a Python at the trainer's packages."""
+    return {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+
+
 def server_python() -> str:
-    """The Python that runs the server: ``$DRIVETRAIN_VLLM_PYTHON``, else this one if it has vLLM.
+    """The Python that runs the server: ``$DRIVETRAIN_VLLM_PYTHON`` (checked: :func:`require_named_python`),
+    else this one if it has vLLM.
 
     Raises:
-        ConfigError: neither names a Python with vLLM; the message says how to build one and point at it.
+        PluginError: the variable names no Python that imports vLLM.
+        ConfigError: the variable is unset and this Python has no vLLM; the message says how to build an
+            environment that has it and point at its Python.
     """
-    named = os.environ.get(PYTHON_VARIABLE)
-    if named:
-        if not Path(named).is_file():
-            raise ConfigError(
-                f"rollout 'vllm-server': {PYTHON_VARIABLE}={named} is not a file; point it at the vLLM "
-                "environment's Python (packages/rollout-vllm/scripts/make-env builds .venv-vllm/bin/python)."
-            )
+    named = require_named_python()
+    if named is not None:
         return named
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     raise ConfigError(
         f"rollout 'vllm-server' runs vLLM in its own Python, and none is set: {INSTALL}; then set "
         f"{PYTHON_VARIABLE} to that environment's Python (e.g. .venv-vllm/bin/python)."
+    )
+
+
+def require_named_python() -> str | None:
+    """The Python ``$DRIVETRAIN_VLLM_PYTHON`` names, refused unless it imports vLLM (with the server's
+    environment); None where the variable is unset. The client's module calls this on import, so a run with
+    ``rollout.name=vllm-server`` stops when the rollout is looked up (before any warm start), as ``vllm`` does
+    without vLLM (:func:`.install.require_vllm`).
+
+    Raises:
+        PluginError: the variable names no file, or a Python that cannot import vLLM (its error is quoted) or
+            takes over :data:`VLLM_CHECK_SECONDS` to; the message says how to build the vLLM environment.
+    """
+    named = os.environ.get(PYTHON_VARIABLE)
+    if not named:
+        return None
+    if not Path(named).is_file():
+        raise PluginError(_no_vllm_python(named, "is not a file"))
+    _require_vllm_in(named)
+    return named
+
+
+@functools.cache  # one check per Python a process names (a refusal is not cached: it is raised)
+def _require_vllm_in(python: str) -> None:
+    try:
+        done = subprocess.run(
+            [python, "-c", "import vllm"],
+            env=server_environment(),
+            capture_output=True,
+            text=True,
+            timeout=VLLM_CHECK_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise PluginError(
+            _no_vllm_python(python, f"did not import vllm within {VLLM_CHECK_SECONDS:.0f} s")
+        ) from None
+    except OSError as e:
+        raise PluginError(_no_vllm_python(python, f"does not run ({e})")) from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise PluginError(_no_vllm_python(python, f"cannot import vllm ({last})"))
+
+
+def _no_vllm_python(python: str, happened: str) -> str:
+    return (
+        f"rollout 'vllm-server' runs vLLM in the Python {PYTHON_VARIABLE} names, and {PYTHON_VARIABLE}={python} "
+        f"{happened}; point {PYTHON_VARIABLE} at the vLLM environment's Python "
+        "(packages/rollout-vllm/scripts/make-env builds .venv-vllm/bin/python)."
     )
 
 
@@ -96,7 +152,7 @@ class ServerProcess:
         """
         folder = Path(tempfile.mkdtemp(prefix="drivetrain-vllm-"))  # 0700: only this user reaches the socket
         address, log, key = str(folder / "server.sock"), folder / "server.log", secrets.token_bytes(32)
-        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN} | {AUTHKEY_VARIABLE: key.hex()}
+        env = server_environment() | {AUTHKEY_VARIABLE: key.hex()}
         command = [python, "-m", "drivetrain_rollout_vllm.server", address, model_path, device]
         with log.open("wb") as out:
             process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
