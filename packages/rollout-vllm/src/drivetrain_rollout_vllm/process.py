@@ -5,9 +5,10 @@ NOTE: the transport is the standard library's ``multiprocessing.connection`` ove
 directory: it frames messages, authenticates the peer (HMAC challenge on a random key) and sends large byte
 buffers without pickling them (``send_bytes``/``recv_bytes``). It is in both Pythons whatever their torch, so the
 vLLM environment needs no extra package and the workspace lock no new one (pyzmq, which vLLM uses itself, would
-add a dependency to the trainer side for the same framing). Every wait polls the socket for a second at a time
-and checks the process in between, so a server that dies is named within about a second; one that hangs alive
-is named when its request's deadline (:mod:`.deadline`) passes, and stopped.
+add a dependency to the trainer side for the same framing). Every request, its sends and its receive, and the
+connection at start run under one deadline each (:mod:`.deadline`), watched by :class:`.watch.RequestWatch`: a
+server that dies is named within about a second, one that hangs alive (stopped, deadlocked, no longer reading)
+when the deadline passes, and stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from drivetrain_engine_core.errors import PluginError
 
 from .deadline import REQUEST_SECONDS_OPTION
 from .install import INSTALL
+from .watch import RequestWatch
 from .wire import AUTHKEY_VARIABLE, RolloutServerError, raise_error
 
 PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
@@ -144,11 +146,14 @@ class ServerProcess:
         self.connection: Connection | None = None
 
     @classmethod
-    def start(cls, *, python: str, model_path: str, device: str) -> ServerProcess:
-        """Start the server in ``python`` and connect to it.
+    def start(
+        cls, *, python: str, model_path: str, device: str, seconds: float = START_SECONDS
+    ) -> ServerProcess:
+        """Start the server in ``python`` and connect to it within ``seconds``.
 
         Raises:
-            RolloutServerError: the server exited or did not listen within :data:`START_SECONDS`.
+            RolloutServerError: the server exited, or did not take the connection within ``seconds`` (then it
+                is stopped).
         """
         folder = Path(tempfile.mkdtemp(prefix="drivetrain-vllm-"))  # 0700: only this user reaches the socket
         address, log, key = str(folder / "server.sock"), folder / "server.log", secrets.token_bytes(32)
@@ -157,70 +162,87 @@ class ServerProcess:
         with log.open("wb") as out:
             process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
             server = cls(process, log, python, model_path, device)
-        deadline = time.monotonic() + START_SECONDS
-        while server.connection is None:
-            try:
-                server.connection = Client(address, family="AF_UNIX", authkey=key)
-            except (FileNotFoundError, ConnectionRefusedError):
-                if server.process.poll() is not None:
-                    raise RolloutServerError(server.describe("exited before it listened")) from None
-                if time.monotonic() > deadline:
-                    server.close()
-                    raise RolloutServerError(
-                        server.describe(f"did not listen within {START_SECONDS:.0f} s")
-                    ) from None
-                time.sleep(0.2)
+        server._connect(address, key, seconds)
         return server
+
+    def _connect(self, address: str, key: bytes, seconds: float) -> None:
+        """Connect once the server listens; the handshake, too, ends when ``seconds`` pass (the watch stops
+        the server, which breaks it off).
+
+        Raises:
+            RolloutServerError: the server exited first, or did not take the connection in time.
+        """
+        with RequestWatch(self.process, None, seconds) as watch:
+            while self.connection is None:
+                try:
+                    self.connection = Client(address, family="AF_UNIX", authkey=key)
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if self.process.poll() is not None:
+                        break
+                    time.sleep(0.2)  # not listening yet
+                except (EOFError, OSError):
+                    break  # broken off mid-handshake: the server exited, or the watch stopped it
+        if watch.expired:
+            raise RolloutServerError(
+                self._stop(f"did not take the trainer's connection within {seconds:.0f} s")
+            )
+        if self.connection is None:
+            self._wait_for_exit()
+            raise RolloutServerError(self.describe("exited before it took the trainer's connection"))
 
     def call(self, op: str, *args: Any, payload: memoryview | None = None, what: str, seconds: float) -> Any:
         """Send request ``op`` (``payload``: raw bytes that follow it) and wait for its answer.
 
         Args:
             what: what the request does, for the error when the server dies (``generating``).
-            seconds: how long to wait for the answer; a server still silent then is stopped and named.
+            seconds: the request's deadline, sends and receive together; a server that has not answered by then
+                (hung, or not reading what is sent) is stopped and named.
 
         Raises:
             RolloutServerError: the server exited, closed the connection or did not answer within ``seconds``.
             HandoffError, ConfigError, ...: the server refused the request (the same type, its message).
         """
-        if self.connection is None:
+        connection = self.connection
+        if connection is None:
             raise RolloutServerError(f"{self.name} is closed; build a new rollout.")
+        watch = RequestWatch(self.process, connection, seconds)
         try:
-            self.connection.send((op, args))
-            if payload is not None:
-                self.connection.send_bytes(payload)
-            reply = self._receive(what, seconds)
+            with watch:
+                connection.send((op, args))
+                if payload is not None:
+                    connection.send_bytes(payload)
+                reply = connection.recv()
         except (EOFError, OSError) as e:
-            self._wait_for_exit()
-            gone = "exited" if self.process.poll() is not None else "closed the connection"
-            raise RolloutServerError(self.describe(f"{gone} while {what}")) from e
+            raise RolloutServerError(self._broken(what, watch)) from e
+        if watch.expired:  # the deadline passed as the answer arrived: the server is stopped all the same
+            raise RolloutServerError(self._give_up(what, seconds))
         if reply[0] == "error":
             raise_error(reply[1], reply[2], server=self.name)
         return reply[1]
 
-    def _receive(self, what: str, seconds: float) -> Any:
-        assert self.connection is not None  # call() checked
-        deadline = time.monotonic() + seconds
-        while not self.connection.poll(min(1.0, seconds)):
-            if self.process.poll() is not None:
-                raise RolloutServerError(self.describe(f"exited while {what}"))
-            if time.monotonic() > deadline:
-                raise RolloutServerError(self._give_up(what, seconds))
-        return self.connection.recv()
+    def _broken(self, what: str, watch: RequestWatch) -> str:
+        """The message for a request whose connection broke: the deadline passed, or the server went away."""
+        if watch.expired:
+            return self._give_up(what, watch.seconds)
+        self._wait_for_exit()
+        gone = "exited" if self.process.poll() is not None else "closed the connection"
+        return self.describe(f"{gone} while {what}")
 
     def _give_up(self, what: str, seconds: float) -> str:
-        """Stop a server that is alive but silent past its deadline (a late answer would be taken for the next
-        request's, and a hung vLLM holds its memory); returns the error's message."""
-        message = self.describe(
+        """The message for a server that was alive but silent past its deadline, which the watch stopped (a late
+        answer would be taken for the next request's, and a hung vLLM holds its memory)."""
+        return self._stop(
             f"did not answer within {seconds:.0f} s while {what} (it was alive: hung, or slower than the "
-            f"deadline allows; set {REQUEST_SECONDS_OPTION} to the seconds a request may take) and was stopped"
+            f"deadline allows; set {REQUEST_SECONDS_OPTION} to the seconds a request may take)"
         )
-        assert self.connection is not None
-        self.connection.close()
-        self.connection = None
-        self.process.kill()
+
+    def _stop(self, happened: str) -> str:
+        """Drop the connection to a server the watch killed and reap it; returns the error's message."""
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
         self.process.wait()
-        return message
+        return self.describe(f"{happened} and was stopped")
 
     def _wait_for_exit(self) -> None:
         """Give a server whose connection broke a moment to exit, so its exit code can be named."""
