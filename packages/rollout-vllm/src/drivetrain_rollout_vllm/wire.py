@@ -38,9 +38,23 @@ options argument before it compares protocols."""
 AUTHKEY_VARIABLE = "DRIVETRAIN_VLLM_SERVER_AUTHKEY"
 """The environment variable that hands the server its connection's secret (hex), so it is not on its argv."""
 
+
+class CorruptedBucketError(HandoffError):
+    """A bucket arrived with other bytes than its sender's digests (:func:`check_arrived`): the transport's
+    fault, not the stream's, so the sender may send the same bucket again (nothing of it was applied)."""
+
+
 ERRORS: dict[str, type[Exception]] = {
     error.__name__: error
-    for error in (HandoffError, DeltaBaseError, ConfigError, PluginError, EngineStateError, ValueError)
+    for error in (
+        HandoffError,
+        CorruptedBucketError,
+        DeltaBaseError,
+        ConfigError,
+        PluginError,
+        EngineStateError,
+        ValueError,
+    )
 }
 """The errors the server reports as themselves: the trainer raises the same type with the server's message."""
 
@@ -100,11 +114,11 @@ def check_arrived(bucket: WeightBucket) -> None:
     """Check every tensor of ``bucket`` against the digest the sender took, before anything is applied.
 
     Raises:
-        HandoffError: a tensor's bytes differ from what was sent (named, with the version and bucket).
+        CorruptedBucketError: a tensor's bytes differ from what was sent (named, with the version and bucket).
     """
     for spec, (name, tensor) in zip(bucket.specs, bucket.tensors(), strict=True):
         if digest_of(tensor) != spec.digest:
-            raise HandoffError(
+            raise CorruptedBucketError(
                 f"weight bucket {bucket.index} of version {bucket.version}: {name} arrived with other bytes than "
                 "were sent (its digest differs): the transport corrupted it. Nothing of the version was "
                 "applied; send it again."
