@@ -63,7 +63,8 @@ OPTIONS = VLLMServerOptions(max_model_len=448, request_timeout_s=300)
 @pytest.fixture(scope="module")
 def states(servable_model_dir):
     first = moved(base_state(servable_model_dir), seed=1)
-    return {1: first, 2: moved(first, seed=2)}
+    second = moved(first, seed=2)
+    return {1: first, 2: second, 3: moved(second, seed=3)}
 
 
 @pytest.fixture(scope="module")
@@ -148,22 +149,37 @@ def test_an_incompatible_stream_is_refused_naming_what_differs(rollout, states, 
     assert_the_server_still_holds(rollout, states[1])
 
 
-def test_bytes_corrupted_in_transport_are_refused_on_arrival(rollout, states, monkeypatch):
+def corrupting(monkeypatch, *, index: int, times: int) -> list[int]:
+    """Make the client's send path flip a byte of bucket ``index`` the first ``times`` times it is sent (after
+    the sender took the digests: what a faulty transport does); returns the indices of the buckets sent."""
     from drivetrain_rollout_vllm import client
 
-    sent = client.bucket_bytes
+    sent, real = [], client.bucket_bytes
 
-    def corrupted(bucket):
-        raw = bytearray(sent(bucket))
-        raw[0] ^= 0x40  # after the sender took the digests: what a faulty transport would do
+    def send(bucket):
+        sent.append(bucket.index)
+        raw = bytearray(real(bucket))
+        if bucket.index == index and sent.count(index) <= times:
+            raw[0] ^= 0x40
         return memoryview(raw)
 
+    monkeypatch.setattr(client, "bucket_bytes", send)
+    return sent
+
+
+def test_a_bucket_corrupted_in_transport_every_time_is_refused_after_resends(rollout, states, monkeypatch):
+    from drivetrain_rollout_vllm.client import RESENDS
+
+    sent = corrupting(monkeypatch, index=0, times=RESENDS + 1)
     buckets = stream(SentVersions(), states[2], 2)
-    monkeypatch.setattr(client, "bucket_bytes", corrupted)
-    with pytest.raises(
-        HandoffError, match=f"bucket 0 of version 2: {buckets[0].specs[0].name} arrived with other"
-    ):
+    with pytest.raises(HandoffError) as error:
         rollout.update_weights(buckets)
+    assert str(error.value).startswith(
+        f"weight bucket 0 of version 2: {buckets[0].specs[0].name} arrived with other bytes than were sent (its "
+        "digest differs): the transport corrupted it. Nothing of the version was applied; send it again. It was "
+        f"sent {RESENDS + 1} times and arrived corrupted every time"
+    )
+    assert sent == [0] * (RESENDS + 1)  # that bucket only, then the stream failed
     assert_the_server_still_holds(rollout, states[1])
 
 
@@ -186,6 +202,18 @@ def test_a_trainer_of_another_protocol_is_refused_naming_both(rollout):
 def test_after_refusals_a_complete_version_is_served(rollout, states, servable_model_dir, tmp_path):
     assert rollout.update_weights(stream(SentVersions(), states[2], 2)) == 2
     assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[2], tmp_path / "v2"))
+
+
+def test_a_bucket_corrupted_in_transport_once_is_sent_again_and_the_version_served(
+    rollout, states, servable_model_dir, tmp_path, monkeypatch
+):
+    buckets = stream(SentVersions(), states[3], 3)
+    sent = corrupting(monkeypatch, index=1, times=1)
+    assert rollout.update_weights(buckets) == 3
+    assert sent == [0, 1, 1, *range(2, len(buckets))]  # bucket 1 twice: refused on arrival, then taken
+    served = rollout.served_weights(sorted(states[3]))
+    assert all(torch.equal(served[name], tensor) for name, tensor in states[3].items())
+    assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[3], tmp_path / "v3"))
 
 
 def test_a_server_of_another_model_is_not_shared(servers, tmp_path):

@@ -21,7 +21,7 @@ from drivetrain_engine_core.handoff import (
     TensorSpec,
     WeightBucket,
 )
-from drivetrain_engine_core.handoff import check_arrived as check_arrived  # importable from here since 0.2.0
+from drivetrain_engine_core.handoff import check_arrived as check_arrived_in_core
 from drivetrain_engine_core.handoff.bucket import as_bytes
 from drivetrain_engine_core.rollout import SamplingConfig
 
@@ -39,9 +39,23 @@ options argument before it compares protocols."""
 AUTHKEY_VARIABLE = "DRIVETRAIN_VLLM_SERVER_AUTHKEY"
 """The environment variable that hands the server its connection's secret (hex), so it is not on its argv."""
 
+
+class CorruptedBucketError(HandoffError):
+    """A bucket arrived with other bytes than its sender's digests (:func:`check_arrived`): the transport's
+    fault, not the stream's, so the sender may send the same bucket again (nothing of it was applied)."""
+
+
 ERRORS: dict[str, type[Exception]] = {
     error.__name__: error
-    for error in (HandoffError, DeltaBaseError, ConfigError, PluginError, EngineStateError, ValueError)
+    for error in (
+        HandoffError,
+        CorruptedBucketError,
+        DeltaBaseError,
+        ConfigError,
+        PluginError,
+        EngineStateError,
+        ValueError,
+    )
 }
 """The errors the server reports as themselves: the trainer raises the same type with the server's message."""
 
@@ -95,6 +109,20 @@ def bucket_from(header: dict[str, Any], payload: bytearray) -> WeightBucket:
         unchanged=tuple(TensorDigest(**_digest(held)) for held in header["unchanged"]),
         buffer=buffer,
     )
+
+
+def check_arrived(bucket: WeightBucket) -> None:
+    """Core's arrival check (:func:`drivetrain_engine_core.handoff.check_arrived`) on the server's side of the
+    socket, before anything is applied: a mismatch there is the transport's, so it is raised as the error the
+    client answers by sending that bucket again.
+
+    Raises:
+        CorruptedBucketError: a tensor's bytes differ from what was sent (named, with the version and bucket).
+    """
+    try:
+        check_arrived_in_core(bucket)
+    except HandoffError as e:
+        raise CorruptedBucketError(str(e)) from e
 
 
 def tensor_fields(tensor: torch.Tensor) -> tuple[list[int], str, bytes]:
