@@ -176,8 +176,8 @@ def test_a_bucket_corrupted_in_transport_every_time_is_refused_after_resends(rol
         rollout.update_weights(buckets)
     assert str(error.value).startswith(
         f"weight bucket 0 of version 2: {buckets[0].specs[0].name} arrived with other bytes than were sent (its "
-        "digest differs): the transport corrupted it. Nothing of the version was applied; send it again. It was "
-        f"sent {RESENDS + 1} times and arrived corrupted every time"
+        "digest differs): the transport corrupted it. Nothing of this bucket was applied; send version 2 again. It "
+        f"was sent {RESENDS + 1} times and arrived corrupted every time"
     )
     assert sent == [0] * (RESENDS + 1)  # that bucket only, then the stream failed
     assert_the_server_still_holds(rollout, states[1])
