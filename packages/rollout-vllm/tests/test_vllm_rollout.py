@@ -14,9 +14,10 @@ pytest.importorskip("vllm")
 from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
 from drivetrain_engine_core.errors import EngineStateError
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.handoff import HandoffError
+from drivetrain_engine_core.handoff import HandoffError, SentVersions
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
+from drivetrain_engine_core.testing.policies import base_state, moved, stream
 from drivetrain_rollout_vllm import VLLMRollout
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
@@ -177,3 +178,77 @@ def test_stale_and_partial_streams_are_refused(rollout, engine):
     assert (
         rollout.update_weights(buckets) == version and rollout.generate(PROMPTS, SAMPLED).version == version
     )
+
+
+FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj"}
+FUSED["up_proj"] = "gate_up_proj"
+
+
+def largest_layer_bytes(state):
+    """The bytes of the largest group of tensors vLLM loads into one layer: a decoder layer's q/k/v projections
+    (weights and biases, fused into ``qkv_proj``), its gate/up projections (``gate_up_proj``), or a tensor alone."""
+    layers: dict[str, int] = {}
+    for name, tensor in state.items():
+        module = name.rpartition(".")[0]
+        parent, _, short = module.rpartition(".")
+        layer = f"{parent}.{FUSED.get(short, short)}"
+        layers[layer] = layers.get(layer, 0) + tensor.numel() * tensor.element_size()
+    return max(layers.values())
+
+
+def test_buckets_are_applied_as_they_arrive_holding_less_than_a_layer(rollout, model_dir):
+    """4 KiB buckets cut every fused layer (a 64 KiB q_proj is a bucket of its own): between two buckets the
+    rollout holds only the cut layer's tensors, and what it serves after the last is the stream bit for bit."""
+    state, version, held = moved(base_state(model_dir), seed=11), next(VERSIONS), []
+
+    def recording(buckets):
+        for bucket in buckets:
+            yield bucket
+            held.append(rollout.held_bytes)  # the rollout applied the bucket and asks for the next
+
+    buckets = SentVersions().stream(
+        state.items(), version=version, base_version=None, dtype=None, lora="merged", bucket_bytes=4096
+    )
+    assert rollout.update_weights(recording(buckets)) == version
+    model_bytes = sum(tensor.numel() * tensor.element_size() for tensor in state.values())
+    assert len(held) > 20 and 0 < max(held) < largest_layer_bytes(state) < model_bytes / 4
+    assert held[-1] == 0 == rollout.held_bytes
+    served = rollout.served_weights(sorted(state))
+    assert all(torch.equal(served[name], tensor) for name, tensor in state.items())
+
+
+def test_a_delta_of_one_projection_serves_its_fused_layer_exactly(rollout, model_dir):
+    """A delta that sends layer 1's ``k_proj`` alone: vLLM rebuilds the fused ``qkv_proj`` from that and the
+    served ``q_proj``/``v_proj``; the log-probs are a plain HF forward's of the new weights."""
+    changed_name = "model.layers.1.self_attn.k_proj.weight"
+    sender, first = SentVersions(), moved(base_state(model_dir), seed=12)
+    base = next(VERSIONS)
+    rollout.update_weights(stream(sender, first, base))
+    changed = moved(first, seed=13, names=[changed_name])
+    delta = stream(sender, changed, next(VERSIONS), base_version=base)
+    assert [name for bucket in delta for name in bucket.names] == [changed_name]
+    rollout.update_weights(delta)
+    output = rollout.generate(PROMPTS, SAMPLED)
+    reference = hf_model(model_dir)
+    reference.load_state_dict(changed)
+    assert_close_per_token(output, reference_log_probs(reference, PROMPTS, output, 0.7))
+    served = rollout.served_weights(sorted(changed))
+    assert all(torch.equal(served[name], tensor) for name, tensor in changed.items())
+
+
+def test_a_stream_refused_midway_says_its_layers_are_loaded_and_generation_waits(rollout, model_dir):
+    state = moved(base_state(model_dir), seed=14)
+    renamed = dict(state)
+    renamed["model.norm.weigth"] = renamed.pop("model.norm.weight")  # now last: earlier layers are loaded
+    with pytest.raises(
+        HandoffError,
+        match=r"holds 'model.norm.weigth'.*; hand off weights of the same architecture. \d+ of the served model's "
+        r"layers were already loaded from this stream .*refuses to generate until a complete version arrives",
+    ):
+        rollout.update_weights(stream(SentVersions(), renamed, next(VERSIONS)))
+    with pytest.raises(EngineStateError, match="failed midway"):
+        rollout.generate(PROMPTS, SAMPLED)
+    assert rollout.delta_base is None and rollout.held_bytes == 0
+    version = next(VERSIONS)
+    assert rollout.update_weights(stream(SentVersions(), state, version)) == version
+    assert rollout.generate(PROMPTS, SAMPLED).version == version

@@ -123,32 +123,6 @@ def test_a_new_version_is_served_with_the_updated_models_log_probs(
     assert all(torch.equal(served[name], tensor) for name, tensor in states[1].items())
 
 
-@pytest.mark.parametrize(
-    ("change", "error"),
-    [
-        (
-            lambda s: {**s, "model.layers.0.mlp.up_prog.weight": s.pop("model.layers.0.mlp.up_proj.weight")},
-            r"holds 'model.layers.0.mlp.up_prog.weight', which the served model does not have \(closest: "
-            r"'model.layers.0.mlp.up_proj.weight'\)",
-        ),
-        (
-            lambda s: {**s, "model.norm.weight": s["model.norm.weight"][:-1]},
-            r"sends model.norm.weight with shape \(127,\), the served model's is \(128,\)",
-        ),
-        (
-            lambda s: {**s, "model.norm.weight": s["model.norm.weight"].long()},
-            "sends model.norm.weight as torch.int64, the served model holds it as F32",
-        ),
-    ],
-    ids=["name", "shape", "dtype"],
-)
-def test_an_incompatible_stream_is_refused_naming_what_differs(rollout, states, change, error):
-    incompatible = change(dict(states[2]))
-    with pytest.raises(HandoffError, match=error):
-        rollout.update_weights(stream(SentVersions(), incompatible, 2))
-    assert_the_server_still_holds(rollout, states[1])
-
-
 def corrupting(monkeypatch, *, index: int, times: int) -> list[int]:
     """Make the client's send path flip a byte of bucket ``index`` the first ``times`` times it is sent (after
     the sender took the digests: what a faulty transport does); returns the indices of the buckets sent."""
@@ -184,10 +158,40 @@ def test_a_bucket_corrupted_in_transport_every_time_is_refused_after_resends(rol
 
 
 def assert_the_server_still_holds(rollout, state):
-    """The refused stream reached nothing vLLM computes with; the trainer's side refuses to generate until a
-    complete version arrives (core's contract after a failed stream)."""
+    """The refused stream reached nothing vLLM computes with (its first bucket was refused); the trainer's side
+    refuses to generate until a complete version arrives (core's contract after a failed stream)."""
     served = rollout.served_weights(sorted(state))
     assert all(torch.equal(served[name], tensor) for name, tensor in state.items())
+    with pytest.raises(EngineStateError, match="partial or wrong"):
+        rollout.generate(PROMPTS, SAMPLED)
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (
+            lambda s: {**s, "model.layers.0.mlp.up_prog.weight": s.pop("model.layers.0.mlp.up_proj.weight")},
+            r"holds 'model.layers.0.mlp.up_prog.weight', which the served model does not have \(closest: "
+            r"'model.layers.0.mlp.up_proj.weight'\)",
+        ),
+        (
+            lambda s: {**s, "model.norm.weight": s["model.norm.weight"][:-1]},
+            r"sends model.norm.weight with shape \(127,\), the served model's is \(128,\)",
+        ),
+        (
+            lambda s: {**s, "model.norm.weight": s["model.norm.weight"].long()},
+            "sends model.norm.weight as torch.int64, the served model holds it as F32",
+        ),
+    ],
+    ids=["name", "shape", "dtype"],
+)
+def test_an_incompatible_stream_is_refused_naming_what_differs(rollout, states, change, error):
+    incompatible = change(dict(states[2]))
+    # The refused tensor comes late in the stream: the server's vLLM loaded the layers of the buckets before it.
+    with pytest.raises(HandoffError, match=error) as refused:
+        rollout.update_weights(stream(SentVersions(), incompatible, 2))
+    assert "were already loaded from this stream" in str(refused.value)
+    assert str(refused.value).endswith("refuses to generate until a complete version arrives.")
     with pytest.raises(EngineStateError, match="partial or wrong"):
         rollout.generate(PROMPTS, SAMPLED)
 
@@ -309,3 +313,5 @@ def test_a_server_killed_mid_update_is_named_at_once(servers, states):
         rollout.update_weights(buckets())
     assert time.monotonic() - started < DEADLINE_SECONDS
     assert rollout.weights_version is None
+    with pytest.raises(EngineStateError, match="failed midway"):
+        rollout.generate(PROMPTS, SAMPLED)

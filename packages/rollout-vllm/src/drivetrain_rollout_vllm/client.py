@@ -87,7 +87,6 @@ class VLLMServerRollout(Rollout):
         self.deadline = deadline or self.options.deadline()
         # What a whole-model request (reload, read-back, sleep) moves, for its deadline.
         self._model_bytes = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
-        self._read_back: dict[str, torch.Tensor] | None = None
         if server is None:
             server = ServerProcess.start(python=server_python(), model_path=model_path, device=device)
             # Called when the rollout is collected, or at the trainer's exit (finalize's atexit).
@@ -150,7 +149,6 @@ class VLLMServerRollout(Rollout):
         Raises:
             CorruptedBucketError: it arrived corrupted every time it was sent.
         """
-        self._read_back = None
         for sent in range(1, RESENDS + 2):
             try:
                 self._send_bucket(bucket)
@@ -178,7 +176,6 @@ class VLLMServerRollout(Rollout):
         self._call("finish_update", what="loading the weights into vLLM")
 
     def _abort_update(self) -> None:
-        self._read_back = None
         # The error that failed the stream (the server died) is the one the trainer sees.
         with contextlib.suppress(RolloutServerError):
             self._call("abort_update", what="dropping a failed stream")
@@ -194,11 +191,10 @@ class VLLMServerRollout(Rollout):
         return {name: tensor_from(value) for name, value in fields.items()}
 
     def _served_tensor(self, name: str) -> torch.Tensor | None:
-        # NOTE: one read-back of the version's tensors per verification, over the socket: a copy of the model
-        # per verified version (hence core's periodic default).
-        if self._read_back is None:
-            self._read_back = self.served_weights()
-        return self._read_back.get(name)
+        # NOTE: one tensor per request, so neither side holds more than a layer of the read-back (the server
+        # reads a layer once for the requests of its tensors); a copy of the model crosses the socket per
+        # verified version (hence core's periodic default).
+        return self.served_weights([name]).get(name)
 
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig

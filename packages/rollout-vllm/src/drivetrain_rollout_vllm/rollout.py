@@ -1,12 +1,14 @@
-"""The ``vllm`` rollout, colocated: vLLM's ``LLM`` in the training process, weights reloaded in place.
+"""The ``vllm`` rollout, colocated: vLLM's ``LLM`` in the training process, weights loaded in place as they arrive.
 
-Buckets are held until the stream's last one and then handed to vLLM's reload path in one call: vLLM fuses
-checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``) and rebuilds each layer from what the call
-holds, and a bucket may end between two parts (a delta stream's layers are completed from what is served).
-vLLM's prefix cache is reset whenever other weights are in place (a new version, the checkpoint restored): it
-keys KV blocks by token ids alone. Verification reads back what vLLM computes with (:mod:`.worker`). Log-probs are vLLM's *processed* ones: of the
-distribution actually sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without
-truncation is the actor's distribution at the temperature.
+Each bucket is applied as it arrives, layer by layer through vLLM's layerwise reload (:func:`.worker.load_layers`):
+vLLM fuses checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``) and rebuilds a layer from
+what one load holds, so a layer waits until the stream has accounted for all of it, and a delta stream's
+unsent parts are read back from what is served (:mod:`.layers`). Between buckets the rollout holds at most the
+layer a bucket boundary cuts. vLLM's prefix cache is reset whenever other weights are in place (a new version,
+the checkpoint restored): it keys KV blocks by token ids alone. Verification reads back what vLLM computes
+with, one layer at a time (:mod:`.worker`). Log-probs are vLLM's *processed* ones: of the distribution actually
+sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without truncation is the actor's
+distribution at the temperature.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_seque
 
 from . import worker
 from .install import import_vllm, require_vllm
+from .layers import LayerAssembler
 from .options import CPU_KV_CACHE_BYTES as CPU_KV_CACHE_BYTES  # importable from here since 0.1.0
 from .options import VLLMOptions
 from .options import memory_options as memory_options  # importable from here since 0.1.0
@@ -71,9 +74,7 @@ class VLLMRollout(Rollout):
         self._specs = checkpoint_specs(model_path)
         self._names = set(self._specs)
         self._optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-        self._pending: dict[str, torch.Tensor] = {}
-        self._unchanged: set[str] = set()
-        self._read_back: dict[str, torch.Tensor] | None = None
+        self._read_back: dict[str, torch.Tensor] = {}
         # NOTE: colocated means in this process: vLLM's engine would otherwise run in a child process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         check_head_size(model_path, config, device)
@@ -92,7 +93,12 @@ class VLLMRollout(Rollout):
         # ValidationError, RuntimeError); each becomes one error naming the model and the fix.
         except Exception as e:
             raise cannot_serve(model_path, config, e) from e
-        self._packed = self.llm.collective_rpc(worker.packed_modules)[0]
+        packed = self.llm.collective_rpc(worker.packed_modules)[0]
+        self._layer_of = {name: worker.layer_of(name, packed)[0] for name in self._names}
+        self._layer_names: dict[str, list[str]] = {}
+        for name in sorted(self._names):
+            self._layer_names.setdefault(self._layer_of[name], []).append(name)
+        self._incoming = LayerAssembler(self._layer_of, self._optional)
         # NOTE: vLLM tears its process groups down from a finalizer that runs after drivetrain destroyed the
         # default group at exit, and then fails with a traceback; registered after drivetrain's handler, this
         # one runs before it (exit handlers run last-in first-out).
@@ -103,10 +109,33 @@ class VLLMRollout(Rollout):
             raise HandoffError(
                 "the vllm rollout serves merged weights only; hand off with weight_buckets(lora='merged')."
             )
-        for name, tensor in bucket.tensors():
-            self._check_fits(name, tensor)
-            self._pending[name] = tensor.clone()
-        self._unchanged.update(held.name for held in bucket.unchanged)
+        self._read_back = {}
+        try:
+            tensors = list(bucket.tensors())
+            for name, tensor in tensors:
+                self._check_fits(name, tensor)
+            ready = self._incoming.add(tensors, [held.name for held in bucket.unchanged])
+            if ready:
+                self.llm.collective_rpc(worker.load_layers, args=(ready,))
+        except Exception as e:
+            if self._incoming.applied_layers:
+                raise self._partly_applied(e) from e
+            raise
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the stream in progress held between buckets: the tensors of layers it has not completed
+        (at most about one layer; 0 between streams)."""
+        return self._incoming.held_bytes
+
+    def _partly_applied(self, error: Exception) -> HandoffError:
+        """``error``, saying that layers of the failed stream were already loaded (vLLM loads them in place as
+        they arrive: the rollout serves a mix of versions, and core refuses to generate until a complete one)."""
+        return HandoffError(
+            f"{error} {self._incoming.applied_layers} of the served model's layers were already loaded from this "
+            "stream (vLLM loads them in place as they arrive), so the rollout refuses to generate until a complete "
+            "version arrives."
+        )
 
     def _check_fits(self, name: str, tensor: torch.Tensor) -> None:
         """Refuse a tensor the served model has no place for: another name, shape or kind of dtype.
@@ -140,33 +169,20 @@ class VLLMRollout(Rollout):
 
     def _finish_update(self) -> None:
         try:
-            missing = sorted(self._names - set(self._pending) - self._unchanged - self._optional)
+            missing = self._incoming.missing()
             if missing:
-                raise HandoffError(
+                error = HandoffError(
                     f"the weight stream missed {len(missing)} of the model's tensors ({missing[:3]}); the "
                     "sender's export must yield every Hugging Face weight."
                 )
-            weights = {**self._rest_of_touched_layers(), **self._pending}
-            self.llm.collective_rpc(worker.reload, args=(list(weights.items()),))
+                raise self._partly_applied(error) if self._incoming.applied_layers else error
+            self.llm.collective_rpc(worker.finish_update)
         finally:
-            self._pending, self._unchanged, self._read_back = {}, set(), None
-
-    def _rest_of_touched_layers(self) -> dict[str, torch.Tensor]:
-        """The served tensors of every layer a delta stream touches but does not send in full.
-
-        vLLM rebuilds a layer from what one reload call holds, so a delta that changes ``q_proj`` alone must
-        carry ``k_proj`` and ``v_proj`` (fused into ``qkv_proj``) as served now.
-        """
-        touched = {worker.layer_of(name, self._packed)[0] for name in self._pending}
-        rest = [
-            name
-            for name in sorted(self._names - set(self._pending))
-            if worker.layer_of(name, self._packed)[0] in touched
-        ]
-        return self.served_weights(rest) if rest else {}
+            self._abort_update()
 
     def _abort_update(self) -> None:
-        self._pending, self._unchanged, self._read_back = {}, set(), None
+        self._incoming = LayerAssembler(self._layer_of, self._optional)
+        self._read_back = {}
 
     def _drop_caches(self) -> None:
         """Reset vLLM's prefix cache, so no prompt is answered from KV blocks the previous weights computed.
@@ -202,9 +218,10 @@ class VLLMRollout(Rollout):
         return self.llm.collective_rpc(worker.served_weights, args=(list(names),))[0]
 
     def _served_tensor(self, name: str) -> torch.Tensor | None:
-        # One read-back of every tensor per verification: each is a call into vLLM's worker.
-        if self._read_back is None:
-            self._read_back = self.served_weights(sorted(self._names))
+        # NOTE: read back one vLLM layer at a time (the tensors of the layer serving ``name``), so verification
+        # holds about a layer, not the model: core asks in stream order, where a layer's tensors come together.
+        if name not in self._read_back:
+            self._read_back = self.served_weights(self._layer_names.get(self._layer_of.get(name, ""), [name]))
         return self._read_back.get(name)
 
     def _generate(

@@ -6,7 +6,9 @@ NOTE: the trainer's rollout owns the contract's sequence (version bookkeeping, s
 verification schedule: core's ``Rollout.update_weights``); the server runs the colocated rollout's hooks on
 its own vLLM, one request at a time. Buckets are checked against their digests on arrival (core's
 ``check_arrived``, as the trainer's template did before sending: the socket and the wire format are a second hop)
-and held until the stream's last one, so a refused stream leaves vLLM serving the last complete version it had.
+and applied layer by layer as they arrive, as the colocated rollout does (a refused bucket applies nothing, but
+the layers of the buckets before it are in place: the trainer's rollout then refuses to generate until a
+complete version arrives). Read-backs go one layer at a time through the rollout's verification reader.
 """
 
 from __future__ import annotations
@@ -123,9 +125,11 @@ class Server:
 
     def served_weights(self, names: Sequence[str] | None) -> dict[str, tuple[list[int], str, bytes]]:
         """What vLLM computes with under each name (every checkpoint tensor for ``None``), as
-        :func:`.wire.tensor_fields`."""
+        :func:`.wire.tensor_fields`; read a layer at a time, which the trainer's verification, asking for one
+        tensor after another, reads once."""
         wanted = sorted(self.rollout.checkpoint_names) if names is None else names
-        return {name: tensor_fields(t) for name, t in self.rollout.served_weights(wanted).items()}
+        served = ((name, self.rollout._served_tensor(name)) for name in wanted)
+        return {name: tensor_fields(tensor) for name, tensor in served if tensor is not None}
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: dict[str, Any]

@@ -1,4 +1,4 @@
-"""What runs inside vLLM's worker (through ``LLM.collective_rpc``): in-place reloads and weight read-back.
+"""What runs inside vLLM's worker (through ``LLM.collective_rpc``): in-place loads and weight read-back.
 
 These are plain functions of the worker, so they run wherever vLLM put its model (in this process or in vLLM's
 engine process) and travel by reference to this importable module.
@@ -7,20 +7,56 @@ engine process) and travel by reference to this importable module.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from .layers import ReadyLayer
+
 
 def reload(worker: Any, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
-    """Load ``weights`` (Hugging Face names, checkpoint layout) in place through vLLM's reload path.
+    """Load ``weights`` (Hugging Face names, checkpoint layout, every tensor of each layer they touch) in place
+    through vLLM's reload path, in one call (a checkpoint restored).
 
     NOTE: the model's ``load_weights`` alone is not enough: vLLM processes weights after loading (the CPU
     linears pack theirs into oneDNN and drop the parameter), and its reload path restores the checkpoint
-    layout, loads, and processes again. Every tensor of a layer it touches must come in the same call (see
-    :func:`layer_of`): the layer is rebuilt from what the call holds.
+    layout, loads, and processes again.
     """
     worker.model_runner.reload_weights(weights_iterator=list(weights), is_checkpoint_format=True)
+
+
+def load_layers(worker: Any, layers: Sequence[ReadyLayer]) -> None:
+    """Load each layer in place through vLLM's layerwise reload: its ``rest`` read back as served
+    (:func:`served_weights`), the layer opened for reloading, its tensors loaded, the layer processed (fused,
+    packed) and closed, before the next layer is read.
+
+    NOTE: vLLM opens its update window on the whole model at once (``initialize_layerwise_reload(model)``), which
+    moves every layer to the meta device: a delta's unsent parts could no longer be read back, and a layer
+    loaded in part is processed at the window's end from uninitialised memory for those parts (``torch.empty``
+    in ``reload/meta.py``'s ``materialize_meta_tensor``). Opened on one layer, the same functions rebuild it
+    from what this call holds and leave every other layer as it is.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    model = worker.model_runner.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        for layer in layers:
+            served = served_weights(worker, layer.rest)
+            module = model.get_submodule(layer.module)
+            initialize_layerwise_reload(module)
+            model.load_weights([*layer.weights, *served.items()])
+            finalize_layerwise_reload(module, worker.model_runner.model_config)
+
+
+def finish_update(worker: Any) -> None:
+    """After a stream's last layer: drop what vLLM derived from the old weights, as its reload path does
+    (LoRA state, encoder and multimodal caches; the prefix cache is the rollout's ``_drop_caches``)."""
+    runner = worker.model_runner
+    runner.reset_lora_state()
+    runner.reset_encoder_cache()
+    runner.reset_mm_cache()
 
 
 def packed_modules(worker: Any) -> dict[str, list[str]]:
@@ -47,15 +83,22 @@ def served_weights(worker: Any, names: Sequence[str]) -> dict[str, torch.Tensor]
     model = worker.model_runner.get_model()
     packed = packed_modules(worker)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    served = {}
+    served: dict[str, torch.Tensor] = {}
+    # The last module's parameters, each read once for all its parts (a CPU kernel's costs a matmul).
+    current, parameters = "", dict[str, torch.Tensor]()
     for name in names:
         module_name, part = layer_of(name, packed)
+        leaf = name.rpartition(".")[2]
+        if module_name != current:
+            current, parameters = module_name, {}
         try:
-            tensor = _full_parameter(model.get_submodule(module_name), name.rpartition(".")[2])
+            module = model.get_submodule(module_name)
+            tensor = parameters.get(leaf)
+            if tensor is None:
+                tensor = parameters[leaf] = _full_parameter(module, leaf)
         except AttributeError:
             continue
         if part is not None:
-            module = model.get_submodule(module_name)
             sizes, parts = list(module.output_sizes), list(packed[module_name.rpartition(".")[2]])
             index = parts.index(part)
             tensor = tensor.narrow(0, sum(sizes[:index]), sizes[index])
