@@ -252,3 +252,27 @@ def test_a_stream_refused_midway_says_its_layers_are_loaded_and_generation_waits
     version = next(VERSIONS)
     assert rollout.update_weights(stream(SentVersions(), state, version)) == version
     assert rollout.generate(PROMPTS, SAMPLED).version == version
+
+
+def test_a_load_that_fails_inside_a_layer_leaves_nothing_for_the_next_stream(rollout, model_dir, monkeypatch):
+    """vLLM fails after loading layer 0's ``q_proj`` of its fused ``qkv_proj``: the stream fails saying layers are
+    loaded, and the next complete stream serves its own bits (a layer left open would count the failed load's
+    ``q_proj`` towards it and drop its ``k_proj``/``v_proj``)."""
+    model = rollout.llm.collective_rpc(lambda worker: worker.model_runner.get_model())[0]
+    load = model.load_weights
+
+    def failing(weights):
+        weights = list(weights)
+        if any(name.startswith("model.layers.0.self_attn.q_proj") for name, _ in weights):
+            load([(name, t) for name, t in weights if name.startswith("model.layers.0.self_attn.q_proj")])
+            raise RuntimeError("injected: the load failed midway")
+        return load(weights)
+
+    monkeypatch.setattr(model, "load_weights", failing)
+    with pytest.raises(HandoffError, match=r"injected.*layers were already loaded from this stream"):
+        rollout.update_weights(stream(SentVersions(), moved(base_state(model_dir), seed=15), next(VERSIONS)))
+    monkeypatch.undo()
+    state, version = moved(base_state(model_dir), seed=16), next(VERSIONS)
+    assert rollout.update_weights(stream(SentVersions(), state, version)) == version
+    served = rollout.served_weights(sorted(state))
+    assert all(torch.equal(served[name], tensor) for name, tensor in state.items())

@@ -46,8 +46,12 @@ def load_layers(worker: Any, layers: Sequence[ReadyLayer]) -> None:
             served = served_weights(worker, layer.rest)
             module = model.get_submodule(layer.module)
             initialize_layerwise_reload(module)
-            model.load_weights([*layer.weights, *served.items()])
-            finalize_layerwise_reload(module, worker.model_runner.model_config)
+            # NOTE: closed even when the load fails: a layer left open keeps the loads it buffered, counts them
+            # towards the next stream's, and processes early, dropping that stream's last tensors of it.
+            try:
+                model.load_weights([*layer.weights, *served.items()])
+            finally:
+                finalize_layerwise_reload(module, worker.model_runner.model_config)
 
 
 def finish_update(worker: Any) -> None:
