@@ -28,8 +28,8 @@ from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     DataConfig,
     builtin_model,
-    for_a_user_model,
     merged_sections,
+    model_defaults,
 )
 from .algorithm_config import DEFAULT_ROLLOUT_IS_CAP, AlgorithmConfig
 from .policy_job import PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, check_sections
@@ -95,8 +95,9 @@ class GRPOConfig:
         )
         return merged_sections(
             off_policy,
-            for_a_user_model(
+            model_defaults(
                 config,
+                "grpo",
                 {
                     "optimizer": {"lr": USER_MODEL_LR},
                     "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},

@@ -26,6 +26,7 @@ from drivetrain_engine_core.rollout import SamplingConfig
 from ..actor import Actor, ActorConfig
 from ..jobs.assets import load_splits
 from ..jobs.batches import StepSampler
+from ..jobs.builtin_tasks import data_task
 from ..jobs.data import Example
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
@@ -128,6 +129,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             config.trainer.seed,
             resume=self.folder.resume,
             trust_remote_code=config.model.trust_remote_code,
+            task=data_task(config.model.path),
         )
         check_rollout_length(self.train + self.val, config, self.model_path)
         warn_unreachable_answers(self.train, config.rollout.max_new_tokens, self.tokenizer.eos_token_id)

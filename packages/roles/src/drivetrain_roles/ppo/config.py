@@ -25,7 +25,7 @@ from drivetrain_engine_core.config import (
 from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..advantages import AdaptiveKLController, FixedKLController
 from ..algorithm_section import AlgorithmSection
-from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, DataConfig, builtin_model, for_a_user_model
+from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, DataConfig, builtin_model, model_defaults
 from ..grpo.config import USER_MODEL_LR, _default_checkpoint, _default_engine, check_sections
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
 from ..grpo.config import TrainerConfig as GRPOTrainerConfig
@@ -258,8 +258,9 @@ class PPOConfig:
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: another model than the embedded one trains its actor at lr 1e-6 and its critic at 1e-5
         (verl's defaults), with responses of up to 256 tokens."""
-        return for_a_user_model(
+        return model_defaults(
             config,
+            "ppo",
             {
                 "optimizer": {"lr": USER_MODEL_LR},
                 "critic": {"optimizer": {"lr": USER_MODEL_CRITIC_LR}},

@@ -29,7 +29,7 @@ from ..command_sections import (
     LoopConfig,
     RunOptimizerConfig,
     builtin_model,
-    for_a_user_model,
+    model_defaults,
 )
 from ..losses.aggregation import AGGREGATION_MODES
 
@@ -135,8 +135,9 @@ class SFTConfig:
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Values that follow others unless the user sets them: another model than the embedded one trains at
         lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and its evaluation generates up to 256."""
-        return for_a_user_model(
+        return model_defaults(
             config,
+            "sft",
             {"optimizer": {"lr": USER_MODEL_LR}, "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
         )
 
