@@ -119,19 +119,20 @@ def test_chat_messages_train_on_every_assistant_turn(tmp_path) -> None:
     the ChatML template, and nothing of the user turns."""
     tokenizer = build_tiny_tokenizer()
     example = _chat_example(tmp_path, tokenizer)
-    assert tokenizer.decode(example.prompt_ids + example.response_ids) == tokenizer.apply_chat_template(
-        CONVERSATION, tokenize=False
+    assert (
+        tokenizer.decode(example.prompt_ids + example.response_ids)
+        == tokenizer.apply_chat_template(CONVERSATION, tokenize=False) + tokenizer.eos_token
     )
-    assert tokenizer.decode(example.response_ids) == "is 42<|im_end|>\n"
+    assert tokenizer.decode(example.response_ids) == "is 42<|im_end|>\n</s>"
     assert tokenizer.decode(example.prompt_ids).endswith("<|im_start|>assistant\n")
-    assert _trained_text(tokenizer, example) == "world<|im_end|>\nis 42<|im_end|>\n"
+    assert _trained_text(tokenizer, example) == "world<|im_end|>\nis 42<|im_end|>\n</s>"
 
 
 def test_chat_messages_can_train_on_the_last_assistant_turn_only(tmp_path) -> None:
     tokenizer = build_tiny_tokenizer()
     example = _chat_example(tmp_path, tokenizer, assistant_turns="last")
     assert example.earlier_turn_spans == ()
-    assert _trained_text(tokenizer, example) == "is 42<|im_end|>\n"
+    assert _trained_text(tokenizer, example) == "is 42<|im_end|>\n</s>"
 
 
 def test_a_template_that_rewrites_earlier_turns_names_the_way_out(tmp_path) -> None:
@@ -146,7 +147,7 @@ def test_a_template_that_rewrites_earlier_turns_names_the_way_out(tmp_path) -> N
     with pytest.raises(DataError, match=r"assistant turn 1 .*data.assistant_turns=last"):
         _chat_example(tmp_path, tokenizer)
     assert _trained_text(tokenizer, _chat_example(tmp_path, tokenizer, assistant_turns="last")) == (
-        "is 42<|im_end|>\n"
+        "is 42<|im_end|>\n</s>"
     )
 
 

@@ -176,12 +176,15 @@ def tokenize_prompt_response(
     if not prompt_ids and bos is not None:
         # An empty prompt (completion-only rows): the first response token needs a token before it to be scored.
         prompt_ids = [bos]
-    response_ids = _encode(tokenizer, response, f"{where} column {columns[1]!r}")
-    if eos is not None and response_ids[-1:] != [eos]:
-        response_ids = [*response_ids, eos]
+    response_ids = _with_eos(_encode(tokenizer, response, f"{where} column {columns[1]!r}"), eos)
     return Example(
         prompt_ids=prompt_ids, response_ids=response_ids, prompt_text=prompt, response_text=response
     )
+
+
+def _with_eos(ids: list[int], eos: int | None) -> list[int]:
+    """``ids`` ending with the EOS: appended unless already last (TRL's rule), so a response teaches to stop."""
+    return ids if eos is None or ids[-1:] == [eos] else [*ids, eos]
 
 
 def column(row: dict[str, Any], key: str, where: str, option: str) -> Any:
@@ -243,7 +246,15 @@ def _uncovered(text: str, offsets: list[tuple[int, int]]) -> set[str]:
 
 
 def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turns: bool = False) -> Example:
-    """Prompt = the chat template of every turn before the last (with the generation prompt); response = the rest.
+    """Prompt = the chat template of every turn before the last (with the generation prompt); response = the rest,
+    the template's turn end included, then the EOS.
+
+    NOTE: a base model's tokenizer ends a turn with a token that is not its EOS (ChatML's ``<|im_end|>`` with
+    ``</s>``): without the EOS the model never learnt to stop, and greedy answers ran to ``max_new_tokens``. TRL
+    appends the EOS to text that does not end with it (its chat path leaves it to the template, and offers
+    ``SFTConfig.eos_token`` for the turn end); every response here ends with both, the EOS not doubled where
+    the template writes it (Mistral's ``</s>``), and the exported model stops at either
+    (:mod:`~drivetrain_roles.jobs.stop_tokens`).
 
     With ``earlier_turns``, the earlier assistant turns inside the prompt are marked for loss too (verl's
     multi-turn SFT dataset, TRL's ``assistant_only_loss``): each turn's tokens are what rendering the conversation
@@ -256,8 +267,8 @@ def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turn
         )
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError(f"{where}: the tokenizer has no chat template; use prompt/response columns instead.")
-    prompt_ids = _template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
-    full_ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
+    prompt_ids = template_ids(tokenizer, messages[:-1], add_generation_prompt=True)
+    full_ids = template_ids(tokenizer, messages, add_generation_prompt=False)
     if full_ids[: len(prompt_ids)] != prompt_ids:
         raise DataError(
             f"{where}: the chat template does not render the conversation as prompt + response (the prompt's tokens "
@@ -265,7 +276,7 @@ def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turn
         )
     return Example(
         prompt_ids=prompt_ids,
-        response_ids=full_ids[len(prompt_ids) :],
+        response_ids=_with_eos(full_ids[len(prompt_ids) :], tokenizer.eos_token_id),
         prompt_text=tokenizer.decode(prompt_ids),
         response_text=str(messages[-1].get("content", "")),
         earlier_turn_spans=_earlier_turn_spans(tokenizer, messages, prompt_ids, where)
@@ -287,8 +298,8 @@ def _earlier_turn_spans(
     for index, message in enumerate(messages[:-1]):
         if message.get("role") != "assistant":
             continue
-        before = _template_ids(tokenizer, messages[:index], add_generation_prompt=True) if index else []
-        through = _template_ids(tokenizer, messages[: index + 1], add_generation_prompt=False)
+        before = template_ids(tokenizer, messages[:index], add_generation_prompt=True) if index else []
+        through = template_ids(tokenizer, messages[: index + 1], add_generation_prompt=False)
         if through[: len(before)] != before or prompt_ids[: len(through)] != through:
             raise DataError(
                 f"{where}: the chat template renders assistant turn {index} differently once later turns follow it "
@@ -300,9 +311,8 @@ def _earlier_turn_spans(
     return tuple(spans)
 
 
-def _template_ids(
-    tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool
-) -> list[int]:
+def template_ids(tokenizer: Any, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> list[int]:
+    """The token ids of ``messages`` rendered by the tokenizer's chat template."""
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
