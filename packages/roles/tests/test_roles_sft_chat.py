@@ -4,11 +4,16 @@ each example ends with the turn end and the EOS, and the exported model's ``gene
 from __future__ import annotations
 
 import json
+import math
 
+import pytest
 from drivetrain_engine_core.testing import build_tiny_tokenizer
+from drivetrain_engine_core.testing.models import make_tiny_model_dir
 from drivetrain_roles.jobs.batches import make_sft_batch
 from drivetrain_roles.jobs.data import load_examples
-from drivetrain_roles.sft.config import DataConfig
+from drivetrain_roles.sft.config import DataConfig, load_config
+from drivetrain_roles.sft.trainer import SFTResult, SFTTrainer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 IM_END, NEWLINE, EOS = 5, 101, 2
 """The tiny tokenizer's ``<|im_end|>``, ``"\\n"`` and ``</s>``: ChatML closes a turn with ``<|im_end|>\\n``."""
@@ -52,3 +57,117 @@ def test_a_chat_example_trains_on_each_turn_end_and_ends_with_the_eos(tmp_path) 
     assert ids[mask].tolist() == earlier + last
     assert ids.tolist()[-4:] == [tokenizer.convert_tokens_to_ids("2"), IM_END, NEWLINE, EOS]
     assert ids.tolist().count(EOS) == 1  # earlier turns end with the turn end alone: the conversation goes on
+
+
+def test_the_stop_tokens_are_the_eos_and_the_templates_turn_end() -> None:
+    """The turn end is read off the template: ChatML's ``<|im_end|>``; a Llama 3-style ``<|eot_id|>``, an added
+    special token the tokenizer names nowhere else, without the non-special ``<think>`` the assistant turn
+    opens with; none beyond the EOS where the template ends a turn with it (Mistral) or there is no template."""
+    from drivetrain_roles.jobs.default_assets import build_arithmetic_tokenizer
+    from drivetrain_roles.jobs.stop_tokens import stop_token_ids
+    from tokenizers import AddedToken
+
+    chatml = build_tiny_tokenizer()
+    assert stop_token_ids(chatml) == [EOS, IM_END]
+    llama = build_tiny_tokenizer()
+    llama.add_tokens([AddedToken(t, special=t != "<think>") for t in ("<|eot_id|>", "<|start|>", "<think>")])
+    llama.chat_template = (
+        "{% for m in messages %}<|start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}<think>{% endif %}"
+        "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
+    )
+    assert stop_token_ids(llama) == [EOS, llama.convert_tokens_to_ids("<|eot_id|>")] == [EOS, 110]
+    mistral = build_tiny_tokenizer()
+    mistral.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+        "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    )
+    assert stop_token_ids(mistral) == stop_token_ids(build_arithmetic_tokenizer()) == [EOS]
+
+
+MAX_NEW_TOKENS = 24
+CONVERSATIONS = 8
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory):
+    """80 steps on 8 conversations (a system prompt, two exchanges), held out on the same ones: memorised.
+
+    NOTE: a Llama-type model directory, whose tokenizer reloads as itself; transformers 5 reloads the tiny
+    tokenizer beside a Qwen2 config as ``Qwen2Tokenizer``, which drops spaces and newlines.
+    """
+    root = tmp_path_factory.mktemp("chat")
+    model = make_tiny_model_dir(root / "model", arch="llama", hidden_size=64)
+    data = write_conversations(root / "chat.jsonl", CONVERSATIONS)
+    config = load_config(
+        None,
+        [
+            f"model.path={model}",
+            f"data.train_files=[{data}]",
+            f"data.val_files=[{data}]",
+            "data.messages_key=messages",
+            "data.max_length=128",
+            "trainer.total_steps=80",
+            "trainer.batch_size=8",
+            "trainer.eval_every=0",
+            "trainer.save_every=0",
+            f"trainer.eval_samples={CONVERSATIONS}",
+            f"trainer.max_new_tokens={MAX_NEW_TOKENS}",
+            "trainer.progress_bar=false",
+            "optimizer.lr=1e-2",
+        ],
+    )
+    trainer = SFTTrainer(config, root / "run")
+    return trainer, trainer.run()
+
+
+@pytest.mark.slow
+def test_the_exported_model_stops_at_the_turn_end(chat_run) -> None:
+    """Greedy answers ran to ``max_new_tokens``: the examples had no EOS and the exported generation config
+    stopped at ``</s>`` only. The exported ``generation_config`` lists ``<|im_end|>`` beside ``</s>``: plain
+    ``generate`` on the folder stops at the turn end with the reference answer, and a caller stopping at the
+    tokenizer's EOS alone stops right after the turn end (``<|im_end|>\n</s>``)."""
+    _, result = chat_run
+    final = result.output_dir / "final_model"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(final), AutoTokenizer.from_pretrained(final)
+    correct = 0
+    for index in range(CONVERSATIONS):
+        prompt = tokenizer.apply_chat_template(
+            conversation(index)[:-1], add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        width = prompt["input_ids"].shape[1]
+        answer = model.generate(**prompt)[0, width:].tolist()
+        assert answer[-1] == IM_END and len(answer) < MAX_NEW_TOKENS
+        correct += tokenizer.decode(answer, skip_special_tokens=True) == f"is {7 * index}"
+        eos_only = model.generate(**prompt, eos_token_id=tokenizer.eos_token_id)[0, width:].tolist()
+        assert eos_only == [*answer, NEWLINE, EOS]
+    assert correct / CONVERSATIONS == result.evaluations[-1]["val/accuracy"] == 1.0
+    assert model.generation_config.eos_token_id == [EOS, IM_END]
+
+
+@pytest.mark.slow
+def test_chat_runs_lead_with_the_held_out_loss_and_exact_answers_with_exact_match(chat_run, tmp_path) -> None:
+    """Chat references are open-ended: the report and ``summary.json`` lead with the held-out loss (perplexity
+    ``exp(loss)`` beside it); the embedded arithmetic keeps exact match as its headline."""
+    from drivetrain_roles.sft.headline import perplexity
+
+    trainer, result = chat_run
+    last = result.evaluations[-1]
+    assert last["val/perplexity"] == pytest.approx(math.exp(last["val/loss"]), rel=1e-12)
+    # A summed loss per sequence has no perplexity; a diverged one reads inf, not an OverflowError.
+    assert perplexity(2.0, "seq-mean-token-sum") == {}
+    assert perplexity(1e4, "token-mean") == {"val/perplexity": math.inf}
+    summary = json.loads((result.output_dir / "summary.json").read_text())
+    assert summary["headline"]["metric"] == "val/loss" and summary["headline"]["value"] == last["val/loss"]
+    lines = trainer.report(result).splitlines()
+    assert lines[1].startswith("held-out headline: val/loss (chat data (data.messages_key=messages)")
+    assert [line.split(":")[0] for line in lines[2:5]] == ["val/loss", "val/perplexity", "val/accuracy"]
+    arithmetic = SFTTrainer(load_config(None, []), tmp_path)
+    evaluations = [{"step": 0, "val/loss": 2.0, "val/perplexity": math.exp(2.0), "val/accuracy": 0.5}]
+    lines = arithmetic.report(SFTResult(output_dir=tmp_path, evaluations=evaluations)).splitlines()
+    assert lines[1].startswith("held-out headline: val/accuracy (prompt/response data has exact answers")
+    assert [line.split(":")[0] for line in lines[2:5]] == ["val/accuracy", "val/loss", "val/perplexity"]
+    assert arithmetic._summary(SFTResult(output_dir=tmp_path, evaluations=evaluations))["headline"] == {
+        "metric": "val/accuracy",
+        "value": 0.5,
+        "reason": "prompt/response data has exact answers: exact match of greedy answers leads",
+    }

@@ -2,10 +2,10 @@
 
 Accuracy needs generation, which the Engine contract does not offer (``infer_batch`` returns log-probs
 only). Every rank streams ``engine.export_weights()`` (full tensors, adapters merged); the output rank loads
-them into a plain Hugging Face model and decodes greedily with ``generate``. An answer is correct when the
-decoded response, stripped of special tokens and surrounding spaces, equals the reference response. This
-checks what a user of the trained model would see, whatever the backend, at the cost of one weight export
-per evaluation (fine for the sizes this trainer targets on CPU).
+them into a plain Hugging Face model and decodes greedily with ``generate``, up to the EOS or the chat
+template's turn end. An answer is correct when the decoded response, stripped of special tokens and surrounding
+spaces, equals the reference response. This checks what a user of the trained model would see, whatever the
+backend, at the cost of one weight export per evaluation (fine for the sizes this trainer targets on CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from drivetrain_engine_core.outputs import LossFn
 from .batches import make_sft_batch
 from .data import Example
 from .final_model import gather_hf_model
+from .stop_tokens import stop_token_ids
 
 
 def held_out_loss(engine: Engine, examples: Sequence[Example], loss_fn: LossFn) -> float:
@@ -48,7 +49,8 @@ def greedy_accuracy(
 def generate_answers(
     model: Any, examples: Sequence[Example], tokenizer: Any, *, max_new_tokens: int
 ) -> list[str]:
-    """Greedy responses to the examples' prompts (left-padded into one batch), decoded without special tokens."""
+    """Greedy responses to the examples' prompts (left-padded into one batch), each up to its first stop token
+    (:func:`~.stop_tokens.stop_token_ids`), decoded without special tokens."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(e.prompt_ids) for e in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -62,6 +64,6 @@ def generate_answers(
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=pad_id,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=stop_token_ids(tokenizer) or None,
     )
     return tokenizer.batch_decode(generated[:, width:], skip_special_tokens=True)

@@ -17,6 +17,7 @@ from drivetrain_engine_core.engine import Engine
 
 from ..hf_layout import CheckpointLayout
 from .rank_zero_write import rank_zero_write
+from .stop_tokens import stop_token_ids
 
 FINAL_MODEL_DIR = "final_model"
 
@@ -43,18 +44,20 @@ def save_final_model(
     """Write the trained model to ``target`` on rank 0 (collective: every rank exports its shards).
 
     The generation config asks for what evaluation does (greedy, ``max_new_tokens``), with the tokenizer's
-    special tokens.
+    special tokens; its ``eos_token_id`` lists the chat template's turn end beside the EOS
+    (:func:`~.stop_tokens.stop_token_ids`), so ``generate`` stops where a chat answer ends.
     """
     model = gather_hf_model(engine, model_path)
     with rank_zero_write("the final model", target):
         if model is not None:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            stops = stop_token_ids(tokenizer)
             generation = model.generation_config
             generation.update(
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=stops if len(stops) > 1 else tokenizer.eos_token_id,
                 pad_token_id=pad_id,
             )
             model.save_pretrained(target, safe_serialization=True)

@@ -2,8 +2,9 @@
 
 One process per rank (``torchrun`` or ``drivetrain sft --nproc N``); every rank runs this loop, the engine
 shards the work, and the output rank writes metrics. Per step: this rank's share of the global batch ->
-``engine.train_batch`` with the SFT loss -> one LR-schedule step. Held-out loss and greedy accuracy are
-measured before the first step, every ``trainer.eval_every`` steps and after the last; checkpoints go to
+``engine.train_batch`` with the SFT loss -> one LR-schedule step. Held-out loss (and perplexity) and greedy
+accuracy are measured before the first step, every ``trainer.eval_every`` steps and after the last, and the
+report leads with the one that fits the data (:mod:`.headline`); checkpoints go to
 ``<output_dir>/checkpoints`` every ``trainer.save_every`` steps and at the end, and ``resume=True`` continues
 from the latest one with the same data order, so a resumed run reproduces the uninterrupted one exactly (from
 the ``model.path`` it started from: another one's tokenizer and config would be saved with the trained weights).
@@ -29,11 +30,12 @@ from ..jobs.builtin_tasks import data_task
 from ..jobs.data import DataError, Example
 from ..jobs.evaluate import greedy_accuracy, held_out_loss
 from ..jobs.final_model import save_final_model
-from ..jobs.job import JobResult, TrainingJob
+from ..jobs.job import JobResult, TrainingJob, evaluation_lines
 from ..jobs.metrics import step_record
 from ..jobs.resume_start import check_or_record_start
 from ..losses.sft import sft_loss_fn
 from .config import SFTConfig
+from .headline import REPORT_KEYS, headline, perplexity
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
 
     command = "sft"
     result_type = SFTResult
-    report_keys = ("val/loss", "val/accuracy")
+    report_keys = REPORT_KEYS
 
     def __init__(
         self,
@@ -159,7 +161,12 @@ class SFTTrainer(TrainingJob[SFTResult]):
         )
 
     def _report_lines(self, result: SFTResult) -> list[str]:
-        lines = super()._report_lines(result)
+        """The run directory, the headline measure and why, each held-out measure (the headline first)."""
+        lead = headline(self.config.data)
+        lines = [f"run directory: {result.output_dir}"]
+        if result.evaluations:
+            lines.append(f"held-out headline: {lead.metric} ({lead.reason})")
+        lines += evaluation_lines(result.evaluations, lead.report_keys())
         if result.train_losses:
             lines.append(f"train/loss at the last step: {result.train_losses[-1]:.4f}")
         return lines
@@ -170,12 +177,13 @@ class SFTTrainer(TrainingJob[SFTResult]):
             "final_train_loss": result.train_losses[-1] if result.train_losses else None,
             "skipped_steps": result.skipped_steps,
             "evaluations": result.evaluations,
+            "headline": headline(self.config.data).summary(result.evaluations),
         }
 
 
 @dataclass
 class _Evaluator:
-    """Held-out loss and greedy accuracy of the current weights (empty when there is no held-out data)."""
+    """Held-out loss, perplexity and greedy accuracy of the current weights (empty without held-out data)."""
 
     engine: Engine
     examples: list[Example]
@@ -187,7 +195,8 @@ class _Evaluator:
     def __call__(self) -> dict[str, float]:
         if not self.examples:
             return {}
-        values = {"val/loss": held_out_loss(self.engine, self.examples, self.loss_fn)}
+        loss = held_out_loss(self.engine, self.examples, self.loss_fn)
+        values = {"val/loss": loss, **perplexity(loss, self.config.trainer.loss_agg_mode)}
         samples = self.examples[: self.config.trainer.eval_samples]
         if samples:
             # Building the evaluation model draws random initial weights: keep the training RNG untouched so
