@@ -2,10 +2,11 @@
 
 A completion is worked steps and an answer, ``"7+5=12; 12*3=36; answer: 36"``
 (:func:`~drivetrain_roles.jobs.multistep_task.working`). Its reward is partial credit in [0, 1]: half for the
-steps (the fraction of the reference's steps written exactly so, in place, over the longer of the two step
-lists, so extra steps cost too), half for the final answer. Malformed output, anything that does not parse as
-steps and an answer (a response that never ended its turn and ran on, or was cut at ``rollout.max_new_tokens``),
-earns :data:`MALFORMED`.
+steps, half for the final answer. Each step is compared with the reference's step in its place, part by part
+(running total, operator, number, result: a quarter each, so a slip in one result still credits the method),
+and the steps' credit is their sum over the longer of the two step lists (an extra or a missing step costs).
+Malformed output, anything that does not parse as steps and an answer (a response that never ended its turn
+and ran on, or was cut at ``rollout.max_new_tokens``), earns :data:`MALFORMED`.
 """
 
 from __future__ import annotations
@@ -18,18 +19,23 @@ from ..jobs.multistep_task import ANSWER_PREFIX, STEP_SEPARATOR
 MALFORMED = -1.0
 """The reward of a completion that is not steps and an answer."""
 
-_STEP = re.compile(r"\d+[-+*]\d+=-?\d+")
+_STEP = re.compile(r"(\d+)([-+*])(\d+)=(-?\d+)")
 _ANSWER = re.compile(re.escape(ANSWER_PREFIX) + r"(-?\d+)")
 
 
-def parse_working(text: str) -> tuple[list[str], str] | None:
+Step = tuple[str, ...]
+"""A step's running total, operator, number and result, as written."""
+
+
+def parse_working(text: str) -> tuple[list[Step], str] | None:
     """``(steps, answer)`` of ``"a+b=c; c*d=e; answer: e"`` (surrounding whitespace ignored), or ``None`` when
     ``text`` is not one or more steps followed by an answer."""
-    *steps, last = text.strip().split(STEP_SEPARATOR)
+    *written, last = text.strip().split(STEP_SEPARATOR)
     answer = _ANSWER.fullmatch(last)
-    if not steps or answer is None or not all(_STEP.fullmatch(step) for step in steps):
+    steps = [_STEP.fullmatch(step) for step in written]
+    if not steps or answer is None or None in steps:
         return None
-    return steps, answer.group(1)
+    return [step.groups() for step in steps if step is not None], answer.group(1)
 
 
 def step_credit(completion: str, reference: str) -> float:
@@ -48,8 +54,11 @@ def step_credit(completion: str, reference: str) -> float:
     if written is None:
         return MALFORMED
     (steps, answer), (reference_steps, reference_answer) = written, expected
-    right = sum(step == wanted for step, wanted in zip(steps, reference_steps, strict=False))
-    return 0.5 * right / max(len(steps), len(reference_steps)) + 0.5 * (answer == reference_answer)
+    parts = sum(
+        sum(part == want for part, want in zip(step, wanted, strict=True)) / len(wanted)
+        for step, wanted in zip(steps, reference_steps, strict=False)
+    )
+    return 0.5 * parts / max(len(steps), len(reference_steps)) + 0.5 * (answer == reference_answer)
 
 
 def step_credit_reward(

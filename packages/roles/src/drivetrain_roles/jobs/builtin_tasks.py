@@ -51,12 +51,24 @@ ARITHMETIC = BuiltinTask(
 )
 """Addition questions (``"12+7="`` -> ``"19"``) for a 0.1 M-parameter model; the commands' defaults are its."""
 
-_MULTISTEP_DATA = {"messages_key": "messages", "max_length": 512, "generated_val_size": 100}
-_MULTISTEP_ROLLOUT = {
-    "data": {**_MULTISTEP_DATA, "generated_train_size": 256},
+_MULTISTEP_DATA: dict[str, Any] = {
+    "messages_key": "messages",
+    "max_length": 512,
+    "generated_train_size": 200,
+    "generated_val_size": 100,
+}
+_MULTISTEP_ROLLOUT: Sections = {
+    "data": _MULTISTEP_DATA,
     "rollout": {"max_new_tokens": 96},
     "algorithm": {"reward_function": multistep_task.REWARD_FUNCTION},
-    "trainer": {"total_steps": 40, "prompts_per_step": 8, "eval_every": 10, "eval_samples": 100},
+    "trainer": {
+        "warm_start_steps": 200,
+        "warm_start_batch_size": 16,
+        "total_steps": 60,
+        "prompts_per_step": 8,
+        "eval_every": 20,
+        "eval_samples": 100,
+    },
 }
 
 MULTISTEP = BuiltinTask(
@@ -65,8 +77,8 @@ MULTISTEP = BuiltinTask(
     write_data=multistep_task.write_multistep_data,
     defaults={
         "sft": {
-            "data": {**_MULTISTEP_DATA, "generated_train_size": 256},
-            "trainer": {"max_new_tokens": 96, "total_steps": 200, "batch_size": 16, "eval_samples": 100},
+            "data": _MULTISTEP_DATA,
+            "trainer": {"max_new_tokens": 96, "total_steps": 500, "batch_size": 16, "eval_samples": 100},
         },
         "grpo": _MULTISTEP_ROLLOUT,
         "ppo": _MULTISTEP_ROLLOUT,
