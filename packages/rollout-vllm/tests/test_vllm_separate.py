@@ -258,6 +258,19 @@ def test_grpo_trains_on_a_vllm_server(servable_model_dir, tmp_path):
     assert (run / "checkpoints").is_dir() and (run / "final_model" / "config.json").is_file()
 
 
+def test_grpo_on_the_chat_task_keeps_the_servers_log_probs_the_actors(
+    tmp_path, chat_task_overrides, chat_task_steps
+):
+    """Three steps of ``drivetrain grpo model.path=builtin:multistep rollout.name=vllm-server``: its prompts share a
+    367-token system prefix (over two KV blocks) and come back every step, and after each hand-off of changed weights
+    the server's log-probs are still the actor's (its prefix cache holds no KV of the old weights)."""
+    run = tmp_path / "run"
+    done = grpo(run, "builtin:multistep", *chat_task_overrides, "rollout.options.max_model_len=448")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = chat_task_steps(run)
+    assert max(row["rollout/log_prob_diff_max"] for row in steps) < 1e-5, steps
+
+
 def test_a_server_killed_mid_generation_is_named_at_once(rollout):
     send = rollout.server.connection.send
 
