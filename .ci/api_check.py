@@ -27,12 +27,12 @@ from releasing import (
     Release,
     allows_breaking,
     changelog_section,
-    cut_commit,
     find_release,
     git,
     has_commit,
     load_releases,
     project_version,
+    ref_commit,
     tag_name,
 )
 from subclass_contract import hook_breaks
@@ -48,13 +48,6 @@ class Baseline:
     ref: str
 
 
-def readable_ref(last: Baseline, release: Release, is_tag: bool) -> str | None:
-    """``last.ref`` if this clone has it, else for a release tag the commit that declared its version, else None."""
-    if has_commit(last.ref):
-        return last.ref
-    return cut_commit(release.distribution, release.path, last.version, root=ROOT) if is_tag else None
-
-
 def available_ref(last: Baseline, release: Release) -> str:
     """``last``'s ref as this clone can read it. A release tag the clone lacks stands for the commit that cut
     it, found by the version it declares (CI clones without tags, and ``.ci/release`` records the tag it
@@ -65,13 +58,13 @@ def available_ref(last: Baseline, release: Release) -> str:
     """
     ref, distribution = last.ref, release.distribution
     is_tag = ref == tag_name(distribution, last.version)
-    found = readable_ref(last, release, is_tag)
+    found = ref_commit(ref, distribution, release.path, last.version)
     if found is None and git("remote", "get-url", "origin").returncode == 0:
         shallow = git("rev-parse", "--is-shallow-repository").stdout.strip() == "true"
         git("fetch", "--quiet", "--tags", *(["--unshallow"] if shallow else []), "origin")
         if not has_commit(ref):
             git("fetch", "--quiet", "origin", ref)
-        found = readable_ref(last, release, is_tag)
+        found = ref_commit(ref, distribution, release.path, last.version)
     if found is not None:
         return found
     if is_tag:

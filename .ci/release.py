@@ -6,8 +6,10 @@ DISTRIBUTION is a name (``drivetrain-engine-core``) or folder (``engine-core``).
 distribution's pyproject.toml; moves its CHANGELOG.md's ``## Unreleased`` entries under ``## VERSION — DATE``
 (leaving an empty ``## Unreleased``); where VERSION leaves the range siblings require (a new core minor), rewrites
 every workspace requirement on it to the new range and notes that in the sibling's changelog; records the release
-in ``.ci/releases.toml``. It edits files only: review, ``uv lock``, commit, then create the tag it prints
-(docs/versioning.md, "Cutting a release").
+in ``.ci/releases.toml`` and appends it to the ledger of every release, ``.ci/released.toml``, as the tag it prints
+(the release commit does not exist yet; the tag stands for the commit that first declares the version, which a
+clone without tags finds too). It edits files only: review, ``uv lock``, commit, ``.ci/run``, then create the tag
+it prints (docs/versioning.md, "Cutting a release").
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ import sys
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from releasing import RELEASES, ROOT, Release, find_release, load_releases, project_version, tag_name
+from releasing import (
+    LEDGER,
+    RELEASES,
+    ROOT,
+    Release,
+    find_release,
+    load_ledger,
+    load_releases,
+    project_version,
+    release_key,
+    tag_name,
+)
 
 UNRELEASED = re.compile(r"^## Unreleased[^\n]*\n", re.MULTILINE)
 
@@ -97,6 +110,24 @@ def set_release(releases: str, distribution: str, version: Version, ref: str) ->
     return releases[:start] + table + releases[end:]
 
 
+def add_to_ledger(ledger: str, distribution: str, version: Version) -> str:
+    """``released.toml``'s text with ``distribution`` ``version`` appended to ``[released]`` as its tag.
+
+    Raises:
+        SystemExit: the ledger already lists that release (a released version is never cut again).
+    """
+    key = release_key(distribution, version)
+    if key in load_ledger(ledger).released:
+        raise SystemExit(
+            f"release: {key} was already released ({LEDGER.relative_to(ROOT)}); a released version never "
+            "changes: pick a higher version."
+        )
+    start = ledger.index("[released]\n")
+    following = ledger.find("\n[", start)
+    end = len(ledger[: len(ledger) if following == -1 else following].rstrip("\n"))
+    return ledger[:end] + f'\n"{key}" = "{tag_name(distribution, version)}"' + ledger[end:]
+
+
 def cut(release: Release, releases: list[Release], version: Version, date: datetime.date) -> list[str]:
     """Edit the files for ``release`` at ``version``; returns the siblings whose range on it moved."""
     folder = ROOT / release.path
@@ -107,6 +138,7 @@ def cut(release: Release, releases: list[Release], version: Version, date: datet
             f"release: {version} is not after {release.distribution}'s last release {release.version} and its "
             f"version in pyproject.toml ({current}); pick a higher version."
         )
+    ledger = add_to_ledger(LEDGER.read_text(), release.distribution, version)
     pyproject.write_text(set_version(pyproject.read_text(), version))
     changelog = folder / "CHANGELOG.md"
     changelog.write_text(move_unreleased(changelog.read_text(), version, date))
@@ -127,6 +159,7 @@ def cut(release: Release, releases: list[Release], version: Version, date: datet
             RELEASES.read_text(), release.distribution, version, tag_name(release.distribution, version)
         )
     )
+    LEDGER.write_text(ledger)
     return moved
 
 
@@ -143,7 +176,8 @@ def main(argv: list[str]) -> int:
     moved = cut(release, releases, args.version, args.date)
     tag = tag_name(release.distribution, args.version)
     print(
-        f"{release.distribution} {args.version}: version, CHANGELOG.md and {RELEASES.relative_to(ROOT)} updated."
+        f"{release.distribution} {args.version}: version, CHANGELOG.md, {RELEASES.relative_to(ROOT)} and "
+        f"{LEDGER.relative_to(ROOT)} updated."
     )
     others = [name for name in moved if name != release.distribution]
     if others:
@@ -153,7 +187,10 @@ def main(argv: list[str]) -> int:
     print(
         "Next: uv lock; review `git diff`; fix prose naming the old range (grep the docs and READMEs); commit;"
     )
-    print(f"then: git tag {tag} && push the tag with the commit.")
+    print(
+        f"then .ci/run (amend the commit until it passes); then: git tag {tag} and push the tag with the commit. "
+        "From then on it never changes: a later fix is a new version."
+    )
     return 0
 
 

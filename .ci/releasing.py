@@ -16,6 +16,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASES = ROOT / ".ci" / "releases.toml"
+LEDGER = ROOT / ".ci" / "released.toml"
 CORE = "drivetrain-engine-core"
 
 
@@ -56,6 +57,32 @@ def load_releases(file: Path = RELEASES) -> list[Release]:
     ]
 
 
+@dataclass(kw_only=True, frozen=True)
+class Ledger:
+    """``released.toml``: every release ever cut, never changed once recorded (docs/versioning.md).
+
+    Attributes:
+        released: ``"<distribution> <version>"`` -> the commit it was cut from, or its tag (which stands for the
+            commit that first declared the version, :func:`ref_commit`).
+        declared_earlier: the releases cut before the ledger existed from a commit other than the first to
+            declare their version, each mapped to that first commit.
+    """
+
+    released: dict[str, str]
+    declared_earlier: dict[str, str]
+
+
+def load_ledger(text: str) -> Ledger:
+    """The ledger in ``text`` (``released.toml``'s content at some commit)."""
+    table = tomllib.loads(text)
+    return Ledger(released=table.get("released", {}), declared_earlier=table.get("declared_earlier", {}))
+
+
+def release_key(distribution: str, version: Version | str) -> str:
+    """A release's key in the ledger: ``"<distribution> <version>"``."""
+    return f"{distribution} {version}"
+
+
 def find_release(releases: list[Release], name: str) -> Release:
     """The release named by its distribution (``drivetrain-roles``), folder (``roles``, ``packages/roles``) or a
     distinct end of its name (``core``, ``fsdp``).
@@ -93,6 +120,23 @@ def has_commit(ref: str, root: Path = ROOT) -> bool:
     return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", root=root).returncode == 0
 
 
+def tag_commit(distribution: str, version: Version, root: Path = ROOT) -> str | None:
+    """The commit ``distribution``'s release tag for ``version`` points at, or None where the clone lacks it."""
+    tag = tag_name(distribution, version)
+    return git("rev-parse", f"{tag}^{{commit}}", root=root).stdout.strip() if has_commit(tag, root) else None
+
+
+def declared_versions(path: str, root: Path = ROOT) -> dict[Version, str]:
+    """Each version ``<path>/pyproject.toml`` ever declared, mapped to the first commit that declared it."""
+    pyproject = f"{path}/pyproject.toml"
+    first: dict[Version, str] = {}
+    for commit in git("log", "--reverse", "--format=%H", "--", pyproject, root=root).stdout.split():
+        text = git("show", f"{commit}:{pyproject}", root=root)
+        if text.returncode == 0:
+            first.setdefault(project_version(text.stdout), commit)
+    return first
+
+
 def cut_commit(distribution: str, path: str, version: Version, root: Path = ROOT) -> str | None:
     """The commit ``distribution`` ``version`` was cut from, or None where this clone's history lacks it.
 
@@ -101,16 +145,15 @@ def cut_commit(distribution: str, path: str, version: Version, root: Path = ROOT
     created on that commit). A clone without tags (CI's) needs the second: ``releases.toml`` records only each
     distribution's last cut, and a plugin's core floor may be an older one.
     """
-    tag = tag_name(distribution, version)
-    if has_commit(tag, root):
-        return git("rev-parse", f"{tag}^{{commit}}", root=root).stdout.strip()
-    pyproject = f"{path}/pyproject.toml"
-    history = git("log", "--reverse", "--format=%H", "--", pyproject, root=root).stdout.split()
-    for commit in history:
-        text = git("show", f"{commit}:{pyproject}", root=root)
-        if text.returncode == 0 and project_version(text.stdout) == version:
-            return commit
-    return None
+    return tag_commit(distribution, version, root) or declared_versions(path, root).get(version)
+
+
+def ref_commit(ref: str, distribution: str, path: str, version: Version, root: Path = ROOT) -> str | None:
+    """The full commit of ``ref`` (a commit or tag) recorded for ``distribution`` ``version``; where the clone
+    lacks it and it is that version's release tag, the commit :func:`cut_commit` finds; else None."""
+    if has_commit(ref, root):
+        return git("rev-parse", f"{ref}^{{commit}}", root=root).stdout.strip()
+    return cut_commit(distribution, path, version, root) if ref == tag_name(distribution, version) else None
 
 
 def allows_breaking(old: Version, new: Version) -> bool:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import queue as queue_module
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from peak_memory import reset_peak_rss, run_in_fresh_process, status_bytes
 
 MODEL: dict[str, Any] = {
     "hidden_size": 512,
@@ -33,19 +34,6 @@ MAX_SHARD_BYTES = 32 * 1000**2
 ALLOWANCE_BYTES = 48 * 1024**2
 """Fixed headroom over the data-proportional terms: DCP read planning, file buffers, malloc slack."""
 DCP_READ_COPIES = 3
-
-
-def _status_bytes(field: str) -> int:
-    """A ``VmHWM``/``VmRSS`` value of this process, in bytes (Linux ``/proc``; reported in KiB)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}; this benchmark needs Linux.")
-
-
-def _reset_peak_rss() -> None:
-    # NOTE: ru_maxrss would not do: it survives exec, so a spawned child inherits its parent's peak.
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def write_step(work: Path) -> dict:
@@ -80,34 +68,15 @@ def measure_merge(work: Path, queue: multiprocessing.Queue) -> None:
     from drivetrain_engine_core.plugins import plugins
 
     plugins()
-    _reset_peak_rss()
-    baseline = _status_bytes("VmRSS")
+    reset_peak_rss()
+    baseline = status_bytes("VmRSS")
     start = time.perf_counter()
     step = work / "ckpt" / "global_step_1"
     merge_checkpoint(step, work / "merged", MergeOptions(max_shard_bytes=MAX_SHARD_BYTES))
     seconds = time.perf_counter() - start
     queue.put(
-        {"baseline_rss_bytes": baseline, "peak_rss_bytes": _status_bytes("VmHWM"), "merge_seconds": seconds}
+        {"baseline_rss_bytes": baseline, "peak_rss_bytes": status_bytes("VmHWM"), "merge_seconds": seconds}
     )
-
-
-def _in_process(target, *args):
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=target, args=(*args, queue))
-    process.start()
-    # Poll so that a child that dies (an exception) fails the benchmark instead of hanging it.
-    while True:
-        try:
-            result = queue.get(timeout=1.0)
-        except queue_module.Empty:
-            if not process.is_alive():
-                raise RuntimeError(
-                    f"{target.__name__} failed (exit code {process.exitcode}); see its traceback above."
-                ) from None
-            continue
-        process.join()
-        return result
 
 
 def _write_step_child(work: Path, queue: multiprocessing.Queue) -> None:
@@ -120,8 +89,8 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ckpt-merge-bench-") as tmp:
         work = Path(tmp)
-        facts = _in_process(_write_step_child, work)
-        measured = _in_process(measure_merge, work)
+        facts = run_in_fresh_process(_write_step_child, work)
+        measured = run_in_fresh_process(measure_merge, work)
         shard_files = sorted(p.name for p in (work / "merged").glob("model-*.safetensors"))
     growth = measured["peak_rss_bytes"] - measured["baseline_rss_bytes"]
     bound = MAX_SHARD_BYTES + DCP_READ_COPIES * facts["largest_tensor_bytes"] + ALLOWANCE_BYTES

@@ -18,7 +18,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / ".ci"))
 
-from release import move_unreleased, update_ranges  # noqa: E402
+from release import add_to_ledger, move_unreleased, update_ranges  # noqa: E402
 from releasing import load_releases, project_version  # noqa: E402
 
 CHANGELOG = """# Changelog
@@ -64,6 +64,15 @@ def test_requirements_that_exclude_the_new_version_get_its_range():
     assert update_ranges(admitted, "drivetrain-engine-core", Version("0.1.5")) == admitted
 
 
+def test_a_cut_is_appended_to_the_ledger_once():
+    ledger = '[released]\n"d 0.1.0" = "0123456789ab"\n\n[declared_earlier]\n"d 0.1.0" = "ba9876543210"\n'
+    assert add_to_ledger(ledger, "d", Version("0.1.1")) == ledger.replace(
+        '"\n\n[declared', '"\n"d 0.1.1" = "d-v0.1.1"\n\n[declared'
+    )
+    with pytest.raises(SystemExit, match=r"d 0\.1\.0 was already released"):
+        add_to_ledger(ledger, "d", Version("0.1.0"))
+
+
 def _copy_of_the_workspace(tmp_path: Path) -> Path:
     """The files a cut reads and writes, copied under ``tmp_path`` in the repository's layout."""
     shutil.copytree(ROOT / ".ci", tmp_path / ".ci", ignore=shutil.ignore_patterns("__pycache__"))
@@ -95,6 +104,10 @@ def test_cutting_the_next_core_minor_moves_every_plugin_range(tmp_path):
     assert notes.startswith(f"# Changelog\n\n## Unreleased\n\n## {new} — 2026-11-27\n\n")
     releases = tomllib.loads((copy / ".ci/releases.toml").read_text())["drivetrain-engine-core"]
     assert (releases["version"], releases["ref"]) == (str(new), f"drivetrain-engine-core-v{new}")
+    ledger = (copy / ".ci/released.toml").read_text()
+    assert ledger == (ROOT / ".ci/released.toml").read_text() + (
+        f'"drivetrain-engine-core {new}" = "drivetrain-engine-core-v{new}"\n'
+    )
 
     wanted = f">={new.major}.{new.minor},<{new.major}.{new.minor + 1}"
     plugins = [r for r in load_releases() if r.distribution != "drivetrain-engine-core"]

@@ -7,6 +7,8 @@ state is checked against a full stream of the same version, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import xxhash
@@ -19,6 +21,7 @@ from drivetrain_engine_core.handoff import (
     VerifyConfig,
     bucket_tensors,
     check_adapter_binding,
+    check_arrived,
     verify_served,
 )
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
@@ -155,6 +158,23 @@ def test_the_receiver_applies_a_delta_only_on_the_intact_version_it_serves():
     receiver.accept(_stream(3))
     receiver.commit()
     assert receiver.intact and receiver.version == 3
+
+
+def test_every_tensor_is_checked_on_arrival_in_its_own_bytes():
+    """Each tensor's slice of the buffer is hashed where it lies (bf16, int64, a strided source): an intact bucket
+    passes, one byte flipped in any tensor is named with its bucket and version."""
+    for dtype in (None, torch.bfloat16):
+        buckets = list(bucket_tensors(iter(weights().items()), version=5, bucket_bytes=BOUND, dtype=dtype))
+        for bucket in buckets:
+            check_arrived(bucket)
+            for spec in bucket.specs:
+                buffer = bucket.buffer.clone()
+                buffer[spec.offset + spec.nbytes - 1] ^= 0x01
+                with pytest.raises(
+                    HandoffError,
+                    match=rf"bucket {bucket.index} of version 5: {spec.name} arrived with other bytes",
+                ):
+                    check_arrived(dataclasses.replace(bucket, buffer=buffer))
 
 
 def test_verification_names_the_tensor_version_and_rank_of_a_mismatch():

@@ -270,3 +270,30 @@ def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path, folder_stat
         assert refused.exit_code == 1 and "Traceback" not in refused.output
         assert message in refused.output
         assert folder_state(run) == before, override
+
+
+def test_a_users_schedule_spans_the_steps_each_model_trains():
+    """``optimizer.lr_schedule=cosine`` asked for ``optimizer.total_steps``; the run's length is its one source:
+    the actor's schedule spans the steps it trains (frozen for ``critic_warmup``), the critic's every step."""
+    config = load_config(
+        None,
+        [
+            "optimizer.lr_schedule=cosine",
+            "critic.optimizer.lr_schedule=linear",
+            "trainer.total_steps=50",
+            "trainer.critic_warmup=10",
+        ],
+    )
+    actor, critic = config.run_optimizer(), config.run_critic_optimizer()
+    assert (actor.lr_schedule, actor.total_steps, actor.warmup_steps) == ("cosine", 40, 10)
+    assert (critic.lr_schedule, critic.total_steps, critic.warmup_steps) == ("linear", 50, 0)
+    assert (
+        load_config(None, ["optimizer.lr_schedule=cosine", "optimizer.total_steps=30"])
+        .run_optimizer()
+        .total_steps
+        == 30
+    )
+    with pytest.raises(ConfigError, match=r"needs optimizer.total_steps greater than warmup_steps"):
+        load_config(
+            None, ["optimizer.lr_schedule=cosine", "trainer.total_steps=15", "trainer.critic_warmup=10"]
+        )

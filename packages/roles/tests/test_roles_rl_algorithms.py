@@ -108,6 +108,34 @@ def test_each_advantage_estimator_equals_its_formula(name, gamma):
         assert row.tolist() == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_a_group_of_equal_graded_rewards_has_nothing_to_prefer(name):
+    """Eight responses all scored 0.7 (partial credit): their float32 mean was not 0.7, so each got +0.056 (0.1:
+    -0.007) instead of 0. Beside it a graded group with negative rewards, against the formula in float64."""
+    masks = [[0, 1, 1]] * 16
+    scores = [0.7] * 8 + [0.7, -0.3, 0.1, 1.0, -1.0, 0.25, 0.7, 0.1]
+    advantages = outcome_advantages(
+        torch.tensor(scores), loss_mask(masks), 8, AdvantageConfig(adv_estimator=name)
+    )
+    per_sequence = []
+    for group in (scores[:8], scores[8:]):
+        rewards = torch.tensor(group, dtype=torch.float32).tolist()  # the rewards as float32 holds them
+        mean = sum(rewards) / 8
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 7)
+        per_sequence += {
+            "grpo": [(r - mean) / (std + 1e-6) for r in rewards],
+            "rloo": [(r - mean) * 8 / 7 for r in rewards],
+        }.get(name, [r - mean for r in rewards])
+    assert per_sequence[:8] == [0.0] * 8  # what the formula gives a constant group
+    want = broadcast(per_sequence, masks)
+    if name == "reinforce_plus_plus_baseline":  # whitened over every loss token of the batch
+        want = whiten_by_hand(want, masks)
+    else:  # exactly 0, not within a tolerance
+        assert [row.tolist() for row in advantages.unbind()[:8]] == [[0.0, 0.0, 0.0]] * 8
+    for row, expected in zip(advantages.unbind(), want, strict=True):
+        assert row.tolist() == pytest.approx(expected, abs=1e-6)
+
+
 def test_grpo_without_the_deviation_is_dr_grpo():
     scaled_off = AdvantageConfig(adv_estimator="grpo", scale_by_std=False)
     advantages = outcome_advantages(torch.tensor(SCORES), loss_mask(), GROUP, scaled_off)
@@ -435,6 +463,8 @@ def test_drivetrain_grpo_runs_a_non_default_combination(tmp_path):
         "algorithm.kl_estimator=abs",
         "algorithm.filter_groups=true",
         "algorithm.overlong_buffer_len=2",
+        "optimizer.lr_schedule=cosine",  # its length is the run's (it asked for optimizer.total_steps)
+        "optimizer.warmup_steps=0",
         "rollout.n=4",
         "rollout.max_new_tokens=4",
         "trainer.total_steps=2",
@@ -449,6 +479,10 @@ def test_drivetrain_grpo_runs_a_non_default_combination(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    # Cosine over the run's 2 steps from a user model's lr 1e-6: lr x (1 + cos(pi x step / 2)) / 2 per update.
+    assert [r["train/lr"] for r in steps] == pytest.approx(
+        [1e-6 * (1 + math.cos(math.pi * s / 2)) / 2 for s in (0, 1)]
+    )
     for record in steps:
         assert 0.0 <= record["train/filtered_group_fraction"] <= 1.0
         assert math.isfinite(record["train/pg_loss"]) and math.isfinite(record["train/grad_norm"])

@@ -14,6 +14,7 @@ import pytest
 from drivetrain_engine_core.handoff import HandoffError
 from drivetrain_rollout_vllm import VLLMServerRollout
 from drivetrain_rollout_vllm.process import ServerProcess
+from drivetrain_rollout_vllm.wire import PROTOCOL
 
 REPO = Path(__file__).resolve().parents[3]
 RELEASE_0_2_0 = "5ce0386e698f"
@@ -46,5 +47,5 @@ def test_a_0_2_0_server_is_refused_naming_both_versions(old_server, tmp_path):
         f"{old_server.name} runs drivetrain-rollout-vllm 0.2.0 (weight-stream "
     )
     assert str(error.value).endswith(
-        "speaks protocol 2: install the same drivetrain-rollout-vllm version in both environments."
+        f"speaks protocol {PROTOCOL}: install the same drivetrain-rollout-vllm version in both environments."
     )

@@ -29,7 +29,7 @@ def model_dir(servable_model_dir):
     return servable_model_dir
 
 
-# Away from the defaults (the model's 256 positions, a 1 GiB CPU cache), so the test below sees them taken.
+# Away from the defaults (the model's 512 positions, a 1 GiB CPU cache), so the test below sees them taken.
 OPTIONS = {"max_model_len": 64, "kv_cache_memory_bytes": 1 << 28}
 
 

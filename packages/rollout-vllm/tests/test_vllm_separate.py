@@ -55,15 +55,16 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
 SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
 DEADLINE_SECONDS = 60
-# The servers' options: vLLM's context cut from the model's 256 positions (the test below sees it taken), and a
-# fixed request timeout instead of the derived one.
-OPTIONS = VLLMServerOptions(max_model_len=64, request_timeout_s=300)
+# The servers' options: vLLM's context cut from the model's 512 positions (the test below sees it taken; the kit's
+# long prompt still fits), and a fixed request timeout instead of the derived one.
+OPTIONS = VLLMServerOptions(max_model_len=448, request_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
 def states(servable_model_dir):
     first = moved(base_state(servable_model_dir), seed=1)
-    return {1: first, 2: moved(first, seed=2)}
+    second = moved(first, seed=2)
+    return {1: first, 2: second, 3: moved(second, seed=3)}
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +105,10 @@ def test_the_server_runs_its_own_torch_and_samples_as_hf(rollout, servable_model
 
 def test_the_servers_vllm_runs_with_the_rollouts_options(rollout, servers, servable_model_dir):
     assert rollout.deadline == RequestDeadline(fixed_seconds=300.0)
-    with pytest.raises(RolloutServerError, match="maximum context length is 64 tokens"):
-        rollout.generate([[1] * 70], SamplingConfig(max_new_tokens=1))
+    with pytest.raises(RolloutServerError, match="maximum context length is 448 tokens"):
+        rollout.generate([[1] * 450], SamplingConfig(max_new_tokens=1))
     # vLLM takes its options at start: a rollout asking for others is refused the running server.
-    with pytest.raises(ConfigError, match=r"this vLLM server started with VLLMOptions\(.*max_model_len=64"):
+    with pytest.raises(ConfigError, match=r"this vLLM server started with VLLMOptions\(.*max_model_len=448"):
         VLLMServerRollout(model_path=str(servable_model_dir), server=servers[1].server)
 
 
@@ -148,22 +149,37 @@ def test_an_incompatible_stream_is_refused_naming_what_differs(rollout, states, 
     assert_the_server_still_holds(rollout, states[1])
 
 
-def test_bytes_corrupted_in_transport_are_refused_on_arrival(rollout, states, monkeypatch):
+def corrupting(monkeypatch, *, index: int, times: int) -> list[int]:
+    """Make the client's send path flip a byte of bucket ``index`` the first ``times`` times it is sent (after
+    the sender took the digests: what a faulty transport does); returns the indices of the buckets sent."""
     from drivetrain_rollout_vllm import client
 
-    sent = client.bucket_bytes
+    sent, real = [], client.bucket_bytes
 
-    def corrupted(bucket):
-        raw = bytearray(sent(bucket))
-        raw[0] ^= 0x40  # after the sender took the digests: what a faulty transport would do
+    def send(bucket):
+        sent.append(bucket.index)
+        raw = bytearray(real(bucket))
+        if bucket.index == index and sent.count(index) <= times:
+            raw[0] ^= 0x40
         return memoryview(raw)
 
+    monkeypatch.setattr(client, "bucket_bytes", send)
+    return sent
+
+
+def test_a_bucket_corrupted_in_transport_every_time_is_refused_after_resends(rollout, states, monkeypatch):
+    from drivetrain_rollout_vllm.client import RESENDS
+
+    sent = corrupting(monkeypatch, index=0, times=RESENDS + 1)
     buckets = stream(SentVersions(), states[2], 2)
-    monkeypatch.setattr(client, "bucket_bytes", corrupted)
-    with pytest.raises(
-        HandoffError, match=f"bucket 0 of version 2: {buckets[0].specs[0].name} arrived with other"
-    ):
+    with pytest.raises(HandoffError) as error:
         rollout.update_weights(buckets)
+    assert str(error.value).startswith(
+        f"weight bucket 0 of version 2: {buckets[0].specs[0].name} arrived with other bytes than were sent (its "
+        "digest differs): the transport corrupted it. Nothing of the version was applied; send it again. It was "
+        f"sent {RESENDS + 1} times and arrived corrupted every time"
+    )
+    assert sent == [0] * (RESENDS + 1)  # that bucket only, then the stream failed
     assert_the_server_still_holds(rollout, states[1])
 
 
@@ -188,6 +204,18 @@ def test_after_refusals_a_complete_version_is_served(rollout, states, servable_m
     assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[2], tmp_path / "v2"))
 
 
+def test_a_bucket_corrupted_in_transport_once_is_sent_again_and_the_version_served(
+    rollout, states, servable_model_dir, tmp_path, monkeypatch
+):
+    buckets = stream(SentVersions(), states[3], 3)
+    sent = corrupting(monkeypatch, index=1, times=1)
+    assert rollout.update_weights(buckets) == 3
+    assert sent == [0, 1, 1, *range(2, len(buckets))]  # bucket 1 twice: refused on arrival, then taken
+    served = rollout.served_weights(sorted(states[3]))
+    assert all(torch.equal(served[name], tensor) for name, tensor in states[3].items())
+    assert_actor_log_probs(rollout, save_policy(servable_model_dir, states[3], tmp_path / "v3"))
+
+
 def test_a_server_of_another_model_is_not_shared(servers, tmp_path):
     with pytest.raises(ConfigError, match=r"serves .* on cpu, not .* on cpu; start a server for that model"):
         VLLMServerRollout(model_path=str(tmp_path), server=servers[1].server)
@@ -198,13 +226,6 @@ class TestVLLMServerConformance(RolloutConformanceTests):
 
     rollout_name = "vllm-server"
     supports_adapters = False
-    # NOTE: these flip a byte after the sender's digests and expect verification (a read-back) to catch it;
-    # the server checks every bucket against its digests on arrival, whatever the schedule, and refuses it
-    # before anything is applied (test_bytes_corrupted_in_transport_are_refused_on_arrival). The schedule is
-    # core's trainer-side template, which this rollout inherits unchanged (the other rollouts' kits test it).
-    skip_tests = frozenset(
-        {"test_verification_catches_a_tensor_corrupted_in_flight", "test_the_verification_schedule_is_kept"}
-    )
 
     @pytest.fixture(scope="class")
     def model_dir(self, servable_model_dir):

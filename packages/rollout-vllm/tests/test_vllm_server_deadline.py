@@ -1,8 +1,9 @@
 """A vLLM server that hangs without dying is named within its request's deadline, and stopped.
 
 The deadline is the trainer's side's (:mod:`drivetrain_rollout_vllm.process`), so the server here is the real
-server module in this Python, made to hang with SIGSTOP before it answers: no vLLM is needed (its ``start``
-request, which would build vLLM, is never sent), and the test runs in either environment in a few seconds."""
+server module in this Python, made to hang with SIGSTOP before it takes a bucket: no vLLM is needed (its
+``start`` request, which would build vLLM, is never sent), and the test runs in either environment in a few
+seconds. test_vllm_server_watch.py covers the other ways a server can hang, on a stand-in server."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import sys
 import time
 
 import pytest
+import torch
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.handoff import SentVersions
 from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.testing.policies import stream
 from drivetrain_rollout_vllm.deadline import (
     REQUEST_SECONDS_OPTION,
     REQUEST_SECONDS_VARIABLE,
@@ -22,24 +26,31 @@ from drivetrain_rollout_vllm.deadline import (
     generation_tokens,
 )
 from drivetrain_rollout_vllm.process import ServerProcess
-from drivetrain_rollout_vllm.wire import RolloutServerError
+from drivetrain_rollout_vllm.wire import RolloutServerError, bucket_bytes, bucket_header
 
 
-def test_a_server_stopped_mid_request_is_named_within_the_deadline_and_killed(tmp_path):
+@pytest.mark.timeout(120)  # without a bounded send, the bucket blocks for good
+def test_a_server_stopped_mid_hand_off_is_named_within_the_deadline_and_killed(tmp_path):
+    # One 4 MiB tensor: one bucket, far over a Unix socket's buffer (~208 KB), as real buckets are (tens of MB).
+    (bucket,) = stream(SentVersions(), {"model.embed_tokens.weight": torch.randn(1024, 1024)}, 1)
+    payload = bucket_bytes(bucket)
+    assert payload.nbytes == 4 << 20
     server = ServerProcess.start(python=sys.executable, model_path=str(tmp_path), device="cpu")
     try:
         os.kill(server.process.pid, signal.SIGSTOP)
         started = time.monotonic()
         with pytest.raises(RolloutServerError) as error:
-            server.call("served_weights", None, what="reading the served weights back", seconds=2)
+            server.call(
+                "load_bucket", bucket_header(bucket), payload=payload, what="receiving bucket 0", seconds=2
+            )
         waited = time.monotonic() - started
         message = str(error.value)
         assert message.startswith(
             f"the vLLM server (pid {server.process.pid}, {sys.executable}) did not answer within 2 s while "
-            "reading the served weights back (it was alive: hung, or slower than the deadline allows; set "
+            "receiving bucket 0 (it was alive: hung, or slower than the deadline allows; set "
             f"{REQUEST_SECONDS_OPTION} to the seconds a request may take) and was stopped"
         )
-        assert 2 <= waited < 5
+        assert 2 <= waited < 2 + 10
         assert server.process.returncode == -signal.SIGKILL and server.connection is None
         with pytest.raises(RolloutServerError, match="is closed; build a new rollout"):
             server.call("served_weights", None, what="reading", seconds=2)

@@ -90,7 +90,8 @@ def group_advantages(
     Args:
         rewards: ``(groups * group_size,)`` rewards, group-major (the ``n`` responses of a prompt together).
         group_size: responses per prompt.
-        epsilon: added to the (unbiased) standard deviation; a group whose rewards are all equal gets 0.
+        epsilon: added to the (unbiased) standard deviation; a group whose rewards are all equal gets exactly 0
+            (statistics in float64, whatever the rewards' dtype).
         scale_by_std: divide by the deviation; ``False`` keeps the centred rewards (Dr. GRPO).
 
     Returns:
@@ -99,11 +100,14 @@ def group_advantages(
     """
     if group_size == 1:
         return rewards.clone()
-    grouped = rewards.reshape(-1, group_size)
+    # NOTE: statistics in float64: a float32 mean of equal graded rewards (eight times 0.7) is not the reward
+    # itself, so a group with nothing to prefer got advantages of +0.056 instead of 0. In float64 the sum of up
+    # to 2**29 equal float32 values is exact, so a constant group is exactly 0.
+    grouped = rewards.reshape(-1, group_size).double()
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std:
         centred = centred / (grouped.std(dim=1, keepdim=True) + epsilon)
-    return centred.reshape(-1)
+    return centred.reshape(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

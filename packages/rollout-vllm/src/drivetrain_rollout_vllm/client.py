@@ -4,12 +4,15 @@ The trainer's side is a plain :class:`~drivetrain_engine_core.rollout.Rollout`: 
 every stream (versions, order, completeness, delta base) and run verification on their schedule; each backend
 hook is one request to the server (:mod:`.server`), which runs the colocated rollout's hooks on its vLLM. Nothing
 here imports vLLM or knows the transport beyond :class:`.process.ServerProcess`, so the trainer keeps its own
-torch. Buckets cross as raw bytes with their digests, checked on arrival before anything is applied.
+torch. Buckets cross as raw bytes with their digests, checked on arrival at each end (core's template here, the
+server there) before anything is applied; a bucket the server refuses as corrupted in transport is sent again
+(:data:`RESENDS`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from collections.abc import Sequence
 from importlib.metadata import version as installed_version
@@ -22,17 +25,26 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
 from .deadline import RequestDeadline, generation_tokens
 from .options import VLLMServerOptions
-from .process import START_SECONDS, ServerProcess, check_serves, server_python
+from .process import START_SECONDS, ServerProcess, check_serves, require_named_python, server_python
 from .wire import (
     DISTRIBUTION,
     PROTOCOL,
     PROTOCOL_1_START,
+    CorruptedBucketError,
     RolloutServerError,
     bucket_bytes,
     bucket_header,
     sampling_fields,
     tensor_from,
 )
+
+logger = logging.getLogger(__name__)
+
+require_named_python()  # a DRIVETRAIN_VLLM_PYTHON without vLLM is refused when the rollout is looked up
+
+RESENDS = 2
+"""How often a bucket the server refused as corrupted in transport is sent again before the stream fails (the
+server applies nothing of a refused bucket, so sending it again is safe)."""
 
 
 class VLLMServerRollout(Rollout):
@@ -132,7 +144,27 @@ class VLLMServerRollout(Rollout):
         return self.server.call(op, *args, payload=payload, what=what, seconds=wait)
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
+        """Send ``bucket``; one the server refuses as corrupted in transport is sent again, up to
+        :data:`RESENDS` times.
+
+        Raises:
+            CorruptedBucketError: it arrived corrupted every time it was sent.
+        """
         self._read_back = None
+        for sent in range(1, RESENDS + 2):
+            try:
+                self._send_bucket(bucket)
+                return
+            except CorruptedBucketError as e:
+                if sent > RESENDS:
+                    raise CorruptedBucketError(
+                        f"{e} It was sent {sent} times and arrived corrupted every time: the transport to the "
+                        "vLLM server keeps changing its bytes (check the machine's memory); the run cannot go on."
+                    ) from e
+                logger.warning("%s Sending it again (%d of %d).", e, sent, RESENDS)
+
+    def _send_bucket(self, bucket: WeightBucket) -> None:
+        # Taken anew for each send: the copy off an accelerator may be what corrupted it.
         payload = bucket_bytes(bucket)
         self._call(
             "load_bucket",
@@ -150,6 +182,9 @@ class VLLMServerRollout(Rollout):
         # The error that failed the stream (the server died) is the one the trainer sees.
         with contextlib.suppress(RolloutServerError):
             self._call("abort_update", what="dropping a failed stream")
+
+    def _drop_caches(self) -> None:
+        self._call("drop_caches", what="dropping the server's caches of the old weights")
 
     def served_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """What the server's vLLM computes with under each Hugging Face name (every checkpoint tensor when

@@ -5,14 +5,16 @@ NOTE: the transport is the standard library's ``multiprocessing.connection`` ove
 directory: it frames messages, authenticates the peer (HMAC challenge on a random key) and sends large byte
 buffers without pickling them (``send_bytes``/``recv_bytes``). It is in both Pythons whatever their torch, so the
 vLLM environment needs no extra package and the workspace lock no new one (pyzmq, which vLLM uses itself, would
-add a dependency to the trainer side for the same framing). Every wait polls the socket for a second at a time
-and checks the process in between, so a server that dies is named within about a second; one that hangs alive
-is named when its request's deadline (:mod:`.deadline`) passes, and stopped.
+add a dependency to the trainer side for the same framing). Every request, its sends and its receive, and the
+connection at start run under one deadline each (:mod:`.deadline`), watched by :class:`.watch.RequestWatch`: a
+server that dies is named within about a second, one that hangs alive (stopped, deadlocked, no longer reading)
+when the deadline passes, and stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import secrets
@@ -27,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import PluginError
 
 from .deadline import REQUEST_SECONDS_OPTION
 from .install import INSTALL
+from .watch import RequestWatch
 from .wire import AUTHKEY_VARIABLE, RolloutServerError, raise_error
 
 PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
@@ -38,29 +42,83 @@ PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
 START_SECONDS = 600.0
 """How long vLLM may take to start (about 11 s for a tiny model on an idle CPU; much longer under load)."""
 
+VLLM_CHECK_SECONDS = 120.0
+"""How long the named Python may take to import vLLM when it is checked (a few seconds on a loaded CPU)."""
+
 # Variables of the trainer's environment that would make vLLM's Python import the trainer's packages.
 _FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
 
 
+def server_environment() -> dict[str, str]:
+    """The server's environment: this one without the variables that point a Python at the trainer's packages."""
+    return {k: v for k, v in os.environ.items() if k not in _FOREIGN}
+
+
 def server_python() -> str:
-    """The Python that runs the server: ``$DRIVETRAIN_VLLM_PYTHON``, else this one if it has vLLM.
+    """The Python that runs the server: ``$DRIVETRAIN_VLLM_PYTHON`` (checked: :func:`require_named_python`),
+    else this one if it has vLLM.
 
     Raises:
-        ConfigError: neither names a Python with vLLM; the message says how to build one and point at it.
+        PluginError: the variable names no Python that imports vLLM.
+        ConfigError: the variable is unset and this Python has no vLLM; the message says how to build an
+            environment that has it and point at its Python.
     """
-    named = os.environ.get(PYTHON_VARIABLE)
-    if named:
-        if not Path(named).is_file():
-            raise ConfigError(
-                f"rollout 'vllm-server': {PYTHON_VARIABLE}={named} is not a file; point it at the vLLM "
-                "environment's Python (packages/rollout-vllm/scripts/make-env builds .venv-vllm/bin/python)."
-            )
+    named = require_named_python()
+    if named is not None:
         return named
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     raise ConfigError(
         f"rollout 'vllm-server' runs vLLM in its own Python, and none is set: {INSTALL}; then set "
         f"{PYTHON_VARIABLE} to that environment's Python (e.g. .venv-vllm/bin/python)."
+    )
+
+
+def require_named_python() -> str | None:
+    """The Python ``$DRIVETRAIN_VLLM_PYTHON`` names, refused unless it imports vLLM (with the server's
+    environment); None where the variable is unset. The client's module calls this on import, so a run with
+    ``rollout.name=vllm-server`` stops when the rollout is looked up (before any warm start), as ``vllm`` does
+    without vLLM (:func:`.install.require_vllm`).
+
+    Raises:
+        PluginError: the variable names no file, or a Python that cannot import vLLM (its error is quoted) or
+            takes over :data:`VLLM_CHECK_SECONDS` to; the message says how to build the vLLM environment.
+    """
+    named = os.environ.get(PYTHON_VARIABLE)
+    if not named:
+        return None
+    if not Path(named).is_file():
+        raise PluginError(_no_vllm_python(named, "is not a file"))
+    _require_vllm_in(named)
+    return named
+
+
+@functools.cache  # one check per Python a process names (a refusal is not cached: it is raised)
+def _require_vllm_in(python: str) -> None:
+    try:
+        done = subprocess.run(
+            [python, "-c", "import vllm"],
+            env=server_environment(),
+            capture_output=True,
+            text=True,
+            timeout=VLLM_CHECK_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        raise PluginError(
+            _no_vllm_python(python, f"did not import vllm within {VLLM_CHECK_SECONDS:.0f} s")
+        ) from None
+    except OSError as e:
+        raise PluginError(_no_vllm_python(python, f"does not run ({e})")) from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise PluginError(_no_vllm_python(python, f"cannot import vllm ({last})"))
+
+
+def _no_vllm_python(python: str, happened: str) -> str:
+    return (
+        f"rollout 'vllm-server' runs vLLM in the Python {PYTHON_VARIABLE} names, and {PYTHON_VARIABLE}={python} "
+        f"{happened}; point {PYTHON_VARIABLE} at the vLLM environment's Python "
+        "(packages/rollout-vllm/scripts/make-env builds .venv-vllm/bin/python)."
     )
 
 
@@ -88,83 +146,103 @@ class ServerProcess:
         self.connection: Connection | None = None
 
     @classmethod
-    def start(cls, *, python: str, model_path: str, device: str) -> ServerProcess:
-        """Start the server in ``python`` and connect to it.
+    def start(
+        cls, *, python: str, model_path: str, device: str, seconds: float = START_SECONDS
+    ) -> ServerProcess:
+        """Start the server in ``python`` and connect to it within ``seconds``.
 
         Raises:
-            RolloutServerError: the server exited or did not listen within :data:`START_SECONDS`.
+            RolloutServerError: the server exited, or did not take the connection within ``seconds`` (then it
+                is stopped).
         """
         folder = Path(tempfile.mkdtemp(prefix="drivetrain-vllm-"))  # 0700: only this user reaches the socket
         address, log, key = str(folder / "server.sock"), folder / "server.log", secrets.token_bytes(32)
-        env = {k: v for k, v in os.environ.items() if k not in _FOREIGN} | {AUTHKEY_VARIABLE: key.hex()}
+        env = server_environment() | {AUTHKEY_VARIABLE: key.hex()}
         command = [python, "-m", "drivetrain_rollout_vllm.server", address, model_path, device]
         with log.open("wb") as out:
             process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
             server = cls(process, log, python, model_path, device)
-        deadline = time.monotonic() + START_SECONDS
-        while server.connection is None:
-            try:
-                server.connection = Client(address, family="AF_UNIX", authkey=key)
-            except (FileNotFoundError, ConnectionRefusedError):
-                if server.process.poll() is not None:
-                    raise RolloutServerError(server.describe("exited before it listened")) from None
-                if time.monotonic() > deadline:
-                    server.close()
-                    raise RolloutServerError(
-                        server.describe(f"did not listen within {START_SECONDS:.0f} s")
-                    ) from None
-                time.sleep(0.2)
+        server._connect(address, key, seconds)
         return server
+
+    def _connect(self, address: str, key: bytes, seconds: float) -> None:
+        """Connect once the server listens; the handshake, too, ends when ``seconds`` pass (the watch stops
+        the server, which breaks it off).
+
+        Raises:
+            RolloutServerError: the server exited first, or did not take the connection in time.
+        """
+        with RequestWatch(self.process, None, seconds) as watch:
+            while self.connection is None:
+                try:
+                    self.connection = Client(address, family="AF_UNIX", authkey=key)
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if self.process.poll() is not None:
+                        break
+                    time.sleep(0.2)  # not listening yet
+                except (EOFError, OSError):
+                    break  # broken off mid-handshake: the server exited, or the watch stopped it
+        if watch.expired:
+            raise RolloutServerError(
+                self._stop(f"did not take the trainer's connection within {seconds:.0f} s")
+            )
+        if self.connection is None:
+            self._wait_for_exit()
+            raise RolloutServerError(self.describe("exited before it took the trainer's connection"))
 
     def call(self, op: str, *args: Any, payload: memoryview | None = None, what: str, seconds: float) -> Any:
         """Send request ``op`` (``payload``: raw bytes that follow it) and wait for its answer.
 
         Args:
             what: what the request does, for the error when the server dies (``generating``).
-            seconds: how long to wait for the answer; a server still silent then is stopped and named.
+            seconds: the request's deadline, sends and receive together; a server that has not answered by then
+                (hung, or not reading what is sent) is stopped and named.
 
         Raises:
             RolloutServerError: the server exited, closed the connection or did not answer within ``seconds``.
             HandoffError, ConfigError, ...: the server refused the request (the same type, its message).
         """
-        if self.connection is None:
+        connection = self.connection
+        if connection is None:
             raise RolloutServerError(f"{self.name} is closed; build a new rollout.")
+        watch = RequestWatch(self.process, connection, seconds)
         try:
-            self.connection.send((op, args))
-            if payload is not None:
-                self.connection.send_bytes(payload)
-            reply = self._receive(what, seconds)
+            with watch:
+                connection.send((op, args))
+                if payload is not None:
+                    connection.send_bytes(payload)
+                reply = connection.recv()
         except (EOFError, OSError) as e:
-            self._wait_for_exit()
-            gone = "exited" if self.process.poll() is not None else "closed the connection"
-            raise RolloutServerError(self.describe(f"{gone} while {what}")) from e
+            raise RolloutServerError(self._broken(what, watch)) from e
+        if watch.expired:  # the deadline passed as the answer arrived: the server is stopped all the same
+            raise RolloutServerError(self._give_up(what, seconds))
         if reply[0] == "error":
             raise_error(reply[1], reply[2], server=self.name)
         return reply[1]
 
-    def _receive(self, what: str, seconds: float) -> Any:
-        assert self.connection is not None  # call() checked
-        deadline = time.monotonic() + seconds
-        while not self.connection.poll(min(1.0, seconds)):
-            if self.process.poll() is not None:
-                raise RolloutServerError(self.describe(f"exited while {what}"))
-            if time.monotonic() > deadline:
-                raise RolloutServerError(self._give_up(what, seconds))
-        return self.connection.recv()
+    def _broken(self, what: str, watch: RequestWatch) -> str:
+        """The message for a request whose connection broke: the deadline passed, or the server went away."""
+        if watch.expired:
+            return self._give_up(what, watch.seconds)
+        self._wait_for_exit()
+        gone = "exited" if self.process.poll() is not None else "closed the connection"
+        return self.describe(f"{gone} while {what}")
 
     def _give_up(self, what: str, seconds: float) -> str:
-        """Stop a server that is alive but silent past its deadline (a late answer would be taken for the next
-        request's, and a hung vLLM holds its memory); returns the error's message."""
-        message = self.describe(
+        """The message for a server that was alive but silent past its deadline, which the watch stopped (a late
+        answer would be taken for the next request's, and a hung vLLM holds its memory)."""
+        return self._stop(
             f"did not answer within {seconds:.0f} s while {what} (it was alive: hung, or slower than the "
-            f"deadline allows; set {REQUEST_SECONDS_OPTION} to the seconds a request may take) and was stopped"
+            f"deadline allows; set {REQUEST_SECONDS_OPTION} to the seconds a request may take)"
         )
-        assert self.connection is not None
-        self.connection.close()
-        self.connection = None
-        self.process.kill()
+
+    def _stop(self, happened: str) -> str:
+        """Drop the connection to a server the watch killed and reap it; returns the error's message."""
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
         self.process.wait()
-        return message
+        return self.describe(f"{happened} and was stopped")
 
     def _wait_for_exit(self) -> None:
         """Give a server whose connection broke a moment to exit, so its exit code can be named."""

@@ -3,7 +3,8 @@
 Buckets are held until the stream's last one and then handed to vLLM's reload path in one call: vLLM fuses
 checkpoint tensors (``q_proj``/``k_proj``/``v_proj`` into ``qkv_proj``) and rebuilds each layer from what the call
 holds, and a bucket may end between two parts (a delta stream's layers are completed from what is served).
-Verification reads back what vLLM computes with (:mod:`.worker`). Log-probs are vLLM's *processed* ones: of the
+vLLM's prefix cache is reset whenever other weights are in place (a new version, the checkpoint restored): it
+keys KV blocks by token ids alone. Verification reads back what vLLM computes with (:mod:`.worker`). Log-probs are vLLM's *processed* ones: of the
 distribution actually sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without
 truncation is the actor's distribution at the temperature.
 """
@@ -167,6 +168,23 @@ class VLLMRollout(Rollout):
     def _abort_update(self) -> None:
         self._pending, self._unchanged, self._read_back = {}, set(), None
 
+    def _drop_caches(self) -> None:
+        """Reset vLLM's prefix cache, so no prompt is answered from KV blocks the previous weights computed.
+
+        NOTE: vLLM finds a prompt's cached blocks by its token ids alone (prefix caching is on by default), and
+        its reload path resets the encoder and multimodal caches but not this one. CUDA graphs need nothing:
+        the reload writes into the parameters they captured.
+
+        Raises:
+            HandoffError: vLLM refused (it resets only while no request holds KV blocks).
+        """
+        if not self.llm.reset_prefix_cache():
+            raise HandoffError(
+                "vLLM refused to reset its prefix cache after new weights were loaded (requests still hold KV "
+                "blocks), so it would answer prompts from the old weights' KV; hand weights off only between "
+                "generate() calls."
+            )
+
     def restore_checkpoint(self) -> None:
         """Serve the checkpoint at ``model_path`` again, as a freshly started vLLM does (the server's reset
         for the next trainer-side rollout: reloading takes a fraction of a second, a start ten or more)."""
@@ -177,6 +195,7 @@ class VLLMRollout(Rollout):
         for file in sorted(Path(self.model_path).glob("*.safetensors")):
             weights.update(load_file(file))
         self.llm.collective_rpc(worker.reload, args=(list(weights.items()),))
+        self._drop_caches()
 
     def served_weights(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """What vLLM computes with under each Hugging Face name (see :func:`.worker.served_weights`)."""

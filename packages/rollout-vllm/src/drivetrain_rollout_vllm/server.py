@@ -4,8 +4,9 @@ run in the vLLM environment by the trainer's ``vllm-server`` rollout (:mod:`.cli
 It serves one trainer over one authenticated socket (:mod:`.process`) and ends when the trainer closes it.
 NOTE: the trainer's rollout owns the contract's sequence (version bookkeeping, stale/partial/reordered streams,
 verification schedule: core's ``Rollout.update_weights``); the server runs the colocated rollout's hooks on
-its own vLLM, one request at a time. Buckets are checked against their digests on arrival and held until the
-stream's last one, so a refused stream leaves vLLM serving the last complete version it had.
+its own vLLM, one request at a time. Buckets are checked against their digests on arrival (core's
+``check_arrived``, as the trainer's template did before sending: the socket and the wire format are a second hop)
+and held until the stream's last one, so a refused stream leaves vLLM serving the last complete version it had.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class Server:
             "load_bucket": self.load_bucket,
             "finish_update": lambda: self.rollout._finish_update(),
             "abort_update": lambda: self.rollout._abort_update(),
+            "drop_caches": lambda: self.rollout._drop_caches(),
             "served_weights": self.served_weights,
             "generate": self.generate,
             "sleep": lambda: self.rollout._sleep(),

@@ -3,7 +3,7 @@
 The two ends run different Pythons (the trainer's torch 2.15, vLLM's 2.13), so nothing torch-specific is
 pickled: messages are plain Python values (``multiprocessing.connection`` frames and authenticates them), a
 bucket travels as a header of plain values plus its buffer as raw bytes (``send_bytes``), and dtypes by name.
-Digests are checked when a bucket arrives (:func:`check_arrived`), before the server applies anything.
+The server checks a bucket's digests when it arrives (core's ``check_arrived``), before it applies anything.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from drivetrain_engine_core.handoff import (
     TensorDigest,
     TensorSpec,
     WeightBucket,
-    digest_of,
 )
+from drivetrain_engine_core.handoff import check_arrived as check_arrived_in_core
 from drivetrain_engine_core.handoff.bucket import as_bytes
 from drivetrain_engine_core.rollout import SamplingConfig
 
 DISTRIBUTION = "drivetrain-rollout-vllm"
 
-PROTOCOL = 2
+PROTOCOL = 3
 """The message format's version: both ends must speak the same one (raised on any incompatible change; 2: the
-start request carries the vLLM options)."""
+start request carries the vLLM options; 3: the trainer asks the server to drop its caches, ``drop_caches``,
+once a new version's weights are in place, which a protocol-2 server would not do)."""
 
 PROTOCOL_1_START = "failed with TypeError: Server.start() takes 3 positional arguments but 4 were given"
 """How a protocol-1 server (drivetrain-rollout-vllm 0.2.0) answers a protocol-2 start request: it fails on the
@@ -38,9 +39,23 @@ options argument before it compares protocols."""
 AUTHKEY_VARIABLE = "DRIVETRAIN_VLLM_SERVER_AUTHKEY"
 """The environment variable that hands the server its connection's secret (hex), so it is not on its argv."""
 
+
+class CorruptedBucketError(HandoffError):
+    """A bucket arrived with other bytes than its sender's digests (:func:`check_arrived`): the transport's
+    fault, not the stream's, so the sender may send the same bucket again (nothing of it was applied)."""
+
+
 ERRORS: dict[str, type[Exception]] = {
     error.__name__: error
-    for error in (HandoffError, DeltaBaseError, ConfigError, PluginError, EngineStateError, ValueError)
+    for error in (
+        HandoffError,
+        CorruptedBucketError,
+        DeltaBaseError,
+        ConfigError,
+        PluginError,
+        EngineStateError,
+        ValueError,
+    )
 }
 """The errors the server reports as themselves: the trainer raises the same type with the server's message."""
 
@@ -97,18 +112,17 @@ def bucket_from(header: dict[str, Any], payload: bytearray) -> WeightBucket:
 
 
 def check_arrived(bucket: WeightBucket) -> None:
-    """Check every tensor of ``bucket`` against the digest the sender took, before anything is applied.
+    """Core's arrival check (:func:`drivetrain_engine_core.handoff.check_arrived`) on the server's side of the
+    socket, before anything is applied: a mismatch there is the transport's, so it is raised as the error the
+    client answers by sending that bucket again.
 
     Raises:
-        HandoffError: a tensor's bytes differ from what was sent (named, with the version and bucket).
+        CorruptedBucketError: a tensor's bytes differ from what was sent (named, with the version and bucket).
     """
-    for spec, (name, tensor) in zip(bucket.specs, bucket.tensors(), strict=True):
-        if digest_of(tensor) != spec.digest:
-            raise HandoffError(
-                f"weight bucket {bucket.index} of version {bucket.version}: {name} arrived with other bytes than "
-                "were sent (its digest differs): the transport corrupted it. Nothing of the version was "
-                "applied; send it again."
-            )
+    try:
+        check_arrived_in_core(bucket)
+    except HandoffError as e:
+        raise CorruptedBucketError(str(e)) from e
 
 
 def tensor_fields(tensor: torch.Tensor) -> tuple[list[int], str, bytes]:

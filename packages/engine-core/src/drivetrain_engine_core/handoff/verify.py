@@ -1,6 +1,9 @@
-"""Receiver verification: what a rollout serves, read back from its model, against the stream's digests.
+"""Receiver verification: each tensor as it arrives, and what a rollout serves, read back from its model, against
+the stream's digests.
 
-A stream can reach a receiver intact and still be served wrong: a name bound to no module, a fused or padded
+Every bucket is checked on arrival (:func:`check_arrived`), before anything of it is applied, whatever the
+schedule: a transport that corrupts a tensor would otherwise have it served and sampled from in every version
+the schedule does not read back. A stream can reach a receiver intact and still be served wrong: a name bound to no module, a fused or padded
 layout filled in the wrong order, a dtype the model casts again. So the check reads every tensor of the version
 back from the served model (the rollout's ``_served_tensor`` undoes its own layout transforms), casts it to the
 stream dtype, and compares the digest of those bytes with the one the sender computed.
@@ -15,7 +18,7 @@ from typing import Literal
 import torch
 
 from ..config import ConfigError
-from .bucket import TensorDigest
+from .bucket import TensorDigest, WeightBucket
 from .digest import digest_of
 from .receiver import HandoffError
 
@@ -48,6 +51,25 @@ class VerifyConfig:
     def due(self, received: int) -> bool:
         """Whether the version after ``received`` committed ones is to be verified."""
         return self.mode == "every" or (self.mode == "periodic" and received % self.every_n == 0)
+
+
+def check_arrived(bucket: WeightBucket) -> None:
+    """Check every tensor ``bucket`` sends against the digest the sender took of it.
+
+    NOTE: the buffer is copied to host memory once (a bucket on an accelerator), then each tensor's bytes are
+    hashed in place: about 30 us per MiB on one CPU core (XXH3, 35 GB/s) and a few us per tensor.
+
+    Raises:
+        HandoffError: naming the first tensor whose bytes differ, its bucket and version, and the fix.
+    """
+    host = bucket.buffer.detach().cpu()
+    for spec in bucket.specs:
+        if digest_of(host[spec.offset : spec.offset + spec.nbytes]) != spec.digest:
+            raise HandoffError(
+                f"weight bucket {bucket.index} of version {bucket.version}: {spec.name} arrived with other bytes "
+                "than were sent (its digest differs): the transport corrupted it. Nothing of this bucket was "
+                f"applied; send version {bucket.version} again."
+            )
 
 
 ReadBack = Callable[[str], torch.Tensor | None]

@@ -41,7 +41,7 @@ TINY_CONFIG: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "intermediate_size": 64,
-    "max_position_embeddings": 256,
+    "max_position_embeddings": 512,
     "tie_word_embeddings": False,
     "attention_dropout": 0.0,
     "hidden_dropout": 0.0,

@@ -114,9 +114,14 @@ def stream(
 
 
 def actor_log_probs(
-    policy_dir: Path, prompts: Sequence[Sequence[int]], output: RolloutOutput, temperature: float
+    policy_dir: Path,
+    prompts: Sequence[Sequence[int]],
+    output: RolloutOutput,
+    temperature: float,
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
-    """Each response's per-token log-probs under the policy at ``policy_dir``, by the plain HF model."""
+    """Each response's per-token log-probs under the policy at ``policy_dir``, by the plain HF model in ``dtype``."""
     rows = [list(prompts[i // output.n]) for i in range(len(output.responses))]
     batch = make_batch(
         [torch.tensor(p + r.tolist()) for p, r in zip(rows, output.responses, strict=True)],
@@ -125,5 +130,5 @@ def actor_log_probs(
             for p, r in zip(rows, output.responses, strict=True)
         ],
     )
-    values = reference_log_probs(policy_dir, batch, temperature).unbind()
+    values = reference_log_probs(policy_dir, batch, temperature, dtype=dtype).unbind()
     return [value[len(prompt) :] for prompt, value in zip(rows, values, strict=True)]

@@ -27,14 +27,18 @@ _AUTO_CLASSES = {"language_model": AutoModelForCausalLM, "value_model": AutoMode
 
 
 def load_reference_model(
-    model_dir: str | Path, model_type: str = "language_model", attn_implementation: str | None = None
+    model_dir: str | Path,
+    model_type: str = "language_model",
+    attn_implementation: str | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.nn.Module:
-    """The plain Hugging Face model in float32 and eval mode (no dropout), with transformers' default attention
-    unless ``attn_implementation`` names one (``"eager"``)."""
+    """The plain Hugging Face model in ``dtype`` (float32; float64 measures float32's own round-off) and eval mode
+    (no dropout), with transformers' default attention unless ``attn_implementation`` names one (``"eager"``)."""
     if model_type not in _AUTO_CLASSES:
         raise ValueError(f"model_type={model_type!r} is not supported; use one of {sorted(_AUTO_CLASSES)}.")
     model = _AUTO_CLASSES[model_type].from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation=attn_implementation
+        model_dir, dtype=dtype, attn_implementation=attn_implementation
     )
     return model.eval()
 
@@ -57,7 +61,8 @@ def _language_outputs(
 ) -> dict[str, torch.Tensor]:
     log_probs, entropies = [], []
     for ids, positions in _sequences(batch):
-        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0].float()
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0]
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up, float64 kept
         logp = torch.log_softmax(logits / options.temperature, dim=-1)
         next_ids = torch.cat([ids[0, 1:], ids.new_zeros(1)])
         log_probs.append(_shift_in_zero(logp.gather(-1, next_ids[:, None]).squeeze(-1)))
@@ -94,10 +99,12 @@ def reference_log_probs(
     temperature: float = 1.0,
     *,
     attn_implementation: str | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Jagged ``log p(token i | tokens < i)`` at temperature ``temperature``; 0 at each sequence's start."""
+    """Jagged ``log p(token i | tokens < i)`` at temperature ``temperature``; 0 at each sequence's start; computed
+    in ``dtype`` (float64: the reference that float32's round-off is measured against)."""
     options = ForwardOptions(temperature=temperature)
-    return _no_grad_field(model_dir, batch, "log_probs", options, attn_implementation)
+    return _no_grad_field(model_dir, batch, "log_probs", options, attn_implementation, dtype)
 
 
 def reference_entropy(model_dir: str | Path, batch: TensorDict, temperature: float = 1.0) -> torch.Tensor:
@@ -119,8 +126,9 @@ def _no_grad_field(
     name: str,
     options: ForwardOptions,
     attn_implementation: str | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    model = load_reference_model(model_dir, "language_model", attn_implementation)
+    model = load_reference_model(model_dir, "language_model", attn_implementation, dtype=dtype)
     with torch.no_grad():
         return _language_outputs(model, batch, options)[name]
 

@@ -27,6 +27,7 @@ from drivetrain_engine_core.config import (
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     DataConfig,
+    RunOptimizerConfig,
     builtin_model,
     merged_sections,
     model_defaults,
@@ -50,8 +51,12 @@ USER_MODEL_LR = 1e-6
 """The GRPO learning rate of any model but the embedded one (verl's actor default, TRL's ``GRPOConfig``)."""
 
 
-def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=2e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
+POLICY_WARMUP_STEPS = 10
+"""The policy's LR warm-up of ``grpo`` and ``ppo`` unless ``optimizer.warmup_steps`` is set."""
+
+
+def _default_optimizer() -> RunOptimizerConfig:
+    return RunOptimizerConfig(lr=2e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant")
 
 
 def _default_checkpoint() -> CheckpointConfig:
@@ -67,7 +72,8 @@ class GRPOConfig:
         model: the policy to train: ``builtin:arithmetic`` (warm-started by SFT), or a model directory such as
             the ``final_model`` of a ``drivetrain sft`` run.
         engine: the actor's (and reference's) engine config.
-        optimizer: the actor's AdamW and LR schedule.
+        optimizer: the actor's AdamW and LR schedule; ``total_steps`` follows ``trainer.total_steps`` (the schedule
+            steps once per policy update) and ``warmup_steps`` is 10, unless set.
         checkpoint: checkpoint contents and retention.
         data: prompts (``data.prompt_key``) and their reference answers (``data.response_key``), which the
             reward function reads (``algorithm.reward_function``).
@@ -78,7 +84,7 @@ class GRPOConfig:
 
     model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
-    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    optimizer: RunOptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -107,6 +113,11 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)
+        self.run_optimizer()  # core's optimizer checks, with the run's length
+
+    def run_optimizer(self) -> OptimizerConfig:
+        """The actor's optimizer as its engine gets it: the schedule spans ``trainer.total_steps`` unless set."""
+        return self.optimizer.for_run(self.trainer.total_steps, POLICY_WARMUP_STEPS)
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> GRPOConfig:

@@ -66,7 +66,7 @@ def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
         timeout_s=config.engine.dist_timeout_s,
     )
     actor = dataclasses.replace(
-        reference, role="actor", optimizer_config=config.optimizer, role_config=actor_config(config)
+        reference, role="actor", optimizer_config=config.run_optimizer(), role_config=actor_config(config)
     )
     parts = (
         {"actor": actor} if config.algorithm.kl_loss_coef == 0 else {"actor": actor, "reference": reference}

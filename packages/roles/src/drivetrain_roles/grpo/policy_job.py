@@ -45,6 +45,9 @@ class PolicyJobConfig(RolloutJobConfig, Protocol):
     def checkpoint(self) -> CheckpointConfig: ...
     @property
     def algorithm(self) -> AlgorithmSection: ...
+    def run_optimizer(self) -> OptimizerConfig:
+        """The policy's optimizer as its engine gets it: the schedule's length is the run's unless set."""
+        ...
 
 
 def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:

@@ -18,6 +18,7 @@ from drivetrain_engine_core.errors import DrivetrainError
 # NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
 from ..advantage_estimators import group_advantages as group_advantages
 from ..jobs.multistep_task import REWARD_FUNCTION as STEP_CREDIT
+from .reward_signatures import adapted_reward_function
 from .step_credit import step_credit_reward
 
 EXACT_MATCH = "exact_match"
@@ -63,10 +64,12 @@ multi-step task's graded one (:mod:`.step_credit`)."""
 def load_reward_function(spec: str) -> RewardFunction:
     """The reward function ``algorithm.reward_function`` names: a built-in (:data:`BUILTIN_REWARDS`),
     ``package.module:function``, or ``path/to/file.py:function`` (verl's custom reward function: a file and a
-    name), loaded once per process.
+    name), loaded once per process and checked against the call drivetrain makes (verl's ``compute_score``
+    adapted: :mod:`.reward_signatures`).
 
     Raises:
-        RewardError: the module or file cannot be imported, or has no callable of that name.
+        RewardError: the module or file cannot be imported, has no callable of that name, or the callable cannot
+            take drivetrain's call.
     """
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
@@ -86,7 +89,10 @@ def load_reward_function(spec: str) -> RewardFunction:
             f"algorithm.reward_function={spec!r}: {location!r} has no function {name!r}; define "
             f"{name}(*, prompts, completions, references) returning one number per completion."
         )
-    return function
+    try:
+        return adapted_reward_function(function, spec)
+    except ValueError as e:
+        raise RewardError(str(e)) from e
 
 
 def _import_file(path: Path) -> object:

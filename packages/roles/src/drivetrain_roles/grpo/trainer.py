@@ -151,7 +151,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         engine = create_engine(
             model_config=dataclasses.replace(self.config.model, path=model_path),
             engine_config=self.config.engine,
-            optimizer_config=self.config.optimizer if train else None,
+            optimizer_config=self.config.run_optimizer() if train else None,
             checkpoint_config=self.config.checkpoint,
         )
         engine.initialize()

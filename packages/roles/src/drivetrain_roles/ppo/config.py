@@ -25,8 +25,20 @@ from drivetrain_engine_core.config import (
 from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..advantages import AdaptiveKLController, FixedKLController
 from ..algorithm_section import AlgorithmSection
-from ..command_sections import USER_MODEL_MAX_NEW_TOKENS, DataConfig, builtin_model, model_defaults
-from ..grpo.config import USER_MODEL_LR, _default_checkpoint, _default_engine, check_sections
+from ..command_sections import (
+    USER_MODEL_MAX_NEW_TOKENS,
+    DataConfig,
+    RunOptimizerConfig,
+    builtin_model,
+    model_defaults,
+)
+from ..grpo.config import (
+    POLICY_WARMUP_STEPS,
+    USER_MODEL_LR,
+    _default_checkpoint,
+    _default_engine,
+    check_sections,
+)
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
 from ..grpo.config import TrainerConfig as GRPOTrainerConfig
 from ..losses.kl import canonical_estimator
@@ -184,11 +196,12 @@ class CriticConfig:
     PPO starts from with a fresh value head.
 
     Attributes:
-        optimizer: the critic's AdamW and LR schedule.
+        optimizer: the critic's AdamW and LR schedule; ``total_steps`` follows ``trainer.total_steps`` (the critic
+            updates at every step) unless set.
     """
 
-    optimizer: OptimizerConfig = field(
-        default_factory=lambda: OptimizerConfig(
+    optimizer: RunOptimizerConfig = field(
+        default_factory=lambda: RunOptimizerConfig(
             lr=1e-3, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=0
         )
     )
@@ -224,8 +237,8 @@ class TrainerConfig(GRPOTrainerConfig):
             )
 
 
-def _default_optimizer() -> OptimizerConfig:
-    return OptimizerConfig(lr=1e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant", warmup_steps=10)
+def _default_optimizer() -> RunOptimizerConfig:
+    return RunOptimizerConfig(lr=1e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -235,7 +248,9 @@ class PPOConfig:
     Attributes:
         model: the policy to train: ``builtin:arithmetic`` (warm-started by SFT), or a model directory.
         engine: the engine config of the actor, the critic and the reference (each its own engine).
-        optimizer: the actor's AdamW and LR schedule.
+        optimizer: the actor's AdamW and LR schedule; ``total_steps`` follows the steps the actor trains
+            (``trainer.total_steps - trainer.critic_warmup``: its schedule does not move while it is frozen) and
+            ``warmup_steps`` is 10, unless set.
         checkpoint: checkpoint contents and retention (the actor's and the critic's).
         data: prompts (``data.prompt_key``) and their reference answers (``data.response_key``).
         rollout: sampling and the weight hand-off.
@@ -246,7 +261,7 @@ class PPOConfig:
 
     model: ModelConfig = field(default_factory=builtin_model)
     engine: EngineConfig = field(default_factory=_default_engine)
-    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
+    optimizer: RunOptimizerConfig = field(default_factory=_default_optimizer)
     checkpoint: CheckpointConfig = field(default_factory=_default_checkpoint)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -275,6 +290,17 @@ class PPOConfig:
                 f"trainer.critic_warmup={self.trainer.critic_warmup} leaves no step of trainer.total_steps="
                 f"{self.trainer.total_steps} to the actor; lower critic_warmup or raise total_steps."
             )
+        self.run_optimizer()  # core's optimizer checks, with the run's length
+        self.run_critic_optimizer()
+
+    def run_optimizer(self) -> OptimizerConfig:
+        """The actor's optimizer as its engine gets it: the schedule spans the steps the actor trains unless set."""
+        actor_steps = self.trainer.total_steps - self.trainer.critic_warmup
+        return self.optimizer.for_run(actor_steps, POLICY_WARMUP_STEPS)
+
+    def run_critic_optimizer(self) -> OptimizerConfig:
+        """The critic's optimizer as its engine gets it: the schedule spans ``trainer.total_steps`` unless set."""
+        return self.critic.optimizer.for_run(self.trainer.total_steps, 0)
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> PPOConfig:

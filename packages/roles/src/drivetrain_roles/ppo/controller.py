@@ -53,7 +53,7 @@ def colocated_spec(config: PPOConfig, critic_dir: str | Path) -> ColocatedSpec:
         actor,
         role="critic",
         model_config=dataclasses.replace(actor.model_config, path=start, model_type="value_model", lora=None),
-        optimizer_config=config.critic.optimizer,
+        optimizer_config=config.run_critic_optimizer(),
         role_config=CriticConfig(loss=config.algorithm.value_loss(), schedule=actor.role_config.schedule),
     )
     return ColocatedSpec(parts=parts, rollout=base.rollout)

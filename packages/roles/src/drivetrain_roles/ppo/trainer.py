@@ -68,7 +68,7 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
             # NOTE: the whole critic trains (no LoRA): a fresh head under a frozen trunk learns little.
             model_config=dataclasses.replace(config.model, path=start, model_type="value_model", lora=None),
             engine_config=config.engine,
-            optimizer_config=config.critic.optimizer,
+            optimizer_config=config.run_critic_optimizer(),
             checkpoint_config=config.checkpoint,
         )
         engine.initialize()

@@ -32,7 +32,11 @@ from .weights import ServedWeights
 
 class HFRollout(Rollout, RecordsRoutedExperts):
     """``transformers`` ``generate`` over the model at ``model_path``, updated in place by weight buckets; on a
-    mixture-of-experts model it records each token's routed experts when asked (router replay)."""
+    mixture-of-experts model it records each token's routed experts when asked (router replay).
+
+    It keeps nothing across requests (each ``generate`` call builds its own KV cache, and nothing is compiled),
+    so it leaves core's ``_drop_caches`` hook as it is: there is no cache of old weights to drop.
+    """
 
     name = "hf"
 
