@@ -13,7 +13,7 @@ from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.rewards import RewardError, compute_rewards
 from drivetrain_roles.grpo.step_credit import MALFORMED, step_credit, step_credit_reward
 from drivetrain_roles.grpo.trainer import GRPOTrainer
-from drivetrain_roles.jobs.assets import load_splits, resolve_model_path
+from drivetrain_roles.jobs.assets import ModelPathError, check_model_path, load_splits, resolve_model_path
 from drivetrain_roles.jobs.builtin_tasks import MULTISTEP
 from drivetrain_roles.jobs.multistep_task import SYSTEM_PROMPT, TURN_END, build_multistep_tokenizer
 from drivetrain_roles.ppo.config import load_config as load_ppo_config
@@ -69,9 +69,12 @@ def test_the_task_brings_its_reward_lengths_and_a_train_set_revisited():
     assert config.trainer.total_steps * config.trainer.prompts_per_step > 2 * config.data.generated_train_size
     mine = load_config(None, ["model.path=builtin:multistep", "algorithm.reward_function=exact_match"])
     assert mine.algorithm.reward_function == "exact_match"
-    assert (
-        load_config().algorithm.reward_function == "exact_match"
-    )  # the arithmetic task's defaults are unchanged
+    # The arithmetic task's defaults are unchanged, and a task no entry names is one clear error.
+    assert load_config().algorithm.reward_function == "exact_match"
+    with pytest.raises(
+        ModelPathError, match=r"^model.path=builtin:multi does not exist; .* an embedded model: "
+    ):
+        check_model_path("builtin:multi")
 
 
 def test_prompts_share_a_system_prefix_over_two_kv_blocks_and_answers_end_their_turn(tmp_path):

@@ -69,7 +69,8 @@ class GRPOConfig:
     """Everything one GRPO run needs; the defaults are the embedded arithmetic job.
 
     Attributes:
-        model: the policy to train: ``builtin:arithmetic`` (warm-started by SFT), or a model directory such as
+        model: the policy to train: an embedded model (``builtin:arithmetic``, ``builtin:multistep``: warm-started by
+            SFT), or a model directory such as
             the ``final_model`` of a ``drivetrain sft`` run.
         engine: the actor's (and reference's) engine config.
         optimizer: the actor's AdamW and LR schedule; ``total_steps`` follows ``trainer.total_steps`` (the schedule

@@ -115,7 +115,8 @@ class SFTConfig:
     """Everything one SFT run needs; the defaults are the embedded arithmetic job (see :func:`load_config`).
 
     Attributes:
-        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` is the embedded tiny model.
+        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` and ``builtin:multistep`` are the embedded
+            tiny models of their tasks.
         engine: the backend's engine config (``engine.backend`` picks the installed plugin).
         optimizer: AdamW and its LR schedule; ``total_steps`` and ``warmup_steps`` follow
             ``trainer.total_steps`` unless set (see :func:`sft_warmup_steps`).
