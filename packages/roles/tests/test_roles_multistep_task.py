@@ -132,8 +132,9 @@ def test_grpo_and_ppo_train_on_the_task_with_its_graded_reward(command, tmp_path
     if command == "ppo":
         overrides.append("trainer.critic_warmup=0")
     config = load(None, overrides)
+    job = trainer(config, tmp_path / "run")
     try:
-        trainer(config, tmp_path / "run").run()
+        result = job.run()
     finally:
         rewards.load_reward_function.cache_clear()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -148,6 +149,16 @@ def test_grpo_and_ppo_train_on_the_task_with_its_graded_reward(command, tmp_path
         assert {step_credit(r, r) for r in references} == {1.0}  # the data's worked answers
         assert step["rollout/log_prob_diff_max"] < 1e-5
     assert set(training[0][1]) == set(training[1][1]) and len(set(training[0][1])) == 2
+    # Held-out: each evaluation's val/reward is the mean graded reward of its 2 greedy answers, and the report says
+    # how it moved (val/accuracy, exact working, alone hides a graded reward's progress).
+    evaluations = [r for r in records if "val/reward" in r]
+    for evaluation, (_, _, graded) in zip(evaluations, [c for c in seen if c not in training], strict=True):
+        assert evaluation["val/reward"] == pytest.approx(sum(graded) / 2, abs=1e-6)
+    first, last = evaluations[0]["val/reward"], evaluations[-1]["val/reward"]
+    assert (
+        f"val/reward: {first:.4f} (step 0) -> {last:.4f} (step 2, step_credit)"
+        in job.report(result).splitlines()
+    )
     tokenizer = build_multistep_tokenizer()
     generation = json.loads(
         (tmp_path / "run" / "warm_start" / "final_model" / "generation_config.json").read_text()

@@ -38,7 +38,7 @@ from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .prompt_checks import check_rollout_length, warn_unreachable_answers
-from .rewards import exact_match, load_reward_function
+from .rewards import EXACT_MATCH, exact_match, load_reward_function
 from .rollout_plugin import build_rollout, require_rollout
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
@@ -338,7 +338,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         plot_curves(
             records,
             self.output_dir / self.curve_file,
-            left=[("train/reward", "train reward (exact answers)", "-")],
+            left=[("train/reward", f"train reward ({self.config.algorithm.reward_function})", "-")],
             left_label="mean reward",
         )
 
@@ -361,6 +361,11 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
                 f"val/accuracy: {first['val/accuracy']:.4f} (step {first['step']}) -> {last['val/accuracy']:.4f} "
                 f"(step {last['step']}) in {result.seconds:.0f} s of {self.command.upper()}"
             )
+            if self.config.algorithm.reward_function != EXACT_MATCH:  # else the same numbers
+                lines.append(
+                    f"val/reward: {first['val/reward']:.4f} (step {first['step']}) -> {last['val/reward']:.4f} "
+                    f"(step {last['step']}, {self.config.algorithm.reward_function})"
+                )
         return lines
 
 
