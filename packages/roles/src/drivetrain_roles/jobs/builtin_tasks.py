@@ -54,11 +54,11 @@ ARITHMETIC = BuiltinTask(
 _MULTISTEP_DATA: dict[str, Any] = {
     "messages_key": "messages",
     "max_length": 512,
-    "generated_train_size": 200,
     "generated_val_size": 100,
 }
 _MULTISTEP_ROLLOUT: Sections = {
-    "data": _MULTISTEP_DATA,
+    # NOTE: fewer training problems than a run samples (60 x 8 = 480): each comes back, as in real RL runs' epochs.
+    "data": {**_MULTISTEP_DATA, "generated_train_size": 200},
     "rollout": {"max_new_tokens": 96},
     "algorithm": {"reward_function": multistep_task.REWARD_FUNCTION},
     "trainer": {
