@@ -26,7 +26,7 @@ LENGTH_REWARD = (
 @pytest.fixture
 def chat_task_overrides(tmp_path):
     """``drivetrain grpo`` overrides for three steps of the embedded chat task (``model.path=builtin:multistep``),
-    shrunk: two training prompts (sampled again every step, each opening with the 367-token system prefix), 16 new
+    shrunk: two training prompts (sampled again every step, each opening with the 368-token system prefix), 16 new
     tokens, and a reward by length that changes the weights every step."""
     reward = tmp_path / "reward.py"
     reward.write_text(LENGTH_REWARD)

@@ -259,7 +259,7 @@ def grpo(run, model, *extra):
 def test_grpo_trains_on_a_vllm_server(tmp_path, chat_task_overrides, chat_task_steps):
     """Three steps of ``drivetrain grpo model.path=builtin:multistep rollout.name=vllm-server`` from this
     environment: the first hand-off is the whole model (verified against its digests, read back from the server's
-    vLLM), the next a delta that changes it; the task's prompts share a 367-token system prefix (over two KV
+    vLLM), the next a delta that changes it; the task's prompts share a 368-token system prefix (over two KV
     blocks) and come back every step, and the server's log-probs stay the actor's (its prefix cache keeps no KV of
     the old weights); the run checkpoints."""
     run = tmp_path / "run"
