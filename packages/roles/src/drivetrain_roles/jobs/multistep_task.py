@@ -40,7 +40,8 @@ SYSTEM_PROMPT = (
     "operator, number, equals sign and new total, separating the steps with a semicolon and a space. End with "
     "answer: and the final total."
 )
-"""Shared by every prompt: 343 characters, one token each (353 tokens as the rendered system turn, 368 shared up to the problem)."""
+"""Shared by every prompt: 343 characters, one token each (353 tokens as the rendered system turn; prompts share
+368, up to the problem)."""
 
 MODEL_CONFIG: dict[str, object] = {
     "hidden_size": 64,
