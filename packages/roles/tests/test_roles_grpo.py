@@ -246,7 +246,8 @@ def test_numpy_and_tensor_rewards_and_files_with_dataclasses_serve(tmp_path, fun
 
 def test_a_reward_function_setting_without_a_name_is_refused():
     with pytest.raises(
-        ConfigError, match=r"algorithm.reward_function='rewards\.py': write exact_match, package"
+        ConfigError,
+        match=r"algorithm.reward_function='rewards\.py': write exact_match or step_credit \(built in\), package",
     ):
         load_config(None, ["algorithm.reward_function=rewards.py"])
 

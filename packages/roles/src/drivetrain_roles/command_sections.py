@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig, OptimizerConfig
 
+from .jobs.builtin_tasks import builtin_task
 from .jobs.default_assets import BUILTIN_MODEL
 
 if TYPE_CHECKING:
@@ -37,12 +38,13 @@ USER_MODEL_MAX_NEW_TOKENS = 256
 """Generation budget of any model but the embedded one (TRL's ``GRPOConfig.max_completion_length``)."""
 
 
-def for_a_user_model(
-    config: DictConfig, values: Mapping[str, Mapping[str, Any]]
+def model_defaults(
+    config: DictConfig, command: str, values: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """Derived values (``{section: {key: value}}``) that hold for any model but the embedded one, whose
-    defaults are tuned for that tiny model; each applies unless set. ``data.max_length`` is
-    :data:`USER_MODEL_MAX_LENGTH` in every command; ``values`` adds the command's own.
+    """Derived values (``{section: {key: value}}``) that follow ``model.path``; each applies unless set. An
+    embedded task's are its own for ``command`` (:attr:`~.jobs.builtin_tasks.BuiltinTask.defaults`; the
+    commands' defaults are the arithmetic task's). Any other model's: ``data.max_length`` is
+    :data:`USER_MODEL_MAX_LENGTH` in every command, and ``values`` adds the command's own.
 
     NOTE: the embedded job's learning rates (SFT 3e-3, RM 2e-3, GRPO 2e-4, DPO 1e-4 with beta 0.5) applied to a
     user's model too, so ``drivetrain sft model.path=Qwen/Qwen2.5-0.5B`` ran a full fine-tune at 3e-3, which
@@ -50,8 +52,9 @@ def for_a_user_model(
     6-token responses could never hold a real answer. A user's model gets the values its users know instead
     (verl, TRL).
     """
-    if config.model.path == BUILTIN_MODEL:
-        return {}
+    task = builtin_task(config.model.path)
+    if task is not None:
+        return merged_sections(task.defaults.get(command, {}))
     return merged_sections({"data": {"max_length": USER_MODEL_MAX_LENGTH}}, values)
 
 
@@ -75,7 +78,7 @@ def check_val_files_have_train_files(train_files: Sequence[str], val_files: Sequ
     if val_files and not train_files:
         raise ConfigError(
             f"data.val_files={list(val_files)} is set without data.train_files: the run would train and evaluate on "
-            "the generated arithmetic data and never read these files. Set data.train_files too, or drop "
+            "the generated data and never read these files. Set data.train_files too, or drop "
             "data.val_files."
         )
 
@@ -149,7 +152,8 @@ class DataConfig:
     """Where the examples come from and how they are tokenised.
 
     Attributes:
-        train_files: parquet/jsonl files; empty selects the generated arithmetic data set.
+        train_files: parquet/jsonl files; empty selects the generated data set of the embedded task
+            ``model.path`` names (arithmetic for any other model).
         val_files: held-out files; empty with generated data uses the generated held-out split, empty with
             user files disables held-out evaluation.
         prompt_key, response_key: columns of prompt/response pairs (loss on the response).
@@ -164,7 +168,7 @@ class DataConfig:
         overlong: what an example longer than ``max_length`` does: ``error`` (the run refuses the data, naming
             the row) or ``drop`` (skipped with one warning counting them, as OpenRLHF filters them; a cut
             response would train on text that never ends).
-        generated_train_size, generated_val_size: sizes of the generated arithmetic splits.
+        generated_train_size, generated_val_size: sizes of the generated splits.
     """
 
     train_files: tuple[str, ...] = ()
@@ -193,7 +197,7 @@ class DataConfig:
 
     @property
     def generated(self) -> bool:
-        """Whether the run uses the generated arithmetic data set."""
+        """Whether the run uses the generated data set (no ``train_files``)."""
         return not self.train_files
 
 

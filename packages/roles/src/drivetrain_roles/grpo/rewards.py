@@ -17,7 +17,9 @@ from drivetrain_engine_core.errors import DrivetrainError
 
 # NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
 from ..advantage_estimators import group_advantages as group_advantages
+from ..jobs.multistep_task import REWARD_FUNCTION as STEP_CREDIT
 from .reward_signatures import adapted_reward_function
+from .step_credit import step_credit_reward
 
 EXACT_MATCH = "exact_match"
 """The built-in reward function's name in ``algorithm.reward_function``."""
@@ -50,18 +52,27 @@ def exact_match_reward(
     return exact_answer_rewards(completions, references).tolist()
 
 
+BUILTIN_REWARDS: dict[str, RewardFunction] = {
+    EXACT_MATCH: exact_match_reward,
+    STEP_CREDIT: step_credit_reward,
+}
+"""The reward functions ``algorithm.reward_function`` names without a module: exact answers, and the embedded
+multi-step task's graded one (:mod:`.step_credit`)."""
+
+
 @cache
 def load_reward_function(spec: str) -> RewardFunction:
-    """The reward function ``algorithm.reward_function`` names: ``exact_match``, ``package.module:function``, or
-    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process and
-    checked against the call drivetrain makes (verl's ``compute_score`` adapted: :mod:`.reward_signatures`).
+    """The reward function ``algorithm.reward_function`` names: a built-in (:data:`BUILTIN_REWARDS`),
+    ``package.module:function``, or ``path/to/file.py:function`` (verl's custom reward function: a file and a
+    name), loaded once per process and checked against the call drivetrain makes (verl's ``compute_score``
+    adapted: :mod:`.reward_signatures`).
 
     Raises:
         RewardError: the module or file cannot be imported, has no callable of that name, or the callable cannot
             take drivetrain's call.
     """
-    if spec == EXACT_MATCH:
-        return exact_match_reward
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
     location, _, name = spec.rpartition(":")
     try:
         module = (

@@ -17,8 +17,8 @@ from ..command_sections import (
     Overlong,
     builtin_model,
     check_val_files_have_train_files,
-    for_a_user_model,
 )
+from ..jobs.builtin_tasks import builtin_task
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -116,12 +116,12 @@ class WarmStartConfig:
 
 
 def warm_start_follows_the_model(config: DictConfig) -> dict[str, Any]:
-    """The derived ``warm_start.sft_steps``: 0 for any model but the embedded one (GRPO's rule too).
+    """The derived ``warm_start.sft_steps``: 0 for any model but an embedded one (GRPO's rule too).
 
     NOTE: a user's model (a TRL user's instruct model) went through the embedded job's SFT warm start, a
     full fine-tune at lr 5e-3, before DPO, and the DPO reference became that model.
     """
-    return for_a_user_model(config, {"warm_start": {"sft_steps": 0}})
+    return {} if builtin_task(config.model.path) is not None else {"warm_start": {"sft_steps": 0}}
 
 
 @dataclass(kw_only=True, frozen=True)

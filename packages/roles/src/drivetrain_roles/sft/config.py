@@ -29,7 +29,7 @@ from ..command_sections import (
     LoopConfig,
     RunOptimizerConfig,
     builtin_model,
-    for_a_user_model,
+    model_defaults,
 )
 from ..losses.aggregation import AGGREGATION_MODES
 
@@ -115,7 +115,8 @@ class SFTConfig:
     """Everything one SFT run needs; the defaults are the embedded arithmetic job (see :func:`load_config`).
 
     Attributes:
-        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` is the embedded tiny model.
+        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` and ``builtin:multistep`` are the embedded
+            tiny models of their tasks.
         engine: the backend's engine config (``engine.backend`` picks the installed plugin).
         optimizer: AdamW and its LR schedule; ``total_steps`` and ``warmup_steps`` follow
             ``trainer.total_steps`` unless set (see :func:`sft_warmup_steps`).
@@ -135,8 +136,9 @@ class SFTConfig:
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Values that follow others unless the user sets them: another model than the embedded one trains at
         lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and its evaluation generates up to 256."""
-        return for_a_user_model(
+        return model_defaults(
             config,
+            "sft",
             {"optimizer": {"lr": USER_MODEL_LR}, "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
         )
 

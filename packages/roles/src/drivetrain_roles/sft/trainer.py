@@ -26,6 +26,7 @@ from drivetrain_engine_core.engine import Engine
 
 from ..jobs.assets import load_splits, resolve_model_path
 from ..jobs.batches import StepSampler, check_held_out_size, make_sft_batch
+from ..jobs.builtin_tasks import data_task
 from ..jobs.data import DataError, Example
 from ..jobs.evaluate import greedy_accuracy, held_out_loss
 from ..jobs.final_model import save_final_model
@@ -120,6 +121,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
             self.config.trainer.seed,
             resume=self.folder.resume,
             trust_remote_code=self.config.model.trust_remote_code,
+            task=data_task(self.config.model.path),
         )
         _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
         check_held_out_size(len(val), self.config.engine)
