@@ -13,7 +13,8 @@ step's record and trips when, for ``patience`` steps in a row:
   inside those lines, from the run's first step on, so a run that diverges at once is caught before it has a
   history; a median, unlike a mean or an exponential average, is not dragged by a few spikes, and values
   outside the lines never enter it. Several steps in a row, because a single healthy step can spike: the
-  embedded jobs' grad norms reach 10x their running median for one step (``rm``), 3.6x for three;
+  embedded jobs' grad norms reach 10x their running median for one step (``rm``); over three steps in a row
+  their default runs would trip only a factor under 4.5 (``rm``; the others under 2.8);
 - or ``train/lr`` is exactly 0 (no update changes the weights).
 
 A metric a job does not record (GRPO has no ``train/loss``; PPO's actor none during the critic's warm-up) is
@@ -58,8 +59,8 @@ class DivergenceConfig:
             naming the last checkpoint saved before the divergence; ``off``.
         factor: ``train/loss`` or ``train/grad_norm`` above this many times its baseline (the median of its
             last ``window`` values inside the lines), or ``train/grad_norm`` below the baseline divided by it, for
-            ``patience`` steps in a row trips the guard. The embedded jobs' healthy runs stay within 3.6x for
-            three steps in a row.
+            ``patience`` steps in a row trips the guard. The embedded jobs' default runs would trip only a
+            factor under 4.5.
         window: steps the baseline's median is taken over.
         patience: steps in a row a value must stay outside its lines, or the learning rate at 0
             (``optimizer.lr=0``, or an ``optimizer.total_steps`` shorter than the run), to trip the guard.
