@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig, OptimizerConfig
 
 from .jobs.builtin_tasks import builtin_task
 from .jobs.default_assets import BUILTIN_MODEL
+from .jobs.divergence import DivergenceConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -101,6 +102,8 @@ class LoopConfig:
             ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
         report_to: metrics trackers: ``jsonl`` (``<run>/metrics.jsonl``), ``tensorboard``, ``wandb``,
             ``mlflow`` (each needs its package installed).
+        divergence: the divergence guard: a loss or grad norm far above its running median, or a learning rate
+            of 0, for a few steps in a row warns (or stops the run).
     """
 
     total_steps: int
@@ -111,6 +114,7 @@ class LoopConfig:
     progress_bar: bool = True
     cpu_threads: int | None = 1
     report_to: tuple[str, ...] = ("jsonl",)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
     def __post_init__(self) -> None:
         from .runtime.tracking import check_report_to

@@ -6,7 +6,9 @@ needs no separate launcher; under an outer ``torchrun`` (``WORLD_SIZE`` set) the
 
 A user error or a crash inside the ranks is reported by the launcher in one line (:mod:`.rank_failures`),
 which exits 1: not ``N`` copies followed by torchrun's traceback; a crash's full traceback is in
-``<run>/logs/rank<R>.log``. Ctrl-C stops every rank, prints one line and exits 130.
+``<run>/logs/rank<R>.log``. Ctrl-C prints one line and exits 130: the first one, while the ranks train, stops
+them after the current step with a checkpoint (:mod:`.interrupt`); otherwise, and on a second one, every rank
+is stopped at once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from drivetrain_engine_core.cli import INTERRUPTED
 from drivetrain_engine_core.config import EngineConfig
 
 from ..runtime.descendants import owning_descendants
+from .interrupt import forwarding_ctrl_c, interrupt_report
 from .rank_failures import ERROR_DIR_ENV, LOG_DIR_ENV, failure_report, report_rank_crash, report_rank_error
 
 OUTPUTS_ROOT = Path("outputs")
@@ -134,7 +137,7 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Pat
 
     Returns:
         0 on success; 1 after printing one line for the failure (:func:`.rank_failures.failure_report`); 130
-        after Ctrl-C.
+        after Ctrl-C (the first one, while the ranks train, is sent on to them: :func:`.interrupt.forwarding_ctrl_c`).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -158,12 +161,19 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Pat
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
-            elastic_launch(config, sys.executable)("-m", f"drivetrain_roles.{command}.rank_main", *arguments)
+            with forwarding_ctrl_c(Path(errors), command):
+                elastic_launch(config, sys.executable)(
+                    "-m", f"drivetrain_roles.{command}.rank_main", *arguments
+                )
         except ChildFailedError as e:
             click.echo(failure_report(Path(errors), command, e.failures), err=True)
             return 1
         except (KeyboardInterrupt, SignalException):
             click.echo(f"drivetrain {command}: interrupted; every rank was stopped.", err=True)
+            return INTERRUPTED
+        interrupted = interrupt_report(Path(errors))  # the ranks stopped after a step and saved it
+        if interrupted is not None:
+            click.echo(interrupted, err=True)
             return INTERRUPTED
     return 0
 

@@ -63,7 +63,7 @@ def warm_start_trainer(run: LoopConfig, *, steps: int, batch_size: int, max_new_
     """The ``trainer`` section of a warm start, the SFT run a ``dpo``, ``rm`` or ``grpo`` run starts from: its
     own ``steps``, ``batch_size`` and ``max_new_tokens``, evaluated before and after and saved only at its end,
     and the calling run's ``trainer`` values (``run``) for the rest: held-out answers, seed, progress bar, CPU
-    threads, trackers."""
+    threads, trackers, divergence guard."""
     return TrainerConfig(
         total_steps=steps,
         batch_size=batch_size,
@@ -75,6 +75,7 @@ def warm_start_trainer(run: LoopConfig, *, steps: int, batch_size: int, max_new_
         progress_bar=run.progress_bar,
         cpu_threads=run.cpu_threads,
         report_to=run.report_to,
+        divergence=run.divergence,
     )
 
 
