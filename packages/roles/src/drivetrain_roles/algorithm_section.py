@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from drivetrain_engine_core.config import ConfigError
 
-from .losses.aggregation import CONSTANT_LENGTH_MODE
-from .losses.policy import PolicyLossConfig
+from .losses.config import PolicyLossConfig
+from .losses.names import CONSTANT_LENGTH_MODE
 
 
 class AlgorithmSection:

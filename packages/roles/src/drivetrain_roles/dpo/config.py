@@ -26,7 +26,7 @@ from ..command_sections import (
     for_a_user_model,
     merged_sections,
 )
-from ..losses.preference import DPOLossConfig
+from ..losses.config import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,

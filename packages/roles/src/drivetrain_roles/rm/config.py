@@ -25,7 +25,7 @@ from ..command_sections import (
     for_a_user_model,
     merged_sections,
 )
-from ..losses.preference import RewardLossConfig
+from ..losses.config import RewardLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,

@@ -5,7 +5,7 @@ built in five visible steps: the typed schema (a section typed :class:`~..config
 class of the backend it names), a check of every key against the dataclasses (unknown keys get the close
 match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), the
 derived values the command computes from the others (``derived_values``, and each engine section's ``device``:
-:func:`machine_device`; only where no layer set them), and the dataclasses themselves (their ``__post_init__``
+:func:`~.machine.machine_device`; only where no layer set them), and the dataclasses themselves (their ``__post_init__``
 checks ranges and combinations).
 """
 
@@ -22,6 +22,7 @@ from drivetrain_engine_core.config_build import check_keys, exclusive_limits
 from drivetrain_engine_core.config_fields import field_types, how_to_write, nested_dataclass, type_name
 
 from .layers import lookup
+from .machine import machine_device
 
 if TYPE_CHECKING:
     from drivetrain_engine_core.plugins import DrivetrainPlugins
@@ -93,14 +94,6 @@ def build_config(
         raise _field_error(e, key, cls, plain, where, classes) from e
     except TypeError as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
-
-
-def machine_device() -> str:
-    """The device a command's engine runs on unless ``engine.device`` is given: ``cuda`` where torch sees a
-    GPU, else ``cpu`` (what users of the Hugging Face Trainer and TRL expect; a GPU is never left idle)."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _schema(cls: type, backends: Mapping[str, tuple[str, type]]) -> DictConfig:
