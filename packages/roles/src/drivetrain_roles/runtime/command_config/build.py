@@ -21,6 +21,7 @@ from drivetrain_engine_core.config import ConfigError, EngineConfig
 from drivetrain_engine_core.config_build import check_keys, exclusive_limits
 from drivetrain_engine_core.config_fields import field_types, how_to_write, nested_dataclass, type_name
 
+from .foreign_names import check_foreign_names
 from .layers import lookup
 from .machine import machine_device
 
@@ -75,6 +76,8 @@ def build_config(
     ]
     classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
     for index, layer in enumerate(plain):
+        if not where:
+            check_foreign_names(layer, cls)
         check_keys(layer, cls, where, classes, source="the config file" if index < file_layers else None)
     try:
         typed = OmegaConf.merge(_schema(cls, backends), *plain)
