@@ -48,6 +48,8 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
     datasets.disable_progress_bars()
+    yield
+    datasets.enable_progress_bars()
 
 
 def test_a_saved_dataset_dict_gives_each_split_the_examples_of_its_rows(tmp_path) -> None:
