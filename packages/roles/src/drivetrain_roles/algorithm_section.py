@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from drivetrain_engine_core.config import ConfigError
 
-from .grpo.rewards import BUILTIN_REWARDS
-from .losses.aggregation import CONSTANT_LENGTH_MODE
-from .losses.policy import PolicyLossConfig
+from .grpo.builtin_rewards import BUILTIN_REWARDS
+from .losses.config import PolicyLossConfig
+from .losses.names import CONSTANT_LENGTH_MODE
 
 
 class AlgorithmSection:

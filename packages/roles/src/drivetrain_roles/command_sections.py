@@ -156,10 +156,15 @@ class DataConfig:
     """Where the examples come from and how they are tokenised.
 
     Attributes:
-        train_files: parquet/jsonl files; empty selects the generated data set of the embedded task
-            ``model.path`` names (arithmetic for any other model).
-        val_files: held-out files; empty with generated data uses the generated held-out split, empty with
-            user files disables held-out evaluation.
+        train_files: parquet/jsonl files, dataset folders (``save_to_disk``) or Hugging Face Hub dataset ids
+            (``trl-lib/Capybara``); empty selects the generated data set of the embedded task ``model.path``
+            names (arithmetic for any other model).
+        val_files: held-out sources, as ``train_files``; empty with generated data uses the generated held-out
+            split, empty with user files disables held-out evaluation.
+        dataset_config: the config (subset) of each Hugging Face Hub dataset in ``train_files``/``val_files``
+            (TRL's ``dataset_config``); ``None``: its default.
+        train_split, val_split: the split read from each dataset folder or Hub dataset of ``train_files``, and of
+            ``val_files`` (TRL's ``dataset_train_split``/``dataset_test_split``); files have none.
         prompt_key, response_key: columns of prompt/response pairs (loss on the response).
         messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the assistant
             turns that ``assistant_turns`` picks); when set, prompt/response columns are not read.
@@ -177,6 +182,9 @@ class DataConfig:
 
     train_files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
+    dataset_config: str | None = None
+    train_split: str = "train"
+    val_split: str = "test"
     prompt_key: str = "prompt"
     response_key: str = "response"
     messages_key: str | None = None

@@ -26,7 +26,7 @@ from ..command_sections import (
     merged_sections,
     model_defaults,
 )
-from ..losses.preference import DPOLossConfig
+from ..losses.config import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,

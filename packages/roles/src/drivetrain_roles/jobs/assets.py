@@ -174,5 +174,5 @@ def load_splits(
     tokenizer = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
     train_files, val_files = resolve_data_files(config, output_dir, seed, resume=resume, task=task)
     train = load_examples(train_files, tokenizer, config)
-    val = load_examples(val_files, tokenizer, config) if val_files else []
+    val = load_examples(val_files, tokenizer, config, held_out=True) if val_files else []
     return tokenizer, train, val

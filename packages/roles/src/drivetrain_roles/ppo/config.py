@@ -22,8 +22,7 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
-from ..advantages import AdaptiveKLController, FixedKLController
+from ..advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..algorithm_section import AlgorithmSection
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
@@ -41,12 +40,13 @@ from ..grpo.config import (
 )
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
 from ..grpo.config import TrainerConfig as GRPOTrainerConfig
-from ..losses.kl import canonical_estimator
-from ..losses.names import choose
-from ..losses.value import ValueLossConfig
+from ..losses.config import ValueLossConfig
+from ..losses.names import canonical_estimator, choose
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+    from ..advantages import AdaptiveKLController, FixedKLController
 
 KL_CONTROLLERS: tuple[str, ...] = ("fixed", "adaptive")
 USER_MODEL_CRITIC_LR = 1e-5
@@ -92,6 +92,9 @@ class KLControlConfig:
 
     def controller(self) -> FixedKLController | AdaptiveKLController:
         """A new controller at ``kl_coef``."""
+        # torch: not needed to build the config
+        from ..advantages import AdaptiveKLController, FixedKLController
+
         if self.type == "fixed":
             return FixedKLController(self.kl_coef)
         return AdaptiveKLController(init_kl_coef=self.kl_coef, target=self.target_kl, horizon=self.horizon)

@@ -35,10 +35,15 @@ class PairDataConfig:
     """Where the preference pairs come from and how they are tokenised.
 
     Attributes:
-        train_files: parquet/jsonl files of pairs; empty selects the generated arithmetic pairs (the correct
-            sum chosen, a wrong one rejected).
-        val_files: held-out pairs; empty with generated data uses the generated held-out split, empty with
-            user files disables held-out evaluation.
+        train_files: parquet/jsonl files of pairs, dataset folders (``save_to_disk``) or Hugging Face Hub
+            dataset ids (``trl-lib/ultrafeedback_binarized``); empty selects the generated arithmetic pairs (the
+            correct sum chosen, a wrong one rejected).
+        val_files: held-out pairs, as ``train_files``; empty with generated data uses the generated held-out
+            split, empty with user files disables held-out evaluation.
+        dataset_config: the config (subset) of each Hugging Face Hub dataset in ``train_files``/``val_files``
+            (TRL's ``dataset_config``); ``None``: its default.
+        train_split, val_split: the split read from each dataset folder or Hub dataset of ``train_files``, and of
+            ``val_files`` (TRL's ``dataset_train_split``/``dataset_test_split``); files have none.
         prompt_key: column of the prompt text; with ``chat``, read only for sides that hold assistant turns
             alone (TRL's explicit prompt: a list of messages, or a text taken as one user turn).
         chosen_key, rejected_key: columns of the preferred and the dispreferred response.
@@ -58,6 +63,9 @@ class PairDataConfig:
 
     train_files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
+    dataset_config: str | None = None
+    train_split: str = "train"
+    val_split: str = "test"
     prompt_key: str = "prompt"
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"

@@ -25,7 +25,7 @@ from ..command_sections import (
     merged_sections,
     model_defaults,
 )
-from ..losses.preference import RewardLossConfig
+from ..losses.config import RewardLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,

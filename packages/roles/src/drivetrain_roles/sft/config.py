@@ -31,7 +31,7 @@ from ..command_sections import (
     builtin_model,
     model_defaults,
 )
-from ..losses.aggregation import AGGREGATION_MODES
+from ..losses.names import AGGREGATION_MODES
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
