@@ -442,7 +442,7 @@ def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -
     runs = []
 
     class FakeSFTTrainer:
-        def __init__(self, config, output_dir, overwrite, batch_size_setting):
+        def __init__(self, config, output_dir, overwrite, batch_size_setting, ctrl_c_saves):
             self.config, self.output_dir = config, output_dir
 
         def run(self):
