@@ -55,7 +55,7 @@ def _ranks_started(launcher_pid: int) -> bool:
     """Whether the launcher has started a rank (not one of the helpers its imports run, such as ldconfig)."""
     for child in psutil.Process(launcher_pid).children():
         try:
-            if "drivetrain_roles.sft.rank_main" in child.cmdline():
+            if "drivetrain_roles.jobs.rank_entry" in child.cmdline():
                 return True
         except psutil.NoSuchProcess:
             continue

@@ -23,8 +23,9 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
     """The click command ``drivetrain <name>`` running ``job`` on the config ``config``.
 
     Args:
-        name: the command's name (the run-folder prefix ``outputs/<name>-<timestamp>``; spawned ranks run
-            ``python -m drivetrain_roles.<name>.rank_main``).
+        name: the command's name, under which it is registered (the run-folder prefix
+            ``outputs/<name>-<timestamp>``; spawned ranks find it by it: ``python -m
+            drivetrain_roles.jobs.rank_entry <name>``).
         job: the :class:`~.job.TrainingJob` subclass, or its ``"module:attr"`` path.
         config: the config dataclass (sections ``model``, ``engine``, ``trainer``, ...), or its ``"module:attr"``
             path.
