@@ -246,7 +246,8 @@ def test_numpy_and_tensor_rewards_and_files_with_dataclasses_serve(tmp_path, fun
 
 def test_a_reward_function_setting_without_a_name_is_refused():
     with pytest.raises(
-        ConfigError, match=r"algorithm.reward_function='rewards\.py': write exact_match, package"
+        ConfigError,
+        match=r"algorithm.reward_function='rewards\.py': write exact_match or step_credit \(built in\), package",
     ):
         load_config(None, ["algorithm.reward_function=rewards.py"])
 
@@ -441,7 +442,7 @@ def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -
     runs = []
 
     class FakeSFTTrainer:
-        def __init__(self, config, output_dir, overwrite, batch_size_setting):
+        def __init__(self, config, output_dir, overwrite, batch_size_setting, ctrl_c_saves):
             self.config, self.output_dir = config, output_dir
 
         def run(self):

@@ -7,6 +7,7 @@ and torch's failure table (123-181 lines) instead of naming the rank, the except
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,9 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from drivetrain_engine_core.checkpoint import complete_steps
 from drivetrain_roles.jobs.rank_failures import failure_report
+from drivetrain_roles.runtime.tracking import read_records
 
 DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
 TINY = [
@@ -52,7 +55,7 @@ def _ranks_started(launcher_pid: int) -> bool:
     """Whether the launcher has started a rank (not one of the helpers its imports run, such as ldconfig)."""
     for child in psutil.Process(launcher_pid).children():
         try:
-            if "drivetrain_roles.sft.rank_main" in child.cmdline():
+            if "drivetrain_roles.jobs.rank_entry" in child.cmdline():
                 return True
         except psutil.NoSuchProcess:
             continue
@@ -70,17 +73,36 @@ def _finish(launcher: subprocess.Popen[str]) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["ranks_starting", "ranks_training"])
-def test_ctrl_c_is_one_line_and_130(tmp_path, moment) -> None:
+def test_ctrl_c_while_the_ranks_start_is_one_line_and_130(tmp_path) -> None:
     run_dir = tmp_path / "run"
     launcher = _start(run_dir, "trainer.total_steps=1000")
-    if moment == "ranks_starting":  # the ranks' interpreters are still importing their site packages
-        _wait_for(lambda: _ranks_started(launcher.pid), launcher)
-    else:
-        _wait_for(lambda: len(list((run_dir / "heartbeat").glob("rank*.json"))) == 2, launcher)
+    _wait_for(lambda: _ranks_started(launcher.pid), launcher)  # their interpreters still import site packages
     os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
     status, err = _finish(launcher)
     assert (status, err) == (130, "drivetrain sft: interrupted; every rank was stopped.\n")
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_ranks_train_stops_both_after_one_step_and_saves_it(tmp_path) -> None:
+    """Ctrl-C lost every step since the last save. The launcher hands it to rank 0 alone: rank 1 learns of it
+    from the all-reduce at the step boundary, so both stop after the same step and save it together."""
+    run_dir = tmp_path / "run"
+    launcher = _start(run_dir, "trainer.total_steps=1000")
+    _wait_for(lambda: len(list((run_dir / "heartbeat").glob("rank*.json"))) == 2, launcher)
+    os.killpg(launcher.pid, signal.SIGINT)
+    status, err = _finish(launcher)
+    steps = [r["step"] for r in read_records(run_dir / "metrics.jsonl") if "train/loss" in r]
+    done = steps[-1]
+    saved = run_dir / "checkpoints" / f"global_step_{done}"
+    assert (status, err) == (
+        130,
+        "\ndrivetrain sft: Ctrl-C: every rank stops after the current step and saves a checkpoint; Ctrl-C again "
+        f"stops them at once.\ndrivetrain sft: interrupted after step {done} of 1000; saved checkpoint {saved}. "
+        f"Continue with: drivetrain sft --resume --output-dir {run_dir}\n",
+    )
+    assert steps == list(range(1, done + 1)) and [s for s, _ in complete_steps(saved.parent)] == [done]
+    beats = [json.loads((run_dir / "heartbeat" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(b["step"], b["phase"]) for b in beats] == [(done, "save")] * 2
 
 
 SITECUSTOMIZE = """

@@ -19,6 +19,8 @@ from drivetrain_engine_core.testing.child_process import TEARDOWN_MARKER, TEARDO
 
 CHILD = TEARDOWN_PROBE + textwrap.dedent(
     """
+    import sys
+
     import click
     from drivetrain_engine_core.config import ConfigError
     from drivetrain_roles.jobs.launch import rank_main
@@ -38,7 +40,7 @@ CHILD = TEARDOWN_PROBE + textwrap.dedent(
             raise ConfigError("trainer.batch_size=3 does not divide\\n  over 2 ranks")
         click.echo("rank work done")
 
-    rank_main(demo, "demo")
+    rank_main(demo, "demo", sys.argv[1:])
     """
 )
 

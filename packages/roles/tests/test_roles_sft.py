@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import CheckpointError, PluginError
+from drivetrain_engine_core.errors import CheckpointError, DivergenceError, PluginError
 from drivetrain_roles.jobs.assets import ModelPathError
 from drivetrain_roles.jobs.data import DataError
 from drivetrain_roles.jobs.default_assets import BUILTIN_MODEL, write_model_dir
@@ -71,10 +72,7 @@ def test_sft_lowers_the_loss_and_writes_its_metrics(full_run) -> None:
 def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_path) -> None:
     full_dir, full = full_run
     resumed_dir = tmp_path / "resumed"
-    # The run "crashed" after its step-4 checkpoint: drop what came later and resume.
-    shutil.copytree(full_dir, resumed_dir)
-    shutil.rmtree(resumed_dir / "checkpoints" / "global_step_8")
-    (resumed_dir / "checkpoints" / "latest").write_text("global_step_4")
+    _cut_back_to_step_4(full_dir, resumed_dir)  # the run "crashed" after its step-4 checkpoint
     resumed = run_sft(resumed_dir, *STEPS, resume=True)
     assert resumed.start_step == 4
     assert resumed.train_losses == full.train_losses[4:]  # bit-exact, not approximately
@@ -82,6 +80,80 @@ def test_a_resumed_run_reproduces_the_uninterrupted_one_exactly(full_run, tmp_pa
     assert resumed.evaluations == full.evaluations and resumed.evaluations[0]["step"] == 0
     resumed_records = read_records(resumed_dir / "metrics.jsonl")
     assert [r["train/loss"] for r in resumed_records if "train/loss" in r] == full.train_losses
+
+
+def _cut_back_to_step_4(full_dir: Path, run_dir: Path) -> None:
+    """``run_dir``: the full run as it was after its step-4 checkpoint (what came later dropped)."""
+    shutil.copytree(full_dir, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "global_step_8")
+    (run_dir / "checkpoints" / "latest").write_text("global_step_4")
+    shutil.rmtree(run_dir / "final_model")
+    (run_dir / "summary.json").unlink()
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_step_and_the_resumed_run_reproduces_the_uninterrupted_one(
+    full_run, tmp_path, monkeypatch
+) -> None:
+    """Ctrl-C exited with 130 and lost every step since the last save (up to ``save_every - 1``): the first one
+    now finishes the step, saves it, names it, and ``--resume`` from there ends as the uninterrupted run, bit for
+    bit."""
+    from safetensors.torch import load_file
+
+    full_dir, full = full_run
+    run_dir = tmp_path / "interrupted"
+    step = SFTTrainer._step
+
+    def ctrl_c_during_step_5(self, index, result):
+        if index == 4:
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C in a terminal sends
+        return step(self, index, result)
+
+    monkeypatch.setattr(SFTTrainer, "_step", ctrl_c_during_step_5)
+    stopped = CliRunner().invoke(drivetrain_cli, ["sft", "--output-dir", str(run_dir), *SMALL, *STEPS])
+    monkeypatch.undo()
+    saved = run_dir / "checkpoints" / "global_step_5"
+    assert (stopped.exit_code, stopped.stderr) == (
+        130,
+        f"drivetrain sft: interrupted after step 5 of 8; saved checkpoint {saved}. Continue with: drivetrain sft "
+        f"--resume --output-dir {run_dir}\n",
+    )
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["global_step_4", "global_step_5", "latest"]
+    assert not (run_dir / "final_model").exists() and not (run_dir / "summary.json").exists()
+
+    resumed = run_sft(run_dir, *STEPS, resume=True)
+    assert resumed.start_step == 5
+    assert resumed.train_losses == full.train_losses[5:]  # bit-exact
+    assert resumed.evaluations == full.evaluations
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["train/loss"] for r in records if "train/loss" in r] == full.train_losses
+    weights, expected = (load_file(d / "final_model" / "model.safetensors") for d in (run_dir, full_dir))
+    assert weights.keys() == expected.keys()
+    assert all(torch.equal(weights[name], expected[name]) for name in expected)
+
+
+@pytest.mark.slow
+def test_the_guard_stops_a_diverging_run_naming_the_last_checkpoint_before_it(full_run, tmp_path) -> None:
+    """Resumed after step 4 at ``optimizer.lr=100``: step 5's update ruins the weights, steps 6-8 measure it."""
+    run_dir = tmp_path / "diverging"
+    _cut_back_to_step_4(full_run[0], run_dir)
+    stop = [
+        "trainer.total_steps=12",
+        "trainer.save_every=4",
+        "optimizer.lr=100",
+        "trainer.divergence.action=stop",
+    ]
+    with pytest.raises(DivergenceError) as raised:
+        run_sft(run_dir, *stop, resume=True)
+    message = str(raised.value)
+    assert message.startswith("step 8: train/")
+    assert "(outside the guard's lines since step 6): the run is diverging" in message
+    assert message.endswith(
+        "Stopped (trainer.divergence.action=stop); the last checkpoint before the divergence: "
+        f"{run_dir / 'checkpoints' / 'global_step_4'}."
+    )
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["global_step_4", "latest"]
+    assert not (run_dir / "final_model").exists() and not (run_dir / "summary.json").exists()
 
 
 def test_non_finite_metrics_are_written_as_valid_json(tmp_path) -> None:

@@ -3,14 +3,13 @@ server in the vLLM environment's Python (``$DRIVETRAIN_VLLM_PYTHON``, else the c
 scripts/make-env); skipped where neither exists, and in the vLLM environment itself (its colocated tests cover
 it there). Two servers, started side by side, serve the module's tests in order: the function tests hand one
 increasing versions, core's rollout conformance kit then takes both in turn (each of its fresh rollouts a new
-trainer-side rollout on a server reset to the checkpoint: a reload, not a ten-second start), a two-step
-``drivetrain grpo`` runs on its own server, and the last two tests kill one server each."""
+trainer-side rollout on a server reset to the checkpoint: a reload, not a ten-second start), a three-step
+``drivetrain grpo`` of the embedded chat task runs on its own server, and the last two tests kill one server each."""
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
 import shutil
 import signal
@@ -261,25 +260,22 @@ def grpo(run, model, *extra):
     )
 
 
-def test_grpo_trains_on_a_vllm_server(servable_model_dir, tmp_path):
-    """Two steps of ``drivetrain grpo rollout.name=vllm-server`` from this environment: the server's log-probs
-    are the actor's, the first hand-off is the whole model (verified against its digests, read back from the
-    server's vLLM), the second a delta on it, and the run checkpoints."""
+def test_grpo_trains_on_a_vllm_server(tmp_path, chat_task_overrides, chat_task_steps):
+    """Three steps of ``drivetrain grpo model.path=builtin:multistep rollout.name=vllm-server`` from this
+    environment: the first hand-off is the whole model (verified against its digests, read back from the server's
+    vLLM), the next a delta that changes it; the task's prompts share a 368-token system prefix (over two KV
+    blocks) and come back every step, and the server's log-probs stay the actor's (its prefix cache keeps no KV of
+    the old weights); the run checkpoints."""
     run = tmp_path / "run"
-    done = grpo(run, servable_model_dir)
+    done = grpo(run, "builtin:multistep", *chat_task_overrides, "rollout.options.max_model_len=448")
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    first, second = (row for row in rows if "rollout/log_prob_diff_max" in row)
-    model_bytes = sum(t.numel() * t.element_size() for t in base_state(servable_model_dir).values())
-    for step in (first, second):
-        assert step["rollout/log_prob_diff_max"] <= 1e-5 and step["rollout/mismatch_kl"] <= 1e-10
-    assert (first["step"], first["rollout/sync_bytes"], first["rollout/sync_fraction_changed"]) == (
-        1,
-        model_bytes,
-        1.0,
+    steps = chat_task_steps(run)
+    model_bytes = sum(
+        t.numel() * t.element_size() for t in base_state(run / "warm_start" / "final_model").values()
     )
-    assert (first["rollout/sync_delta"], first["rollout/sync_verified"]) == (0.0, 1.0)
-    assert (second["step"], second["rollout/sync_delta"]) == (2, 1.0)
+    assert (steps[0]["rollout/sync_bytes"], steps[0]["rollout/sync_verified"]) == (model_bytes, 1.0)
+    for step in steps:
+        assert step["rollout/log_prob_diff_max"] <= 1e-5 and step["rollout/mismatch_kl"] <= 1e-10, step
     assert (run / "checkpoints").is_dir() and (run / "final_model" / "config.json").is_file()
 
 

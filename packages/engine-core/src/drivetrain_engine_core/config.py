@@ -209,7 +209,13 @@ class EngineConfig:
 
 def _is_device_type(name: str) -> bool:
     """Whether torch parses ``name`` as a device (it needs no such device present: ``cuda`` parses on a CPU
-    machine, whose engine then refuses it with the fix)."""
+    machine, whose engine then refuses it with the fix).
+
+    NOTE: ``cpu`` and ``cuda``, what nearly every config says, are answered without importing torch: building a
+    command's config (``--help-config``, ``--print-config``) must not spend seconds on it.
+    """
+    if name in ("cpu", "cuda"):
+        return True
     import torch
 
     try:

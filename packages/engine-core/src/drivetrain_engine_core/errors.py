@@ -27,7 +27,8 @@ class CheckpointError(DrivetrainError, RuntimeError):
 
 
 class DivergenceError(DrivetrainError, RuntimeError):
-    """Too many optimizer updates in a row had a non-finite grad norm: the run diverged."""
+    """The run diverged: too many optimizer updates in a row had a non-finite grad norm, or a job's divergence
+    guard saw its loss or grad norm stay far above their running baseline."""
 
 
 class CollectiveTimeoutError(DrivetrainError, RuntimeError):

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 from drivetrain_engine_core.backend import DTYPES, ConfigError, EngineConfig
 
-from .liger import check_liger_available
-
 ATTENTION_BACKENDS = ("varlen", "sdpa", "eager")
 
 
@@ -96,6 +94,8 @@ class FSDPEngineConfig(EngineConfig):
                 f"engine.log_prob_kernel={self.log_prob_kernel!r} is not supported; choose 'torch' or 'liger'."
             )
         if self.log_prob_kernel == "liger":
+            from .liger import check_liger_available  # torch: the config of every run is built without it
+
             check_liger_available(self.device)
         if self.router_aux_loss_coef is not None and self.router_aux_loss_coef < 0:
             raise ConfigError(

@@ -12,10 +12,11 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from drivetrain_engine_core.backend import DCPTensorReader
+if TYPE_CHECKING:
+    import torch
+    from drivetrain_engine_core.backend import DCPTensorReader
 
 LAYOUT_DIR = "optimizer_layout"
 
@@ -40,6 +41,8 @@ def read_moments(step_dir: Path, reader: DCPTensorReader, moment: str) -> dict[s
         reader: the step's ``optimizer/`` directory.
         moment: ``"exp_avg"`` or ``"exp_avg_sq"``.
     """
+    import torch  # here, not with the module: ``drivetrain ckpt ls`` reads the record without torch
+
     buckets: dict[str, torch.Tensor] = {}
     moments: dict[str, torch.Tensor] = {}
     for record in _records(step_dir):

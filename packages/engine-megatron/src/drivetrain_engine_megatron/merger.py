@@ -6,24 +6,25 @@ stages already placed in the global shape, and the transformer layers stacked on
 (``decoder.layers.<param>`` of shape ``(num_layers, ...)``). Each layer of each key is read alone (core's
 :class:`DCPTensorReader`) and converted by :func:`.hf_names.checkpoint_tensors_to_hf`, the engine's own
 mbridge conversion (q/k/v and gate/up split, vocabulary padding trimmed, value head onto ``score``).
+
+NOTE: torch and the DCP reader are imported where tensors are read, not with the module: ``drivetrain ckpt ls``
+builds a merger for each complete step to say how its optimizer state is stored (from the manifest and the
+layout record), and listing steps must not import them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from drivetrain_engine_core.backend import (
-    MODEL_DIR,
-    OPTIMIZER_DIR,
-    CheckpointError,
-    CheckpointMerger,
-    DCPTensorReader,
-)
+from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, CheckpointError, CheckpointMerger
 
 from .dist_opt_record import has_layout, read_adam_step, read_moments
+
+if TYPE_CHECKING:
+    import torch
+    from drivetrain_engine_core.backend import DCPTensorReader
 
 _STACKED_PREFIX = "decoder.layers."
 _OPTIMIZER_STATE = "optimizer.state"
@@ -35,10 +36,14 @@ class MegatronCheckpointMerger(CheckpointMerger):
 
     @cached_property
     def _reader(self) -> DCPTensorReader:
+        from drivetrain_engine_core.backend import DCPTensorReader
+
         return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("model_dir", MODEL_DIR))
 
     @cached_property
     def _optimizer_reader(self) -> DCPTensorReader:
+        from drivetrain_engine_core.backend import DCPTensorReader
+
         return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR))
 
     def _names(self) -> list[str]:
@@ -90,6 +95,8 @@ class MegatronCheckpointMerger(CheckpointMerger):
     def _adam_step(self) -> int:
         if has_layout(self.step_dir):
             return read_adam_step(self.step_dir)
+        import torch
+
         common = self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR) / "common.pt"
         return _common_step(torch.load(common, weights_only=True)) if common.is_file() else 0
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from drivetrain_engine_core.config import ConfigError
 
-from .losses.aggregation import CONSTANT_LENGTH_MODE
-from .losses.policy import PolicyLossConfig
+from .grpo.builtin_rewards import BUILTIN_REWARDS
+from .losses.config import PolicyLossConfig
+from .losses.names import CONSTANT_LENGTH_MODE
 
 
 class AlgorithmSection:
@@ -41,10 +42,10 @@ class AlgorithmSection:
                 written without its name, or ``loss_scale_factor`` without the mode that reads it.
         """
         location, _, name = self.reward_function.rpartition(":")
-        if self.reward_function != "exact_match" and not (location and name):
+        if self.reward_function not in BUILTIN_REWARDS and not (location and name):
             raise ConfigError(
-                f"algorithm.reward_function={self.reward_function!r}: write exact_match, package.module:function or "
-                "path/to/file.py:function."
+                f"algorithm.reward_function={self.reward_function!r}: write {' or '.join(BUILTIN_REWARDS)} (built in), "
+                "package.module:function or path/to/file.py:function."
             )
         for option in ("ppo_mini_batches", "ppo_epochs"):
             if getattr(self, option) < 1:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig, OptimizerConfig
 
+from .jobs.builtin_tasks import builtin_task
 from .jobs.default_assets import BUILTIN_MODEL
+from .jobs.divergence import DivergenceConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -37,12 +39,13 @@ USER_MODEL_MAX_NEW_TOKENS = 256
 """Generation budget of any model but the embedded one (TRL's ``GRPOConfig.max_completion_length``)."""
 
 
-def for_a_user_model(
-    config: DictConfig, values: Mapping[str, Mapping[str, Any]]
+def model_defaults(
+    config: DictConfig, command: str, values: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """Derived values (``{section: {key: value}}``) that hold for any model but the embedded one, whose
-    defaults are tuned for that tiny model; each applies unless set. ``data.max_length`` is
-    :data:`USER_MODEL_MAX_LENGTH` in every command; ``values`` adds the command's own.
+    """Derived values (``{section: {key: value}}``) that follow ``model.path``; each applies unless set. An
+    embedded task's are its own for ``command`` (:attr:`~.jobs.builtin_tasks.BuiltinTask.defaults`; the
+    commands' defaults are the arithmetic task's). Any other model's: ``data.max_length`` is
+    :data:`USER_MODEL_MAX_LENGTH` in every command, and ``values`` adds the command's own.
 
     NOTE: the embedded job's learning rates (SFT 3e-3, RM 2e-3, GRPO 2e-4, DPO 1e-4 with beta 0.5) applied to a
     user's model too, so ``drivetrain sft model.path=Qwen/Qwen2.5-0.5B`` ran a full fine-tune at 3e-3, which
@@ -50,8 +53,9 @@ def for_a_user_model(
     6-token responses could never hold a real answer. A user's model gets the values its users know instead
     (verl, TRL).
     """
-    if config.model.path == BUILTIN_MODEL:
-        return {}
+    task = builtin_task(config.model.path)
+    if task is not None:
+        return merged_sections(task.defaults.get(command, {}))
     return merged_sections({"data": {"max_length": USER_MODEL_MAX_LENGTH}}, values)
 
 
@@ -75,7 +79,7 @@ def check_val_files_have_train_files(train_files: Sequence[str], val_files: Sequ
     if val_files and not train_files:
         raise ConfigError(
             f"data.val_files={list(val_files)} is set without data.train_files: the run would train and evaluate on "
-            "the generated arithmetic data and never read these files. Set data.train_files too, or drop "
+            "the generated data and never read these files. Set data.train_files too, or drop "
             "data.val_files."
         )
 
@@ -98,6 +102,8 @@ class LoopConfig:
             ``None`` keeps torch's default. Small models run fastest with 1: extra threads mostly spin.
         report_to: metrics trackers: ``jsonl`` (``<run>/metrics.jsonl``), ``tensorboard``, ``wandb``,
             ``mlflow`` (each needs its package installed).
+        divergence: the divergence guard: a loss or grad norm far above its running median, or a learning rate
+            of 0, for a few steps in a row warns (or stops the run).
     """
 
     total_steps: int
@@ -108,6 +114,7 @@ class LoopConfig:
     progress_bar: bool = True
     cpu_threads: int | None = 1
     report_to: tuple[str, ...] = ("jsonl",)
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
 
     def __post_init__(self) -> None:
         from .runtime.tracking import check_report_to
@@ -149,9 +156,15 @@ class DataConfig:
     """Where the examples come from and how they are tokenised.
 
     Attributes:
-        train_files: parquet/jsonl files; empty selects the generated arithmetic data set.
-        val_files: held-out files; empty with generated data uses the generated held-out split, empty with
-            user files disables held-out evaluation.
+        train_files: parquet/jsonl files, dataset folders (``save_to_disk``) or Hugging Face Hub dataset ids
+            (``trl-lib/Capybara``); empty selects the generated data set of the embedded task ``model.path``
+            names (arithmetic for any other model).
+        val_files: held-out sources, as ``train_files``; empty with generated data uses the generated held-out
+            split, empty with user files disables held-out evaluation.
+        dataset_config: the config (subset) of each Hugging Face Hub dataset in ``train_files``/``val_files``
+            (TRL's ``dataset_config``); ``None``: its default.
+        train_split, val_split: the split read from each dataset folder or Hub dataset of ``train_files``, and of
+            ``val_files`` (TRL's ``dataset_train_split``/``dataset_test_split``); files have none.
         prompt_key, response_key: columns of prompt/response pairs (loss on the response).
         messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the assistant
             turns that ``assistant_turns`` picks); when set, prompt/response columns are not read.
@@ -164,11 +177,14 @@ class DataConfig:
         overlong: what an example longer than ``max_length`` does: ``error`` (the run refuses the data, naming
             the row) or ``drop`` (skipped with one warning counting them, as OpenRLHF filters them; a cut
             response would train on text that never ends).
-        generated_train_size, generated_val_size: sizes of the generated arithmetic splits.
+        generated_train_size, generated_val_size: sizes of the generated splits.
     """
 
     train_files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
+    dataset_config: str | None = None
+    train_split: str = "train"
+    val_split: str = "test"
     prompt_key: str = "prompt"
     response_key: str = "response"
     messages_key: str | None = None
@@ -193,7 +209,7 @@ class DataConfig:
 
     @property
     def generated(self) -> bool:
-        """Whether the run uses the generated arithmetic data set."""
+        """Whether the run uses the generated data set (no ``train_files``)."""
         return not self.train_files
 
 

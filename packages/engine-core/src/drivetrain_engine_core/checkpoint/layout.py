@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import distributed
 from ..errors import CheckpointError
 from .manifest import MANIFEST_FILE, read_manifest, verify_files
 
@@ -171,6 +170,8 @@ def _size_problem(step: Path) -> str | None:
 
 
 def _say_fallback(root: Path, problem: str, step: Path, global_step: int) -> None:
+    from .. import distributed  # torch: listing steps (``drivetrain ckpt ls``) does not need it
+
     if distributed.rank() == 0:
         logger.warning(
             "checkpoint root %s: %s; using the newest complete step instead: %s (step %d).",

@@ -12,13 +12,14 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from .manifest import Manifest
 from .peft import PEFT_PREFIX, modules_to_save, peft_adapter_config, split_peft_name
+
+if TYPE_CHECKING:
+    import torch
 
 AUTO_CLASSES = {
     "language_model": "AutoModelForCausalLM",

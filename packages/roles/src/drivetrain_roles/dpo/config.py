@@ -23,10 +23,10 @@ from drivetrain_engine_core.config import (
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     RunOptimizerConfig,
-    for_a_user_model,
     merged_sections,
+    model_defaults,
 )
-from ..losses.preference import DPOLossConfig
+from ..losses.config import DPOLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,
@@ -135,8 +135,9 @@ class DPOConfig:
         (lr 1e-6, beta 0.1, 1024 tokens; 256 generated at evaluation)."""
         return merged_sections(
             warm_start_follows_the_model(config),
-            for_a_user_model(
+            model_defaults(
                 config,
+                "dpo",
                 {
                     "optimizer": {"lr": USER_MODEL_LR},
                     "dpo": {"beta": USER_MODEL_BETA},

@@ -29,8 +29,8 @@ from ..command_sections import (
     DataConfig,
     RunOptimizerConfig,
     builtin_model,
-    for_a_user_model,
     merged_sections,
+    model_defaults,
 )
 from .algorithm_config import DEFAULT_ROLLOUT_IS_CAP, AlgorithmConfig
 from .policy_job import PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, check_sections
@@ -69,7 +69,8 @@ class GRPOConfig:
     """Everything one GRPO run needs; the defaults are the embedded arithmetic job.
 
     Attributes:
-        model: the policy to train: ``builtin:arithmetic`` (warm-started by SFT), or a model directory such as
+        model: the policy to train: an embedded model (``builtin:arithmetic``, ``builtin:multistep``: warm-started by
+            SFT), or a model directory such as
             the ``final_model`` of a ``drivetrain sft`` run.
         engine: the actor's (and reference's) engine config.
         optimizer: the actor's AdamW and LR schedule; ``total_steps`` follows ``trainer.total_steps`` (the schedule
@@ -101,8 +102,9 @@ class GRPOConfig:
         )
         return merged_sections(
             off_policy,
-            for_a_user_model(
+            model_defaults(
                 config,
+                "grpo",
                 {
                     "optimizer": {"lr": USER_MODEL_LR},
                     "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},

@@ -15,7 +15,7 @@ from drivetrain_engine_core.config import (
 
 from ..algorithm_section import AlgorithmSection
 from ..command_sections import DataConfig
-from ..jobs.default_assets import BUILTIN_MODEL
+from ..jobs.builtin_tasks import builtin_task
 from .rollout_config import RolloutConfig
 from .trainer_config import TrainerConfig
 
@@ -57,10 +57,10 @@ def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_
     Raises:
         ConfigError: naming the settings and the fix.
     """
-    if config.model.path == BUILTIN_MODEL and config.trainer.warm_start_steps < 1:
+    if builtin_task(config.model.path) is not None and config.trainer.warm_start_steps < 1:
         # NOTE: 0 ran one step anyway (the embedded model is made by its warm start).
         raise ConfigError(
-            "trainer.warm_start_steps=0 with model.path=builtin:arithmetic: the embedded model is the output of its "
+            f"trainer.warm_start_steps=0 with model.path={config.model.path}: the embedded model is the output of its "
             f"SFT warm start, so it needs at least 1 step ({type(config.trainer)().warm_start_steps} by default). Set "
             "trainer.warm_start_steps >= 1, or give model.path (a drivetrain sft run's final_model), which starts as is."
         )

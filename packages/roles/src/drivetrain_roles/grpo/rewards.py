@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from numbers import Real
 from pathlib import Path
@@ -17,22 +17,16 @@ from drivetrain_engine_core.errors import DrivetrainError
 
 # NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
 from ..advantage_estimators import group_advantages as group_advantages
+from .builtin_rewards import BUILTIN_REWARDS as BUILTIN_REWARDS
+from .builtin_rewards import EXACT_MATCH as EXACT_MATCH
+from .builtin_rewards import RewardFunction as RewardFunction
+from .builtin_rewards import exact_match as exact_match
+from .builtin_rewards import exact_match_reward as exact_match_reward
 from .reward_signatures import adapted_reward_function
-
-EXACT_MATCH = "exact_match"
-"""The built-in reward function's name in ``algorithm.reward_function``."""
-
-RewardFunction = Callable[..., Sequence[float]]
-"""``function(*, prompts, completions, references) -> one number per completion`` (lists of texts)."""
 
 
 class RewardError(DrivetrainError, ValueError):
     """The reward function cannot be loaded or returned unusable rewards; the message names it and the fix."""
-
-
-def exact_match(answer: str, reference: str) -> bool:
-    """Whether a decoded answer, stripped of surrounding spaces, equals the reference answer stripped."""
-    return answer.strip() == reference.strip()
 
 
 def exact_answer_rewards(answers: Sequence[str], references: Sequence[str]) -> torch.Tensor:
@@ -42,26 +36,19 @@ def exact_answer_rewards(answers: Sequence[str], references: Sequence[str]) -> t
     )
 
 
-def exact_match_reward(
-    *, prompts: Sequence[str], completions: Sequence[str], references: Sequence[str]
-) -> list[float]:
-    """The built-in reward function: 1 where the completion, stripped, is the reference answer, else 0."""
-    del prompts  # the answer alone decides
-    return exact_answer_rewards(completions, references).tolist()
-
-
 @cache
 def load_reward_function(spec: str) -> RewardFunction:
-    """The reward function ``algorithm.reward_function`` names: ``exact_match``, ``package.module:function``, or
-    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process and
-    checked against the call drivetrain makes (verl's ``compute_score`` adapted: :mod:`.reward_signatures`).
+    """The reward function ``algorithm.reward_function`` names: a built-in (:data:`BUILTIN_REWARDS`),
+    ``package.module:function``, or ``path/to/file.py:function`` (verl's custom reward function: a file and a
+    name), loaded once per process and checked against the call drivetrain makes (verl's ``compute_score``
+    adapted: :mod:`.reward_signatures`).
 
     Raises:
         RewardError: the module or file cannot be imported, has no callable of that name, or the callable cannot
             take drivetrain's call.
     """
-    if spec == EXACT_MATCH:
-        return exact_match_reward
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
     location, _, name = spec.rpartition(":")
     try:
         module = (

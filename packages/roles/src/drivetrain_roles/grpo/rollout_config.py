@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.sampling import SamplingConfig
 
 from .router_replay import RouterReplayOption
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Literal
 
 from drivetrain_engine_core.config import ConfigError, EngineConfig
 from drivetrain_engine_core.plugins import plugins
-from drivetrain_engine_core.rollout import RecordsRoutedExperts
 
 if TYPE_CHECKING:
     from drivetrain_engine_core.engine import Engine
@@ -43,6 +42,8 @@ def check_router_replay(
 ) -> None:
     """Raises: ConfigError: R3 with a rollout that does not record routes or an engine that does not replay
     them (its ``capabilities.router_replay``)."""
+    from drivetrain_engine_core.rollout import RecordsRoutedExperts  # torch: not needed to build the config
+
     if mode == "disabled":
         return
     if not issubclass(rollout_class, RecordsRoutedExperts):

@@ -26,6 +26,7 @@ from drivetrain_engine_core.rollout import SamplingConfig
 from ..actor import Actor, ActorConfig
 from ..jobs.assets import load_splits
 from ..jobs.batches import StepSampler
+from ..jobs.builtin_tasks import data_task
 from ..jobs.data import Example
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
@@ -37,7 +38,7 @@ from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .prompt_checks import check_rollout_length, warn_unreachable_answers
-from .rewards import exact_match, load_reward_function
+from .rewards import EXACT_MATCH, exact_match, load_reward_function
 from .rollout_plugin import build_rollout, require_rollout
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
@@ -128,6 +129,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             config.trainer.seed,
             resume=self.folder.resume,
             trust_remote_code=config.model.trust_remote_code,
+            task=data_task(config.model.path),
         )
         check_rollout_length(self.train + self.val, config, self.model_path)
         warn_unreachable_answers(self.train, config.rollout.max_new_tokens, self.tokenizer.eos_token_id)
@@ -336,7 +338,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         plot_curves(
             records,
             self.output_dir / self.curve_file,
-            left=[("train/reward", "train reward (exact answers)", "-")],
+            left=[("train/reward", f"train reward ({self.config.algorithm.reward_function})", "-")],
             left_label="mean reward",
         )
 
@@ -359,6 +361,11 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
                 f"val/accuracy: {first['val/accuracy']:.4f} (step {first['step']}) -> {last['val/accuracy']:.4f} "
                 f"(step {last['step']}) in {result.seconds:.0f} s of {self.command.upper()}"
             )
+            if self.config.algorithm.reward_function != EXACT_MATCH:  # else the same numbers
+                lines.append(
+                    f"val/reward: {first['val/reward']:.4f} (step {first['step']}) -> {last['val/reward']:.4f} "
+                    f"(step {last['step']}, {self.config.algorithm.reward_function})"
+                )
         return lines
 
 

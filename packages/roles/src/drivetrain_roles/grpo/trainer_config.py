@@ -18,7 +18,7 @@ class TrainerConfig(LoopConfig):
     Attributes:
         total_steps: policy updates (each: one rollout, one optimizer step, one weight hand-off).
         prompts_per_step: prompts per step over all data-parallel ranks (divisible by their number).
-        warm_start_steps: with ``model.path=builtin:arithmetic``, SFT steps run first (in ``<run>/warm_start``)
+        warm_start_steps: with an embedded ``model.path`` (``builtin:<task>``), SFT steps run first (in ``<run>/warm_start``)
             to get a policy that is sometimes right; GRPO starts from its ``final_model``. At least 1 with the
             embedded model (it exists only as the warm start's output); not read for any other model.
         warm_start_batch_size: examples per warm-start SFT step.

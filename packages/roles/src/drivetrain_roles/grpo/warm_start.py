@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..jobs.assets import model_directory
-from ..jobs.default_assets import BUILTIN_MODEL
+from ..jobs.builtin_tasks import builtin_task
 from ..jobs.resume_start import check_or_record_start
 from ..sft.config import SFTConfig, warm_start_trainer
 from .config import RolloutJobConfig
 
 
 def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> str:
-    """The local directory of ``model.path`` (a Hub id's cached snapshot), or for ``builtin:arithmetic`` the
-    ``final_model`` of an SFT warm start.
+    """The local directory of ``model.path`` (a Hub id's cached snapshot), or for an embedded task
+    (``builtin:<name>``) the ``final_model`` of an SFT warm start.
 
     The warm start is ``drivetrain sft`` for ``trainer.warm_start_steps`` steps in ``<run>/warm_start`` (same
     engine, data and seed): a resumed GRPO run reuses the one its first part finished, any other run makes
@@ -27,7 +27,7 @@ def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> 
             repository.
     """
     check_or_record_start(output_dir, config.model.path, resume=resume)
-    if config.model.path != BUILTIN_MODEL:
+    if builtin_task(config.model.path) is None:
         return model_directory(config.model.path)
     from ..sft.warm_start import run_warm_start
 

@@ -11,8 +11,8 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
 from ..command_sections import DataConfig
+from .builtin_tasks import ARITHMETIC, BUILTIN_TASKS, BuiltinTask, builtin_task
 from .data import Example, load_examples
-from .default_assets import BUILTIN_MODEL, write_arithmetic_data, write_model_dir
 
 INITIAL_MODEL_DIR = "initial_model"
 """Where the embedded model is written before training (random weights: the run's starting point)."""
@@ -28,19 +28,20 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 def resolve_model_path(path: str, output_dir: Path, seed: int, *, resume: bool = False) -> str:
     """The local model directory a run trains: ``path``, its Hub snapshot in the Hugging Face cache (fetched
-    by :func:`check_model_path` before the run), or for ``builtin:arithmetic`` the embedded untrained model
-    under ``<run>/initial_model``.
+    by :func:`check_model_path` before the run), or for an embedded task (``builtin:<name>``) its untrained
+    model under ``<run>/initial_model``.
 
     Raises:
         ModelPathError: ``path`` is neither a local Hugging Face model directory nor a cached Hub repository.
     """
-    if path != BUILTIN_MODEL:
+    task = builtin_task(path)
+    if task is None:
         return model_directory(path)
     target = output_dir / INITIAL_MODEL_DIR
     # NOTE: written by every new run (kept from an earlier one, it ignored a new --overwrite run's engine.seed);
     # a resumed run keeps the one it started from.
     if distributed.rank() == 0 and not (resume and (target / "config.json").is_file()):
-        write_model_dir(target, seed=seed)
+        task.write_model(target, seed)
     distributed.barrier()
     return str(target)
 
@@ -75,10 +76,10 @@ class ModelPathError(DrivetrainError, FileNotFoundError):
 
 
 def check_model_path(path: str) -> None:
-    """Raise one clear error unless ``path`` is the embedded model, a model directory, or a Hub repository id
+    """Raise one clear error unless ``path`` is an embedded model, a model directory, or a Hub repository id
     whose files are in (or can be fetched into) the Hugging Face cache; commands call it once, before any rank
     starts, so a Hub model is downloaded once."""
-    if path != BUILTIN_MODEL:
+    if builtin_task(path) is None:
         model_directory(path, download=True)
 
 
@@ -97,8 +98,8 @@ def model_directory(path: str, *, download: bool = False) -> str:
         what = "has no config.json" if directory.is_dir() else "does not exist"
         raise ModelPathError(
             f"model.path={path} {what}; set model.path to a local Hugging Face model directory (config.json, "
-            f"weights, tokenizer), a Hub repository id such as Qwen/Qwen2.5-0.5B-Instruct, or {BUILTIN_MODEL} "
-            "for the embedded model."
+            f"weights, tokenizer), a Hub repository id such as Qwen/Qwen2.5-0.5B-Instruct, or an embedded model: "
+            f"{' or '.join(BUILTIN_TASKS)}."
         )
     return str(directory)
 
@@ -121,9 +122,9 @@ def _hub_snapshot(repo_id: str, *, download: bool) -> str:
 
 
 def resolve_data_files(
-    config: DataConfig, output_dir: Path, seed: int, *, resume: bool = False
+    config: DataConfig, output_dir: Path, seed: int, *, resume: bool = False, task: BuiltinTask = ARITHMETIC
 ) -> tuple[list[str], list[str]]:
-    """Train and held-out files: the configured ones, or the generated arithmetic splits under ``<output_dir>/data``
+    """Train and held-out files: the configured ones, or ``task``'s generated splits under ``<output_dir>/data``
     (written by every new run; a resumed run keeps the ones it started from)."""
     if not config.generated:
         return list(config.train_files), list(config.val_files)
@@ -131,7 +132,7 @@ def resolve_data_files(
     train, val = directory / "train.jsonl", directory / "val.jsonl"
     # NOTE: like the embedded model: kept from an earlier run, it ignored a new run's sizes or seed.
     if distributed.rank() == 0 and not (resume and train.is_file() and val.is_file()):
-        write_arithmetic_data(
+        task.write_data(
             directory, train_size=config.generated_train_size, val_size=config.generated_val_size, seed=seed
         )
     distributed.barrier()
@@ -166,11 +167,12 @@ def load_splits(
     *,
     resume: bool = False,
     trust_remote_code: bool = False,
+    task: BuiltinTask = ARITHMETIC,
 ) -> tuple[Any, list[Example], list[Example]]:
-    """The model's tokenizer and the tokenised train and held-out examples of ``config`` (the generated
-    arithmetic splits for the embedded task); shared by ``sft`` and ``grpo``."""
+    """The model's tokenizer and the tokenised train and held-out examples of ``config`` (``task``'s generated
+    splits when it names no files: :func:`~.builtin_tasks.data_task`); shared by ``sft`` and ``grpo``."""
     tokenizer = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
-    train_files, val_files = resolve_data_files(config, output_dir, seed, resume=resume)
+    train_files, val_files = resolve_data_files(config, output_dir, seed, resume=resume, task=task)
     train = load_examples(train_files, tokenizer, config)
-    val = load_examples(val_files, tokenizer, config) if val_files else []
+    val = load_examples(val_files, tokenizer, config, held_out=True) if val_files else []
     return tokenizer, train, val

@@ -23,8 +23,9 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
     """The click command ``drivetrain <name>`` running ``job`` on the config ``config``.
 
     Args:
-        name: the command's name (the run-folder prefix ``outputs/<name>-<timestamp>``; spawned ranks run
-            ``python -m drivetrain_roles.<name>.rank_main``).
+        name: the command's name, under which it is registered (the run-folder prefix
+            ``outputs/<name>-<timestamp>``; spawned ranks find it by it: ``python -m
+            drivetrain_roles.jobs.rank_entry <name>``).
         job: the :class:`~.job.TrainingJob` subclass, or its ``"module:attr"`` path.
         config: the config dataclass (sections ``model``, ``engine``, ``trainer``, ...), or its ``"module:attr"``
             path.
@@ -46,16 +47,21 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
 
 
 def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
-    """Run this process's rank of ``job`` and print (rank 0) where the results are."""
+    """Run this process's rank of ``job`` and print (rank 0) where the results are, or, when Ctrl-C stopped
+    it, the checkpoint it saved."""
     from drivetrain_engine_core import distributed
     from transformers.utils import logging as hf_logging
 
+    from .interrupt import RunInterrupted, hand_over
     from .launch import agreed_output_dir
 
     hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
     output_dir = agreed_output_dir(output_dir, config.engine)  # one timestamp under an outer torchrun
     instance = job(config, output_dir, resume=run.resume, overwrite=run.overwrite)
-    result = instance.run()
+    try:
+        result = instance.run()
+    except RunInterrupted as e:  # Ctrl-C, with the checkpoint saved: its one line, status 130
+        raise SystemExit(hand_over(instance.command, e)) from None
     if distributed.rank() == 0:
         click.echo(instance.report(result))
 

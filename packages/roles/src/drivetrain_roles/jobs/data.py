@@ -1,4 +1,5 @@
-"""SFT data: parquet or JSONL files of prompt/response pairs or chat messages, tokenised with a loss on responses.
+"""SFT data: parquet or JSONL files (or Hugging Face datasets: :mod:`.dataset_rows`) of prompt/response pairs or
+chat messages, tokenised with a loss on responses.
 
 Every problem is found before training starts and reported once, naming the file, the row and the fix: an
 unreadable file (not UTF-8, corrupt parquet), a line that is not a JSON object, a missing column, a value that
@@ -19,6 +20,7 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.errors import DrivetrainError
 
 from ..command_sections import DataConfig
+from .dataset_rows import SUPPORTED_SOURCES, dataset_rows, is_dataset_source
 
 logger = logging.getLogger(__name__)
 
@@ -52,23 +54,35 @@ class Example:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``.parquet`` or ``.jsonl``/``.json`` file as dicts.
+def read_rows(
+    path: str | Path, *, split: str = "train", dataset_config: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows of a ``.parquet`` or ``.jsonl``/``.json`` file, or of the ``split`` of a Hugging Face dataset (a folder
+    or a Hub id, :mod:`.dataset_rows`; ``dataset_config`` names its config), as dicts.
 
     Raises:
         DataError: the file is missing, has another extension, is not readable as its format (corrupt
             parquet, JSONL that is not UTF-8), or a JSONL line is not a JSON object.
+        DatasetSourceError: a dataset folder or Hub id that cannot be loaded.
     """
+    if is_dataset_source(str(path)):
+        return dataset_rows(str(path), split=split, dataset_config=dataset_config)
     path = Path(path)
     if not path.is_file():
-        raise DataError(
-            f"data file {path} does not exist; set data.train_files / data.val_files to existing files."
-        )
+        raise DataError(f"data file {path} does not exist; {SUPPORTED_SOURCES}.")
     if path.suffix == ".parquet":
         return _read_parquet(path)
     if path.suffix in (".jsonl", ".json"):
         return _read_jsonl(path)
-    raise DataError(f"data file {path} has extension {path.suffix!r}; use .parquet or .jsonl.")
+    raise DataError(f"data file {path} has extension {path.suffix!r}; {SUPPORTED_SOURCES}.")
+
+
+def read_options(config: Any, *, held_out: bool) -> dict[str, Any]:
+    """The ``read_rows`` arguments a data section (``data``) gives its training or held-out sources."""
+    return {
+        "split": config.val_split if held_out else config.train_split,
+        "dataset_config": config.dataset_config,
+    }
 
 
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
@@ -113,18 +127,21 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_examples(files: Sequence[str | Path], tokenizer: Any, config: DataConfig) -> list[Example]:
-    """Read, tokenise and check every example of ``files``; with ``data.overlong=drop``, skip the over-long ones.
+def load_examples(
+    files: Sequence[str | Path], tokenizer: Any, config: DataConfig, *, held_out: bool = False
+) -> list[Example]:
+    """Read, tokenise and check every example of ``files`` (``held_out``: ``data.val_files``, read at
+    ``data.val_split`` where a source has splits); with ``data.overlong=drop``, skip the over-long ones.
 
     Raises:
         DataError: no file or no rows, a missing column, or an example longer than ``config.max_length``
             (``data.overlong=error``).
     """
     if not files:
-        raise DataError("no data files given; set data.train_files (parquet or jsonl).")
+        raise DataError(f"no data files given; set data.train_files. {SUPPORTED_SOURCES}.")
     examples, overlong = [], OverlongRows(config.max_length, config.overlong)
     for path in files:
-        rows = read_rows(path)
+        rows = read_rows(path, **read_options(config, held_out=held_out))
         for index, row in enumerate(rows):
             where = f"{path} row {index}"
             example = tokenize_row(row, tokenizer, config, where=where)

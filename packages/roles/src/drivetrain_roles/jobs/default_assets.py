@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 BUILTIN_MODEL = "builtin:arithmetic"
 """``model.path`` value that selects the embedded tiny model (built under the run's output directory)."""
@@ -60,19 +62,26 @@ def build_arithmetic_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD)
 
 
-def write_model_dir(path: Path, seed: int = 0) -> Path:
-    """Write the tiny Qwen2-style model with random weights and the arithmetic tokenizer to ``path``."""
+def write_model_dir(
+    path: Path,
+    seed: int = 0,
+    *,
+    tokenizer: Any = None,
+    model_config: Mapping[str, object] = TINY_MODEL_CONFIG,
+) -> Path:
+    """Write a tiny Qwen2-style model with random weights to ``path``: ``model_config``'s shape, and ``tokenizer``
+    (default: the arithmetic one) with its vocabulary and special tokens."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    tokenizer = build_arithmetic_tokenizer()
+    tokenizer = build_arithmetic_tokenizer() if tokenizer is None else tokenizer
     config = AutoConfig.for_model(
         "qwen2",
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **TINY_MODEL_CONFIG,
+        **model_config,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

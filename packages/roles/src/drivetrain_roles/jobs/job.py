@@ -2,8 +2,8 @@
 
 :meth:`TrainingJob.run` owns the sequence every job shares, in one place: begin the run (process group, batch
 check, run folder), the job's setup, resume (a resumed run's ``config.yaml`` once its checkpoint fits), the
-metrics writer, the step loop (:class:`~.step_loop.StepLoop`: evaluations, checkpoints, heartbeat), the final
-model, the curve and ``summary.json``. A subclass says what is
+metrics writer, the step loop (:class:`~.step_loop.StepLoop`: evaluations, checkpoints, heartbeat, the
+divergence guard, Ctrl-C), the final model, the curve and ``summary.json``. A subclass says what is
 its own through ``_``-prefixed hooks: what it builds before the first step (:meth:`TrainingJob._setup`, which
 returns the engine the checkpoints save), what one step does, what an evaluation measures, how the final
 model is written and what its summary holds. :func:`~.command.job_command` turns a subclass into its
@@ -25,6 +25,7 @@ from drivetrain_engine_core.engine import Engine
 
 from ..runtime.command_config import to_plain
 from ..runtime.tracking.jsonl import dumps
+from .divergence import DivergenceGuard
 from .final_model import FINAL_MODEL_DIR
 from .launch import SUMMARY_FILE
 from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve, speed_postfix
@@ -63,6 +64,8 @@ class TrainingJob(ABC, Generic[ResultT]):
         resume: continue from the latest checkpoint in ``<output_dir>/checkpoints`` (an error when there is none).
         overwrite: delete the checkpoints, final model and summary a previous run left in ``output_dir`` and
             start over (without it, a new run refuses a directory that holds checkpoints).
+        ctrl_c_saves: the first Ctrl-C during the steps saves a checkpoint to resume from (off for a run that is
+            never resumed on its own, such as a warm start: every Ctrl-C stops it at once).
     """
 
     command: ClassVar[str]
@@ -78,14 +81,22 @@ class TrainingJob(ABC, Generic[ResultT]):
     """The curve :meth:`_plot` draws in the run folder."""
 
     def __init__(
-        self, config: Any, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False
+        self,
+        config: Any,
+        output_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        ctrl_c_saves: bool = True,
     ) -> None:
         self.config = config
+        self.ctrl_c_saves = ctrl_c_saves
         self.output_dir = Path(output_dir)
         self.folder = RunFolder(
             path=self.output_dir, resume=resume, overwrite=overwrite, data_order=self._data_order()
         )
         self.started = 0.0
+        self.guard = DivergenceGuard(config.trainer.divergence)
 
     def run(self) -> ResultT:
         """Set up, train for ``trainer.total_steps`` steps, write the final model and the summary (collective);
@@ -107,8 +118,12 @@ class TrainingJob(ABC, Generic[ResultT]):
             resume_step=start_step if self.folder.resume else None,
         )
         result = self._new_result(start_step, writer.earlier_evaluations())
+        # A resumed run's steps so far (rank 0 holds them, and its guard decides).
+        self.guard.replay(writer.records)
         loop_started = time.perf_counter()
-        StepLoop(self.command, trainer, self.folder, writer).run(
+        StepLoop(
+            self.command, trainer, self.folder, writer, guard=self.guard, ctrl_c_saves=self.ctrl_c_saves
+        ).run(
             engine,
             start_step,
             step=lambda step: self._step(step, result),
@@ -128,6 +143,7 @@ class TrainingJob(ABC, Generic[ResultT]):
         return "\n".join(
             [
                 *self._report_lines(result),
+                *self._guard_lines(),
                 f"trained model: {result.output_dir}/{FINAL_MODEL_DIR} (plain Hugging Face folder, with tokenizer)",
                 f"metrics: {result.output_dir}/metrics.jsonl, curve: {result.output_dir}/{self.curve_file}",
             ]
@@ -138,11 +154,16 @@ class TrainingJob(ABC, Generic[ResultT]):
         values, the final model's path and the config."""
         summary = {
             **self._summary(result),
+            "divergence_guard": self.guard.summary(),
             "final_model": str(self.output_dir / FINAL_MODEL_DIR),
             "config": to_plain(self.config),
         }
         # Whole or not at all: a warm start's reuse reads it.
         write_durably(self.output_dir / SUMMARY_FILE, dumps(summary, indent=2))
+
+    def _guard_lines(self) -> list[str]:
+        """A warning line for each episode of the divergence guard's (none when it never tripped)."""
+        return [f"warning: {trip.describe()}" for trip in self.guard.episodes]
 
     def _record_eval(self, step: int, writer: MetricsWriter, result: ResultT, bar: Any) -> None:
         values = self._evaluate(step)

@@ -1,12 +1,16 @@
 """Starting the ranks of a job (``sft``, ``dpo``, ``rm``, ``grpo``): in this process, or ``N`` processes through ``torch.distributed.run``.
 
-``drivetrain <command> --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.<command>.rank_main ...``
+``drivetrain <command> --nproc N`` launches ``N`` ranks of ``python -m drivetrain_roles.jobs.rank_entry <command> ...``
 with the same arguments through torch's elastic launcher (what ``torchrun --standalone`` runs), in this process, so a run
-needs no separate launcher; under an outer ``torchrun`` (``WORLD_SIZE`` set) the command runs as one rank.
+needs no separate launcher; the rank finds the command by name among the registered ones (:mod:`.rank_entry`), so
+a third party's command launches as roles' own do. Under an outer ``torchrun`` (``WORLD_SIZE`` set) the command
+runs as one rank.
 
 A user error or a crash inside the ranks is reported by the launcher in one line (:mod:`.rank_failures`),
 which exits 1: not ``N`` copies followed by torchrun's traceback; a crash's full traceback is in
-``<run>/logs/rank<R>.log``. Ctrl-C stops every rank, prints one line and exits 130.
+``<run>/logs/rank<R>.log``. Ctrl-C prints one line and exits 130: the first one, while the ranks train, stops
+them after the current step with a checkpoint (:mod:`.interrupt`); otherwise, and on a second one, every rank
+is stopped at once.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from drivetrain_engine_core.cli import INTERRUPTED
 from drivetrain_engine_core.config import EngineConfig
 
 from ..runtime.descendants import owning_descendants
+from .interrupt import forwarding_ctrl_c, interrupt_report
 from .rank_failures import ERROR_DIR_ENV, LOG_DIR_ENV, failure_report, report_rank_crash, report_rank_error
 
 OUTPUTS_ROOT = Path("outputs")
@@ -37,6 +42,8 @@ SUMMARY_FILE = "summary.json"
 """Written last by every job: a run folder with it holds a finished run."""
 LOG_DIR = "logs"
 """In the run folder: a crashed rank's full traceback (``rank<R>.log``)."""
+RANK_ENTRY = "drivetrain_roles.jobs.rank_entry"
+"""The module every spawned rank runs (``python -m``), followed by the command's name and its arguments."""
 _TORCH_HANDLED_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
 """The signals torch's launcher turns into its ``SignalException``: its default list less SIGINT."""
 
@@ -134,7 +141,7 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Pat
 
     Returns:
         0 on success; 1 after printing one line for the failure (:func:`.rank_failures.failure_report`); 130
-        after Ctrl-C.
+        after Ctrl-C (the first one, while the ranks train, is sent on to them: :func:`.interrupt.forwarding_ctrl_c`).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -158,12 +165,17 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Pat
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
-            elastic_launch(config, sys.executable)("-m", f"drivetrain_roles.{command}.rank_main", *arguments)
+            with forwarding_ctrl_c(Path(errors), command):
+                elastic_launch(config, sys.executable)("-m", RANK_ENTRY, command, *arguments)
         except ChildFailedError as e:
             click.echo(failure_report(Path(errors), command, e.failures), err=True)
             return 1
         except (KeyboardInterrupt, SignalException):
             click.echo(f"drivetrain {command}: interrupted; every rank was stopped.", err=True)
+            return INTERRUPTED
+        interrupted = interrupt_report(Path(errors))  # the ranks stopped after a step and saved it
+        if interrupted is not None:
+            click.echo(interrupted, err=True)
             return INTERRUPTED
     return 0
 
@@ -189,10 +201,10 @@ def _rank_environment(error_dir: str, log_dir: Path) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def rank_main(command: click.Command, name: str) -> NoReturn:
-    """Run one spawned rank of ``drivetrain <name>``: a user error or a crash is one line handed to the
-    launcher, not a traceback; Ctrl-C ends the rank quietly. The rank ends without the interpreter's teardown, where torch's
-    gloo threads can abort a rank whose work is done (core's ``process_exit``).
+def rank_main(command: click.Command, name: str, arguments: Sequence[str]) -> NoReturn:
+    """Run one spawned rank of ``drivetrain <name> <arguments>``: a user error or a crash is one line handed to
+    the launcher, not a traceback; Ctrl-C ends the rank quietly. The rank ends without the interpreter's
+    teardown, where torch's gloo threads can abort a rank whose work is done (core's ``process_exit``).
 
     NOTE: the rank dies with its launcher: torch's launcher starts each rank in its own session, so a launcher
     killed outright (kill -9, the OOM killer) left its ranks training, saving and pruning in the run folder,
@@ -202,15 +214,15 @@ def rank_main(command: click.Command, name: str) -> NoReturn:
     from drivetrain_engine_core.processes import die_with_parent
 
     die_with_parent()
-    run_then_exit(lambda: _run_rank(command, name))
+    run_then_exit(lambda: _run_rank(command, name, arguments))
 
 
-def _run_rank(command: click.Command, name: str) -> None:
+def _run_rank(command: click.Command, name: str, arguments: Sequence[str]) -> None:
     from drivetrain_engine_core.config import ConfigError
     from drivetrain_engine_core.errors import DrivetrainError
 
     try:
-        command.main(prog_name=f"drivetrain {name}", standalone_mode=False)
+        command.main(list(arguments), prog_name=f"drivetrain {name}", standalone_mode=False)
     except (DrivetrainError, ConfigError, click.ClickException) as e:
         report_rank_error(f"drivetrain {name}: error: {' '.join(str(e).split())}")
         sys.exit(1)

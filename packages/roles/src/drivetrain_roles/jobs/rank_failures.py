@@ -27,7 +27,8 @@ _CRASH = "crash-rank{:05d}.txt"
 _MESSAGE_CHARS = 300
 
 
-def _rank() -> int:
+def launch_rank() -> int:
+    """This process's rank as its launcher numbered it (``RANK``); 0 when no launcher started it."""
     return int(os.environ.get("RANK", "0"))
 
 
@@ -37,7 +38,7 @@ def report_rank_error(message: str) -> None:
     if directory is None:
         click.echo(message, err=True)
         return
-    Path(directory, _USER_ERROR.format(_rank())).write_text(message)
+    Path(directory, _USER_ERROR.format(launch_rank())).write_text(message)
 
 
 def report_rank_crash(command: str, error: BaseException) -> bool:
@@ -51,7 +52,7 @@ def report_rank_crash(command: str, error: BaseException) -> bool:
     directory, logs = os.environ.get(ERROR_DIR_ENV), os.environ.get(LOG_DIR_ENV)
     if directory is None or logs is None:
         return False
-    rank = _rank()
+    rank = launch_rank()
     log = Path(logs, f"rank{rank}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(traceback.format_exc())

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.checkpoint import complete_steps, step_dir_name
 from drivetrain_engine_core.checkpoint.durable import write_durably
 from drivetrain_engine_core.config import EngineConfig
 from drivetrain_engine_core.engine import Engine
@@ -76,6 +77,15 @@ class RunFolder:
     @property
     def checkpoint_root(self) -> Path:
         return self.path / CHECKPOINT_DIR
+
+    def step_path(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is published."""
+        return self.checkpoint_root / step_dir_name(step)
+
+    def checkpoint_at_most(self, step: int) -> Path | None:
+        """The newest complete checkpoint of a step ``<= step``, if any."""
+        earlier = [path for saved, path in complete_steps(self.checkpoint_root) if saved <= step]
+        return earlier[-1] if earlier else None
 
     def prepare(self, config: Any) -> None:
         """Check the directory fits the request, clear the previous run's checkpoints and results for

@@ -25,7 +25,8 @@ class RunOptions:
     """What the command line asked of a job's run directory and ranks.
 
     Attributes:
-        command: the command's name (``outputs/<command>-*`` run folders, ``drivetrain_roles.<command>.rank_main``).
+        command: the command's name (``outputs/<command>-*`` run folders; the spawned ranks look it up by it:
+            ``python -m drivetrain_roles.jobs.rank_entry <command>``).
         nproc: ranks to spawn (ignored under an outer launcher).
         output_dir: the run directory as given; ``None`` picks one (see :meth:`launch`).
         resume: continue from the latest checkpoint of the run directory.

@@ -3,18 +3,27 @@
 A job supplies what one step does and what an evaluation records; the loop owns the rest, the same in every
 command: a held-out evaluation before the first step of a new run, the step's metric record and progress bar,
 evaluations every ``trainer.eval_every`` steps and checkpoints every ``trainer.save_every`` steps (both at the
-last step too), and the heartbeat beats that let a collective timeout name the ranks behind.
+last step too), the heartbeat beats that let a collective timeout name the ranks behind, the divergence guard
+(:mod:`.divergence`, ``trainer.divergence``) and Ctrl-C (:mod:`.interrupt`: the first stops the run after the
+current step with a checkpoint). After each step the ranks agree in one all-reduce whether to stop, so every
+rank stops after the same step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.errors import DivergenceError
 
 from ..command_sections import LoopConfig
+from .divergence import DivergenceGuard, Trip
+from .interrupt import RunInterrupted, StopRequests
 from .metrics import MetricsWriter
 from .progress import progress_bar
 from .run_folder import RunFolder
@@ -36,21 +45,39 @@ class StepLoop:
         trainer: the command's ``trainer`` section (steps, evaluation and save intervals, progress bar).
         folder: the run folder (checkpoints, heartbeat).
         writer: where step records go; closed when the loop ends, however it ends.
+        guard: the divergence guard, which sees every step's record (a resumed run's: replayed up to its step);
+            by default a new one of ``trainer.divergence``.
+        ctrl_c_saves: the first Ctrl-C stops the run after the current step with a checkpoint; off, every Ctrl-C
+            stops it at once (a warm start, which is never resumed).
     """
 
     command: str
     trainer: LoopConfig
     folder: RunFolder
     writer: MetricsWriter
+    guard: DivergenceGuard | None = None
+    ctrl_c_saves: bool = True
+
+    def __post_init__(self) -> None:
+        self._guard = self.guard if self.guard is not None else DivergenceGuard(self.trainer.divergence)
 
     def run(
         self, engine: Engine, start_step: int, *, step: StepFn, evaluate: EvaluateFn, postfix: PostfixFn
     ) -> None:
-        """Train from ``start_step``, checkpointing ``engine``; collective (every rank runs the same steps)."""
+        """Train from ``start_step``, checkpointing ``engine``; collective (every rank runs the same steps).
+
+        Raises:
+            RunInterrupted: Ctrl-C stopped the run after a step, whose checkpoint it names.
+            DivergenceError: the divergence guard tripped with ``trainer.divergence.action=stop``.
+        """
         heartbeat = self.folder.heartbeat()
+        stop = StopRequests(self.command)
         try:
-            with heartbeat.naming_laggards():
-                self._steps(engine, start_step, step, evaluate, postfix, heartbeat.beat)
+            with (
+                heartbeat.naming_laggards(),
+                stop.handled() if self.ctrl_c_saves else contextlib.nullcontext(),
+            ):
+                self._steps(engine, start_step, step, evaluate, postfix, heartbeat.beat, stop)
         finally:
             self.writer.close()
 
@@ -62,6 +89,7 @@ class StepLoop:
         evaluate: EvaluateFn,
         postfix: PostfixFn,
         beat: Callable[[int, str], None],
+        stop: StopRequests,
     ) -> None:
         total = self.trainer.total_steps
         bar = progress_bar(self.command, total, start_step, enabled=self.trainer.progress_bar)
@@ -72,9 +100,14 @@ class StepLoop:
             done = index + 1
             beat(done, "train")
             values = step(index)
-            self.writer.write(done, values)
+            trip = self._guard.check(done, values)
+            self.writer.write(done, {**values, **trip.record()} if trip else values)
             bar.set_postfix(refresh=False, **postfix(values))
             bar.update(1)
+            self._warn(trip, bar)
+            if self._agree_to_stop(done, trip, stop):
+                beat(done, "save")
+                self._save_and_stop(engine, done, bar)
             if self._due(done, self.trainer.eval_every):
                 beat(done, "eval")
                 evaluate(done, bar)
@@ -82,6 +115,63 @@ class StepLoop:
                 beat(done, "save")
                 self.folder.save(engine, done, self.writer)
         bar.close()
+
+    def _warn(self, trip: Trip | None, bar: Any) -> None:
+        """One console warning (rank 0) at the first step of each episode of the guard's."""
+        if (
+            trip is not None
+            and trip.first
+            and distributed.rank() == 0
+            and self._guard.config.action == "warn"
+        ):
+            bar.write(
+                f"drivetrain {self.command}: warning: {trip.describe()}. Warned once per episode; "
+                "trainer.divergence.action=stop stops such a run.",
+                file=sys.stderr,
+            )
+
+    def _agree_to_stop(self, done: int, trip: Trip | None, stop: StopRequests) -> bool:
+        """Whether Ctrl-C stops the run after step ``done`` (not the last: it ends anyway), as every rank
+        agrees (collective).
+
+        Raises:
+            DivergenceError: a rank's guard tripped with ``trainer.divergence.action=stop``.
+        """
+        # NOTE: rank 0's guard decides: it alone holds a resumed run's earlier records (replayed into it).
+        diverged = distributed.rank() == 0 and trip is not None and self._guard.config.action == "stop"
+        asked = stop.requested and done < self.trainer.total_steps
+        any_diverged, any_asked = distributed.all_reduce_maxes([float(diverged), float(asked)])
+        if any_diverged:
+            raise DivergenceError(self._divergence_message(trip, done))
+        return bool(any_asked)
+
+    def _divergence_message(self, trip: Trip | None, done: int) -> str:
+        """What tripped the guard and the last checkpoint saved before it.
+
+        NOTE: step ``t``'s loss and grad norm are measured on the weights after step ``t - 1``, so those weights
+        are already suspect: the last good checkpoint is the newest of a step ``<= t - 2``.
+        """
+        what = trip.describe() if trip is not None else f"step {done}: the divergence guard tripped on rank 0"
+        start = self._guard.episodes[-1].since if self._guard.episodes else done
+        saved = self.folder.checkpoint_at_most(start - 2)
+        where = (
+            f"the last checkpoint before the divergence: {saved}"
+            if saved is not None
+            else f"no checkpoint of a step before {start - 1} (whose weights gave the first value out of line) is left"
+        )
+        return f"{what}. Stopped (trainer.divergence.action=stop); {where}."
+
+    def _save_and_stop(self, engine: Engine, done: int, bar: Any) -> None:
+        """Checkpoint step ``done`` and stop the run (Ctrl-C), skipping the step's evaluation."""
+        self.folder.save(engine, done, self.writer)
+        bar.close()
+        checkpoint = self.folder.step_path(done)
+        raise RunInterrupted(
+            f"interrupted after step {done} of {self.trainer.total_steps}; saved checkpoint {checkpoint}. "
+            f"Continue with: drivetrain {self.command} --resume --output-dir {self.folder.path}",
+            step=done,
+            checkpoint=checkpoint,
+        )
 
     def _due(self, done: int, every: int) -> bool:
         """Whether an every-``every``-steps action falls after ``done`` steps (0: only after the last)."""

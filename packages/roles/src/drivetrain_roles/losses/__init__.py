@@ -1,18 +1,48 @@
-"""Losses over jagged per-token tensors, normalised by global mini-batch counts (see ``aggregation``)."""
+"""Losses over jagged per-token tensors, normalised by global mini-batch counts (see ``aggregation``).
 
-from .aggregation import (
+Importing the package is cheap: the loss settings and the names they accept (:mod:`.config`, :mod:`.names`)
+load eagerly, the loss functions (which need torch) on first attribute access, so that building a command's
+config (``--help-config``, ``--print-config``) never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from drivetrain_engine_core.lazy import lazy_getattr
+
+from .config import PolicyLossConfig, ValueLossConfig
+from .names import (
     AGGREGATION_MODES,
     CONSTANT_LENGTH_MODE,
+    KL_ESTIMATORS,
     POLICY_AGGREGATION_MODES,
-    FlatTokens,
-    aggregate,
-    flat_values,
+    POLICY_LOSS_MODES,
 )
-from .kl import KL_ESTIMATORS, kl_penalty
-from .policy import PolicyLossConfig, policy_loss_fn
-from .sft import sft_loss_fn, sft_nll
-from .surrogates import POLICY_LOSS_MODES, PolicyTerms, cispo_terms, clipped_policy_terms, gspo_terms
-from .value import ValueLossConfig, clipped_value_terms, value_loss_fn
+
+if TYPE_CHECKING:
+    from .aggregation import FlatTokens, aggregate, flat_values
+    from .kl import kl_penalty
+    from .policy import policy_loss_fn
+    from .sft import sft_loss_fn, sft_nll
+    from .surrogates import PolicyTerms, cispo_terms, clipped_policy_terms, gspo_terms
+    from .value import clipped_value_terms, value_loss_fn
+
+_LAZY = {
+    "FlatTokens": "aggregation",
+    "aggregate": "aggregation",
+    "flat_values": "aggregation",
+    "kl_penalty": "kl",
+    "policy_loss_fn": "policy",
+    "sft_loss_fn": "sft",
+    "sft_nll": "sft",
+    "PolicyTerms": "surrogates",
+    "cispo_terms": "surrogates",
+    "clipped_policy_terms": "surrogates",
+    "gspo_terms": "surrogates",
+    "clipped_value_terms": "value",
+    "value_loss_fn": "value",
+}
 
 __all__ = [
     "AGGREGATION_MODES",
@@ -36,3 +66,6 @@ __all__ = [
     "sft_nll",
     "value_loss_fn",
 ]
+
+
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -11,34 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.outputs import LossContext
 
-from .names import choose
-
-AGGREGATION_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-"""The means (what ``drivetrain sft`` offers)."""
-CONSTANT_LENGTH_MODE = "seq-mean-token-sum-norm"
-"""Dr. GRPO's mode: token sums over ``sequences x loss_scale_factor``, a constant length (verl's name)."""
-POLICY_AGGREGATION_MODES: tuple[str, ...] = (*AGGREGATION_MODES, CONSTANT_LENGTH_MODE, "token-sum")
-"""Every mode :func:`aggregate` knows (the policy losses take them all)."""
-
-
-def check_aggregation_mode(
-    mode: str, loss_scale_factor: float | None = None, *, option: str = "loss_agg_mode"
-) -> None:
-    """Refuse an unknown ``mode`` (naming the known ones and the closest), and the constant-length mode without
-    its constant.
-
-    Raises:
-        ConfigError: (a ``ValueError``) the message starts with ``option=mode``.
-    """
-    choose(option, mode, POLICY_AGGREGATION_MODES)
-    if mode == CONSTANT_LENGTH_MODE and not (loss_scale_factor is not None and loss_scale_factor > 0):
-        raise ConfigError(
-            f"{option}={mode!r} divides by a constant length, loss_scale_factor, which is {loss_scale_factor}; "
-            "give loss_scale_factor > 0 (e.g. the longest response, TRL's max_completion_length)."
-        )
+from .names import AGGREGATION_MODES as AGGREGATION_MODES  # importable from here since 0.1.0
+from .names import CONSTANT_LENGTH_MODE, check_aggregation_mode
+from .names import POLICY_AGGREGATION_MODES as POLICY_AGGREGATION_MODES  # importable from here since 0.1.0
 
 
 @dataclass(frozen=True)

@@ -11,24 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from .names import choose
+from .names import KL_ESTIMATORS as KL_ESTIMATORS  # importable from here since 0.1.0
+from .names import canonical_estimator
 
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
-_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 K3_CLAMP = 10.0
 """k3 is clamped to [-10, 10] per token: one token whose ratio explodes must not dominate the batch."""
 DELTA_CLAMP = 20.0
 """``delta`` is clamped to [-20, 20] before k3's ``exp`` (as verl does): beyond it k3 is clamped anyway, and an
 unclamped ``exp`` overflows to inf, whose gradient (``0 * inf``) is NaN even where the loss selects it out."""
-
-
-def canonical_estimator(name: str) -> str:
-    """Map aliases (``kl``, ``mse``, ``low_var_kl``) to ``k1``/``k2``/``k3``.
-
-    Raises:
-        ConfigError: (a ``ValueError``) the estimator is unknown; the message names the known ones and the closest.
-    """
-    return choose("kl_estimator", name, KL_ESTIMATORS, _ALIASES)
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

@@ -16,8 +16,6 @@ Ouyang et al. 2022 (``-log sigmoid(r_chosen - r_rejected)``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from drivetrain_engine_core.data.groups import UID, sequence_groups
@@ -26,6 +24,9 @@ from drivetrain_engine_core.outputs import LossContext, LossFn
 from tensordict import TensorDict
 
 from .aggregation import FlatTokens, flat_values
+from .config import DPO_LOSS_TYPES as DPO_LOSS_TYPES  # importable from here since 0.1.0
+from .config import DPOLossConfig as DPOLossConfig  # importable from here since 0.1.0
+from .config import RewardLossConfig as RewardLossConfig  # importable from here since 0.1.0
 
 CHOSEN = "chosen"
 """Dense per-sequence bool field: true for the chosen response of a pair."""
@@ -34,32 +35,6 @@ REF_LOGP = "ref_logp"
 MARGIN = "margin"
 """Optional dense per-sequence float field (both sides of a pair alike): by how much the chosen score should
 exceed the rejected one (TRL's ``RewardTrainer`` margin)."""
-DPO_LOSS_TYPES: tuple[str, ...] = ("sigmoid", "ipo")
-
-
-@dataclass(kw_only=True, frozen=True)
-class DPOLossConfig:
-    """Settings of the DPO loss.
-
-    Attributes:
-        beta: strength of the implicit KL constraint (the reward scale ``beta * log-ratio``).
-        loss_type: ``sigmoid`` (DPO) or ``ipo`` (on per-token mean log-probs, as TRL).
-        reference_free: use log pi itself as the log-ratio (a uniform reference, ``ref_logp = 0``).
-    """
-
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    reference_free: bool = False
-
-    def __post_init__(self) -> None:
-        from drivetrain_engine_core.config import ConfigError
-
-        if not self.beta > 0:
-            raise ConfigError(f"dpo.beta must be > 0, got {self.beta}.")
-        if self.loss_type not in DPO_LOSS_TYPES:
-            raise ConfigError(
-                f"dpo.loss_type={self.loss_type!r} is not supported; choose one of {list(DPO_LOSS_TYPES)}."
-            )
 
 
 def pair_indices(micro_batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,27 +125,6 @@ def dpo_loss_fn(config: DPOLossConfig) -> LossFn:
         return loss, metrics
 
     return loss_fn
-
-
-@dataclass(kw_only=True, frozen=True)
-class RewardLossConfig:
-    """Settings of the reward-model loss.
-
-    Attributes:
-        center_rewards_coefficient: weight of ``(score_chosen + score_rejected)^2`` per pair added to the loss,
-            which pulls the scores towards mean zero (Eisenstein et al. 2023; TRL's ``RewardConfig`` option of
-            the same name, where 0.01 is suggested); 0 adds nothing.
-    """
-
-    center_rewards_coefficient: float = 0.0
-
-    def __post_init__(self) -> None:
-        from drivetrain_engine_core.config import ConfigError
-
-        if not self.center_rewards_coefficient >= 0:
-            raise ConfigError(
-                f"rm.center_rewards_coefficient must be >= 0, got {self.center_rewards_coefficient}."
-            )
 
 
 def bradley_terry_loss_fn(config: RewardLossConfig | None = None) -> LossFn:

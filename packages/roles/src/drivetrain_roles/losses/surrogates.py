@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from .aggregation import FlatTokens
+from .names import POLICY_LOSS_MODES as POLICY_LOSS_MODES  # importable from here since 0.1.0
 
 if TYPE_CHECKING:
-    from .policy import PolicyLossConfig
+    from .config import PolicyLossConfig
 
 LOG_RATIO_CLAMP = 20.0
 """The log-ratio is clamped before ``exp`` so that a stale token cannot overflow the ratio to inf."""
@@ -127,6 +128,7 @@ def cispo_terms(
 
 
 Surrogate = Callable[..., PolicyTerms]
-SURROGATES: dict[str, Surrogate] = {"vanilla": clipped_policy_terms, "gspo": gspo_terms, "cispo": cispo_terms}
+SURROGATES: dict[str, Surrogate] = dict(
+    zip(POLICY_LOSS_MODES, (clipped_policy_terms, gspo_terms, cispo_terms), strict=True)
+)
 """``loss_mode`` -> its per-token surrogate (verl's ``actor.policy_loss.loss_mode`` names)."""
-POLICY_LOSS_MODES: tuple[str, ...] = tuple(SURROGATES)

@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from drivetrain_engine_core.outputs import LossContext, LossFn
 from tensordict import TensorDict
 
-from .aggregation import FlatTokens, aggregate, check_aggregation_mode, flat_values, masked_fraction
-
-
-@dataclass(kw_only=True, frozen=True)
-class ValueLossConfig:
-    """Settings of the clipped value loss.
-
-    Attributes:
-        cliprange_value: new values may move at most this far from the rollout's values before the clipped
-            term takes over.
-        loss_agg_mode: aggregation over tokens (see :func:`~drivetrain_roles.losses.aggregation.aggregate`).
-    """
-
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-
-    def __post_init__(self) -> None:
-        if not self.cliprange_value > 0:
-            raise ValueError(f"cliprange_value must be > 0, got {self.cliprange_value}.")
-        check_aggregation_mode(self.loss_agg_mode)
+from .aggregation import FlatTokens, aggregate, flat_values, masked_fraction
+from .config import ValueLossConfig as ValueLossConfig  # importable from here since 0.1.0
 
 
 def clipped_value_terms(

@@ -22,15 +22,14 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..advantage_estimators import ADV_ESTIMATORS, CRITIC_ESTIMATORS
-from ..advantages import AdaptiveKLController, FixedKLController
+from ..advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..algorithm_section import AlgorithmSection
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     DataConfig,
     RunOptimizerConfig,
     builtin_model,
-    for_a_user_model,
+    model_defaults,
 )
 from ..grpo.config import (
     POLICY_WARMUP_STEPS,
@@ -41,12 +40,13 @@ from ..grpo.config import (
 )
 from ..grpo.config import RolloutConfig as GRPORolloutConfig
 from ..grpo.config import TrainerConfig as GRPOTrainerConfig
-from ..losses.kl import canonical_estimator
-from ..losses.names import choose
-from ..losses.value import ValueLossConfig
+from ..losses.config import ValueLossConfig
+from ..losses.names import canonical_estimator, choose
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+    from ..advantages import AdaptiveKLController, FixedKLController
 
 KL_CONTROLLERS: tuple[str, ...] = ("fixed", "adaptive")
 USER_MODEL_CRITIC_LR = 1e-5
@@ -92,6 +92,9 @@ class KLControlConfig:
 
     def controller(self) -> FixedKLController | AdaptiveKLController:
         """A new controller at ``kl_coef``."""
+        # torch: not needed to build the config
+        from ..advantages import AdaptiveKLController, FixedKLController
+
         if self.type == "fixed":
             return FixedKLController(self.kl_coef)
         return AdaptiveKLController(init_kl_coef=self.kl_coef, target=self.target_kl, horizon=self.horizon)
@@ -213,7 +216,7 @@ class TrainerConfig(GRPOTrainerConfig):
 
     Attributes:
         total_steps: PPO steps (each: one rollout, the critic's update, the actor's update, one weight hand-off).
-        warm_start_steps: with ``model.path=builtin:arithmetic``, SFT steps run first (in ``<run>/warm_start``);
+        warm_start_steps: with an embedded ``model.path`` (``builtin:<task>``), SFT steps run first (in ``<run>/warm_start``);
             the actor and the critic's trunk start from its ``final_model``. At least 1 with the embedded
             model; not read for any other model.
         critic_warmup: the first steps train the critic alone, the actor frozen (verl's ``trainer.critic_warmup``):
@@ -246,7 +249,8 @@ class PPOConfig:
     """Everything one PPO run needs; the defaults are the embedded arithmetic job.
 
     Attributes:
-        model: the policy to train: ``builtin:arithmetic`` (warm-started by SFT), or a model directory.
+        model: the policy to train: an embedded model (``builtin:arithmetic``, ``builtin:multistep``: warm-started by
+            SFT), or a model directory.
         engine: the engine config of the actor, the critic and the reference (each its own engine).
         optimizer: the actor's AdamW and LR schedule; ``total_steps`` follows the steps the actor trains
             (``trainer.total_steps - trainer.critic_warmup``: its schedule does not move while it is frozen) and
@@ -273,8 +277,9 @@ class PPOConfig:
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Unless set: another model than the embedded one trains its actor at lr 1e-6 and its critic at 1e-5
         (verl's defaults), with responses of up to 256 tokens."""
-        return for_a_user_model(
+        return model_defaults(
             config,
+            "ppo",
             {
                 "optimizer": {"lr": USER_MODEL_LR},
                 "critic": {"optimizer": {"lr": USER_MODEL_CRITIC_LR}},

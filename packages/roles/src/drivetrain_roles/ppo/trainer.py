@@ -153,7 +153,7 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
             records,
             self.output_dir / self.curve_file,
             left=[
-                ("train/reward", "train reward (exact answers)", "-"),
+                ("train/reward", f"train reward ({self.config.algorithm.reward_function})", "-"),
                 ("critic/vf_explained_var", "critic's explained variance", ":"),
             ],
             left_label="mean reward / explained variance",

@@ -17,8 +17,8 @@ from ..command_sections import (
     Overlong,
     builtin_model,
     check_val_files_have_train_files,
-    for_a_user_model,
 )
+from ..jobs.builtin_tasks import builtin_task
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -35,10 +35,15 @@ class PairDataConfig:
     """Where the preference pairs come from and how they are tokenised.
 
     Attributes:
-        train_files: parquet/jsonl files of pairs; empty selects the generated arithmetic pairs (the correct
-            sum chosen, a wrong one rejected).
-        val_files: held-out pairs; empty with generated data uses the generated held-out split, empty with
-            user files disables held-out evaluation.
+        train_files: parquet/jsonl files of pairs, dataset folders (``save_to_disk``) or Hugging Face Hub
+            dataset ids (``trl-lib/ultrafeedback_binarized``); empty selects the generated arithmetic pairs (the
+            correct sum chosen, a wrong one rejected).
+        val_files: held-out pairs, as ``train_files``; empty with generated data uses the generated held-out
+            split, empty with user files disables held-out evaluation.
+        dataset_config: the config (subset) of each Hugging Face Hub dataset in ``train_files``/``val_files``
+            (TRL's ``dataset_config``); ``None``: its default.
+        train_split, val_split: the split read from each dataset folder or Hub dataset of ``train_files``, and of
+            ``val_files`` (TRL's ``dataset_train_split``/``dataset_test_split``); files have none.
         prompt_key: column of the prompt text; with ``chat``, read only for sides that hold assistant turns
             alone (TRL's explicit prompt: a list of messages, or a text taken as one user turn).
         chosen_key, rejected_key: columns of the preferred and the dispreferred response.
@@ -58,6 +63,9 @@ class PairDataConfig:
 
     train_files: tuple[str, ...] = ()
     val_files: tuple[str, ...] = ()
+    dataset_config: str | None = None
+    train_split: str = "train"
+    val_split: str = "test"
     prompt_key: str = "prompt"
     chosen_key: str = "chosen"
     rejected_key: str = "rejected"
@@ -116,12 +124,12 @@ class WarmStartConfig:
 
 
 def warm_start_follows_the_model(config: DictConfig) -> dict[str, Any]:
-    """The derived ``warm_start.sft_steps``: 0 for any model but the embedded one (GRPO's rule too).
+    """The derived ``warm_start.sft_steps``: 0 for any model but an embedded one (GRPO's rule too).
 
     NOTE: a user's model (a TRL user's instruct model) went through the embedded job's SFT warm start, a
     full fine-tune at lr 5e-3, before DPO, and the DPO reference became that model.
     """
-    return for_a_user_model(config, {"warm_start": {"sft_steps": 0}})
+    return {} if builtin_task(config.model.path) is not None else {"warm_start": {"sft_steps": 0}}
 
 
 @dataclass(kw_only=True, frozen=True)

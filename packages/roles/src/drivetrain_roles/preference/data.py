@@ -20,6 +20,7 @@ from ..jobs.data import (
     Example,
     OverlongRows,
     column,
+    read_options,
     read_rows,
     text_value,
     tokenize_messages,
@@ -38,8 +39,11 @@ class PairExample:
     """By how much the chosen score should exceed the rejected one (``data.margin_key``; reward models)."""
 
 
-def load_pairs(files: Sequence[str | Path], tokenizer: Any, config: PairDataConfig) -> list[PairExample]:
-    """Read, tokenise and check every pair of ``files``; with ``data.overlong=drop``, skip the over-long ones.
+def load_pairs(
+    files: Sequence[str | Path], tokenizer: Any, config: PairDataConfig, *, held_out: bool = False
+) -> list[PairExample]:
+    """Read, tokenise and check every pair of ``files`` (``held_out``: ``data.val_files``, read at
+    ``data.val_split`` where a source has splits); with ``data.overlong=drop``, skip the over-long ones.
 
     Raises:
         DataError: no file or no rows, a missing column, sides with different prompts, or a sequence longer
@@ -47,11 +51,12 @@ def load_pairs(files: Sequence[str | Path], tokenizer: Any, config: PairDataConf
     """
     if not files:
         raise DataError(
-            "no data files given; set data.train_files (parquet or jsonl with prompt/chosen/rejected)."
+            "no data files given; set data.train_files (with prompt/chosen/rejected columns, or data.chat "
+            "conversations)."
         )
     pairs, overlong = [], OverlongRows(config.max_length, config.overlong)
     for path in files:
-        for index, row in enumerate(read_rows(path)):
+        for index, row in enumerate(read_rows(path, **read_options(config, held_out=held_out))):
             where = f"{path} row {index}"
             pair = tokenize_pair(row, tokenizer, config, where=where)
             if overlong.fits([pair.chosen, pair.rejected], where):
@@ -135,7 +140,7 @@ def _is_assistant_turn(message: Any) -> bool:
     return isinstance(message, dict) and message.get("role") == "assistant"
 
 
-def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
+def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig, *, held_out: bool = False) -> int:
     """Check that every row of ``files`` holds a pair's columns (texts, or conversations with ``data.chat``);
     returns how many rows there are.
 
@@ -150,7 +155,7 @@ def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
         keys.insert(0, (config.prompt_key, "data.prompt_key"))
     count = 0
     for path in files:
-        for index, row in enumerate(read_rows(path)):
+        for index, row in enumerate(read_rows(path, **read_options(config, held_out=held_out))):
             where = f"{path} row {index}"
             for key, option in keys:
                 if config.chat:
@@ -162,11 +167,13 @@ def check_pair_rows(files: Sequence[str | Path], config: PairDataConfig) -> int:
     return count
 
 
-def write_sft_rows(pairs_file: str | Path, target: Path, config: PairDataConfig) -> Path:
+def write_sft_rows(
+    pairs_file: str | Path, target: Path, config: PairDataConfig, *, held_out: bool = False
+) -> Path:
     """The chosen side of every pair of ``pairs_file`` as SFT rows (``prompt``/``response`` or ``messages``), each
     distinct row once (a prompt paired with several rejected answers is one SFT example)."""
     rows = []
-    for row in read_rows(pairs_file):
+    for row in read_rows(pairs_file, **read_options(config, held_out=held_out)):
         if config.chat:
             rows.append({"messages": chat_side(row, config.chosen_key, config, str(pairs_file))})
         else:

@@ -104,14 +104,14 @@ class PairTrainer(TrainingJob[PairResult]):
         # Before the warm start: pair data the pairwise steps could not use fails fast, on every rank.
         check_pair_micro_batches(self.engine_config.micro_batch)
         check_pair_rows(train_files, self.data)
-        check_held_out_size(check_pair_rows(val_files, self.data), self.config.engine, "pairs")
+        check_held_out_size(check_pair_rows(val_files, self.data, held_out=True), self.config.engine, "pairs")
         self.start_model, self.warm_start = self._warm_start(train_files, val_files)
         tokenizer = load_tokenizer(self.start_model, trust_remote_code=self.config.model.trust_remote_code)
         train = load_pairs(train_files, tokenizer, self.data)
         self.folder = self.folder.for_data(
             side.token_ids for pair in train for side in (pair.chosen, pair.rejected)
         )
-        val = load_pairs(val_files, tokenizer, self.data) if val_files else []
+        val = load_pairs(val_files, tokenizer, self.data, held_out=True) if val_files else []
         check_held_out_size(len(val), self.config.engine, "pairs")  # again: data.overlong=drop may skip some
         check_pair_token_budget(train + val, self.engine_config.micro_batch)
         self.uids = dict(enumerate(train + val))
@@ -176,14 +176,17 @@ class PairTrainer(TrainingJob[PairResult]):
             self.output_dir,
             reuse=self.folder.resume,
             batch_size_setting="warm_start.batch_size",
-            write_data=lambda: self._write_sft_rows(train_files + val_files, sft_train + sft_val),
+            write_data=lambda: self._write_sft_rows(
+                [*((f, False) for f in train_files), *((f, True) for f in val_files)], sft_train + sft_val
+            ),
         )
 
-    def _write_sft_rows(self, pair_files: list[str], sft_files: list[str]) -> None:
-        """Each pair file's prompts and chosen responses as the warm start's SFT rows (rank 0; collective)."""
+    def _write_sft_rows(self, pair_files: list[tuple[str, bool]], sft_files: list[str]) -> None:
+        """Each pair source's prompts and chosen responses (``(source, held out)``) as the warm start's SFT rows
+        (rank 0; collective)."""
         if distributed.rank() == 0:
-            for source, target in zip(pair_files, sft_files, strict=True):
-                write_sft_rows(source, Path(target), self.data)
+            for (source, held_out), target in zip(pair_files, sft_files, strict=True):
+                write_sft_rows(source, Path(target), self.data, held_out=held_out)
         distributed.barrier()
 
     def _build_engine(

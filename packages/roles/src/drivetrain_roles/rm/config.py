@@ -22,10 +22,10 @@ from drivetrain_engine_core.config import (
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     RunOptimizerConfig,
-    for_a_user_model,
     merged_sections,
+    model_defaults,
 )
-from ..losses.preference import RewardLossConfig
+from ..losses.config import RewardLossConfig
 from ..preference.config import (
     PairDataConfig,
     PairTrainerConfig,
@@ -97,8 +97,9 @@ class RMConfig:
         sequences of up to 1024 tokens."""
         return merged_sections(
             warm_start_follows_the_model(config),
-            for_a_user_model(
+            model_defaults(
                 config,
+                "rm",
                 {
                     "optimizer": {"lr": USER_MODEL_LR},
                     "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},

@@ -29,9 +29,9 @@ from ..command_sections import (
     LoopConfig,
     RunOptimizerConfig,
     builtin_model,
-    for_a_user_model,
+    model_defaults,
 )
-from ..losses.aggregation import AGGREGATION_MODES
+from ..losses.names import AGGREGATION_MODES
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -63,7 +63,7 @@ def warm_start_trainer(run: LoopConfig, *, steps: int, batch_size: int, max_new_
     """The ``trainer`` section of a warm start, the SFT run a ``dpo``, ``rm`` or ``grpo`` run starts from: its
     own ``steps``, ``batch_size`` and ``max_new_tokens``, evaluated before and after and saved only at its end,
     and the calling run's ``trainer`` values (``run``) for the rest: held-out answers, seed, progress bar, CPU
-    threads, trackers."""
+    threads, trackers, divergence guard."""
     return TrainerConfig(
         total_steps=steps,
         batch_size=batch_size,
@@ -75,6 +75,7 @@ def warm_start_trainer(run: LoopConfig, *, steps: int, batch_size: int, max_new_
         progress_bar=run.progress_bar,
         cpu_threads=run.cpu_threads,
         report_to=run.report_to,
+        divergence=run.divergence,
     )
 
 
@@ -115,7 +116,8 @@ class SFTConfig:
     """Everything one SFT run needs; the defaults are the embedded arithmetic job (see :func:`load_config`).
 
     Attributes:
-        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` is the embedded tiny model.
+        model: the model (core ``ModelConfig``); ``builtin:arithmetic`` and ``builtin:multistep`` are the embedded
+            tiny models of their tasks.
         engine: the backend's engine config (``engine.backend`` picks the installed plugin).
         optimizer: AdamW and its LR schedule; ``total_steps`` and ``warmup_steps`` follow
             ``trainer.total_steps`` unless set (see :func:`sft_warmup_steps`).
@@ -135,8 +137,9 @@ class SFTConfig:
     def derived_values(config: DictConfig) -> dict[str, Any]:
         """Values that follow others unless the user sets them: another model than the embedded one trains at
         lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and its evaluation generates up to 256."""
-        return for_a_user_model(
+        return model_defaults(
             config,
+            "sft",
             {"optimizer": {"lr": USER_MODEL_LR}, "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
         )
 

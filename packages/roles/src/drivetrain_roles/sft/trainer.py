@@ -26,6 +26,7 @@ from drivetrain_engine_core.engine import Engine
 
 from ..jobs.assets import load_splits, resolve_model_path
 from ..jobs.batches import StepSampler, check_held_out_size, make_sft_batch
+from ..jobs.builtin_tasks import data_task
 from ..jobs.data import DataError, Example
 from ..jobs.evaluate import greedy_accuracy, held_out_loss
 from ..jobs.final_model import save_final_model
@@ -64,6 +65,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
         overwrite: delete the checkpoints a previous run left in ``output_dir`` and start over (without it, a
             new run refuses a directory that holds checkpoints).
         batch_size_setting: the field of the batch size named in errors (a warm start's is its caller's).
+        ctrl_c_saves: the first Ctrl-C saves a checkpoint to resume from (a warm start's: stops at once).
     """
 
     command = "sft"
@@ -78,6 +80,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
         resume: bool = False,
         overwrite: bool = False,
         batch_size_setting: str = "trainer.batch_size",
+        ctrl_c_saves: bool = True,
     ) -> None:
         if config.model.model_type != "language_model":
             raise ConfigError(
@@ -85,7 +88,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
                 "next-token log-probs to train on. Set model.model_type=language_model (value models are "
                 "trained by the critic role)."
             )
-        super().__init__(config, output_dir, resume=resume, overwrite=overwrite)
+        super().__init__(config, output_dir, resume=resume, overwrite=overwrite, ctrl_c_saves=ctrl_c_saves)
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
         self.batch_size_setting = batch_size_setting
 
@@ -120,6 +123,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
             self.config.trainer.seed,
             resume=self.folder.resume,
             trust_remote_code=self.config.model.trust_remote_code,
+            task=data_task(self.config.model.path),
         )
         _check_token_budget(train + val, self.config.engine.micro_batch.max_tokens)
         check_held_out_size(len(val), self.config.engine)

@@ -51,7 +51,10 @@ def run_warm_start(
     else:
         if write_data is not None:
             write_data()
-        trainer = SFTTrainer(config, target, overwrite=True, batch_size_setting=batch_size_setting)
+        # A warm start is never resumed (a resumed run reuses only a finished one): Ctrl-C stops it at once.
+        trainer = SFTTrainer(
+            config, target, overwrite=True, batch_size_setting=batch_size_setting, ctrl_c_saves=False
+        )
         evaluations = trainer.run().evaluations
     last = {k: v for k, v in evaluations[-1].items() if k != "step"} if evaluations else {}
     return str(target / FINAL_MODEL_DIR), last

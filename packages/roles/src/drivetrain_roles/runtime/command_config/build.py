@@ -5,7 +5,7 @@ built in five visible steps: the typed schema (a section typed :class:`~..config
 class of the backend it names), a check of every key against the dataclasses (unknown keys get the close
 match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), the
 derived values the command computes from the others (``derived_values``, and each engine section's ``device``:
-:func:`machine_device`; only where no layer set them), and the dataclasses themselves (their ``__post_init__``
+:func:`~.machine.machine_device`; only where no layer set them), and the dataclasses themselves (their ``__post_init__``
 checks ranges and combinations).
 """
 
@@ -21,7 +21,9 @@ from drivetrain_engine_core.config import ConfigError, EngineConfig
 from drivetrain_engine_core.config_build import check_keys, exclusive_limits
 from drivetrain_engine_core.config_fields import field_types, how_to_write, nested_dataclass, type_name
 
+from .foreign_names import check_foreign_names
 from .layers import lookup
+from .machine import machine_device
 
 if TYPE_CHECKING:
     from drivetrain_engine_core.plugins import DrivetrainPlugins
@@ -74,6 +76,8 @@ def build_config(
     ]
     classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
     for index, layer in enumerate(plain):
+        if not where:
+            check_foreign_names(layer, cls)
         check_keys(layer, cls, where, classes, source="the config file" if index < file_layers else None)
     try:
         typed = OmegaConf.merge(_schema(cls, backends), *plain)
@@ -93,14 +97,6 @@ def build_config(
         raise _field_error(e, key, cls, plain, where, classes) from e
     except TypeError as e:
         raise ConfigError(f"{where or cls.__name__}: {e}") from e
-
-
-def machine_device() -> str:
-    """The device a command's engine runs on unless ``engine.device`` is given: ``cuda`` where torch sees a
-    GPU, else ``cpu`` (what users of the Hugging Face Trainer and TRL expect; a GPU is never left idle)."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _schema(cls: type, backends: Mapping[str, tuple[str, type]]) -> DictConfig:

@@ -1,0 +1,36 @@
+"""The reward functions ``algorithm.reward_function`` names without a module, in a torch-free module: the config
+checks name them (``--help-config``, ``--print-config``) without importing torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..jobs.multistep_task import REWARD_FUNCTION as STEP_CREDIT
+from .step_credit import step_credit_reward
+
+EXACT_MATCH = "exact_match"
+"""The built-in exact-answer reward's name in ``algorithm.reward_function``."""
+
+RewardFunction = Callable[..., Sequence[float]]
+"""``function(*, prompts, completions, references) -> one number per completion`` (lists of texts)."""
+
+
+def exact_match(answer: str, reference: str) -> bool:
+    """Whether a decoded answer, stripped of surrounding spaces, equals the reference answer stripped."""
+    return answer.strip() == reference.strip()
+
+
+def exact_match_reward(
+    *, prompts: Sequence[str], completions: Sequence[str], references: Sequence[str]
+) -> list[float]:
+    """The built-in reward function: 1 where the completion, stripped, is the reference answer, else 0."""
+    del prompts  # the answer alone decides
+    return [float(exact_match(c, r)) for c, r in zip(completions, references, strict=True)]
+
+
+BUILTIN_REWARDS: dict[str, RewardFunction] = {
+    EXACT_MATCH: exact_match_reward,
+    STEP_CREDIT: step_credit_reward,
+}
+"""The reward functions ``algorithm.reward_function`` names without a module: exact answers, and the embedded
+multi-step task's graded one (:mod:`.step_credit`)."""

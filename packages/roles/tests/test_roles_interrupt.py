@@ -1,0 +1,67 @@
+"""Ctrl-C's two presses (``jobs.interrupt``): a rank's step loop and the ``--nproc`` launcher, without training.
+
+The runs themselves: ``test_roles_sft`` (one process, then ``--resume``) and ``test_roles_launch_failures``
+(two ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from drivetrain_roles.jobs.interrupt import StopRequests, forwarding_ctrl_c
+from drivetrain_roles.jobs.rank_failures import ERROR_DIR_ENV
+
+CHILD = """
+import signal, sys, time
+signal.signal(signal.SIGINT, lambda *_: (print("SIGINT", flush=True), sys.exit(0)))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def ctrl_c() -> None:
+    os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the next line
+
+
+def test_the_first_ctrl_c_is_noted_the_second_interrupts_at_once(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(ERROR_DIR_ENV, str(tmp_path))  # as drivetrain's launcher starts a rank
+    before = signal.getsignal(signal.SIGINT)
+    stop = StopRequests("sft")
+    with pytest.raises(KeyboardInterrupt), stop.handled():
+        assert (tmp_path / "stop-rank00000.pid").read_text() == str(os.getpid())
+        ctrl_c()
+        assert stop.requested
+        ctrl_c()
+        pytest.fail("the second Ctrl-C did not interrupt")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert not (tmp_path / "stop-rank00000.pid").exists()
+
+
+def test_the_launcher_hands_the_first_ctrl_c_to_the_lowest_rank_in_its_loop(tmp_path) -> None:
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    try:
+        for rank, process in enumerate(ranks):
+            assert process.stdout is not None and process.stdout.readline() == "ready\n"
+            (tmp_path / f"stop-rank{rank:05d}.pid").write_text(str(process.pid))
+        with pytest.raises(KeyboardInterrupt), forwarding_ctrl_c(tmp_path, "sft"):
+            ctrl_c()
+            assert ranks[0].communicate(timeout=30)[0] == "SIGINT\n"
+            assert ranks[1].poll() is None  # the others learn it from rank 0 at the step boundary
+            ctrl_c()
+            pytest.fail("the second Ctrl-C did not stop the launch")
+    finally:
+        for process in ranks:
+            process.kill()
+            process.communicate()
+
+
+def test_before_any_rank_is_in_its_loop_ctrl_c_stops_the_launch_at_once(tmp_path) -> None:
+    with pytest.raises(KeyboardInterrupt), forwarding_ctrl_c(tmp_path, "sft"):
+        ctrl_c()
+        pytest.fail("Ctrl-C was held although no rank could save")
