@@ -21,6 +21,7 @@ from drivetrain_engine_core.errors import DrivetrainError
 
 from ..command_sections import DataConfig
 from .dataset_rows import SUPPORTED_SOURCES, dataset_rows, is_dataset_source
+from .token_coverage import encode_with_unknown
 
 logger = logging.getLogger(__name__)
 
@@ -226,40 +227,16 @@ def text_value(row: dict[str, Any], key: str, where: str, option: str) -> str:
 
 
 def _encode(tokenizer: Any, text: str, where: str) -> list[int]:
-    """Token ids of ``text``, refusing characters the tokenizer maps to its unknown (or padding) token or drops.
-
-    NOTE: a BPE vocabulary without an unknown token drops what it cannot encode, with no trace in the ids:
-    transformers 5 reloads the embedded model's character tokenizer as ``Qwen2Tokenizer`` (its model type's
-    class), which encodes ``"Two?"`` as nothing. A fast tokenizer's offsets show characters no token covers;
-    slow tokenizers report none, and only their unknown tokens are caught.
-    """
-    if getattr(tokenizer, "is_fast", False):
-        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, characters = encoding["input_ids"], _uncovered(text, encoding["offset_mapping"])
-    else:
-        ids, characters = tokenizer.encode(text, add_special_tokens=False), set()
-    unknown = {tokenizer.unk_token_id, tokenizer.pad_token_id} - {
-        None,
-        tokenizer.bos_token_id,
-        tokenizer.eos_token_id,
-    }
-    if not unknown.isdisjoint(ids):
-        characters |= {c for c in set(text) if unknown & set(tokenizer.encode(c, add_special_tokens=False))}
+    """Token ids of ``text``, refusing characters the tokenizer maps to its unknown (or padding) token or drops
+    (:func:`.token_coverage.encode_with_unknown`)."""
+    ids, characters = encode_with_unknown(tokenizer, text)
     if not characters:
-        return list(ids)
+        return ids
     raise DataError(
         f"{where} has characters the tokenizer does not know ({''.join(sorted(characters))!r}); it would train on "
         "unknown/padding tokens in their place, or without them. Remove them from the data or use a tokenizer "
         "(model.path) that covers them."
     )
-
-
-def _uncovered(text: str, offsets: list[tuple[int, int]]) -> set[str]:
-    """Characters of ``text`` that no token's offsets cover, besides whitespace (tokenizers fold it into tokens)."""
-    covered = bytearray(len(text))
-    for start, end in offsets:
-        covered[start:end] = b"\x01" * (end - start)
-    return {c for c, seen in zip(text, covered, strict=True) if not seen and not c.isspace()}
 
 
 def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turns: bool = False) -> Example:
