@@ -11,8 +11,8 @@ from .step_credit import step_credit_reward
 EXACT_MATCH = "exact_match"
 """The built-in exact-answer reward's name in ``algorithm.reward_function``."""
 
-RewardFunction = Callable[..., Sequence[float]]
-"""``function(*, prompts, completions, references) -> one number per completion`` (lists of texts)."""
+RewardFunction = Callable[..., Sequence[float | None]]
+"""``function(*, prompts, completions, references, ...) -> one number (or None) per completion`` (lists)."""
 
 
 def exact_match(answer: str, reference: str) -> bool:
