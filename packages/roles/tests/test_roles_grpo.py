@@ -247,7 +247,7 @@ def test_numpy_and_tensor_rewards_and_files_with_dataclasses_serve(tmp_path, fun
 def test_a_reward_function_setting_without_a_name_is_refused():
     with pytest.raises(
         ConfigError,
-        match=r"algorithm.reward_function='rewards\.py': write a built-in reward \(exact_match, step_credit\)",
+        match=r"algorithm.reward_function='rewards\.py': write a built-in reward \(exact_match, step_credit, math_verify\)",
     ):
         load_config(None, ["algorithm.reward_function=rewards.py"])
 

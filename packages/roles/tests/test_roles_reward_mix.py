@@ -5,9 +5,11 @@ expected number is worked out by hand in the comments."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
+import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.reward_inputs import RewardInputs
@@ -15,6 +17,8 @@ from drivetrain_roles.grpo.reward_settings import RewardSettings
 from drivetrain_roles.grpo.rewards import (
     RewardError,
     check_reward_inputs,
+    compute_rewards,
+    load_reward_function,
     reward_metrics,
     score_completions,
 )
@@ -197,6 +201,34 @@ def test_a_function_asking_for_references_of_prompt_only_data_is_refused_before_
         RewardError, match=r"'exact_match' \(exact_match\) asks for \['references'\].*response_key=null"
     ):
         check_reward_inputs(RewardSettings.single("exact_match"), prompts)
+
+
+def test_math_verify_compares_answers_as_mathematics(monkeypatch):
+    completions = [
+        r"so \boxed{1/2}",
+        "0.5",
+        r"$\frac{1}{2}$",
+        r"\boxed{2/3}",
+        "no answer here",
+        r"\boxed{(x+1)^2}",
+    ]
+    references = ["0.5", r"\frac{1}{2}", "1/2", "0.5", "0.5", "$x^2+2x+1$"]
+    rewards = compute_rewards("math_verify", prompts=[""] * 6, completions=completions, references=references)
+    assert rewards.tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    # A reference without an answer it can read: not applicable (None), as TRL's accuracy_reward.
+    beside = settings("math_verify", "exact_match")
+    scores = score_completions(beside, RewardInputs.of_texts(["", ""], ["abc", "1/2"], ["abc", "0.5"]))
+    assert torch.isnan(scores.values[0, 0]) and scores.total.tolist() == [1.0, 1.0]
+    # Without the extra: one line naming it.
+    monkeypatch.setitem(sys.modules, "math_verify", None)
+    load_reward_function.cache_clear()
+    try:
+        with pytest.raises(
+            RewardError, match=r"'math_verify' needs a package .* pip install \"drivetrain-roles\[math\]\""
+        ):
+            load_reward_function("math_verify")
+    finally:
+        load_reward_function.cache_clear()
 
 
 def test_one_setting_in_two_forms(tmp_path):

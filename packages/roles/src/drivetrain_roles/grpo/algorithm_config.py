@@ -57,7 +57,8 @@ class AlgorithmConfig(AlgorithmSection):
             ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
         ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
         reward_function: the reward of each response: ``exact_match`` (1 when the response, stripped, is the
-            data's answer, ``data.response_key``), ``step_credit`` (the embedded multi-step task's), or the user's
+            data's answer, ``data.response_key``), ``math_verify`` (the answer's math equals the reference's,
+            with ``drivetrain-roles[math]``), ``step_credit`` (the embedded multi-step task's), or the user's
             function as ``package.module:function`` or ``path/to/file.py:function``, called with the keywords
             it names (``prompts``, ``completions``, ``completion_messages``, ``completion_ids``, ``references``,
             every data set column; TRL's reward functions and verl's ``compute_score`` as they are) and

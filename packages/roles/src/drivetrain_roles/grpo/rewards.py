@@ -29,7 +29,7 @@ from torch.distributed import ProcessGroup
 # NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
 from ..advantage_estimators import group_advantages as group_advantages
 from ..jobs.data import Example
-from .builtin_rewards import BUILTIN_REWARDS
+from .builtin_rewards import BUILTIN_REWARDS, BUILTIN_SETUP
 from .builtin_rewards import EXACT_MATCH as EXACT_MATCH
 from .builtin_rewards import RewardFunction as RewardFunction
 from .builtin_rewards import exact_match as exact_match
@@ -208,10 +208,11 @@ def load_reward_function(spec: str) -> LoadedReward:
     with what its signature asks for (:mod:`.reward_signatures`).
 
     Raises:
-        RewardError: the module or file cannot be imported, has no callable of that name, or the callable's
-            parameters cannot be given by keyword.
+        RewardError: the module or file cannot be imported, has no callable of that name, a built-in's package is
+            missing, or the callable's parameters cannot be given by keyword.
     """
     if spec in BUILTIN_REWARDS:
+        _set_up_builtin(spec)
         return loaded_reward(BUILTIN_REWARDS[spec], spec, spec)
     location, _, name = spec.rpartition(":")
     try:
@@ -230,6 +231,19 @@ def load_reward_function(spec: str) -> LoadedReward:
             f"{name}(*, prompts, completions, references) returning one number per completion."
         )
     return loaded_reward(function, spec, name)
+
+
+def _set_up_builtin(spec: str) -> None:
+    if spec not in BUILTIN_SETUP:
+        return
+    set_up, extra = BUILTIN_SETUP[spec]
+    try:
+        set_up()
+    except ImportError as e:
+        raise RewardError(
+            f"the built-in reward {spec!r} needs a package that is not installed ({e}); install it with "
+            f'pip install "{extra}".'
+        ) from e
 
 
 def _import_file(path: Path) -> object:

@@ -132,7 +132,7 @@ class AlgorithmConfig(AlgorithmSection):
         overlong_penalty_factor: the penalty of a response of ``rollout.max_new_tokens`` tokens.
         ppo_mini_batches: optimizer steps of the actor and of the critic per epoch over one rollout.
         ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
-        reward_function: ``exact_match``, ``step_credit``, or the user's function as
+        reward_function: ``exact_match``, ``math_verify``, ``step_credit``, or the user's function as
             ``package.module:function`` or ``path/to/file.py:function`` (as in ``drivetrain grpo``): the score of
             each response, placed on its last token. The same as ``reward_functions=[it]``; setting one clears
             the other.
