@@ -247,7 +247,7 @@ def test_numpy_and_tensor_rewards_and_files_with_dataclasses_serve(tmp_path, fun
 def test_a_reward_function_setting_without_a_name_is_refused():
     with pytest.raises(
         ConfigError,
-        match=r"algorithm.reward_function='rewards\.py': write exact_match or step_credit \(built in\), package",
+        match=r"algorithm.reward_function='rewards\.py': write a built-in reward \(exact_match, step_credit, math_verify\)",
     ):
         load_config(None, ["algorithm.reward_function=rewards.py"])
 
@@ -508,7 +508,7 @@ def test_a_reward_function_failing_on_one_rank_fails_every_rank(tmp_path, arithm
     examples = arithmetic_prompts(build_arithmetic_tokenizer(), 1)
     answers = run_distributed(_sample_on_two_ranks, str(reward_file), examples, world_size=2, timeout_s=120)
     assert answers[0] == answers[1]
-    assert answers[0].startswith("rank 1 (of failing ranks 1): algorithm.reward_function=")
+    assert answers[0].startswith("rank 1 (of failing ranks 1): reward function 'flaky' (")
     assert "raised ConnectionError: the grader service is down" in answers[0]
 
 

@@ -8,9 +8,11 @@ declares them in its own order (with its help text) and inherits the checks and 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from drivetrain_engine_core.config import ConfigError
 
-from .grpo.builtin_rewards import BUILTIN_REWARDS
+from .grpo.reward_settings import REWARD_FIELDS, RewardSettings, reward_settings
 from .losses.config import PolicyLossConfig
 from .losses.names import CONSTANT_LENGTH_MODE
 
@@ -32,21 +34,24 @@ class AlgorithmSection:
     overlong_penalty_factor: float
     ppo_mini_batches: int
     ppo_epochs: int
-    reward_function: str
+    reward_function: str | None
+    reward_functions: tuple[str, ...] | None
+    reward_weights: tuple[float, ...] | None
+    reward_timeout_s: float | None
+    reward_failure_value: float | None
+
+    exclusive_fields: ClassVar[tuple[str, ...]] = REWARD_FIELDS
+    """Setting one form of the reward in a config layer clears the other (:mod:`.grpo.reward_settings`)."""
 
     def _check_shared_fields(self) -> None:
         """The checks of the fields above, each naming the field and the fix.
 
         Raises:
-            ConfigError: a value out of range, an unknown name (the known ones and the closest), a reward function
-                written without its name, or ``loss_scale_factor`` without the mode that reads it.
+            ConfigError: a value out of range, an unknown name (the known ones and the closest), rewards that do
+                not resolve (:func:`.grpo.reward_settings.reward_settings`), or ``loss_scale_factor`` without the
+                mode that reads it.
         """
-        location, _, name = self.reward_function.rpartition(":")
-        if self.reward_function not in BUILTIN_REWARDS and not (location and name):
-            raise ConfigError(
-                f"algorithm.reward_function={self.reward_function!r}: write {' or '.join(BUILTIN_REWARDS)} (built in), "
-                "package.module:function or path/to/file.py:function."
-            )
+        self.rewards()
         for option in ("ppo_mini_batches", "ppo_epochs"):
             if getattr(self, option) < 1:
                 raise ConfigError(f"algorithm.{option} must be >= 1, got {getattr(self, option)}.")
@@ -65,6 +70,16 @@ class AlgorithmSection:
             self.policy_loss(max_new_tokens=1)
         except ValueError as e:
             raise ConfigError(f"algorithm.{e}") from e
+
+    def rewards(self) -> RewardSettings:
+        """The reward functions, their weights, time limit and failure value, resolved from either form."""
+        return reward_settings(
+            self.reward_function,
+            self.reward_functions,
+            self.reward_weights,
+            self.reward_timeout_s,
+            self.reward_failure_value,
+        )
 
     def policy_loss(self, *, max_new_tokens: int) -> PolicyLossConfig:
         """The actor's loss; ``max_new_tokens`` is the constant length unless ``loss_scale_factor`` is set."""

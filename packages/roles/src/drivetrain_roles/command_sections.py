@@ -165,7 +165,11 @@ class DataConfig:
             (TRL's ``dataset_config``); ``None``: its default.
         train_split, val_split: the split read from each dataset folder or Hub dataset of ``train_files``, and of
             ``val_files`` (TRL's ``dataset_train_split``/``dataset_test_split``); files have none.
-        prompt_key, response_key: columns of prompt/response pairs (loss on the response).
+        prompt_key: column of the prompts.
+        response_key: column of the responses (loss on them; the references of ``grpo`` and ``ppo``). Those two
+            take ``null`` for rows without one (TRL's prompt-only data, for judges, reward models, length
+            rewards): the prompt column, or the whole ``messages_key`` conversation, is the prompt; no
+            ``references`` reach the reward functions and no held-out accuracy is measured.
         messages_key: column of chat messages (rendered with the tokenizer's chat template; loss on the assistant
             turns that ``assistant_turns`` picks); when set, prompt/response columns are not read.
         assistant_turns: which assistant turns of chat messages carry loss: ``all`` (verl's multi-turn SFT
@@ -186,7 +190,7 @@ class DataConfig:
     train_split: str = "train"
     val_split: str = "test"
     prompt_key: str = "prompt"
-    response_key: str = "response"
+    response_key: str | None = "response"
     messages_key: str | None = None
     assistant_turns: Literal["all", "last"] = "all"
     apply_chat_template: bool = False

@@ -57,10 +57,23 @@ class AlgorithmConfig(AlgorithmSection):
             ratio is 1 and nothing is clipped; more reuse each sample, and the clip bounds the later steps.
         ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
         reward_function: the reward of each response: ``exact_match`` (1 when the response, stripped, is the
-            data's answer, ``data.response_key``), or the user's function as ``package.module:function`` or
-            ``path/to/file.py:function`` (verl's custom reward function), called as ``function(prompts=...,
-            completions=..., references=...)`` with lists of texts (a TRL reward function reads
-            ``completions`` the same way) and returning one number per completion.
+            data's answer, ``data.response_key``), ``math_verify`` (the answer's math equals the reference's,
+            with ``drivetrain-roles[math]``), ``step_credit`` (the embedded multi-step task's), or the user's
+            function as ``package.module:function`` or ``path/to/file.py:function``, called with the keywords
+            it names (``prompts``, ``completions``, ``completion_messages``, ``completion_ids``, ``references``,
+            every data set column; TRL's reward functions and verl's ``compute_score`` as they are) and
+            returning one number (or ``None``: not applicable) per completion. The same as
+            ``reward_functions=[it]``; setting one clears the other.
+        reward_functions: several reward functions (TRL's ``reward_funcs``), each as ``reward_function``; a
+            response's reward is their weighted sum, a function returning ``None`` for it left out; each is
+            logged as ``reward/<name>``.
+        reward_weights: one weight per function of ``reward_functions`` (TRL's ``reward_weights``); unset: 1 each.
+        reward_timeout_s: seconds the reward functions, run concurrently, may take over one step's responses;
+            one still running then is an error naming it (or scores ``reward_failure_value``); ``null``: no
+            limit, the functions run one after another on the trainer's thread (for functions that need the
+            main thread, e.g. ``signal.alarm``).
+        reward_failure_value: the reward of a response whose function raised or ran out of time, counted in
+            ``reward/<name>/failed``; ``null``: such a function stops the run, naming it and the row.
         rollout_is_cap: the truncated importance-sampling correction: each token's policy loss is weighted by
             ``min(pi_old / pi_rollout, rollout_is_cap)``, the actor's probability of the token before the update
             over the rollout's when it sampled it (no gradient through the weight). Corrects samples of older
@@ -86,7 +99,11 @@ class AlgorithmConfig(AlgorithmSection):
     overlong_penalty_factor: float = 1.0
     ppo_mini_batches: int = 4
     ppo_epochs: int = 1
-    reward_function: str = "exact_match"
+    reward_function: str | None = "exact_match"
+    reward_functions: tuple[str, ...] | None = None
+    reward_weights: tuple[float, ...] | None = None
+    reward_timeout_s: float | None = 300.0
+    reward_failure_value: float | None = None
     rollout_is_cap: float | None = None
 
     def __post_init__(self) -> None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..jobs.multistep_task import REWARD_FUNCTION as STEP_CREDIT
+from .math_answers import MATH_EXTRA, math_verify_reward, prepare_math_verify
 from .step_credit import step_credit_reward
 
 EXACT_MATCH = "exact_match"
 """The built-in exact-answer reward's name in ``algorithm.reward_function``."""
+MATH_VERIFY = "math_verify"
+"""The built-in math-answer reward's name (:mod:`.math_answers`)."""
 
-RewardFunction = Callable[..., Sequence[float]]
-"""``function(*, prompts, completions, references) -> one number per completion`` (lists of texts)."""
+RewardFunction = Callable[..., Sequence[float | None]]
+"""``function(*, prompts, completions, references, ...) -> one number (or None) per completion`` (lists)."""
 
 
 def exact_match(answer: str, reference: str) -> bool:
@@ -31,6 +34,10 @@ def exact_match_reward(
 BUILTIN_REWARDS: dict[str, RewardFunction] = {
     EXACT_MATCH: exact_match_reward,
     STEP_CREDIT: step_credit_reward,
+    MATH_VERIFY: math_verify_reward,
 }
-"""The reward functions ``algorithm.reward_function`` names without a module: exact answers, and the embedded
-multi-step task's graded one (:mod:`.step_credit`)."""
+"""The reward functions ``algorithm.reward_function`` names without a module: exact answers, the embedded
+multi-step task's graded one (:mod:`.step_credit`) and math answers (:mod:`.math_answers`)."""
+
+BUILTIN_SETUP: dict[str, tuple[Callable[[], None], str]] = {MATH_VERIFY: (prepare_math_verify, MATH_EXTRA)}
+"""Built-in rewards that need a package: what loading them runs, and the distribution whose extra installs it."""

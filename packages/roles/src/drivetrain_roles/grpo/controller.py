@@ -30,7 +30,7 @@ from ..jobs.assets import model_directory
 from ..jobs.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
 from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share
-from .rewards import load_reward_function
+from .rewards import load_rewards, reward_metrics
 from .step import SEED_STRIDE, PolicyCalls, RolloutBatch, sampling_config, score, update_with
 from .trainer import actor_config
 
@@ -148,7 +148,7 @@ class ColocatedGRPO(ColocatedController):
         from ..jobs.assets import load_tokenizer
 
         check_mini_batch_share(config, world_size)
-        load_reward_function(config.algorithm.reward_function)  # before the workers start
+        load_rewards(config.algorithm.rewards())  # before the workers start
         spec = spec or colocated_spec(config)
         actor = spec.parts["actor"].model_config
         tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
@@ -178,7 +178,7 @@ class ColocatedGRPO(ColocatedController):
         samples = self.sample(step, examples)
         metrics = self.update(samples)
         self.group.sync_rollout(step + 1)
-        return {**metrics, "train/reward": float(samples.rewards.mean())}
+        return {**metrics, **reward_metrics(samples.scores), "train/reward": float(samples.rewards.mean())}
 
 
 __all__ = ["ColocatedController", "ColocatedGRPO", "colocated_spec"]

@@ -26,6 +26,7 @@ from ..jobs.data import Example
 from ..workers import RolloutGroupSpec, RolloutWorkerGroup
 from .config import GRPOConfig, generation_lag
 from .controller import ColocatedGRPO, colocated_spec
+from .rewards import reward_metrics
 from .step import SEED_STRIDE, answer_rewards, rollout_batch, sampling_config
 from .versions import Versions, staleness_metrics
 
@@ -103,10 +104,8 @@ class DisaggregatedGRPO:
         output, generating = self.rollouts.collect(refs, self.config.rollout.n)
         taken = time.perf_counter()
         versions = Versions.of(output, version, current=step, max_staleness=lag)
-        _, rewards = answer_rewards(
-            examples, output, self.trainer.tokenizer, self.config.algorithm.reward_function
-        )
-        samples = rollout_batch(examples, output, rewards, self.config, versions=versions)
+        _, scores = answer_rewards(examples, output, self.trainer.tokenizer, self.config.algorithm.rewards())
+        samples = rollout_batch(examples, output, scores.total, self.config, versions=versions, scores=scores)
         metrics = self.trainer.update(samples)
         bucket_mb = self.config.rollout.bucket_mb
         self.version = self.rollouts.receive(
@@ -120,6 +119,7 @@ class DisaggregatedGRPO:
             **metrics,
             **staleness_metrics(versions, dropped_sequences=samples.dropped_groups * output.n),
             "train/reward": float(samples.rewards.mean()),
+            **reward_metrics(scores),
             "perf/wait_s": waited,
             "perf/generating_s": generating,
             "perf/training_s": ended - taken,

@@ -1,32 +1,44 @@
-"""GRPO's reward and advantages: a reward per response (exact answers, or the user's function), normalised within
-each prompt's group of responses."""
+"""The rewards of a batch of completions: the functions ``algorithm.reward_functions`` names, run concurrently
+(:mod:`.reward_runner`), combined by ``algorithm.reward_weights``.
+
+The combination is TRL's (``GRPOTrainer``: ``(rewards_per_func * reward_weights).nansum(dim=1)``): a completion's
+reward is the weighted sum of the functions' values, and a function that returns ``None`` for it (not
+applicable) is left out of that sum, not counted as 0 nor renormalised. A completion for which every function
+returned ``None`` is refused with an error naming it: TRL's older trainers summed it to 0 with a warning, which
+moves its group's baseline and gives it an advantage it never earned; its newer ones drop it from the baseline
+and give it no advantage. drivetrain's estimators take no such holes (PPO's critic would still learn a value for
+it), so the data or the functions are the place to fix it. Each function's mean over the completions it applies
+to is logged as ``reward/<name>`` (TRL's ``rewards/<name>/mean``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
-import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
-from numbers import Real
 from pathlib import Path
 
 import torch
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core import distributed
+from torch.distributed import ProcessGroup
 
 # NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
 from ..advantage_estimators import group_advantages as group_advantages
-from .builtin_rewards import BUILTIN_REWARDS as BUILTIN_REWARDS
+from ..jobs.data import Example
+from .builtin_rewards import BUILTIN_REWARDS, BUILTIN_SETUP
 from .builtin_rewards import EXACT_MATCH as EXACT_MATCH
 from .builtin_rewards import RewardFunction as RewardFunction
 from .builtin_rewards import exact_match as exact_match
 from .builtin_rewards import exact_match_reward as exact_match_reward
-from .reward_signatures import adapted_reward_function
-
-
-class RewardError(DrivetrainError, ValueError):
-    """The reward function cannot be loaded or returned unusable rewards; the message names it and the fix."""
+from .reward_inputs import RewardInputs, available_keywords
+from .reward_runner import MISSING, Outcome, run_rewards
+from .reward_settings import RewardSettings, reward_names
+from .reward_signatures import LoadedReward, loaded_reward
+from .reward_signatures import RewardError as RewardError  # importable from here since 0.1.0
 
 
 def exact_answer_rewards(answers: Sequence[str], references: Sequence[str]) -> torch.Tensor:
@@ -36,19 +48,172 @@ def exact_answer_rewards(answers: Sequence[str], references: Sequence[str]) -> t
     )
 
 
-@cache
-def load_reward_function(spec: str) -> RewardFunction:
-    """The reward function ``algorithm.reward_function`` names: a built-in (:data:`BUILTIN_REWARDS`),
-    ``package.module:function``, or ``path/to/file.py:function`` (verl's custom reward function: a file and a
-    name), loaded once per process and checked against the call drivetrain makes (verl's ``compute_score``
-    adapted: :mod:`.reward_signatures`).
+@dataclass(frozen=True)
+class Scores:
+    """A batch's rewards.
+
+    Attributes:
+        total: ``(completions,)`` float32, the weighted sum of the functions that apply to each completion.
+        values: ``(completions, functions)`` float64, each function's value; NaN where it returned ``None``.
+        names: the functions' names in the metrics.
+        failed: per function, the completions that scored ``algorithm.reward_failure_value`` because it raised
+            or ran out of time; ``None`` when failures stop the run instead.
+    """
+
+    total: torch.Tensor
+    values: torch.Tensor
+    names: tuple[str, ...]
+    failed: tuple[int, ...] | None = None
+
+
+def reward_metrics(scores: Scores | None, group: ProcessGroup | None = None) -> dict[str, float]:
+    """``reward/<name>``: each function's mean over the completions it applies to on every rank of ``group``
+    (none where it applied to no completion), and ``reward/<name>/failed``: how many scored the failure value
+    (collective; none without ``scores``, a batch built from bare rewards)."""
+    if scores is None:
+        return {}
+    applies = ~torch.isnan(scores.values)
+    sums = torch.where(applies, scores.values, 0.0).sum(dim=0).tolist()
+    counts = applies.sum(dim=0).tolist()
+    failed = list(scores.failed or ())
+    reduced = distributed.all_reduce_sums([*sums, *counts, *failed], group)
+    width = len(scores.names)
+    metrics = {
+        f"reward/{name}": reduced[i] / reduced[width + i]
+        for i, name in enumerate(scores.names)
+        if reduced[width + i]
+    }
+    if scores.failed is not None:
+        metrics.update(
+            {f"reward/{name}/failed": reduced[2 * width + i] for i, name in enumerate(scores.names)}
+        )
+    return metrics
+
+
+def score_completions(settings: RewardSettings, inputs: RewardInputs) -> Scores:
+    """Run ``settings``' functions over ``inputs`` and combine them (see the module docstring).
 
     Raises:
-        RewardError: the module or file cannot be imported, has no callable of that name, or the callable cannot
-            take drivetrain's call.
+        RewardError: a function cannot load, asks for a keyword the data does not offer, returned something
+            unusable, raised or ran out of time (unless ``failure_value`` is set), or no function applies to a
+            completion.
+    """
+    rewards = load_rewards(settings)
+    for reward in rewards:
+        refuse_missing_keywords(reward, list(inputs.keywords))
+    outcomes = run_rewards(rewards, inputs, settings.timeout_s)
+    columns = [_column(r, o, inputs, settings) for r, o in zip(rewards, outcomes, strict=True)]
+    values = torch.tensor(
+        [
+            [float("nan") if v is None else v for v in row]
+            for row in zip(*(c for c, _ in columns), strict=True)
+        ],
+        dtype=torch.float64,
+    ).reshape(len(inputs), len(rewards))
+    unscorable = torch.isnan(values).all(dim=1).nonzero().flatten().tolist()
+    if unscorable:
+        more = f" (and {len(unscorable) - 1} more)" if len(unscorable) > 1 else ""
+        raise RewardError(
+            f"no reward function applies to {inputs.describe(unscorable[0])}{more}: every one of "
+            f"{list(settings.names)} returned None (not applicable). A completion needs at least one reward: add a "
+            "function that scores such rows, or leave them out of the data."
+        )
+    weights = torch.tensor(settings.weights, dtype=torch.float64)
+    total = (values * weights).nansum(dim=1).float()
+    failed = None if settings.failure_value is None else tuple(count for _, count in columns)
+    return Scores(total=total, values=values, names=settings.names, failed=failed)
+
+
+def _column(
+    reward: LoadedReward, outcome: Outcome, inputs: RewardInputs, settings: RewardSettings
+) -> tuple[list[float | None], int]:
+    """One function's values (the failure value where it failed) and how many failed."""
+    if outcome.invalid is not None:
+        raise outcome.invalid
+    failures = len(outcome.errors) + len(outcome.timed_out)
+    if failures and settings.failure_value is None:
+        cause = min(outcome.errors.items())[1] if outcome.errors else None
+        raise _failure(reward, outcome, inputs, settings) from cause
+    return [settings.failure_value if v is MISSING else v for v in outcome.values], failures
+
+
+def _failure(
+    reward: LoadedReward, outcome: Outcome, inputs: RewardInputs, settings: RewardSettings
+) -> RewardError:
+    fix = (
+        "or set algorithm.reward_failure_value (e.g. 0) to score such completions with it, counted in "
+        f"reward/{reward.name}/failed."
+    )
+    label = f"reward function {reward.name!r} ({reward.spec})"
+    if outcome.errors:
+        row, error = min(outcome.errors.items())
+        more = f" (and on {len(outcome.errors) - 1} more)" if len(outcome.errors) > 1 else ""
+        return RewardError(
+            f"{label} raised {type(error).__name__}: {error} on {inputs.describe(row)}{more}; fix it, {fix}"
+        )
+    late = outcome.timed_out
+    return RewardError(
+        f"{label} did not finish within algorithm.reward_timeout_s={settings.timeout_s:g} s: {len(late)} of "
+        f"{len(inputs)} completions have no reward, the first {inputs.describe(late[0])}; raise "
+        f"algorithm.reward_timeout_s, make the function faster, {fix}"
+    )
+
+
+def check_reward_inputs(settings: RewardSettings, examples: Sequence[Example]) -> None:
+    """Refuse, once the data has loaded and before the first step, a function that asks for a keyword the data
+    does not offer (:func:`.reward_inputs.available_keywords`).
+
+    Raises:
+        RewardError: as :func:`refuse_missing_keywords`.
+    """
+    available = available_keywords(examples)
+    for reward in load_rewards(settings):
+        refuse_missing_keywords(reward, available)
+
+
+def refuse_missing_keywords(reward: LoadedReward, available: Sequence[str]) -> None:
+    """Refuse ``reward`` when it needs keywords that ``available`` (drivetrain's and the data set's) lacks.
+
+    Raises:
+        RewardError: naming the missing keywords, what there is, and the fix.
+    """
+    missing = reward.missing(available)
+    if not missing:
+        return
+    hint = (
+        " (references: the data has no reference answers, data.response_key=null)"
+        if "references" in missing
+        else ""
+    )
+    raise RewardError(
+        f"reward function {reward.name!r} ({reward.spec}) asks for {missing}, which the data does not offer{hint}; "
+        f"a reward function gets any of {list(available)} (drivetrain's keywords and the data set's columns). "
+        "Rename the parameter to one of them, give it a default, or add the column to the data."
+    )
+
+
+def load_rewards(settings: RewardSettings) -> list[LoadedReward]:
+    """``settings``' functions, each under its metric name (:func:`.reward_settings.reward_names`)."""
+    names = reward_names(settings.functions)
+    return [
+        dataclasses.replace(load_reward_function(spec), name=name)
+        for spec, name in zip(settings.functions, names, strict=True)
+    ]
+
+
+@cache
+def load_reward_function(spec: str) -> LoadedReward:
+    """The reward function ``spec`` names: a built-in (:data:`BUILTIN_REWARDS`), ``package.module:function``, or
+    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process,
+    with what its signature asks for (:mod:`.reward_signatures`).
+
+    Raises:
+        RewardError: the module or file cannot be imported, has no callable of that name, a built-in's package is
+            missing, or the callable's parameters cannot be given by keyword.
     """
     if spec in BUILTIN_REWARDS:
-        return BUILTIN_REWARDS[spec]
+        _set_up_builtin(spec)
+        return loaded_reward(BUILTIN_REWARDS[spec], spec, spec)
     location, _, name = spec.rpartition(":")
     try:
         module = (
@@ -65,10 +230,20 @@ def load_reward_function(spec: str) -> RewardFunction:
             f"algorithm.reward_function={spec!r}: {location!r} has no function {name!r}; define "
             f"{name}(*, prompts, completions, references) returning one number per completion."
         )
+    return loaded_reward(function, spec, name)
+
+
+def _set_up_builtin(spec: str) -> None:
+    if spec not in BUILTIN_SETUP:
+        return
+    set_up, extra = BUILTIN_SETUP[spec]
     try:
-        return adapted_reward_function(function, spec)
-    except ValueError as e:
-        raise RewardError(str(e)) from e
+        set_up()
+    except ImportError as e:
+        raise RewardError(
+            f"the built-in reward {spec!r} needs a package that is not installed ({e}); install it with "
+            f'pip install "{extra}".'
+        ) from e
 
 
 def _import_file(path: Path) -> object:
@@ -90,25 +265,10 @@ def _import_file(path: Path) -> object:
 def compute_rewards(
     spec: str, *, prompts: Sequence[str], completions: Sequence[str], references: Sequence[str]
 ) -> torch.Tensor:
-    """``(len(completions),)`` float32 rewards from the function ``spec`` names.
+    """``(len(completions),)`` float32 rewards of the one function ``spec`` names, from texts alone.
 
     Raises:
-        RewardError: the function raised, or did not return one finite number per completion.
+        RewardError: as :func:`score_completions`.
     """
-    function = load_reward_function(spec)
-    try:
-        returned = function(prompts=list(prompts), completions=list(completions), references=list(references))
-        rewards = returned.tolist() if isinstance(returned, torch.Tensor) else list(returned)
-    except Exception as e:
-        raise RewardError(
-            f"algorithm.reward_function={spec!r} raised {type(e).__name__}: {e} (on {len(completions)} completions)."
-        ) from e
-    # numbers.Real: Python and NumPy numbers alike (np.float32 is no float); a bool is a verdict, not a reward.
-    bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, Real) or not math.isfinite(r)]
-    if len(rewards) != len(completions) or bad:
-        problem = f"{len(rewards)} values" if len(rewards) != len(completions) else f"{bad[:3]}"
-        raise RewardError(
-            f"algorithm.reward_function={spec!r} returned {problem} for {len(completions)} completions; it must "
-            "return one finite number per completion (a list of numbers, or a 1-D tensor), in their order."
-        )
-    return torch.tensor([float(r) for r in rewards], dtype=torch.float32)
+    inputs = RewardInputs.of_texts(prompts, completions, references)
+    return score_completions(RewardSettings.single(spec), inputs).total

@@ -2,7 +2,7 @@
 
 Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``n`` responses per
 prompt (whole groups stay on one rank, so group baselines need no communication); the rewards
-(``algorithm.reward_function``: exact answers, or the user's function), shaped as DAPO's options say, become
+(``algorithm.reward_functions``, weighted: :mod:`.rewards`), shaped as DAPO's options say, become
 advantages by ``algorithm.adv_estimator`` (the whitening ones reduce over the data-parallel group); the actor
 recomputes the old log-probs and the reference its log-probs; one policy update (``algorithm.loss_mode``);
 then ``engine.weight_buckets(version=step, base_version=rollout.delta_base)`` streams what changed to the
@@ -31,7 +31,9 @@ from ..jobs.data import Example
 from ..reference import Reference
 from ..reward_shaping import equal_reward_groups, overlong_penalty
 from .config import GRPOConfig, RolloutJobConfig
-from .rewards import compute_rewards
+from .reward_inputs import RewardInputs
+from .reward_settings import RewardSettings
+from .rewards import Scores, score_completions
 from .versions import Versions
 
 SEED_STRIDE = 1_000_003
@@ -47,6 +49,7 @@ class RolloutBatch:
             group), ``advantages``.
         rollout_log_probs: the rollout's log-probs of each response's tokens.
         rewards: one reward per response (with the overlong penalty, when on).
+        scores: each reward function's values, for ``reward/<name>`` (:func:`.rewards.reward_metrics`).
         response_lengths: tokens per response.
         filtered_groups: groups that ``algorithm.filter_groups`` took out of the loss.
         versions: the weight version of every response token and the policy version that trains on them
@@ -58,6 +61,7 @@ class RolloutBatch:
     rollout_log_probs: list[torch.Tensor]
     rewards: torch.Tensor
     response_lengths: list[int]
+    scores: Scores | None = None
     filtered_groups: int = 0
     versions: Versions | None = None
     dropped_groups: int = 0
@@ -98,8 +102,8 @@ def score_agreed(
     """:func:`score` on every data-parallel rank at once (collective: a reward function failing on one rank
     raises the same error on every rank)."""
     with agreed_checks():
-        _, rewards = answer_rewards(examples, output, tokenizer, config.algorithm.reward_function)
-    return rollout_batch(examples, output, rewards, config, group, versions=versions)
+        _, scores = answer_rewards(examples, output, tokenizer, config.algorithm.rewards())
+    return rollout_batch(examples, output, scores.total, config, group, versions=versions, scores=scores)
 
 
 def score(
@@ -110,8 +114,8 @@ def score(
     group: ProcessGroup | None = None,
 ) -> RolloutBatch:
     """Reward ``output`` (``output.n`` responses per example, prompt-major) and build the actor's batch."""
-    _, rewards = answer_rewards(examples, output, tokenizer, config.algorithm.reward_function)
-    return rollout_batch(examples, output, rewards, config, group)
+    _, scores = answer_rewards(examples, output, tokenizer, config.algorithm.rewards())
+    return rollout_batch(examples, output, scores.total, config, group, scores=scores)
 
 
 def rollout_batch(
@@ -122,8 +126,9 @@ def rollout_batch(
     group: ProcessGroup | None = None,
     *,
     versions: Versions | None = None,
+    scores: Scores | None = None,
 ) -> RolloutBatch:
-    """The actor's batch from the rewards: the overlong penalty, the group filter and the groups too stale for
+    """The actor's batch from the rewards (``scores``: each function's, carried for the metrics): the overlong penalty, the group filter and the groups too stale for
     ``versions`` leave the loss, then the advantages. The batch carries each token's weight version
     (``token_versions``), the rollout's log-probs (``rollout_log_probs``, 0 on prompt tokens) and, under router
     replay, its routed experts (``routed_experts``)."""
@@ -159,6 +164,7 @@ def rollout_batch(
         rollout_log_probs=output.log_probs,
         rewards=rewards,
         response_lengths=lengths,
+        scores=scores,
         filtered_groups=int(filtered.sum()),
         versions=versions,
         dropped_groups=int(stale.sum()),
@@ -171,19 +177,13 @@ def _jagged(rows: Sequence[torch.Tensor], batch: TensorDict) -> torch.Tensor:
 
 
 def answer_rewards(
-    examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, reward_function: str
-) -> tuple[list[str], torch.Tensor]:
-    """The decoded answers of ``output`` (``output.n`` per example, prompt-major) and their rewards from
-    ``reward_function`` (``algorithm.reward_function``), each answer with its example's prompt and reference."""
-    n = output.n
-    answers = [tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in output.responses]
-    rewards = compute_rewards(
-        reward_function,
-        prompts=[examples[i // n].prompt_text for i in range(len(answers))],
-        completions=answers,
-        references=[examples[i // n].response_text for i in range(len(answers))],
-    )
-    return answers, rewards
+    examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, rewards: RewardSettings
+) -> tuple[list[str], Scores]:
+    """The decoded answers of ``output`` (``output.n`` per example, prompt-major) and their scores by
+    ``rewards`` (``algorithm.rewards()``), each answer with its example's prompt, reference and columns."""
+    ids = [r.tolist() for r in output.responses]
+    answers = [tokenizer.decode(r, skip_special_tokens=True) for r in ids]
+    return answers, score_completions(rewards, RewardInputs.of(examples, answers, ids))
 
 
 def response_batch(

@@ -38,7 +38,7 @@ from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
 from .prompt_checks import check_rollout_length, warn_unreachable_answers
-from .rewards import EXACT_MATCH, exact_match, load_reward_function
+from .rewards import EXACT_MATCH, check_reward_inputs, exact_match, load_rewards, reward_metrics
 from .rollout_plugin import build_rollout, require_rollout
 from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
 from .versions import Versions, staleness_metrics
@@ -120,7 +120,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         # A missing rollout is refused before the warm start, and so are options or router replay it cannot take ...
         require_rollout(config.rollout, config.engine)
         # ... and so is a reward function that does not load.
-        load_reward_function(config.algorithm.reward_function)
+        load_rewards(config.algorithm.rewards())
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         self.tokenizer, self.train, self.val = load_splits(
             self.model_path,
@@ -132,6 +132,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             task=data_task(config.model.path),
         )
         check_rollout_length(self.train + self.val, config, self.model_path)
+        check_reward_inputs(config.algorithm.rewards(), self.train + self.val)
         warn_unreachable_answers(self.train, config.rollout.max_new_tokens, self.tokenizer.eos_token_id)
         self.folder = self.folder.for_data(e.token_ids for e in self.train)
         self.actor = self.make_actor(self.model_path)
@@ -267,6 +268,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         )
         values = {
             "train/reward": reward_sum / count,
+            **reward_metrics(samples.scores, group),
             "train/pg_loss": metrics["pg_loss"],
             "train/clip_fraction": metrics["pg_clipfrac"],
             "train/entropy": metrics["entropy"],
@@ -299,8 +301,9 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         return values
 
     def _evaluate(self, step: int) -> dict[str, float]:
-        """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers)
-        and ``val/reward`` (the mean of ``algorithm.reward_function``, the same number with ``exact_match``)."""
+        """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers;
+        none without references, ``data.response_key=null``) and ``val/reward`` (the mean reward, the same number
+        with ``exact_match`` alone)."""
         config = self.config
         samples = self.val[: config.trainer.eval_samples]
         if not samples:
@@ -313,13 +316,12 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
                 sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
                 with self.pipeline.exclusive() as rollout:
                     output = rollout.generate([e.prompt_ids for e in local], sampling)
-                answers, rewards = answer_rewards(
-                    local, output, self.tokenizer, config.algorithm.reward_function
-                )
+                answers, scores = answer_rewards(local, output, self.tokenizer, config.algorithm.rewards())
                 correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
-                reward = float(rewards.sum())
+                reward = float(scores.total.sum())
         correct, reward = distributed.all_reduce_sums([correct, reward])
-        return {"val/accuracy": correct / len(samples), "val/reward": reward / len(samples)}
+        accuracy = {"val/accuracy": correct / len(samples)} if samples[0].has_reference else {}
+        return {**accuracy, "val/reward": reward / len(samples)}
 
     def _postfix(self, values: dict[str, float]) -> dict[str, str]:
         return _postfix(values)
@@ -338,7 +340,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         plot_curves(
             records,
             self.output_dir / self.curve_file,
-            left=[("train/reward", f"train reward ({self.config.algorithm.reward_function})", "-")],
+            left=[("train/reward", f"train reward ({self.config.algorithm.rewards().label})", "-")],
             left_label="mean reward",
         )
 
@@ -355,17 +357,20 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
 
     def _report_lines(self, result: GRPOResult) -> list[str]:
         lines = [f"run directory: {result.output_dir}"]
-        if result.evaluations:
-            first, last = result.evaluations[0], result.evaluations[-1]
+        if not result.evaluations:
+            return lines
+        first, last = result.evaluations[0], result.evaluations[-1]
+        if "val/accuracy" in last:
             lines.append(
                 f"val/accuracy: {first['val/accuracy']:.4f} (step {first['step']}) -> {last['val/accuracy']:.4f} "
                 f"(step {last['step']}) in {result.seconds:.0f} s of {self.command.upper()}"
             )
-            if self.config.algorithm.reward_function != EXACT_MATCH:  # else the same numbers
-                lines.append(
-                    f"val/reward: {first['val/reward']:.4f} (step {first['step']}) -> {last['val/reward']:.4f} "
-                    f"(step {last['step']}, {self.config.algorithm.reward_function})"
-                )
+        label = self.config.algorithm.rewards().label
+        if label != EXACT_MATCH or "val/accuracy" not in last:  # else the same numbers
+            lines.append(
+                f"val/reward: {first['val/reward']:.4f} (step {first['step']}) -> {last['val/reward']:.4f} "
+                f"(step {last['step']}, {label})"
+            )
         return lines
 
 

@@ -9,10 +9,11 @@ token budget.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from drivetrain_engine_core.errors import DrivetrainError
 
 from ..command_sections import DataConfig
 from .dataset_rows import SUPPORTED_SOURCES, dataset_rows, is_dataset_source
+from .token_coverage import encode_with_unknown
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,10 @@ class Example:
 
     ``earlier_turn_spans`` are the ``[start, end)`` ranges of ``prompt_ids`` that hold the earlier assistant turns
     of a multi-turn conversation, trained on as well (``data.assistant_turns=all``); the response is always the
-    last assistant turn, which evaluation, GRPO prompts and preference pairs read.
+    last assistant turn, which evaluation, GRPO prompts and preference pairs read; an RL prompt without a
+    reference (``data.response_key=null``) has none and no ``has_reference``. ``columns`` is the row as read
+    (reward functions receive each column by its name), ``source`` where it is (``train.jsonl row 3``); neither
+    takes part in comparing examples.
     """
 
     prompt_ids: list[int]
@@ -43,6 +48,9 @@ class Example:
     prompt_text: str
     response_text: str
     earlier_turn_spans: tuple[tuple[int, int], ...] = ()
+    has_reference: bool = True
+    columns: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    source: str = field(default="", compare=False)
 
     @property
     def token_ids(self) -> list[int]:
@@ -139,7 +147,8 @@ def load_examples(
     """
     if not files:
         raise DataError(f"no data files given; set data.train_files. {SUPPORTED_SOURCES}.")
-    examples, overlong = [], OverlongRows(config.max_length, config.overlong)
+    examples = []
+    overlong = OverlongRows(config.max_length, config.overlong, prompt_only=config.response_key is None)
     for path in files:
         rows = read_rows(path, **read_options(config, held_out=held_out))
         for index, row in enumerate(rows):
@@ -155,14 +164,17 @@ def load_examples(
 
 def tokenize_row(row: dict[str, Any], tokenizer: Any, config: DataConfig, *, where: str) -> Example:
     """Tokenise one row: chat ``messages`` (loss on the assistant turns ``data.assistant_turns`` picks) or a
-    prompt/response pair."""
+    prompt/response pair; with ``data.response_key=null`` a prompt alone (the prompt column, or the whole
+    conversation). The example keeps the row's columns and ``where`` it is."""
+    return dataclasses.replace(_tokenized(row, tokenizer, config, where), columns=row, source=where)
+
+
+def _tokenized(row: dict[str, Any], tokenizer: Any, config: DataConfig, where: str) -> Example:
+    if config.response_key is None:
+        return _prompt_only(row, tokenizer, config, where)
     if config.messages_key is not None:
-        return tokenize_messages(
-            column(row, config.messages_key, where, "data.messages_key"),
-            tokenizer,
-            where,
-            earlier_turns=config.assistant_turns == "all",
-        )
+        messages = column(row, config.messages_key, where, "data.messages_key")
+        return tokenize_messages(messages, tokenizer, where, earlier_turns=config.assistant_turns == "all")
     prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
     response = text_value(row, config.response_key, where, "data.response_key")
     if config.apply_chat_template:
@@ -185,18 +197,26 @@ def tokenize_prompt_response(
     its BOS (a chat template's output) keeps one BOS, not two; a response already ending with the EOS keeps
     one EOS (TRL appends it only when missing).
     """
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    _encode(tokenizer, prompt, f"{where} column {columns[0]!r}")  # refuses unknown characters
+    eos = tokenizer.eos_token_id
+    prompt_ids = prompt_token_ids(prompt, tokenizer, f"{where} column {columns[0]!r}")
+    response_ids = _with_eos(_encode(tokenizer, response, f"{where} column {columns[1]!r}"), eos)
+    return Example(
+        prompt_ids=prompt_ids, response_ids=response_ids, prompt_text=prompt, response_text=response
+    )
+
+
+def prompt_token_ids(prompt: str, tokenizer: Any, where: str) -> list[int]:
+    """``tokenizer(prompt)``'s ids, one BOS at most, and the BOS alone for an empty prompt (see
+    :func:`tokenize_prompt_response`)."""
+    bos = tokenizer.bos_token_id
+    _encode(tokenizer, prompt, where)  # refuses unknown characters
     prompt_ids = list(tokenizer(prompt)["input_ids"])
     if bos is not None and prompt_ids[:2] == [bos, bos]:
         prompt_ids = prompt_ids[1:]
     if not prompt_ids and bos is not None:
         # An empty prompt (completion-only rows): the first response token needs a token before it to be scored.
         prompt_ids = [bos]
-    response_ids = _with_eos(_encode(tokenizer, response, f"{where} column {columns[1]!r}"), eos)
-    return Example(
-        prompt_ids=prompt_ids, response_ids=response_ids, prompt_text=prompt, response_text=response
-    )
+    return prompt_ids
 
 
 def _with_eos(ids: list[int], eos: int | None) -> list[int]:
@@ -226,40 +246,16 @@ def text_value(row: dict[str, Any], key: str, where: str, option: str) -> str:
 
 
 def _encode(tokenizer: Any, text: str, where: str) -> list[int]:
-    """Token ids of ``text``, refusing characters the tokenizer maps to its unknown (or padding) token or drops.
-
-    NOTE: a BPE vocabulary without an unknown token drops what it cannot encode, with no trace in the ids:
-    transformers 5 reloads the embedded model's character tokenizer as ``Qwen2Tokenizer`` (its model type's
-    class), which encodes ``"Two?"`` as nothing. A fast tokenizer's offsets show characters no token covers;
-    slow tokenizers report none, and only their unknown tokens are caught.
-    """
-    if getattr(tokenizer, "is_fast", False):
-        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, characters = encoding["input_ids"], _uncovered(text, encoding["offset_mapping"])
-    else:
-        ids, characters = tokenizer.encode(text, add_special_tokens=False), set()
-    unknown = {tokenizer.unk_token_id, tokenizer.pad_token_id} - {
-        None,
-        tokenizer.bos_token_id,
-        tokenizer.eos_token_id,
-    }
-    if not unknown.isdisjoint(ids):
-        characters |= {c for c in set(text) if unknown & set(tokenizer.encode(c, add_special_tokens=False))}
+    """Token ids of ``text``, refusing characters the tokenizer maps to its unknown (or padding) token or drops
+    (:func:`.token_coverage.encode_with_unknown`)."""
+    ids, characters = encode_with_unknown(tokenizer, text)
     if not characters:
-        return list(ids)
+        return ids
     raise DataError(
         f"{where} has characters the tokenizer does not know ({''.join(sorted(characters))!r}); it would train on "
         "unknown/padding tokens in their place, or without them. Remove them from the data or use a tokenizer "
         "(model.path) that covers them."
     )
-
-
-def _uncovered(text: str, offsets: list[tuple[int, int]]) -> set[str]:
-    """Characters of ``text`` that no token's offsets cover, besides whitespace (tokenizers fold it into tokens)."""
-    covered = bytearray(len(text))
-    for start, end in offsets:
-        covered[start:end] = b"\x01" * (end - start)
-    return {c for c, seen in zip(text, covered, strict=True) if not seen and not c.isspace()}
 
 
 def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turns: bool = False) -> Example:
@@ -302,6 +298,35 @@ def tokenize_messages(messages: Any, tokenizer: Any, where: str, *, earlier_turn
     )
 
 
+def _prompt_only(row: dict[str, Any], tokenizer: Any, config: DataConfig, where: str) -> Example:
+    """A row without a reference (``data.response_key=null``, RL prompts): the prompt column as written, or
+    rendered by the chat template with the generation prompt (``apply_chat_template``; every turn of
+    ``messages_key``)."""
+    if config.messages_key is None:
+        prompt = text_value(row, config.prompt_key, where, "data.prompt_key")
+        if not config.apply_chat_template:
+            ids = prompt_token_ids(prompt, tokenizer, f"{where} column {config.prompt_key!r}")
+            return Example(
+                prompt_ids=ids, response_ids=[], prompt_text=prompt, response_text="", has_reference=False
+            )
+    key = config.messages_key
+    messages = (
+        [{"role": "user", "content": prompt}] if key is None else column(row, key, where, "data.messages_key")
+    )
+    if not isinstance(messages, list) or not messages or getattr(tokenizer, "chat_template", None) is None:
+        raise DataError(
+            f"{where}: the prompt must be a non-empty list of messages and the tokenizer needs a chat template."
+        )
+    ids = template_ids(tokenizer, messages, add_generation_prompt=True)
+    return Example(
+        prompt_ids=ids,
+        response_ids=[],
+        prompt_text=tokenizer.decode(ids),
+        response_text="",
+        has_reference=False,
+    )
+
+
 def _earlier_turn_spans(
     tokenizer: Any, messages: list[dict[str, Any]], prompt_ids: list[int], where: str
 ) -> tuple[tuple[int, int], ...]:
@@ -340,18 +365,19 @@ class OverlongRows:
     """Applies ``data.overlong`` to the rows of one data set: refuses an example longer than ``max_length``
     (``error``) or counts it for one warning (``drop``)."""
 
-    def __init__(self, max_length: int, policy: str) -> None:
-        self.max_length, self.policy = max_length, policy
+    def __init__(self, max_length: int, policy: str, *, prompt_only: bool = False) -> None:
+        self.max_length, self.policy, self.prompt_only = max_length, policy, prompt_only
         self.dropped, self.longest = 0, 0
 
     def fits(self, sequences: Sequence[Example], where: str) -> bool:
         """Whether the row of ``sequences`` (one example, or a pair's two sides) is kept.
 
         Raises:
-            DataError: a sequence has an empty response (under every policy), or is over-long under ``error``.
+            DataError: a sequence has an empty response (under every policy, unless the rows are prompts only),
+                or is over-long under ``error``.
         """
         for example in sequences:
-            if not example.response_ids:
+            if not example.response_ids and not self.prompt_only:
                 raise DataError(
                     f"{where} has an empty response; every example needs response tokens to train on."
                 )

@@ -132,9 +132,15 @@ class AlgorithmConfig(AlgorithmSection):
         overlong_penalty_factor: the penalty of a response of ``rollout.max_new_tokens`` tokens.
         ppo_mini_batches: optimizer steps of the actor and of the critic per epoch over one rollout.
         ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
-        reward_function: ``exact_match``, or the user's function as ``package.module:function`` or
-            ``path/to/file.py:function`` (as in ``drivetrain grpo``): the score of each response, placed on its
-            last token.
+        reward_function: ``exact_match``, ``math_verify``, ``step_credit``, or the user's function as
+            ``package.module:function`` or ``path/to/file.py:function`` (as in ``drivetrain grpo``): the score of
+            each response, placed on its last token. The same as ``reward_functions=[it]``; setting one clears
+            the other.
+        reward_functions: several reward functions; the score is their weighted sum (as in ``drivetrain grpo``).
+        reward_weights: one weight per function of ``reward_functions``; unset: 1 each.
+        reward_timeout_s: seconds the reward functions may take over one step's responses (``null``: no limit).
+        reward_failure_value: the score of a response whose function raised or ran out of time, counted in
+            ``reward/<name>/failed``; ``null``: such a function stops the run.
     """
 
     adv_estimator: str = "gae"
@@ -157,7 +163,11 @@ class AlgorithmConfig(AlgorithmSection):
     overlong_penalty_factor: float = 1.0
     ppo_mini_batches: int = 2
     ppo_epochs: int = 1
-    reward_function: str = "exact_match"
+    reward_function: str | None = "exact_match"
+    reward_functions: tuple[str, ...] | None = None
+    reward_weights: tuple[float, ...] | None = None
+    reward_timeout_s: float | None = 300.0
+    reward_failure_value: float | None = None
 
     def __post_init__(self) -> None:
         name = choose("algorithm.adv_estimator", self.adv_estimator, ADV_ESTIMATORS)

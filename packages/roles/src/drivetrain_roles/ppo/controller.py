@@ -24,6 +24,7 @@ from typing import Any, Self
 from ..critic import CriticConfig
 from ..grpo.controller import ColocatedController
 from ..grpo.controller import colocated_spec as grpo_colocated_spec
+from ..grpo.rewards import load_rewards, reward_metrics
 from ..grpo.step import PolicyCalls, RolloutBatch, answer_rewards
 from ..jobs.data import Example
 from ..rm.export import write_value_model_start
@@ -82,11 +83,10 @@ class ColocatedPPO(ColocatedController):
     ) -> Self:
         """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
         from ..grpo.config import check_mini_batch_share
-        from ..grpo.rewards import load_reward_function
         from ..jobs.assets import load_tokenizer
 
         check_mini_batch_share(config, world_size)
-        load_reward_function(config.algorithm.reward_function)  # before the workers start
+        load_rewards(config.algorithm.rewards())  # before the workers start
         spec = colocated_spec(config, critic_dir)
         actor = spec.parts["actor"].model_config
         tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
@@ -95,7 +95,7 @@ class ColocatedPPO(ColocatedController):
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
         """Sample ``examples`` on the workers' rollouts (:meth:`generate`) and score them on the driver."""
         output = self.generate(step, examples)
-        _, scores = answer_rewards(examples, output, self.tokenizer, self.config.algorithm.reward_function)
+        _, scores = answer_rewards(examples, output, self.tokenizer, self.config.algorithm.rewards())
         return scored_batch(examples, output, scores, self.config)
 
     def update(self, samples: RolloutBatch, *, train_actor: bool = True) -> dict[str, float]:
@@ -128,7 +128,7 @@ class ColocatedPPO(ColocatedController):
         metrics = self.update(samples, train_actor=train_actor)
         if train_actor:
             self.group.sync_rollout(step + 1)
-        return {**metrics, "train/reward": float(samples.rewards.mean())}
+        return {**metrics, **reward_metrics(samples.scores), "train/reward": float(samples.rewards.mean())}
 
 
 __all__ = ["ColocatedPPO", "colocated_spec"]

@@ -1,7 +1,8 @@
 """One PPO step over any engine and any rollout: sample, score, value, GAE, update the critic and the actor.
 
 Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``rollout.n``
-responses per prompt and each is scored (``algorithm.reward_function``, with DAPO's overlong penalty when on);
+responses per prompt and each is scored (``algorithm.reward_functions``, weighted, with DAPO's overlong penalty
+when on);
 the actor recomputes the old log-probs, the reference its log-probs (when a KL term reads them) and the critic
 its values; the score, on each response's last token, less ``kl_ctrl``'s coefficient x the KL to the reference
 on every token (``algorithm.use_kl_in_reward``), gives GAE's advantages (whitened over every rank's tokens) and
@@ -25,6 +26,7 @@ from torch.distributed import ProcessGroup
 from ..actor import Actor
 from ..advantages import apply_kl_penalty, compute_gae, token_rewards, whiten
 from ..critic import Critic
+from ..grpo.rewards import Scores
 from ..grpo.step import (
     PolicyCalls,
     RolloutBatch,
@@ -64,17 +66,17 @@ def sample(
     rank raises the same error on every rank)."""
     output = rollout.generate([e.prompt_ids for e in examples], sampling_config(config, seed=seed))
     with agreed_checks():
-        _, scores = answer_rewards(examples, output, tokenizer, config.algorithm.reward_function)
+        _, scores = answer_rewards(examples, output, tokenizer, config.algorithm.rewards())
     return scored_batch(examples, output, scores, config)
 
 
 def scored_batch(
-    examples: Sequence[Example], output: RolloutOutput, scores: torch.Tensor, config: PPOConfig
+    examples: Sequence[Example], output: RolloutOutput, scores: Scores, config: PPOConfig
 ) -> RolloutBatch:
     """The step's batch: every response's tokens in the loss; its score with the overlong penalty, when on."""
     algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
-    scores = scores + overlong_penalty(
+    rewards = scores.total + overlong_penalty(
         torch.tensor(lengths),
         config.rollout.max_new_tokens,
         algorithm.overlong_buffer_len,
@@ -82,7 +84,11 @@ def scored_batch(
     )
     batch, _ = response_batch(examples, output, keep=torch.ones(len(lengths), dtype=torch.bool))
     return RolloutBatch(
-        batch=batch, rollout_log_probs=output.log_probs, rewards=scores, response_lengths=lengths
+        batch=batch,
+        rollout_log_probs=output.log_probs,
+        rewards=rewards,
+        response_lengths=lengths,
+        scores=scores,
     )
 
 

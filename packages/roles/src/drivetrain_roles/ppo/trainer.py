@@ -19,6 +19,7 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
 from ..critic import Critic, CriticConfig
+from ..grpo.rewards import reward_metrics
 from ..grpo.step import SEED_STRIDE, hand_off
 from ..grpo.trainer import GRPOResult, GRPOTrainer
 from ..output_ranks import require_outputs_on_every_rank
@@ -130,6 +131,7 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
             self.kl_control.update(metrics["kl"], n_steps=int(count))
         values = {
             "train/reward": reward_sum / count,
+            **reward_metrics(samples.scores, engine.data_parallel_group),
             **{name: metrics[key] for key, name in ACTOR_METRICS.items() if key in metrics},
             "train/entropy": metrics["entropy"],
             "train/response_length": response_tokens / count,
@@ -153,7 +155,7 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
             records,
             self.output_dir / self.curve_file,
             left=[
-                ("train/reward", f"train reward ({self.config.algorithm.reward_function})", "-"),
+                ("train/reward", f"train reward ({self.config.algorithm.rewards().label})", "-"),
                 ("critic/vf_explained_var", "critic's explained variance", ":"),
             ],
             left_label="mean reward / explained variance",

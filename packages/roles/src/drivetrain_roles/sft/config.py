@@ -144,6 +144,11 @@ class SFTConfig:
         )
 
     def __post_init__(self) -> None:
+        if self.data.response_key is None:
+            raise ConfigError(
+                "data.response_key=null (rows without a response) is for grpo and ppo prompts; SFT trains on the "
+                "responses: set data.response_key to the column that holds them."
+            )
         self.run_optimizer()  # core's optimizer checks, with the run's length
 
     def run_optimizer(self) -> OptimizerConfig:
