@@ -105,14 +105,28 @@ def write_arithmetic_data(directory: Path, *, train_size: int, val_size: int, se
     """Write disjoint ``train.jsonl`` and ``val.jsonl`` arithmetic sets; returns their paths."""
     examples = arithmetic_examples(4 * (train_size + val_size), seed)
     unique = list({e["prompt"]: e for e in examples}.values())
+    return write_splits(
+        directory, unique, train_size=train_size, val_size=val_size, what="arithmetic questions exist"
+    )
+
+
+def write_splits(
+    directory: Path, unique: list[dict[str, Any]], *, train_size: int, val_size: int, what: str
+) -> tuple[Path, Path]:
+    """Write the first ``train_size`` of ``unique`` (distinct generated rows) to ``train.jsonl`` and the next
+    ``val_size`` to ``val.jsonl``; returns their paths.
+
+    Raises:
+        ValueError: fewer than ``train_size + val_size`` distinct rows (``what`` says which: "problems were drawn").
+    """
     if len(unique) < train_size + val_size:
         raise ValueError(
-            f"only {len(unique)} distinct arithmetic questions exist; ask for fewer than "
+            f"only {len(unique)} distinct {what}; ask for fewer than "
             f"{train_size + val_size} (data.generated_train_size + data.generated_val_size)."
         )
     directory.mkdir(parents=True, exist_ok=True)
     paths = (directory / "train.jsonl", directory / "val.jsonl")
     splits = (unique[:train_size], unique[train_size : train_size + val_size])
     for path, split in zip(paths, splits, strict=True):
-        path.write_text("".join(json.dumps(e) + "\n" for e in split))
+        path.write_text("".join(json.dumps(row) + "\n" for row in split))
     return paths

@@ -14,9 +14,10 @@ encodes exactly as it was built. Nothing is downloaded.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
+
+from .default_assets import write_splits
 
 NAME = "multistep"
 REWARD_FUNCTION = "step_credit"
@@ -154,15 +155,6 @@ def write_multistep_data(directory: Path, *, train_size: int, val_size: int, see
         rows.setdefault(row["messages"][1]["content"], row)
         if len(rows) == train_size + val_size:
             break
-    unique = list(rows.values())
-    if len(unique) < train_size + val_size:
-        raise ValueError(
-            f"only {len(unique)} distinct problems were drawn; ask for fewer than {train_size + val_size} "
-            "(data.generated_train_size + data.generated_val_size)."
-        )
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = (directory / "train.jsonl", directory / "val.jsonl")
-    splits = (unique[:train_size], unique[train_size : train_size + val_size])
-    for path, split in zip(paths, splits, strict=True):
-        path.write_text("".join(json.dumps(row) + "\n" for row in split))
-    return paths
+    return write_splits(
+        directory, list(rows.values()), train_size=train_size, val_size=val_size, what="problems were drawn"
+    )
