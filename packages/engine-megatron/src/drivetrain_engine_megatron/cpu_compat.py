@@ -1,4 +1,4 @@
-"""The CPU-compat layer: the only place where drivetrain changes third-party behaviour (ARCHITECTURE §6).
+"""The CPU-compat layer: the only place where drivetrain changes third-party behaviour (decision record 0015).
 
 megatron-core assumes CUDA everywhere: it allocates with ``device=torch.cuda.current_device()``, calls
 ``module.cuda()``, checks ``param.type() == "torch.cuda.FloatTensor"``, synchronises streams and keeps its
