@@ -35,7 +35,7 @@ from ..jobs.metrics import step_record
 from ..jobs.resume_start import check_or_record_start
 from ..losses.sft import sft_loss_fn
 from .config import SFTConfig
-from .headline import REPORT_KEYS, headline, perplexity
+from .headline import CURVES, REPORT_KEYS, headline, perplexity
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
     command = "sft"
     result_type = SFTResult
     report_keys = REPORT_KEYS
+    curves = CURVES
 
     def __init__(
         self,
@@ -156,6 +157,9 @@ class SFTTrainer(TrainingJob[SFTResult]):
 
     def _evaluate(self, step: int) -> dict[str, float]:
         return self.evaluator()
+
+    def _curve_fields(self) -> dict[str, str]:
+        return {"loss_agg_mode": self.config.trainer.loss_agg_mode}
 
     def _save_final(self, engine: Engine, target: Path) -> None:
         save_final_model(
