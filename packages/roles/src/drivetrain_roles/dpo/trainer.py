@@ -119,7 +119,12 @@ class DPOTrainer(PairTrainer):
         if not samples:
             return {}
         accuracy = greedy_accuracy(
-            engine, samples, tokenizer, max_new_tokens=self.trainer.max_new_tokens, model_path=model_path
+            engine,
+            samples,
+            tokenizer,
+            max_new_tokens=self.trainer.max_new_tokens,
+            model_path=model_path,
+            progress=self.trainer.progress_bar,
         )
         return {"val/accuracy": accuracy}
 

@@ -214,6 +214,7 @@ class _Evaluator:
                     self.tokenizer,
                     max_new_tokens=self.config.trainer.max_new_tokens,
                     model_path=self.model_path,
+                    progress=self.config.trainer.progress_bar,
                 )
         return values
 
