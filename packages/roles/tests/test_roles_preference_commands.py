@@ -461,7 +461,8 @@ def test_a_resumed_reward_models_start_is_checked_not_rewritten(tmp_path, folder
 
 
 def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path, plotted) -> None:
-    common = [*TINY, "warm_start.sft_steps=0", "trainer.total_steps=2"]
+    # A reward function reused by name as a held-out measure (trainer.eval_metrics): val/exact_match.
+    common = [*TINY, "warm_start.sft_steps=0", "trainer.total_steps=2", "trainer.eval_metrics=[exact_match]"]
     precomputed = DPOTrainer(load_dpo_config(overrides=common), tmp_path / "pre").run()
     engine = DPOTrainer(load_dpo_config(overrides=[*common, "dpo.reference=engine"]), tmp_path / "eng").run()
     assert engine.train_losses == pytest.approx(precomputed.train_losses, rel=1e-5)
@@ -491,6 +492,10 @@ def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path, plo
     ]
     assert {"train/rewards/accuracies", "train/rewards/margins"} <= set(series)
     assert "exact match" in series["val/accuracy"]["panel"]
+    assert [e["val/exact_match"] for e in precomputed.evaluations] == [
+        e["val/accuracy"] for e in precomputed.evaluations
+    ]
+    assert series["val/exact_match"]["panel"] == "held-out answers: your measures (trainer.eval_metrics)"
     AutoModelForCausalLM.from_pretrained(tmp_path / "pre" / "final_model")
 
 

@@ -17,8 +17,9 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import LossFn
 from tensordict import TensorDict
 
+from ..held_out_metrics import HeldOutMetrics
 from ..jobs.curves import Curves, Panel, Series, train_and_held_out
-from ..jobs.evaluate import greedy_accuracy
+from ..jobs.evaluate import greedy_evaluation
 from ..jobs.final_model import save_final_model
 from ..losses.aggregation import FlatTokens
 from ..losses.preference import REF_LOGP, dpo_loss_fn
@@ -65,6 +66,7 @@ class DPOTrainer(PairTrainer):
         super().__init__(*args, **kwargs)
         self.reference: Reference | None = None
         self.ref_logps: dict[int, tuple[float, float]] = {}
+        self.measures = HeldOutMetrics.load(self.trainer.eval_metrics)
 
     def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:
         settings = self.config.dpo
@@ -101,6 +103,9 @@ class DPOTrainer(PairTrainer):
     def _curve_fields(self) -> dict[str, str]:
         return {"loss_type": self.config.dpo.loss_type, "beta": f"{self.config.dpo.beta:g}"}
 
+    def _curve_panels(self) -> tuple[Panel, ...]:
+        return () if self.measures is None else (self.measures.panel,)
+
     def _batch(self, engine: Engine, uids: list[int]) -> TensorDict:
         pairs = [self.uids[u] for u in uids]
         if self.config.dpo.reference_free:
@@ -118,15 +123,15 @@ class DPOTrainer(PairTrainer):
         samples = [p.chosen for p in pairs[: self.trainer.eval_samples]]
         if not samples:
             return {}
-        accuracy = greedy_accuracy(
+        return greedy_evaluation(
             engine,
             samples,
             tokenizer,
             max_new_tokens=self.trainer.max_new_tokens,
             model_path=model_path,
             progress=self.trainer.progress_bar,
+            measures=self.measures,
         )
-        return {"val/accuracy": accuracy}
 
     def _export(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
         save_final_model(engine, model_path, tokenizer, target, max_new_tokens=self.trainer.max_new_tokens)

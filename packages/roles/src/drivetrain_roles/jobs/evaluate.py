@@ -10,7 +10,7 @@ backend, at the cost of one weight export per evaluation (fine for the sizes thi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,10 @@ def held_out_loss(engine: Engine, examples: Sequence[Example], loss_fn: LossFn) 
     return float(output.loss)  # type: ignore[arg-type]
 
 
+AnswerMeasures = Callable[[Sequence[Example], Sequence[str]], dict[str, float]]
+"""``measures(examples, answers) -> {"val/<name>": value}``: more measures of the greedy answers."""
+
+
 def greedy_accuracy(
     engine: Engine,
     examples: Sequence[Example],
@@ -44,15 +48,35 @@ def greedy_accuracy(
 ) -> float:
     """Fraction of ``examples`` whose greedy answer equals the reference (collective; every rank gets it);
     ``progress`` shows the generation's bar (:func:`~.progress.generation_progress`)."""
+    values = greedy_evaluation(
+        engine, examples, tokenizer, max_new_tokens=max_new_tokens, model_path=model_path, progress=progress
+    )
+    return values["val/accuracy"]
+
+
+def greedy_evaluation(
+    engine: Engine,
+    examples: Sequence[Example],
+    tokenizer: Any,
+    *,
+    max_new_tokens: int,
+    model_path: str,
+    progress: bool = False,
+    measures: AnswerMeasures | None = None,
+) -> dict[str, float]:
+    """``val/accuracy`` (exact match) of the greedy answers to ``examples`` and ``measures``' values of them,
+    measured on the output rank (collective; every rank gets them)."""
     model = gather_hf_model(engine, model_path)
-    accuracy = 0.0
+    values: dict[str, float] = {}
     if model is not None:
         answers = generate_answers(
             model, examples, tokenizer, max_new_tokens=max_new_tokens, progress=progress
         )
         correct = sum(a.strip() == e.response_text.strip() for a, e in zip(answers, examples, strict=True))
-        accuracy = correct / len(examples)
-    return float(distributed.broadcast_object(accuracy))  # type: ignore[arg-type]
+        values["val/accuracy"] = correct / len(examples)
+        if measures is not None:
+            values.update(measures(examples, answers))
+    return dict(distributed.broadcast_object(values))  # type: ignore[call-overload]
 
 
 @torch.no_grad()

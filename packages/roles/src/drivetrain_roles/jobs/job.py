@@ -25,7 +25,7 @@ from drivetrain_engine_core.engine import Engine
 
 from ..runtime.command_config import to_plain
 from ..runtime.tracking.jsonl import dumps
-from .curves import CURVE_FILE, LOSS_CURVES, Curves
+from .curves import CURVE_FILE, LOSS_CURVES, Curves, Panel
 from .divergence import DivergenceGuard
 from .final_model import FINAL_MODEL_DIR
 from .launch import SUMMARY_FILE
@@ -247,9 +247,14 @@ class TrainingJob(ABC, Generic[ResultT]):
         """The values the labels of :attr:`curves` name (``{loss_type}``): none by default."""
         return {}
 
+    def _curve_panels(self) -> tuple[Panel, ...]:
+        """Panels the run adds below :attr:`curves` (a user's own measures): none by default."""
+        return ()
+
     def _plot(self, records: list[dict[str, Any]]) -> None:
-        """Draw the run's curve (rank 0), as :attr:`curves` declares it."""
-        self.curves.plot(records, self.output_dir / self.curve_file, fields=self._curve_fields())
+        """Draw the run's curve (rank 0), as :attr:`curves` declares it and :meth:`_curve_panels` adds."""
+        path = self.output_dir / self.curve_file
+        self.curves.plot(records, path, fields=self._curve_fields(), extra=self._curve_panels())
 
 
 def evaluation_lines(evaluations: list[dict[str, float]], keys: tuple[str, ...]) -> list[str]:
