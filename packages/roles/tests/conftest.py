@@ -85,3 +85,26 @@ def folder_state() -> Callable[[Path], FolderState]:
     """``state(run)``: every entry of the run folder ``run`` (mode, size, mtime, bytes or link target), what a
     refused ``--resume`` must leave as it was."""
     return _folder_state
+
+
+def _plotted(curve: Path) -> dict[str, dict[str, Any]]:
+    """The series ``curve`` (a run's PNG) holds, by metric, each checked against the run's ``metrics.jsonl``:
+    as many points as finite records of that metric, the last the last recorded value."""
+    import math
+
+    from drivetrain_roles.jobs.curves import read_curve_series
+    from drivetrain_roles.jobs.metrics import read_records
+
+    records = read_records(curve.parent / "metrics.jsonl")
+    series = {entry["key"]: entry for entry in read_curve_series(curve)}
+    for key, entry in series.items():
+        values = [r[key] for r in records if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
+        assert (entry["points"], entry["last"]) == (len(values), values[-1]), key
+    return series
+
+
+@pytest.fixture(scope="session")
+def plotted() -> Callable[[Path], dict[str, dict[str, Any]]]:
+    """``plotted(curve)``: ``{metric: {"panel", "key", "label", "points", "last"}}`` of a run's curve PNG, read
+    from its metadata (not its pixels) and checked against the run's ``metrics.jsonl``."""
+    return _plotted

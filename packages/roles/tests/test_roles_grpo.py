@@ -344,7 +344,7 @@ def _plain_grpo_first_step(model_dir, batch, advantages):
     return float(loss.detach()), grad_norm(list(model.parameters())), entropy
 
 
-def test_run_folder_and_resume(tmp_path, config_for):
+def test_run_folder_and_resume(tmp_path, config_for, plotted):
     trainer = ["total_steps=2", "prompts_per_step=4", "warm_start_steps=3", "eval_every=1", "eval_samples=8"]
     config = config_for(
         "builtin:arithmetic", *(f"trainer.{v}" for v in [*trainer, "save_every=1", "progress_bar=false"])
@@ -371,6 +371,11 @@ def test_run_folder_and_resume(tmp_path, config_for):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "train/reward" in r]
     assert steps == [1, 2, 3]
+    # The resumed run's curve: reward, held-out exact match, KL and the rollout/actor gap of all 3 steps.
+    series = plotted(run / "reward_curve.png")
+    assert series["train/reward"]["panel"] == "reward per completion (exact_match)"
+    assert series["train/kl"]["points"] == series["rollout/mismatch_kl"]["points"] == 3
+    assert {"val/reward", "val/accuracy", "rollout/log_prob_diff_max"} <= set(series)
     keys = {"train/reward", "train/kl", "train/clip_fraction", "train/response_length", "perf/tokens_per_s"}
     assert keys <= set(records[-2]) and all(
         r["rollout/log_prob_diff_max"] < 1e-5 for r in records if "rollout/log_prob_diff_max" in r

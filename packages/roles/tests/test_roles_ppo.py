@@ -201,7 +201,7 @@ def test_a_bad_setting_is_one_line_from_the_command(tmp_path):
     assert "algorithm.adv_estimator='rloo' needs no critic" in result.output
 
 
-def test_run_folder_and_resume(tmp_path, config_for):
+def test_run_folder_and_resume(tmp_path, config_for, plotted):
     trainer = ["total_steps=2", "prompts_per_step=4", "warm_start_steps=3", "eval_every=1", "eval_samples=8"]
     config = config_for(
         "builtin:arithmetic",
@@ -222,6 +222,14 @@ def test_run_folder_and_resume(tmp_path, config_for):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "train/reward" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
+    series = plotted(run / "reward_curve.png")  # GRPO's panels and the critic's explained variance
+    assert {
+        "train/reward",
+        "val/accuracy",
+        "train/kl",
+        "rollout/mismatch_kl",
+        "critic/vf_explained_var",
+    } <= set(series)
     # The critic's warm-up: the first step trains the critic alone (no actor metrics, no hand-off).
     assert "train/pg_loss" not in steps[0] and "rollout/sync_bytes" not in steps[0]
     keys = {"critic/vf_loss", "critic/vf_clipfrac", "critic/vf_explained_var", "critic/returns_mean"}

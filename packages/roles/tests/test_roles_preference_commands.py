@@ -334,7 +334,7 @@ def test_generated_pairs_give_training_questions_several_near_misses_and_hold_ou
         PairDataConfig(generated_rejected_per_prompt=11)
 
 
-def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp_path) -> None:
+def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp_path, plotted) -> None:
     config = load_rm_config(overrides=[*TINY, "warm_start.sft_steps=10", "trainer.total_steps=4"])
     result = RMTrainer(config, tmp_path / "rm").run()
     run = tmp_path / "rm"
@@ -344,6 +344,12 @@ def test_reward_model_run_exports_a_sequence_classifier_with_the_runs_scores(tmp
     assert {"val/loss", "val/accuracy", "val/margin", "val/scores/chosen"} <= set(last)
     records = read_records(run / "metrics.jsonl")
     assert {"train/rm_loss", "train/accuracy", "train/grad_norm"} <= set(records[1])
+    # The curve names the Bradley-Terry loss (it read "NLL per response token") and plots pairwise accuracy.
+    series = plotted(run / "loss_curve.png")
+    assert series["val/loss"]["panel"].startswith("Bradley-Terry loss")
+    assert series["train/accuracy"]["panel"] == series["val/accuracy"]["panel"]
+    assert series["val/accuracy"]["panel"].startswith("pairwise accuracy")
+    assert {"train/margin", "val/margin"} <= set(series)
     # Every run reports its speed (issue #15): the engine's perf/* metrics, as sft's records hold them.
     speed = records[1]
     assert speed["perf/tokens_per_s"] == pytest.approx(speed["perf/tokens"] / speed["perf/step_time_s"])
@@ -454,8 +460,9 @@ def test_a_resumed_reward_models_start_is_checked_not_rewritten(tmp_path, folder
     assert folder_state(embedded) == before
 
 
-def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path) -> None:
-    common = [*TINY, "warm_start.sft_steps=0", "trainer.total_steps=2"]
+def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path, plotted) -> None:
+    # A reward function reused by name as a held-out measure (trainer.eval_metrics): val/exact_match.
+    common = [*TINY, "warm_start.sft_steps=0", "trainer.total_steps=2", "trainer.eval_metrics=[exact_match]"]
     precomputed = DPOTrainer(load_dpo_config(overrides=common), tmp_path / "pre").run()
     engine = DPOTrainer(load_dpo_config(overrides=[*common, "dpo.reference=engine"]), tmp_path / "eng").run()
     assert engine.train_losses == pytest.approx(precomputed.train_losses, rel=1e-5)
@@ -475,6 +482,20 @@ def test_dpo_run_reports_trl_metrics_and_its_reference_modes_agree(tmp_path) -> 
     }
     assert names <= set(records[1])
     assert "val/accuracy" in first  # greedy exact match of the chosen answers
+    # The curve leads with the DPO loss by its name and TRL's preference accuracy and margins; exact match is
+    # a side panel (the curve called the loss "NLL per response token" and plotted only exact match).
+    series = plotted(tmp_path / "pre" / "loss_curve.png")
+    assert [series[k]["panel"] for k in ("val/loss", "val/rewards/accuracies", "val/rewards/margins")] == [
+        "DPO loss (sigmoid, beta=0.5)",
+        "preference accuracy: chosen reward > rejected reward",
+        "reward margin: beta * (chosen - rejected log-ratio to the reference)",
+    ]
+    assert {"train/rewards/accuracies", "train/rewards/margins"} <= set(series)
+    assert "exact match" in series["val/accuracy"]["panel"]
+    assert [e["val/exact_match"] for e in precomputed.evaluations] == [
+        e["val/accuracy"] for e in precomputed.evaluations
+    ]
+    assert series["val/exact_match"]["panel"] == "held-out answers: your measures (trainer.eval_metrics)"
     AutoModelForCausalLM.from_pretrained(tmp_path / "pre" / "final_model")
 
 

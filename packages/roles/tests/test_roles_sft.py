@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -18,10 +19,11 @@ from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.errors import CheckpointError, DivergenceError, PluginError
 from drivetrain_roles.jobs.assets import ModelPathError
+from drivetrain_roles.jobs.curves import LOSS_CURVES
 from drivetrain_roles.jobs.data import DataError
 from drivetrain_roles.jobs.default_assets import BUILTIN_MODEL, write_model_dir
 from drivetrain_roles.jobs.launch import spawn_ranks
-from drivetrain_roles.jobs.metrics import MetricsWriter, plot_loss_curve, read_records
+from drivetrain_roles.jobs.metrics import MetricsWriter, read_records
 from drivetrain_roles.sft.config import load_config
 from drivetrain_roles.sft.trainer import SFTTrainer
 
@@ -66,6 +68,17 @@ def test_sft_lowers_the_loss_and_writes_its_metrics(full_run) -> None:
     assert json.loads((full_dir / "summary.json").read_text())["final_train_loss"] == full.train_losses[-1]
     assert [r["train/skipped_steps"] for r in records if "train/loss" in r] == [0.0] * 8
     assert json.loads((full_dir / "summary.json").read_text())["skipped_steps"] == 0
+
+
+def test_the_curve_shows_the_sft_loss_its_perplexity_and_exact_match(full_run, plotted) -> None:
+    """Each series of the curve is the metric it is labelled as, read from the PNG's metadata."""
+    series = plotted(full_run[0] / "loss_curve.png")
+    assert set(series) == {"train/loss", "val/loss", "val/perplexity", "val/accuracy"}
+    loss_panel = "SFT loss: cross-entropy of the response tokens (token-mean)"
+    assert series["train/loss"]["panel"] == series["val/loss"]["panel"] == loss_panel
+    assert (series["train/loss"]["points"], series["val/loss"]["points"]) == (8, 2)
+    assert series["val/perplexity"]["last"] == pytest.approx(math.exp(series["val/loss"]["last"]))
+    assert series["val/accuracy"]["panel"].startswith("held-out accuracy")
 
 
 @pytest.mark.slow
@@ -168,7 +181,7 @@ def test_non_finite_metrics_are_written_as_valid_json(tmp_path) -> None:
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line, parse_constant=refuse) for line in lines]
     assert records[0] == {"step": 1, "train/loss": None, "train/grad_norm": None, "train/skipped_steps": 1.0}
-    plot_loss_curve(records, tmp_path / "curve.png")
+    LOSS_CURVES.plot(records, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 0
 
 

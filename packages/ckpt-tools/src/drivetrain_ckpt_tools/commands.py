@@ -97,7 +97,7 @@ def merge_command(
             dtype=dtype,
             model_path=model_path,
         )
-        result = merge_checkpoint(src, dst, options)
+        result = merge_checkpoint(src, dst, options, progress=True)
     except (DrivetrainError, ValueError) as e:
         _fail(e)
     click.echo(f"merged {result.step_dir} -> {result.destination} ({result.kind}: {', '.join(result.files)})")

@@ -30,6 +30,7 @@ from drivetrain_engine_core.plugins import plugins as default_plugins
 
 from .hf_files import copy_side_files, write_model_config
 from .lora import merged_base_tensors, write_adapter_dir
+from .progress import base_tensor_count, merge_progress
 from .writer import DEFAULT_MAX_SHARD_BYTES, ShardedSafetensorsWriter
 
 MERGE_DTYPES = ("float32", "bfloat16", "float16")
@@ -115,8 +116,10 @@ def merge_checkpoint(
     options: MergeOptions | None = None,
     *,
     plugins: DrivetrainPlugins | None = None,
+    progress: bool = False,
 ) -> MergeResult:
-    """Merge the checkpoint step at ``src`` (a step or a root with ``latest``) into ``dst``.
+    """Merge the checkpoint step at ``src`` (a step or a root with ``latest``) into ``dst``; ``progress`` shows
+    the weights written on stderr when it is a terminal (:mod:`.progress`).
 
     Raises:
         CheckpointError: ``dst`` exists without ``overwrite``, ``dst`` contains or lies inside ``src``
@@ -140,7 +143,7 @@ def merge_checkpoint(
     staging = destination.parent / f"{_STAGING_PREFIX.format(name=destination.name)}{os.getpid()}"
     staging.mkdir()
     try:
-        kind = _write(merger, staging, options)
+        kind = _write(merger, staging, options, progress=progress)
         fsync_tree(staging)
         _replace(staging, destination)
         fsync_dir(destination.parent)
@@ -188,7 +191,7 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
-def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> str:
+def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions, *, progress: bool) -> str:
     """Fill ``directory``; returns ``model`` or ``adapter``."""
     if not Path(merger.manifest.model_path).is_dir():
         # An adapter needs no base weights to be written, but its tokenizer files come from there.
@@ -211,13 +214,15 @@ def _write(merger: CheckpointMerger, directory: Path, options: MergeOptions) -> 
     skipped = _tied_names(merger)
     cast = None if options.dtype is None else getattr(torch, options.dtype)
     elements: Counter[torch.dtype] = Counter()
-    for name, tensor in tensors:
-        if name in skipped:
-            continue
-        if tensor.is_floating_point():
-            tensor = tensor if cast is None else tensor.to(cast)
-            elements[tensor.dtype] += tensor.numel()
-        writer.add(name, tensor)
+    with merge_progress(base_tensor_count(merger), enabled=progress) as bar:
+        for name, tensor in tensors:
+            bar.update(1)
+            if name in skipped:
+                continue
+            if tensor.is_floating_point():
+                tensor = tensor if cast is None else tensor.to(cast)
+                elements[tensor.dtype] += tensor.numel()
+            writer.add(name, tensor)
     writer.close()
     # NOTE: the config names the dtype of most weights, as save_pretrained names the model's: FSDP merges
     # wrote float32 weights under the source's bfloat16, so a loader's dtype="auto" silently rounded them.

@@ -141,10 +141,15 @@ class BatchLoopConfig(LoopConfig):
     Attributes:
         batch_size: sequences per optimizer step over all data-parallel ranks (divisible by their number).
         max_new_tokens: generation budget of one answer.
+        eval_metrics: your own measures of the held-out greedy answers (``sft``, ``dpo``), each written as a
+            reward function (a built-in such as ``math_verify``, ``package.module:function`` or
+            ``path/to/file.py:function``: one number per answer, ``None`` where it does not apply), reported as
+            ``val/<name>``, its mean, and plotted under the loss.
     """
 
     batch_size: int
     max_new_tokens: int = 8
+    eval_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -17,7 +17,9 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import LossFn
 from tensordict import TensorDict
 
-from ..jobs.evaluate import greedy_accuracy
+from ..held_out_metrics import HeldOutMetrics
+from ..jobs.curves import Curves, Panel, Series, train_and_held_out
+from ..jobs.evaluate import greedy_evaluation
 from ..jobs.final_model import save_final_model
 from ..losses.aggregation import FlatTokens
 from ..losses.preference import REF_LOGP, dpo_loss_fn
@@ -30,6 +32,27 @@ from ..reference import Reference
 PRECOMPUTE_CHUNK = 256
 """Pairs scored per reference forward pass when the reference is precomputed."""
 
+CURVES = Curves(
+    (
+        Panel(title="DPO loss ({loss_type}, beta={beta})", series=train_and_held_out("loss"), log_scale=True),
+        Panel(
+            title="preference accuracy: chosen reward > rejected reward",
+            series=train_and_held_out("rewards/accuracies"),
+            fraction=True,
+        ),
+        Panel(
+            title="reward margin: beta * (chosen - rejected log-ratio to the reference)",
+            series=train_and_held_out("rewards/margins"),
+        ),
+        Panel(
+            title="held-out exact match of greedy answers to the chosen ones (a side measure)",
+            series=(Series(key="val/accuracy", label="held-out", style="s-"),),
+            fraction=True,
+        ),
+    )
+)
+"""What a DPO run's curve shows: the loss, then TRL's preference accuracy and reward margins."""
+
 
 class DPOTrainer(PairTrainer):
     """DPO on preference pairs; greedy exact-match accuracy on the held-out chosen answers."""
@@ -37,11 +60,13 @@ class DPOTrainer(PairTrainer):
     command = "dpo"
     model_type = "language_model"
     report_keys = ("val/loss", "val/rewards/accuracies", "val/rewards/margins", "val/accuracy")
+    curves = CURVES
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reference: Reference | None = None
         self.ref_logps: dict[int, tuple[float, float]] = {}
+        self.measures = HeldOutMetrics.load(self.trainer.eval_metrics)
 
     def _prepare(self, engine: Engine, model_path: str, tokenizer: Any) -> None:
         settings = self.config.dpo
@@ -75,6 +100,12 @@ class DPOTrainer(PairTrainer):
     def _loss_fn(self) -> LossFn:
         return dpo_loss_fn(self.config.dpo)
 
+    def _curve_fields(self) -> dict[str, str]:
+        return {"loss_type": self.config.dpo.loss_type, "beta": f"{self.config.dpo.beta:g}"}
+
+    def _curve_panels(self) -> tuple[Panel, ...]:
+        return () if self.measures is None else (self.measures.panel,)
+
     def _batch(self, engine: Engine, uids: list[int]) -> TensorDict:
         pairs = [self.uids[u] for u in uids]
         if self.config.dpo.reference_free:
@@ -92,10 +123,15 @@ class DPOTrainer(PairTrainer):
         samples = [p.chosen for p in pairs[: self.trainer.eval_samples]]
         if not samples:
             return {}
-        accuracy = greedy_accuracy(
-            engine, samples, tokenizer, max_new_tokens=self.trainer.max_new_tokens, model_path=model_path
+        return greedy_evaluation(
+            engine,
+            samples,
+            tokenizer,
+            max_new_tokens=self.trainer.max_new_tokens,
+            model_path=model_path,
+            progress=self.trainer.progress_bar,
+            measures=self.measures,
         )
-        return {"val/accuracy": accuracy}
 
     def _export(self, engine: Engine, model_path: str, tokenizer: Any, target: Path) -> None:
         save_final_model(engine, model_path, tokenizer, target, max_new_tokens=self.trainer.max_new_tokens)

@@ -30,12 +30,12 @@ from ..jobs.builtin_tasks import data_task
 from ..jobs.data import Example
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
-from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
 from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
+from .curves import POLICY_CURVES
 from .pipeline import RolloutPipeline
 from .prompt_checks import check_rollout_length, warn_unreachable_answers
 from .rewards import EXACT_MATCH, check_reward_inputs, exact_match, load_rewards, reward_metrics
@@ -99,6 +99,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
     command = "grpo"
     result_type = GRPOResult
     curve_file = CURVE_FILE
+    curves = POLICY_CURVES
 
     config: ConfigT
 
@@ -336,13 +337,8 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
     def _finish(self, result: GRPOResult, loop_seconds: float) -> None:
         result.seconds = loop_seconds
 
-    def _plot(self, records: list[dict[str, Any]]) -> None:
-        plot_curves(
-            records,
-            self.output_dir / self.curve_file,
-            left=[("train/reward", f"train reward ({self.config.algorithm.rewards().label})", "-")],
-            left_label="mean reward",
-        )
+    def _curve_fields(self) -> dict[str, str]:
+        return {"reward": self.config.algorithm.rewards().label}
 
     def _summary(self, result: GRPOResult) -> dict[str, Any]:
         return {

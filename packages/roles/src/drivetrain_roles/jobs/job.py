@@ -25,10 +25,11 @@ from drivetrain_engine_core.engine import Engine
 
 from ..runtime.command_config import to_plain
 from ..runtime.tracking.jsonl import dumps
+from .curves import CURVE_FILE, LOSS_CURVES, Curves, Panel
 from .divergence import DivergenceGuard
 from .final_model import FINAL_MODEL_DIR
 from .launch import SUMMARY_FILE
-from .metrics import CURVE_FILE, MetricsWriter, format_record, plot_loss_curve, speed_postfix
+from .metrics import MetricsWriter, format_record, speed_postfix
 from .run_folder import RunFolder, begin_run
 from .step_loop import StepLoop
 
@@ -79,6 +80,9 @@ class TrainingJob(ABC, Generic[ResultT]):
 
     curve_file: ClassVar[str] = CURVE_FILE
     """The curve :meth:`_plot` draws in the run folder."""
+
+    curves: ClassVar[Curves] = LOSS_CURVES
+    """What the curve shows: the command's headline metrics, each under the name of what it measures."""
 
     def __init__(
         self,
@@ -239,9 +243,18 @@ class TrainingJob(ABC, Generic[ResultT]):
         """Complete ``result`` once the final model is written (every rank); ``loop_seconds``: the step loop's
         wall time. Nothing by default."""
 
+    def _curve_fields(self) -> dict[str, str]:
+        """The values the labels of :attr:`curves` name (``{loss_type}``): none by default."""
+        return {}
+
+    def _curve_panels(self) -> tuple[Panel, ...]:
+        """Panels the run adds below :attr:`curves` (a user's own measures): none by default."""
+        return ()
+
     def _plot(self, records: list[dict[str, Any]]) -> None:
-        """Draw the run's curve (rank 0): the training and held-out loss by default."""
-        plot_loss_curve(records, self.output_dir / self.curve_file)
+        """Draw the run's curve (rank 0), as :attr:`curves` declares it and :meth:`_curve_panels` adds."""
+        path = self.output_dir / self.curve_file
+        self.curves.plot(records, path, fields=self._curve_fields(), extra=self._curve_panels())
 
 
 def evaluation_lines(evaluations: list[dict[str, float]], keys: tuple[str, ...]) -> list[str]:

@@ -1,4 +1,4 @@
-"""Where SFT metrics go: the console, the ``trainer.report_to`` trackers (``metrics.jsonl`` by default), a PNG.
+"""Where a job's metrics go: the console and the ``trainer.report_to`` trackers (``metrics.jsonl`` by default).
 
 Only the output rank writes. Trackers come from core (:mod:`drivetrain_roles.runtime.tracking`); on resume the
 JSONL tracker drops records after the resumed step first, so the file and the curve describe one run.
@@ -7,8 +7,8 @@ JSONL tracker drops records after the resumed step first, so the file and the cu
 from __future__ import annotations
 
 import logging
-import math
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -17,13 +17,14 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.outputs import ForwardBackwardOutput
 
 from ..runtime.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
+from .curves import CURVE_FILE as CURVE_FILE  # its home before 0.4.1 (curves.py)
+from .curves import LOSS_CURVES, Curves, Panel, Series
 
 logger = logging.getLogger(__name__)
-CURVE_FILE = "loss_curve.png"
 
 
 class MetricsWriter:
-    """Writes metric records of the output rank to every tracker and keeps them for the loss curve.
+    """Writes metric records of the output rank to every tracker and keeps them for the curve (:mod:`.curves`).
 
     Args:
         output_dir: the run directory.
@@ -125,14 +126,9 @@ def format_record(values: dict[str, float]) -> str:
 
 
 def plot_loss_curve(records: list[dict[str, Any]], path: Path) -> Path:
-    """Save the training loss per step, with held-out loss and accuracy points, as a PNG (matplotlib, Agg)."""
-    return plot_curves(
-        records,
-        path,
-        left=[("train/loss", "train loss", "-"), ("val/loss", "held-out loss", "o-")],
-        left_label="loss (NLL per response token)",
-        log_scale=True,
-    )
+    """Deprecated (removed in 0.5.0): ``LOSS_CURVES.plot(records, path)`` (:mod:`.curves`)."""
+    _deprecated("plot_loss_curve", "drivetrain_roles.jobs.curves.LOSS_CURVES.plot(records, path)")
+    return LOSS_CURVES.plot(records, path)
 
 
 def plot_curves(
@@ -143,34 +139,18 @@ def plot_curves(
     left_label: str,
     log_scale: bool = False,
 ) -> Path:
-    """Save ``left`` series ``(metric, label, style)`` per step, and held-out accuracy on a right axis, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, left_axis = plt.subplots(figsize=(7, 4))
-    for key, label, style in left:
-        _plot_series(left_axis, records, key, label, style)
-    left_axis.set_xlabel("step")
-    left_axis.set_ylabel(left_label)
-    if log_scale:
-        left_axis.set_yscale("log")
-    accuracy_axis = left_axis.twinx()
-    _plot_series(accuracy_axis, records, "val/accuracy", "held-out accuracy", "s--", color="tab:green")
-    accuracy_axis.set_ylabel("accuracy")
-    accuracy_axis.set_ylim(0, 1)
-    figure.legend(loc="upper center", ncol=3, fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    """Deprecated (removed in 0.5.0): declare a :class:`~.curves.Curves` and call its ``plot``."""
+    _deprecated("plot_curves", "a drivetrain_roles.jobs.curves.Curves declaration's plot(records, path)")
+    series = tuple(Series(key=key, label=label, style=style) for key, label, style in left)
+    accuracy = (Series(key="val/accuracy", label="held-out accuracy", style="s--"),)
+    panels = (Panel(title=left_label, series=series, log_scale=log_scale),)
+    return Curves((*panels, Panel(title="accuracy", series=accuracy, fraction=True))).plot(records, path)
 
 
-def _plot_series(
-    axis: Any, records: list[dict[str, Any]], key: str, label: str, style: str, **kwargs: Any
-) -> None:
-    points = [(r["step"], r[key]) for r in records if r.get(key) is not None and math.isfinite(r[key])]
-    if points:
-        steps, values = zip(*points, strict=True)
-        axis.plot(steps, values, style, label=label, **kwargs)
+def _deprecated(name: str, replacement: str) -> None:
+    warnings.warn(
+        f"drivetrain_roles.jobs.metrics.{name} is deprecated and will be removed in drivetrain-roles 0.5.0; "
+        f"use {replacement}.",
+        DeprecationWarning,
+        stacklevel=3,
+    )

@@ -1,4 +1,5 @@
-"""The console progress bar every job command shows: one bar, on rank 0 only."""
+"""The console progress bars of a job: the steps' bar every command shows, and the held-out generation's, on
+rank 0 only."""
 
 from __future__ import annotations
 
@@ -17,4 +18,21 @@ def progress_bar(command: str, total_steps: int, start_step: int, *, enabled: bo
         desc=command,
         unit="step",
         disable=not (enabled and distributed.rank() == 0),
+    )
+
+
+def generation_progress(total_tokens: int, *, enabled: bool) -> Any:
+    """A bar of the held-out generation's new tokens, up to ``total_tokens`` (a greedy batch generates one per
+    step for every row and may end sooner, at every row's stop token). Hidden on other ranks, when ``enabled``
+    (``trainer.progress_bar``) is off and where stderr is not a terminal; cleared when done, so the steps' bar
+    and the evaluation's line stay as they were."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total_tokens,
+        desc="evaluation: generating",
+        unit="token",
+        leave=False,
+        mininterval=0,
+        disable=None if enabled and distributed.rank() == 0 else True,
     )

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
 from ..critic import Critic, CriticConfig
+from ..grpo.curves import POLICY_CURVES
 from ..grpo.rewards import reward_metrics
 from ..grpo.step import SEED_STRIDE, hand_off
 from ..grpo.trainer import GRPOResult, GRPOTrainer
+from ..jobs.curves import Panel, Series
 from ..output_ranks import require_outputs_on_every_rank
 from ..rm.export import write_value_model_start
 from .config import PPOConfig
@@ -51,6 +52,12 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
 
     command = "ppo"
     result_type = GRPOResult
+    curves = POLICY_CURVES.with_panels(
+        Panel(
+            title="critic's explained variance of the returns",
+            series=(Series(key="critic/vf_explained_var", label="train"),),
+        )
+    )
 
     def _setup(self) -> Engine:
         """GRPO's setup (start policy, prompts, actor, reference, rollout); the critic comes with the start step."""
@@ -147,16 +154,3 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
             values["train/kl"] = metrics.get("kl", metrics.get("kl_loss", 0.0))
         result.rewards.append(values["train/reward"])
         return values
-
-    def _plot(self, records: list[dict[str, Any]]) -> None:
-        from ..jobs.metrics import plot_curves
-
-        plot_curves(
-            records,
-            self.output_dir / self.curve_file,
-            left=[
-                ("train/reward", f"train reward ({self.config.algorithm.rewards().label})", "-"),
-                ("critic/vf_explained_var", "critic's explained variance", ":"),
-            ],
-            left_label="mean reward / explained variance",
-        )

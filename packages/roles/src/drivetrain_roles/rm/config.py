@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
+    ConfigError,
     EngineConfig,
     MicroBatchConfig,
     ModelConfig,
@@ -108,6 +109,11 @@ class RMConfig:
         )
 
     def __post_init__(self) -> None:
+        if self.trainer.eval_metrics:
+            raise ConfigError(
+                f"trainer.eval_metrics={list(self.trainer.eval_metrics)}: a reward model generates no answers to "
+                "measure; its held-out measures are the pairwise accuracy and margin. Leave eval_metrics unset."
+            )
         self.run_optimizer()  # core's optimizer checks, with the run's length
 
     def run_optimizer(self) -> OptimizerConfig:

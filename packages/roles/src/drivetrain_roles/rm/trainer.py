@@ -9,11 +9,29 @@ from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.outputs import LossFn
 from tensordict import TensorDict
 
+from ..jobs.curves import Curves, Panel, train_and_held_out
 from ..losses.preference import bradley_terry_loss_fn
 from ..preference.batches import make_pair_batch
 from ..preference.data import PairExample
 from ..preference.trainer import PairTrainer
 from .export import VALUE_START_DIR, export_reward_model, write_value_model_start
+
+CURVES = Curves(
+    (
+        Panel(
+            title="Bradley-Terry loss: -log sigmoid(score chosen - score rejected)",
+            series=train_and_held_out("loss"),
+            log_scale=True,
+        ),
+        Panel(
+            title="pairwise accuracy: chosen scored above rejected",
+            series=train_and_held_out("accuracy"),
+            fraction=True,
+        ),
+        Panel(title="score margin: chosen - rejected", series=train_and_held_out("margin")),
+    )
+)
+"""What a reward model's curve shows: its loss, pairwise accuracy and score margin."""
 
 
 class RMTrainer(PairTrainer):
@@ -22,6 +40,7 @@ class RMTrainer(PairTrainer):
     command = "rm"
     model_type = "value_model"
     report_keys = ("val/loss", "val/accuracy", "val/margin")
+    curves = CURVES
 
     def _start_model(self, start_model: str) -> str:
         return write_value_model_start(

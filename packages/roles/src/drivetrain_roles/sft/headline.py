@@ -14,9 +14,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..command_sections import DataConfig
+from ..jobs.curves import Curves, Panel, Series, train_and_held_out
 
 REPORT_KEYS = ("val/loss", "val/perplexity", "val/accuracy")
 """Every held-out measure of an SFT evaluation, in the report's order after the headline."""
+
+CURVES = Curves(
+    (
+        Panel(
+            title="SFT loss: cross-entropy of the response tokens ({loss_agg_mode})",
+            series=train_and_held_out("loss"),
+            log_scale=True,
+        ),
+        Panel(
+            title="held-out perplexity, exp(held-out loss)",
+            series=(Series(key="val/perplexity", label="held-out", style="o-"),),
+            log_scale=True,
+        ),
+        Panel(
+            title="held-out accuracy: greedy answer equals the reference",
+            series=(Series(key="val/accuracy", label="held-out exact match", style="s-"),),
+            fraction=True,
+        ),
+    )
+)
+"""What an SFT run's curve shows: the loss, its perplexity and exact match."""
 
 PER_TOKEN_MODES = ("token-mean", "seq-mean-token-mean")
 """The loss aggregations whose held-out loss is a mean per token, so its exponential is a perplexity."""

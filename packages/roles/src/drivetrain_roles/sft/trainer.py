@@ -24,18 +24,20 @@ import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.engine import Engine
 
+from ..held_out_metrics import HeldOutMetrics
 from ..jobs.assets import load_splits, resolve_model_path
 from ..jobs.batches import StepSampler, check_held_out_size, make_sft_batch
 from ..jobs.builtin_tasks import data_task
+from ..jobs.curves import Panel
 from ..jobs.data import DataError, Example
-from ..jobs.evaluate import greedy_accuracy, held_out_loss
+from ..jobs.evaluate import greedy_evaluation, held_out_loss
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob, evaluation_lines
 from ..jobs.metrics import step_record
 from ..jobs.resume_start import check_or_record_start
 from ..losses.sft import sft_loss_fn
 from .config import SFTConfig
-from .headline import REPORT_KEYS, headline, perplexity
+from .headline import CURVES, REPORT_KEYS, headline, perplexity
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
     command = "sft"
     result_type = SFTResult
     report_keys = REPORT_KEYS
+    curves = CURVES
 
     def __init__(
         self,
@@ -91,6 +94,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
         super().__init__(config, output_dir, resume=resume, overwrite=overwrite, ctrl_c_saves=ctrl_c_saves)
         self.loss_fn = sft_loss_fn(config.trainer.loss_agg_mode)
         self.batch_size_setting = batch_size_setting
+        self.measures = HeldOutMetrics.load(config.trainer.eval_metrics)
 
     def _global_batch(self) -> tuple[str, int]:
         return (self.batch_size_setting, self.config.trainer.batch_size)
@@ -109,7 +113,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
             len(self.train), trainer.batch_size, trainer.seed, setting=self.batch_size_setting
         )
         self.evaluator = _Evaluator(
-            self.engine, val, self.tokenizer, self.model_path, self.config, self.loss_fn
+            self.engine, val, self.tokenizer, self.model_path, self.config, self.loss_fn, self.measures
         )
         return self.engine
 
@@ -157,6 +161,12 @@ class SFTTrainer(TrainingJob[SFTResult]):
     def _evaluate(self, step: int) -> dict[str, float]:
         return self.evaluator()
 
+    def _curve_fields(self) -> dict[str, str]:
+        return {"loss_agg_mode": self.config.trainer.loss_agg_mode}
+
+    def _curve_panels(self) -> tuple[Panel, ...]:
+        return () if self.measures is None else (self.measures.panel,)
+
     def _save_final(self, engine: Engine, target: Path) -> None:
         save_final_model(
             engine, self.model_path, self.tokenizer, target, max_new_tokens=self.config.trainer.max_new_tokens
@@ -193,6 +203,7 @@ class _Evaluator:
     model_path: str
     config: SFTConfig
     loss_fn: Any
+    measures: HeldOutMetrics | None = None
 
     def __call__(self) -> dict[str, float]:
         if not self.examples:
@@ -204,12 +215,14 @@ class _Evaluator:
             # Building the evaluation model draws random initial weights: keep the training RNG untouched so
             # that evaluating never changes what training does (and resumed runs stay exact).
             with torch.random.fork_rng(devices=[]):
-                values["val/accuracy"] = greedy_accuracy(
+                values |= greedy_evaluation(
                     self.engine,
                     samples,
                     self.tokenizer,
                     max_new_tokens=self.config.trainer.max_new_tokens,
                     model_path=self.model_path,
+                    progress=self.config.trainer.progress_bar,
+                    measures=self.measures,
                 )
         return values
 
