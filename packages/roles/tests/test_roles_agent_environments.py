@@ -18,10 +18,17 @@ from typing import ClassVar
 
 import pytest
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import Environment, StepResult, environment_factory
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
-from drivetrain_roles.environments import EnvironmentServerError, HTTPEnvironment, ToolEnvironment
+from drivetrain_roles.environments import (
+    EnvironmentServerError,
+    HermesToolCallParser,
+    HTTPEnvironment,
+    ToolCall,
+    ToolEnvironment,
+)
 from drivetrain_roles.rollout.multi_turn import run_episodes
 from drivetrain_roles.rollout.turn_limits import TurnLimits
 
@@ -252,3 +259,38 @@ def test_an_unreachable_environment_server_is_named():
         EnvironmentServerError, match=r"POST http://127.0.0.1:9/reset failed .*environment server runs"
     ):
         asyncio.run(environment.reset({"prompt": "hello"}))
+
+
+@pytest.mark.parametrize(
+    ("text", "calls", "problems"),
+    [
+        ("no call, just the answer 5", [], []),
+        (
+            'a <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call> and '
+            '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>',
+            [
+                ToolCall(name="add", arguments={"a": 1, "b": 2}),
+                ToolCall(name="add", arguments={"a": 3, "b": 4}),
+            ],
+            [],
+        ),
+        ('<tool_call>{"arguments": {}}</tool_call>', [], ['has no "name"']),
+        ('<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>', [], ["are not a JSON object"]),
+        ('<tool_call>{"name": "add", "arguments": {}}', [], ["was not closed by </tool_call>"]),
+    ],
+)
+def test_the_hermes_parser_reads_calls_and_names_what_it_cannot(text, calls, problems):
+    parsed = HermesToolCallParser().parse(text)
+    assert parsed.calls == calls
+    assert len(parsed.problems) == len(problems)
+    assert all(p in found for p, found in zip(problems, parsed.problems, strict=True))
+
+
+def test_a_tool_without_a_docstring_is_refused_with_the_fix():
+    def mystery(x):
+        return x
+
+    with pytest.raises(
+        ConfigError, match=r"tool .*mystery: its schema cannot be built .* Google-style docstring"
+    ):
+        ToolEnvironment([mystery])

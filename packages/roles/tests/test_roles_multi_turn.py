@@ -14,11 +14,12 @@ import torch
 from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
 from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 from drivetrain_roles.environments import tool_schema
 from drivetrain_roles.rollout.multi_turn import run_episodes
 from drivetrain_roles.rollout.trajectory import trajectory_batch
 from drivetrain_roles.rollout.turn_limits import TurnLimits
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 TOOL_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nYou may call these tools:\n"
@@ -67,13 +68,18 @@ class EchoEnvironment(Environment):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def tokenizer():
+    """The tiny character-level tokenizer (words such as ``is`` are single tokens) with the tool template."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = TOOL_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
     """The tiny Qwen2 with the tool template; every hidden state carries a large constant in dimension 0, and
     only ``i``, ``s`` and ``<|im_end|>`` read it, so they are the likely tokens whatever the context."""
     path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = TOOL_TEMPLATE
-    tokenizer.save_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] += 30.0
@@ -99,8 +105,7 @@ def recording(rollout):
     return seen
 
 
-def test_trajectories_hold_the_sampled_tokens_and_a_forward_gives_their_log_probs(model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+def test_trajectories_hold_the_sampled_tokens_and_a_forward_gives_their_log_probs(model_dir, tokenizer):
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rollout = create_rollout("hf", model_path=str(model_dir))
     sampled = recording(rollout)
@@ -145,25 +150,31 @@ def test_trajectories_hold_the_sampled_tokens_and_a_forward_gives_their_log_prob
     assert retokenised_differently >= 3
 
 
-def test_observations_are_the_chat_templates_rendering_and_the_batch_carries_the_rewards(model_dir):
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+def test_observations_are_the_chat_templates_rendering_and_the_batch_carries_the_rewards(
+    model_dir, tokenizer
+):
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rollout = create_rollout("hf", model_path=str(model_dir))
     sampling = SamplingConfig(
-        n=2, temperature=TEMPERATURE, max_new_tokens=12, seed=1, stop_token_ids=(im_end,)
+        n=3, temperature=TEMPERATURE, max_new_tokens=16, seed=1, stop_token_ids=(im_end,)
     )
     trajectories = run_episodes(
         rollout, tokenizer, EchoEnvironment, [{"prompt": QUESTIONS[0]}], sampling, TurnLimits(max_turns=3)
     )
+    compared = 0
     for trajectory in trajectories:
         messages = [{"role": "user", "content": QUESTIONS[0]}]
         for k, turn in enumerate(trajectory.model_turns()):
             messages.append({"role": "assistant", "content": tokenizer.decode(turn[:-1])})
             messages.append({"role": "user", "content": f"turn {k} is over; hello again"})
         if trajectory.stop_reason in ("done", "max_turns"):  # the last turn ended with <|im_end|>
-            rendered = tokenizer.apply_chat_template(messages[:-1], tokenize=False)
+            rendered = tokenizer.apply_chat_template(
+                messages[:-1], tools=[tool_schema(lookup)], tokenize=False
+            )
             assert tokenizer.decode(trajectory.input_ids) + "\n" == rendered
+            compared += trajectory.num_turns > 1
             assert trajectory.turn_rewards == tuple(k / 4 for k in range(trajectory.num_turns))
+    assert compared >= 1, [(t.stop_reason, t.num_turns) for t in trajectories]
     batch = trajectory_batch(trajectories)
     assert batch["input_ids"].offsets().diff().tolist() == [len(t.input_ids) for t in trajectories]
     token_rewards = batch["token_rewards"].unbind()
