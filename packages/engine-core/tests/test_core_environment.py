@@ -12,6 +12,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult, environment_factory
 from drivetrain_engine_core.errors import PluginError
 from drivetrain_engine_core.hookspecs import hookimpl
@@ -93,6 +94,14 @@ def test_an_unknown_environment_names_the_registered_ones(countdown_plugin):
         match=r"no environment named 'countdwn'.*countdown \(drivetrain-countdown 0.1.0\).*Did you mean 'countdown'",
     ):
         environment_factory("countdwn")
+
+
+def test_options_the_environment_does_not_take_are_named_before_any_episode(countdown_plugin):
+    with pytest.raises(
+        ConfigError,
+        match=r"environment 'countdown' .* cannot be built with options \['stride'\].*takes \['step'\]",
+    ):
+        environment_factory("countdown", {"stride": 2})
 
 
 def test_async_hooks_are_awaited_on_the_event_loop():

@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .config import ConfigError
+
 Message = dict[str, Any]
 """One chat message as chat templates take it: ``{"role": ..., "content": ...}`` plus template-specific keys
 (``name``, ``tool_calls``, ``tool_call_id``)."""
@@ -177,16 +179,25 @@ async def call_hook(hook: Callable[..., T | Awaitable[T]], *args: Any) -> T:
 
 def environment_factory(name: str, options: Mapping[str, Any] | None = None) -> Callable[[], Environment]:
     """A function that builds a fresh environment registered under ``name`` (with ``options`` as keyword
-    arguments) for each episode; the name is looked up now, so a typo fails before any sampling.
+    arguments) for each episode; the name and the options are checked now, so a typo fails before any sampling.
 
     Raises:
         PluginError: no environment of that name (the message lists the registered ones and the install
             command).
+        ConfigError: ``options`` the environment's constructor does not take (names them and what it takes).
     """
     from .plugins import plugins
 
     cls: type[Environment] = plugins().environments.get(name)
     values = dict(options or {})
+    signature = inspect.signature(cls)
+    try:
+        signature.bind(**values)
+    except TypeError as e:
+        raise ConfigError(
+            f"environment {name!r} ({cls.__module__}.{cls.__qualname__}) cannot be built with options "
+            f"{sorted(values)}: {e}. It takes {list(signature.parameters) or 'no options'}."
+        ) from e
     return lambda: cls(**values)
 
 

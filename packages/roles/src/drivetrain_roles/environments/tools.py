@@ -50,6 +50,12 @@ class ToolEnvironment(Environment):
                 f"{max_result_chars}."
             )
         self._schemas = [tool_schema(tool) for tool in tools]
+        names = [schema["function"]["name"] for schema in self._schemas]
+        if len(set(names)) < len(names):
+            raise ConfigError(
+                f"ToolEnvironment: several tools are named {sorted({n for n in names if names.count(n) > 1})}; "
+                "the model calls a tool by its function's name, so give each a name of its own."
+            )
         self._tools = {
             schema["function"]["name"]: tool for schema, tool in zip(self._schemas, tools, strict=True)
         }

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import Environment
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
@@ -64,6 +65,11 @@ async def run_episodes_async(
 ) -> list[Trajectory]:
     """:func:`run_episodes` as a coroutine."""
     limits = limits or TurnLimits()
+    if sampling.record_routed_experts:
+        raise ConfigError(
+            "multi-turn rollouts do not record routed experts yet (each turn is its own generate call): set "
+            "rollout.router_replay=disabled for environments."
+        )
     episodes = [Episode(environment(), example) for example in examples for _ in range(sampling.n)]
     try:
         await asyncio.gather(*(e.start(tokenizer, limits.max_total_tokens) for e in episodes))
