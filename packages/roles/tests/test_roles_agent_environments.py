@@ -190,6 +190,27 @@ def test_a_hung_or_failing_environment_step_ends_only_its_episode(tokenizer):
     assert all(t.num_turns == 1 and t.turn_rewards == (0.0,) for t in trajectories)
 
 
+class HangingReset(HangingEnvironment):
+    def _reset(self, example):
+        time.sleep(30)
+
+
+def test_a_hung_reset_is_an_error_naming_the_environment(tokenizer):
+    started = time.perf_counter()
+    with pytest.raises(
+        TimeoutError, match=r"environment HangingReset: reset\(\) took longer than step_timeout_s=0.3 s"
+    ):
+        run_episodes(
+            ScriptedRollout(tokenizer, lambda context: "hello"),
+            tokenizer,
+            HangingReset,
+            [{"prompt": "the answer is"}],
+            sampling(tokenizer),
+            TurnLimits(step_timeout_s=0.3),
+        )
+    assert time.perf_counter() - started < 0.3 + 1.0
+
+
 class GuessingGame(BaseHTTPRequestHandler):
     """A number-guessing game served over HTTP: ``/reset`` deals a secret, ``/step`` answers higher/lower."""
 

@@ -72,7 +72,7 @@ async def run_episodes_async(
         )
     episodes = [Episode(environment(), example) for example in examples for _ in range(sampling.n)]
     try:
-        await asyncio.gather(*(e.start(tokenizer, limits.max_total_tokens) for e in episodes))
+        await asyncio.gather(*(_start(e, tokenizer, limits) for e in episodes))
         end_ids = {*sampling.stop_token_ids, *_ids(tokenizer.eos_token_id)}
         for turn in range(limits.max_turns):
             running = [e for e in episodes if e.running]
@@ -85,6 +85,19 @@ async def run_episodes_async(
         await asyncio.gather(*(_close(e, limits) for e in episodes))
     version = rollout.weights_version or 0
     return [e.trajectory(version) for e in episodes]
+
+
+async def _start(episode: Episode, tokenizer: Any, limits: TurnLimits) -> None:
+    """Reset the episode's environment within ``step_timeout_s``: an episode that cannot start has no
+    trajectory, so a hung reset is an error, not a stopped episode."""
+    try:
+        await asyncio.wait_for(episode.start(tokenizer, limits.max_total_tokens), limits.step_timeout_s)
+    except TimeoutError as e:
+        raise TimeoutError(
+            f"environment {type(episode.environment).__name__}: reset() took longer than step_timeout_s="
+            f"{limits.step_timeout_s:g} s; check that it can start (a server it needs, a sandbox) or raise "
+            "the limit."
+        ) from e
 
 
 def _sample_turn(

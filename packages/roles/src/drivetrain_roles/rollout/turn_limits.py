@@ -16,7 +16,8 @@ class TurnLimits:
         max_total_tokens: tokens of the whole trajectory at most (prompt, turns and observations); a turn is cut
             to what is left, and an observation that would not leave room for one more token ends the episode.
         step_timeout_s: how long one environment step (one ``step`` call, its tools included) may take; a step
-            that takes longer ends its episode (``stop_reason="step_timeout"``) and the others go on.
+            that takes longer ends its episode (``stop_reason="step_timeout"``) and the others go on. A
+            ``reset`` that takes longer is a ``TimeoutError`` (an episode that cannot start has no trajectory).
     """
 
     max_turns: int = 4
