@@ -40,6 +40,7 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self._stand_in = self._render(list(STAND_IN), add_generation_prompt=False)
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The ids of the episode's first conversation, ending in the generation prompt."""
@@ -53,7 +54,7 @@ class ChatRenderer:
             ConfigError: the template renders the stand-in conversation differently once messages follow it
                 (the delta is then not defined).
         """
-        before = self._render(list(STAND_IN), add_generation_prompt=False)
+        before = self._stand_in
         after = self._render([*STAND_IN, *observation], add_generation_prompt=True)
         if not after.startswith(before):
             raise ConfigError(
