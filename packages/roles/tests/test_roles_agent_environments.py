@@ -247,7 +247,7 @@ class GuessingGame(BaseHTTPRequestHandler):
 def game_url():
     server = ThreadingHTTPServer(("127.0.0.1", 0), GuessingGame)
     GuessingGame.sessions = {}
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
