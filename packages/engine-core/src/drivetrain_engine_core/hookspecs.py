@@ -23,7 +23,13 @@ import pluggy
 if TYPE_CHECKING:
     import click
 
-    from .registry import CheckpointMergerRegistry, EngineRegistry, RoleRegistry, RolloutRegistry
+    from .registry import (
+        CheckpointMergerRegistry,
+        EngineRegistry,
+        EnvironmentRegistry,
+        RoleRegistry,
+        RolloutRegistry,
+    )
 
 PROJECT_NAME = "drivetrain"
 """The pluggy project name and the entry-point group that plugins are discovered under."""
@@ -74,6 +80,17 @@ def register_rollouts(registry: RolloutRegistry) -> None:
 
 
 @hookspec
+def register_environments(registry: EnvironmentRegistry) -> None:
+    """Register environments that multi-turn rollouts act in, once per plugin manager after loading.
+
+    Args:
+        registry: call ``registry.register(name, environment)``; ``environment`` is a subclass of
+            :class:`drivetrain_engine_core.environment.Environment` or a ``"module:attr"`` string naming one,
+            imported only when an environment of that name is created (one instance per episode).
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add sub-commands to the ``drivetrain`` command line; called only when the CLI runs.
 
@@ -90,6 +107,7 @@ __all__ = [
     "register_checkpoint_mergers",
     "register_commands",
     "register_engines",
+    "register_environments",
     "register_roles",
     "register_rollouts",
 ]

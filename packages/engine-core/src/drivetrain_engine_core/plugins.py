@@ -30,7 +30,14 @@ from .plugin_loading import (
     load_entry_point,
     problem_line,
 )
-from .registry import CheckpointMergerRegistry, EngineRegistry, PluginSource, RoleRegistry, RolloutRegistry
+from .registry import (
+    CheckpointMergerRegistry,
+    EngineRegistry,
+    EnvironmentRegistry,
+    PluginSource,
+    RoleRegistry,
+    RolloutRegistry,
+)
 
 if TYPE_CHECKING:
     import click
@@ -40,6 +47,7 @@ REGISTRAR_HOOKS: tuple[str, ...] = (
     "register_roles",
     "register_checkpoint_mergers",
     "register_rollouts",
+    "register_environments",
 )
 
 
@@ -49,7 +57,7 @@ logger = logging.getLogger(__name__)
 class DrivetrainPlugins:
     """A loaded set of plugins and the registries they filled.
 
-    Built by :func:`get_plugin_manager`; exposes ``engines``, ``roles``, ``mergers``, ``rollouts``, ``plugins`` and
+    Built by :func:`get_plugin_manager`; exposes ``engines``, ``roles``, ``mergers``, ``rollouts``, ``environments``, ``plugins`` and
     :meth:`register_commands`.
     """
 
@@ -60,6 +68,7 @@ class DrivetrainPlugins:
         self.roles = RoleRegistry()
         self.mergers = CheckpointMergerRegistry()
         self.rollouts = RolloutRegistry()
+        self.environments = EnvironmentRegistry()
         self._infos: dict[str, PluginInfo] = {}
         self._commands: dict[str, list[str]] = {}
         self._command_conflicts: dict[str, list[str]] = {}
@@ -158,8 +167,8 @@ class DrivetrainPlugins:
 
     def _registries(
         self,
-    ) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry, RolloutRegistry]:
-        return self.engines, self.roles, self.mergers, self.rollouts
+    ) -> tuple[EngineRegistry, RoleRegistry, CheckpointMergerRegistry, RolloutRegistry, EnvironmentRegistry]:
+        return self.engines, self.roles, self.mergers, self.rollouts, self.environments
 
     def _load_one(self, entry_point: EntryPointLike, disabled: set[str]) -> None:
         error = load_entry_point(self.manager, self._infos, entry_point, disabled)

@@ -1,5 +1,5 @@
-"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``sft``/``dpo``/``rm``/``grpo``/``ppo``
-commands and ``env``."""
+"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``http`` environment, the
+``sft``/``dpo``/``rm``/``grpo``/``ppo`` commands and ``env``."""
 
 from drivetrain_engine_core.hookspecs import hookimpl
 
@@ -19,6 +19,11 @@ def register_roles(registry):
 @hookimpl
 def register_rollouts(registry):
     registry.register("hf", "drivetrain_roles.rollout.hf:HFRollout")
+
+
+@hookimpl
+def register_environments(registry):
+    registry.register("http", "drivetrain_roles.environments.http:HTTPEnvironment")
 
 
 @hookimpl

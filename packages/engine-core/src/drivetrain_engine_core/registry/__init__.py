@@ -1,7 +1,8 @@
-"""Typed registrars that plugin hooks fill: engines, roles, checkpoint mergers and rollouts."""
+"""Typed registrars that plugin hooks fill: engines, roles, checkpoint mergers, rollouts and environments."""
 
 from .base import KeyedRegistry, Registration
 from .engines import ANY_DEVICE, EngineEntry, EngineRegistry
+from .environments import EnvironmentRegistry
 from .mergers import CheckpointMergerRegistry
 from .roles import NamedEntry, RoleRegistry
 from .rollouts import RolloutRegistry
@@ -13,6 +14,7 @@ __all__ = [
     "CheckpointMergerRegistry",
     "EngineEntry",
     "EngineRegistry",
+    "EnvironmentRegistry",
     "KeyedRegistry",
     "NamedEntry",
     "PluginSource",

@@ -1,4 +1,5 @@
-"""Rollouts shipped with drivetrain-roles: Hugging Face ``generate`` (``hf``), exact on CPU.
+"""Rollouts shipped with drivetrain-roles: Hugging Face ``generate`` (``hf``), exact on CPU; and multi-turn
+episodes in environments over any rollout (:mod:`.multi_turn`, trajectories in :mod:`.trajectory`).
 
 The contract (:class:`drivetrain_engine_core.rollout.Rollout`) lives in core so that inference backends can be
 separate plugins; this package registers ``hf`` through ``register_rollouts``.
@@ -8,7 +9,14 @@ from __future__ import annotations
 
 from drivetrain_engine_core.lazy import lazy_getattr
 
-_EXPORTS = {"HFRollout": "hf"}
+_EXPORTS = {
+    "HFRollout": "hf",
+    "Trajectory": "trajectory",
+    "TurnLimits": "turn_limits",
+    "run_episodes": "multi_turn",
+    "run_episodes_async": "multi_turn",
+    "trajectory_batch": "trajectory",
+}
 
 __all__ = sorted(_EXPORTS)
 
