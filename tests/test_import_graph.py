@@ -61,3 +61,17 @@ def test_core_imports_no_sibling_and_the_others_only_core() -> None:
                 continue
             chains = graph.find_shortest_chains(importer=importer, imported=imported, as_packages=True)
             assert not chains, f"{importer} must not import {imported}: {sorted(chains)}"
+
+
+# NOTE: the RL commands are siblings over ``drivetrain_roles.rl``: what both need lives there, so that neither
+# command's internals become the other's API (and a third RL command needs neither).
+SIBLING_COMMANDS = ("drivetrain_roles.grpo", "drivetrain_roles.ppo")
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"), [SIBLING_COMMANDS, tuple(reversed(SIBLING_COMMANDS))], ids=["grpo-ppo", "ppo-grpo"]
+)
+def test_rl_commands_do_not_import_each_other(importer: str, imported: str) -> None:
+    graph = grimp.build_graph("drivetrain_roles", cache_dir=None)
+    chains = graph.find_shortest_chains(importer=importer, imported=imported, as_packages=True)
+    assert not chains, f"{importer} must not import {imported} (share it through drivetrain_roles.rl): {sorted(chains)}"

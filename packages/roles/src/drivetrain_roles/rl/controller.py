@@ -1,24 +1,15 @@
-"""GRPO through one colocated Ray worker group: a single controller drives actor, reference and rollout.
+"""What the single controllers of ``drivetrain grpo`` and ``ppo`` share: the policy's parts of a colocated Ray
+worker group, and the controller base that starts the group, samples a step on its rollouts and builds the calls
+of the policy's update.
 
-The driver holds the prompts and the step logic of :mod:`.step`; the workers hold the engines and the
-rollouts. One step: every worker's rollout samples its data-parallel slice of the prompts (whole groups per
-rank), the driver scores them (:func:`.step.score`), the actor and reference parts recompute log-probs and the
-actor updates through the group's dispatch (:func:`.step.update_with`, the function the single-process
-trainer calls too), then every worker hands its actor's weights to its own rollout. Only token ids, log-probs
-and metrics cross to the driver; weights never do.
-
-Example::
-
-    config = load_config(None, ["model.path=/path/to/sft/final_model"])
-    with ColocatedGRPO.start(config, world_size=2, num_cpus_per_worker=0.5) as grpo:
-        for step, examples in enumerate(batches):
-            metrics = grpo.step(step, examples)
+The driver holds the prompts and the step logic; the workers hold the engines and the rollouts. Only token ids,
+log-probs and metrics cross to the driver; weights never do.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Self
 
@@ -29,16 +20,17 @@ from drivetrain_engine_core.rollout import RolloutOutput
 from ..jobs.assets import model_directory
 from ..jobs.data import Example
 from ..workers import ColocatedSpec, ColocatedWorkerGroup, RolloutSpec, WorkerSpec
-from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share
-from .rewards import load_rewards, reward_metrics
-from .step import SEED_STRIDE, PolicyCalls, RolloutBatch, sampling_config, score, update_with
-from .trainer import actor_config
+from .actor_setup import actor_config
+from .job_config import PolicyJobConfig, check_mini_batch_share
+from .policy_update import PolicyCalls
+from .rewards import load_rewards
+from .sampling import SEED_STRIDE, sampling_config
 
 
-def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
-    """The parts every worker builds: ``actor`` (training engine, GRPO loss), ``reference`` (its own
-    inference-only engine; none without a KL penalty), and the ``rollout``, all from ``config.model.path`` (a
-    Hub repository id is fetched into the Hugging Face cache here, once, and the workers load its snapshot).
+def policy_spec(config: PolicyJobConfig, *, reference: bool) -> ColocatedSpec:
+    """The parts every worker builds: ``actor`` (training engine, the policy loss), ``reference`` (its own
+    inference-only engine; only when ``reference``), and the ``rollout``, all from ``config.model.path`` (a Hub
+    repository id is fetched into the Hugging Face cache here, once, and the workers load its snapshot).
 
     Raises:
         ConfigError: ``model.path`` is the embedded ``builtin:`` model (run its warm start first and pass the
@@ -56,7 +48,7 @@ def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
             "actor's LoRA-disabled engine); unset model.lora or use the single-process drivetrain grpo."
         )
     path = model_directory(path, download=True)
-    reference = WorkerSpec(
+    reference_spec = WorkerSpec(
         role="reference",
         model_config=dataclasses.replace(config.model, path=path),
         engine_config=config.engine,
@@ -66,11 +58,12 @@ def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
         timeout_s=config.engine.dist_timeout_s,
     )
     actor = dataclasses.replace(
-        reference, role="actor", optimizer_config=config.run_optimizer(), role_config=actor_config(config)
+        reference_spec,
+        role="actor",
+        optimizer_config=config.run_optimizer(),
+        role_config=actor_config(config),
     )
-    parts = (
-        {"actor": actor} if config.algorithm.kl_loss_coef == 0 else {"actor": actor, "reference": reference}
-    )
+    parts = {"actor": actor, "reference": reference_spec} if reference else {"actor": actor}
     rollout = RolloutSpec(
         name=config.rollout.name,
         model_path=path,
@@ -82,7 +75,8 @@ def colocated_spec(config: PolicyJobConfig) -> ColocatedSpec:
 
 class ColocatedController:
     """What the single controllers of ``drivetrain grpo`` and ``ppo`` share: the group they drive, sampling one
-    step's prompts on its rollouts, and the group's shutdown (also as a context manager).
+    step's prompts on its rollouts, the calls of the policy's update, and the group's shutdown (also as a context
+    manager).
 
     Args:
         group: the colocated group the controller drives.
@@ -97,6 +91,26 @@ class ColocatedController:
         self.group = group
         self.config = config
         self.tokenizer = tokenizer
+
+    @classmethod
+    def _launch(
+        cls,
+        config: PolicyJobConfig,
+        spec: Callable[[], ColocatedSpec],
+        *,
+        world_size: int,
+        group_options: dict[str, Any],
+    ) -> Self:
+        """Check the config, load the rewards (before the workers start), build ``spec()``, start its group
+        (``group_options`` go to it) and the controller with the actor's tokenizer."""
+        from ..jobs.assets import load_tokenizer
+
+        check_mini_batch_share(config, world_size)
+        load_rewards(config.algorithm.rewards())
+        parts = spec()
+        actor = parts.parts["actor"].model_config
+        tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
+        return cls(ColocatedWorkerGroup(parts, world_size=world_size, **group_options), config, tokenizer)
 
     def generate(self, step: int, examples: Sequence[Example]) -> RolloutOutput:
         """``examples``' responses from the workers' rollouts; seeds follow the trainer's (seed, step, rank).
@@ -116,6 +130,17 @@ class ColocatedController:
         seed = self.config.trainer.seed + SEED_STRIDE * step
         return self.group.generate([e.prompt_ids for e in examples], sampling_config(self.config, seed=seed))
 
+    def policy_calls(self) -> PolicyCalls:
+        """The policy's update calls through the group: the actor's parts, the reference's when it has one."""
+        call = self.group.call
+        return PolicyCalls(
+            compute_log_prob=partial(call, "actor", "compute_log_prob"),
+            compute_ref_log_prob=partial(call, "reference", "compute_ref_log_prob")
+            if "reference" in self.group.topologies
+            else None,
+            update_policy=partial(call, "actor", "update_policy"),
+        )
+
     def shutdown(self) -> None:
         self.group.shutdown()
 
@@ -124,61 +149,3 @@ class ColocatedController:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-
-
-class ColocatedGRPO(ColocatedController):
-    """The GRPO step of :mod:`.step`, driven over a :class:`~..workers.ColocatedWorkerGroup`.
-
-    Args:
-        group: a colocated group with parts ``actor`` (and ``reference`` when the KL penalty is on) and a
-            rollout fed by the actor, e.g. from :func:`colocated_spec`.
-        config: the run's configuration.
-        tokenizer: decodes responses for the reward.
-    """
-
-    command = "GRPO"
-    config: GRPOConfig
-
-    @classmethod
-    def start(
-        cls, config: GRPOConfig, *, world_size: int, spec: ColocatedSpec | None = None, **group_options: Any
-    ) -> Self:
-        """Start the group of ``spec`` (default :func:`colocated_spec`; ``group_options`` go to the group) and
-        the controller."""
-        from ..jobs.assets import load_tokenizer
-
-        check_mini_batch_share(config, world_size)
-        load_rewards(config.algorithm.rewards())  # before the workers start
-        spec = spec or colocated_spec(config)
-        actor = spec.parts["actor"].model_config
-        tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
-        return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
-
-    def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
-        """Sample ``examples`` on the workers' rollouts (:meth:`generate`) and score them on the driver."""
-        return score(examples, self.generate(step, examples), self.tokenizer, self.config)
-
-    def update(self, samples: RolloutBatch) -> dict[str, float]:
-        """Old and reference log-probs, one PPO-clip update: the actor's metrics, ``entropy`` and
-        ``rollout/log_prob_diff_max`` (see :func:`~.step.update`)."""
-        group = self.group
-        has_reference = "reference" in group.topologies
-        calls = PolicyCalls(
-            compute_log_prob=partial(group.call, "actor", "compute_log_prob"),
-            compute_ref_log_prob=partial(group.call, "reference", "compute_ref_log_prob")
-            if has_reference
-            else None,
-            update_policy=partial(group.call, "actor", "update_policy"),
-        )
-        metrics, statistics = update_with(calls, samples)
-        return {**metrics, **statistics.metrics()}
-
-    def step(self, step: int, examples: Sequence[Example]) -> dict[str, float]:
-        """One GRPO step over ``examples``, then the hand-off of version ``step + 1`` inside every worker."""
-        samples = self.sample(step, examples)
-        metrics = self.update(samples)
-        self.group.sync_rollout(step + 1)
-        return {**metrics, **reward_metrics(samples.scores), "train/reward": float(samples.rewards.mean())}
-
-
-__all__ = ["ColocatedController", "ColocatedGRPO", "colocated_spec"]

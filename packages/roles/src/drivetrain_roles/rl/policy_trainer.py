@@ -1,19 +1,28 @@
-"""The GRPO training loop over any installed engine backend and rollout.
+"""The policy job ``grpo`` and ``ppo`` share: one template that owns setup and the step's sequence.
 
-One process per rank (``torchrun`` or ``drivetrain grpo --nproc N``). Setup: the start policy (a model
-directory, or the embedded job's SFT warm start), the actor engine, the reference (its own inference-only
-engine, or the actor's base model with LoRA; none when ``algorithm.kl_loss_coef`` is 0) and the rollout
-(``rollout.name``). Each step (:mod:`.step`): sample and reward this rank's prompts, one PPO-clip update,
-weight hand-off; ``trainer.mode`` says whether the samples come from the step's own weights or from a rollout
-thread generating ahead (:mod:`.pipeline`, :mod:`.versions`). Held-out greedy accuracy (through the rollout, i.e. the synced weights) before the first
-step, every ``trainer.eval_every`` steps and after the last; checkpoints in ``<run>/checkpoints``; ``resume``
-continues from the latest one (the rollout is synced from it first); the run ends with ``final_model``.
+One process per rank (``torchrun`` or ``drivetrain <command> --nproc N``). Setup: the start policy (a model
+directory, or the embedded job's SFT warm start), the prompts, the actor engine, the reference (its own
+inference-only engine, or the actor's base model with LoRA; none when no KL term reads it), the rollout
+(``rollout.name``) and the scorer. Each step, :meth:`PolicyTrainer._step`: **sample** (the
+:class:`~.hooks.Sampler`: generation in step or ahead of it, ``trainer.mode``: :mod:`.pipeline`), **score** (the
+:class:`~.hooks.Scorer`: the reward functions, :mod:`.scoring`), the command's batch and **update** (its hooks),
+the weight **hand-off**, then one record (:class:`~.step_record.StepRecord`) that the command adds its own
+metrics to. Held-out greedy accuracy (through the rollout, i.e. the synced weights) before the first step, every
+``trainer.eval_every`` steps and after the last; checkpoints in ``<run>/checkpoints``; ``resume`` continues from
+the latest one (the rollout is synced from it first); the run ends with ``final_model``.
+
+A command subclasses :class:`PolicyTrainer` and fills in :meth:`~PolicyTrainer._batch`,
+:meth:`~PolicyTrainer._update`, :meth:`~PolicyTrainer._uses_reference` and
+:meth:`~PolicyTrainer._command_metrics`; a new sampler or scorer is returned by :meth:`~PolicyTrainer.make_sampler`
+or :meth:`~PolicyTrainer.make_scorer`, with no change to the commands.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from abc import abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -23,7 +32,7 @@ from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.rollout import SamplingConfig
 
-from ..actor import Actor, ActorConfig
+from ..actor import Actor
 from ..jobs.assets import load_splits
 from ..jobs.batches import StepSampler
 from ..jobs.builtin_tasks import data_task
@@ -31,44 +40,32 @@ from ..jobs.data import Example
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
 from ..jobs.metrics import plot_curves
-from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
-from ..update_metrics import ENGINE_LOSS_METRICS
-from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
-from .pipeline import RolloutPipeline
+from .actor_setup import actor_config
+from .batch import RolloutBatch
+from .hooks import Sampler, Scorer
+from .job_config import PolicyJobConfig, check_mini_batch_share
+from .pipeline import GeneratedBatch, RolloutPipeline
 from .prompt_checks import check_rollout_length, warn_unreachable_answers
-from .rewards import EXACT_MATCH, check_reward_inputs, exact_match, load_rewards, reward_metrics
+from .rewards import EXACT_MATCH, Scores, check_reward_inputs, exact_match, load_rewards
 from .rollout_plugin import build_rollout, require_rollout
-from .step import SEED_STRIDE, answer_rewards, hand_off, sampling_config, score_agreed, update
-from .versions import Versions, staleness_metrics
+from .sampling import SEED_STRIDE, hand_off, sampling_config
+from .scoring import RewardScorer, answer_rewards
+from .step_record import StepRecord
+from .trainer_config import generation_lag
 from .warm_start import start_model
 
 CURVE_FILE = "reward_curve.png"
 
 
-def actor_config(config: PolicyJobConfig) -> ActorConfig:
-    """The GRPO actor: ``algorithm.loss_mode``'s loss with the KL penalty, ``algorithm.ppo_mini_batches``
-    optimizer steps per pass over a rollout, ``algorithm.ppo_epochs`` passes (1 and 1: on-policy GRPO)."""
-    algorithm = config.algorithm
-    loss = algorithm.policy_loss(max_new_tokens=config.rollout.max_new_tokens)
-    sequences = config.trainer.prompts_per_step * config.rollout.n
-    schedule = UpdateSchedule(
-        mini_batch_size=-(-sequences // algorithm.ppo_mini_batches),
-        epochs=algorithm.ppo_epochs,
-        shuffle=algorithm.ppo_mini_batches > 1 or algorithm.ppo_epochs > 1,
-        seed=config.trainer.seed,
-    )
-    return ActorConfig(loss=loss, schedule=schedule, temperature=config.rollout.temperature)
-
-
 @dataclass
-class GRPOResult(JobResult):
+class PolicyJobResult(JobResult):
     """What a run did, on every rank (see :class:`~drivetrain_roles.jobs.job.JobResult`).
 
     Attributes:
         rewards: mean training reward of each step this process ran.
-        seconds: wall time of the GRPO loop (warm start and setup excluded).
+        seconds: wall time of the training loop (warm start and setup excluded).
         timing: this process's seconds ``generating`` (the rollout), ``training`` (update and hand-off) and
             ``overlapped`` (generation that ran while the trainer trained), summed over its steps.
         dropped_samples: responses left out of the loss as older than ``trainer.max_staleness`` (all ranks).
@@ -82,22 +79,38 @@ class GRPOResult(JobResult):
     dropped_samples: int = 0
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """Where a step's seconds went (this process).
+
+    Attributes:
+        wait: waiting for the step's responses.
+        generating: the rollout generating them (ahead of the step, in an asynchronous mode).
+        training: from the responses to the end of the hand-off.
+        overlapped: generation that ran while this step trained.
+    """
+
+    wait: float
+    generating: float
+    training: float
+    overlapped: float
+
+
 ConfigT = TypeVar("ConfigT", bound=PolicyJobConfig)
-"""The run's config: ``grpo``'s, or a command's that runs this job with its own algorithm (``ppo``)."""
+"""The run's config: a command's (``grpo``'s, ``ppo``'s) with the sections :class:`PolicyJobConfig` names."""
 
 
-class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
-    """Group-relative policy optimisation with an exact-answer reward.
+class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
+    """A job that samples from its policy, scores the samples and trains the policy on them.
 
     Args:
-        config: the run's configuration (see :func:`~drivetrain_roles.grpo.config.load_config`).
+        config: the run's configuration.
         output_dir: the run directory.
         resume: continue from the latest checkpoint in ``<output_dir>/checkpoints``.
         overwrite: delete the checkpoints a previous run left in ``output_dir`` and start over.
     """
 
-    command = "grpo"
-    result_type = GRPOResult
+    result_type = PolicyJobResult
     curve_file = CURVE_FILE
 
     config: ConfigT
@@ -114,7 +127,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         return ("trainer.prompts_per_step", self.config.trainer.prompts_per_step)
 
     def _setup(self) -> Engine:
-        """The start policy, the prompts, the actor, the reference and the rollout."""
+        """The start policy, the prompts, the actor, the reference, the rollout and the scorer."""
         config = self.config
         check_mini_batch_share(config, distributed.world_size())
         # A missing rollout is refused before the warm start, and so are options or router replay it cannot take ...
@@ -138,6 +151,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         self.actor = self.make_actor(self.model_path)
         self.reference = self.make_reference(self.actor, self.model_path)
         self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
+        self.scorer = self.make_scorer()
         self.sampler = StepSampler(
             len(self.train),
             config.trainer.prompts_per_step,
@@ -159,18 +173,18 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         return engine
 
     def make_actor(self, model_path: str) -> Actor:
-        """The actor: a training engine of ``model_path`` with the GRPO loss, one optimizer step per rollout.
+        """The actor: a training engine of ``model_path`` with the policy loss, one optimizer step per rollout.
 
         Raises:
             ConfigError: some rank would hold no outputs (model parallelism; see :mod:`..output_ranks`).
         """
         engine = self._engine(model_path, train=True)
-        require_outputs_on_every_rank(engine, "drivetrain grpo")
+        require_outputs_on_every_rank(engine, f"drivetrain {self.command}")
         return Actor(engine, actor_config(self.config))
 
     def make_reference(self, actor: Actor, model_path: str) -> Reference | None:
         """The KL reference: the actor's base model with LoRA, else its own inference-only engine; ``None``
-        without a KL penalty."""
+        when no KL term reads it."""
         if not self._uses_reference():
             return None
         temperature = self.config.rollout.temperature
@@ -178,17 +192,29 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             return Reference(actor.engine, use_actor_base=True, temperature=temperature)
         return Reference(self._engine(model_path, train=False), temperature=temperature)
 
-    def run(self) -> GRPOResult:
+    def make_scorer(self) -> Scorer:
+        """What scores a step's responses: the reward functions of ``algorithm.rewards()``."""
+        return RewardScorer(self.config.algorithm.rewards(), self.tokenizer)
+
+    def make_sampler(self, step: int) -> Sampler:
+        """What generates the steps ``step .. trainer.total_steps - 1`` from the rollout serving version ``step``:
+        in step (``trainer.mode=sync``) or ahead of it on a thread."""
+        return RolloutPipeline(
+            self.rollout,
+            self._request,
+            version=step,
+            first=step,
+            last=self.config.trainer.total_steps,
+            lag=generation_lag(self.config.trainer),
+        )
+
+    def run(self) -> PolicyJobResult:
         try:
             return super().run()
         finally:
             pipeline = getattr(self, "pipeline", None)
             if pipeline is not None:
                 pipeline.close()
-
-    def _uses_reference(self) -> bool:
-        """Whether a KL term reads the reference's log-probs (GRPO: the KL loss)."""
-        return self.config.algorithm.kl_loss_coef != 0
 
     def _start_step(self, engine: Engine) -> int:
         step = super()._start_step(engine)
@@ -199,14 +225,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             hand_off(self.actor, self.rollout, step, self.config.rollout.bucket_mb)
         # NOTE: a resumed run generates from its checkpoint's step on: batches generated ahead of a checkpoint
         # were never trained (the checkpoint's step says which were), so none is trained twice or skipped.
-        self.pipeline = RolloutPipeline(
-            self.rollout,
-            self._request,
-            version=step,
-            first=step,
-            last=self.config.trainer.total_steps,
-            lag=generation_lag(self.config.trainer),
-        )
+        self.pipeline = self.make_sampler(step)
         return step
 
     # ------------------------------------------------------------------ loop
@@ -222,83 +241,64 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         seed = self.config.trainer.seed + SEED_STRIDE * step + distributed.rank()
         return [e.prompt_ids for e in self._examples(step)], sampling_config(self.config, seed=seed)
 
-    # NOTE: GRPO's own step (its scoring reads GRPO's group filter); a job on another config overrides it.
-    def _step(self: GRPOTrainer[GRPOConfig], step: int, result: GRPOResult) -> dict[str, float]:
-        engine, config = self.actor.engine, self.config
+    def _step(self, step: int, result: PolicyJobResult) -> dict[str, float]:
+        """Sample, score, update, hand off; then the step's record and the command's own metrics."""
         started = time.perf_counter()
         generated = self.pipeline.take(step)
         taken = time.perf_counter()
-        versions = Versions.of(
-            generated.output,
-            generated.version,
-            current=step,
-            max_staleness=generation_lag(config.trainer),
-        )
-        samples = score_agreed(
-            self._examples(step),
-            generated.output,
-            self.tokenizer,
-            config,
-            engine.data_parallel_group,
-            versions=versions,
-        )
-        metrics = update(self.actor, self.reference, samples)
-        sync = self.pipeline.update(
-            lambda: hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb), step + 1
-        )
+        samples = self._score(step, generated)
+        update = self._update(step, samples)
+        sync = self.pipeline.update(lambda: self._hand_off(step), step + 1)
         ended = time.perf_counter()
-        seconds = ended - started
-        timing = {
-            "generating": generated.seconds,
-            "training": ended - taken,
-            "overlapped": self.pipeline.overlap(taken, ended),
-        }
-        for name, value in timing.items():
-            result.timing[name] += value
-        group = engine.data_parallel_group
-        reward_sum, count, response_tokens, tokens, filtered = distributed.all_reduce_sums(
-            [
-                float(samples.rewards.sum()),
-                len(samples.rewards),
-                sum(samples.response_lengths),
-                int(samples.batch["input_ids"].values().numel()),
-                samples.filtered_groups,
-            ],
-            group,
+        timing = StepTiming(
+            wait=taken - started,
+            generating=generated.seconds,
+            training=ended - taken,
+            overlapped=self.pipeline.overlap(taken, ended),
         )
-        values = {
-            "train/reward": reward_sum / count,
-            **reward_metrics(samples.scores, group),
-            "train/pg_loss": metrics["pg_loss"],
-            "train/clip_fraction": metrics["pg_clipfrac"],
-            "train/entropy": metrics["entropy"],
-            "train/grad_norm": metrics["grad_norm"],
-            "train/lr": metrics["lr"],
-            "train/response_length": response_tokens / count,
-            "rollout/log_prob_diff_max": metrics["rollout/log_prob_diff_max"],
-            "rollout/mismatch_kl": metrics["rollout/mismatch_kl"],
-            "perf/step_time_s": seconds,
-            "perf/tokens_per_s": tokens / seconds,
-            "perf/wait_s": taken - started,
-            **{f"perf/{name}_s": value for name, value in timing.items()},
-        }
-        if config.trainer.mode != "sync":
-            staleness = staleness_metrics(
-                versions, dropped_sequences=samples.dropped_groups * config.rollout.n, group=group
-            )
-            values.update(staleness)
-            result.dropped_samples += int(staleness["async/dropped_samples"])
-        if "rollout_is_weight" in metrics:
-            values["train/rollout_is_weight"] = metrics["rollout_is_weight"]
-            values["train/rollout_is_capped"] = metrics["rollout_is_capped"]
-        if "kl_loss" in metrics:
-            values["train/kl"] = metrics["kl_loss"]
-        values.update({f"train/{name}": metrics[name] for name in ENGINE_LOSS_METRICS if name in metrics})
-        if config.algorithm.filter_groups:
-            values["train/filtered_group_fraction"] = filtered * config.rollout.n / count
-        values.update(sync)
+        group = self.actor.engine.data_parallel_group
+        record = StepRecord.measure(samples, update, seconds=ended - started, group=group)
+        values = {**record.values(), **self._command_metrics(record, samples, timing, result), **sync}
         result.rewards.append(values["train/reward"])
         return values
+
+    def _score(self, step: int, generated: GeneratedBatch) -> RolloutBatch:
+        """Score this rank's responses of ``step`` (collective: a scorer failing on one rank raises the same error
+        on every rank) and build the command's batch from them."""
+        examples = self._examples(step)
+        with agreed_checks():
+            scores = self.scorer(examples, generated.output)
+        return self._batch(step, examples, generated, scores)
+
+    def _hand_off(self, step: int) -> Mapping[str, float]:
+        """Stream the actor's weights to the rollout as version ``step + 1`` (collective); the sync's metrics."""
+        return hand_off(self.actor, self.rollout, step + 1, self.config.rollout.bucket_mb)
+
+    # ------------------------------------------------------------------ the command's hooks
+
+    @abstractmethod
+    def _uses_reference(self) -> bool:
+        """Whether a KL term reads the reference's log-probs (setup builds the reference only then)."""
+
+    @abstractmethod
+    def _batch(
+        self, step: int, examples: list[Example], generated: GeneratedBatch, scores: Scores
+    ) -> RolloutBatch:
+        """The actor's batch of ``step`` from this rank's ``examples``, their ``generated`` responses and
+        ``scores``: which responses are in the loss, their rewards and advantages."""
+
+    @abstractmethod
+    def _update(self, step: int, samples: RolloutBatch) -> dict[str, float]:
+        """Train on ``samples`` (collective); returns the update's metrics (see :class:`~.step_record.StepRecord`)."""
+
+    @abstractmethod
+    def _command_metrics(
+        self, record: StepRecord, samples: RolloutBatch, timing: StepTiming, result: PolicyJobResult
+    ) -> dict[str, float]:
+        """The command's own metrics of a step beside ``record``'s (collective where they reduce); notes what
+        ``result`` keeps of them."""
+
+    # ------------------------------------------------------------------ evaluation and end
 
     def _evaluate(self, step: int) -> dict[str, float]:
         """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers;
@@ -324,16 +324,19 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         return {**accuracy, "val/reward": reward / len(samples)}
 
     def _postfix(self, values: dict[str, float]) -> dict[str, str]:
-        return _postfix(values)
-
-    # ------------------------------------------------------------------ end
+        """The progress bar's reward, KL and tokens/s."""
+        return {
+            "reward": f"{values['train/reward']:.3f}",
+            "kl": f"{values.get('train/kl', 0.0):.4f}",
+            "tok_s": f"{values['perf/tokens_per_s']:.0f}",
+        }
 
     def _save_final(self, engine: Engine, target: Path) -> None:
         save_final_model(
             engine, self.model_path, self.tokenizer, target, max_new_tokens=self.config.rollout.max_new_tokens
         )
 
-    def _finish(self, result: GRPOResult, loop_seconds: float) -> None:
+    def _finish(self, result: PolicyJobResult, loop_seconds: float) -> None:
         result.seconds = loop_seconds
 
     def _plot(self, records: list[dict[str, Any]]) -> None:
@@ -344,7 +347,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             left_label="mean reward",
         )
 
-    def _summary(self, result: GRPOResult) -> dict[str, Any]:
+    def _summary(self, result: PolicyJobResult) -> dict[str, Any]:
         return {
             "start_step": result.start_step,
             "final_train_reward": result.rewards[-1] if result.rewards else None,
@@ -355,7 +358,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             "dropped_samples": result.dropped_samples,
         }
 
-    def _report_lines(self, result: GRPOResult) -> list[str]:
+    def _report_lines(self, result: PolicyJobResult) -> list[str]:
         lines = [f"run directory: {result.output_dir}"]
         if not result.evaluations:
             return lines
@@ -372,12 +375,3 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
                 f"(step {last['step']}, {label})"
             )
         return lines
-
-
-def _postfix(values: dict[str, float]) -> dict[str, str]:
-    """The progress bar's reward, KL and tokens/s."""
-    return {
-        "reward": f"{values['train/reward']:.3f}",
-        "kl": f"{values.get('train/kl', 0.0):.4f}",
-        "tok_s": f"{values['perf/tokens_per_s']:.0f}",
-    }

@@ -1,229 +1,24 @@
-"""One GRPO step over any engine and any rollout: sample, score, normalise, update, hand the weights off.
+"""The policy's side of an RL update, shared by ``grpo`` and ``ppo``: the actor's old log-probs (with the
+entropy), the reference's log-probs, the policy update, and what the old-log-prob pass says about the rollout
+(the log-prob gap and the mismatch KL between the rollout's sampling and the actor's recomputation).
 
-Per step, on every data-parallel rank for its share of the prompts: the rollout samples ``n`` responses per
-prompt (whole groups stay on one rank, so group baselines need no communication); the rewards
-(``algorithm.reward_functions``, weighted: :mod:`.rewards`), shaped as DAPO's options say, become
-advantages by ``algorithm.adv_estimator`` (the whitening ones reduce over the data-parallel group); the actor
-recomputes the old log-probs and the reference its log-probs; one policy update (``algorithm.loss_mode``);
-then ``engine.weight_buckets(version=step, base_version=rollout.delta_base)`` streams what changed to the
-rollout, which serves only complete, newer versions on the base it holds intact.
+The calls go through :class:`PolicyCalls`, so that the single-process trainers (this process's roles) and the
+single controllers (a worker group's parts) run the same sequence.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
-from drivetrain_engine_core.router_replay import ROUTED_EXPERTS
 from tensordict import TensorDict
-from torch.distributed import ProcessGroup
 
 from ..actor import Actor
-from ..advantage_estimators import outcome_advantages
-from ..jobs.data import Example
 from ..reference import Reference
-from ..reward_shaping import equal_reward_groups, overlong_penalty
-from .config import GRPOConfig, RolloutJobConfig
-from .reward_inputs import RewardInputs
-from .reward_settings import RewardSettings
-from .rewards import Scores, score_completions
-from .versions import Versions
-
-SEED_STRIDE = 1_000_003
-"""Sampling seeds are ``seed + SEED_STRIDE * step + rank``: distinct per step and rank, repeatable on resume."""
-
-
-@dataclass(frozen=True)
-class RolloutBatch:
-    """A step's samples as the actor trains on them, plus what the metrics need.
-
-    Attributes:
-        batch: no-padding prompt+response sequences with ``loss_mask`` (response tokens; none in a filtered
-            group), ``advantages``.
-        rollout_log_probs: the rollout's log-probs of each response's tokens.
-        rewards: one reward per response (with the overlong penalty, when on).
-        scores: each reward function's values, for ``reward/<name>`` (:func:`.rewards.reward_metrics`).
-        response_lengths: tokens per response.
-        filtered_groups: groups that ``algorithm.filter_groups`` took out of the loss.
-        versions: the weight version of every response token and the policy version that trains on them
-            (``None``: not given; every token is then the output's version, or 0).
-        dropped_groups: groups taken out of the loss as older than ``trainer.max_staleness``.
-    """
-
-    batch: TensorDict
-    rollout_log_probs: list[torch.Tensor]
-    rewards: torch.Tensor
-    response_lengths: list[int]
-    scores: Scores | None = None
-    filtered_groups: int = 0
-    versions: Versions | None = None
-    dropped_groups: int = 0
-
-
-def sampling_config(config: RolloutJobConfig, *, seed: int) -> SamplingConfig:
-    """The step's sampling: ``rollout.n`` responses per prompt at the rollout's temperature, truncated by its
-    ``top_k``/``top_p``/``min_p``, recording routed experts under ``rollout.router_replay=R3``."""
-    sampling = config.rollout.sampling(seed=seed)
-    return dataclasses.replace(sampling, record_routed_experts=config.rollout.records_routes)
-
-
-def sample(
-    rollout: Rollout,
-    examples: Sequence[Example],
-    tokenizer: Any,
-    config: GRPOConfig,
-    *,
-    seed: int,
-    group: ProcessGroup | None = None,
-) -> RolloutBatch:
-    """Sample ``rollout.n`` responses per example, reward them and build the actor's batch (collective: a reward
-    function failing on one rank raises the same error on every rank, none waits in the update; ``group``: the
-    data-parallel ranks whose tokens a whitening estimator reduces over)."""
-    output = rollout.generate([e.prompt_ids for e in examples], sampling_config(config, seed=seed))
-    return score_agreed(examples, output, tokenizer, config, group)
-
-
-def score_agreed(
-    examples: Sequence[Example],
-    output: RolloutOutput,
-    tokenizer: Any,
-    config: GRPOConfig,
-    group: ProcessGroup | None = None,
-    *,
-    versions: Versions | None = None,
-) -> RolloutBatch:
-    """:func:`score` on every data-parallel rank at once (collective: a reward function failing on one rank
-    raises the same error on every rank)."""
-    with agreed_checks():
-        _, scores = answer_rewards(examples, output, tokenizer, config.algorithm.rewards())
-    return rollout_batch(examples, output, scores.total, config, group, versions=versions, scores=scores)
-
-
-def score(
-    examples: Sequence[Example],
-    output: RolloutOutput,
-    tokenizer: Any,
-    config: GRPOConfig,
-    group: ProcessGroup | None = None,
-) -> RolloutBatch:
-    """Reward ``output`` (``output.n`` responses per example, prompt-major) and build the actor's batch."""
-    _, scores = answer_rewards(examples, output, tokenizer, config.algorithm.rewards())
-    return rollout_batch(examples, output, scores.total, config, group, scores=scores)
-
-
-def rollout_batch(
-    examples: Sequence[Example],
-    output: RolloutOutput,
-    rewards: torch.Tensor,
-    config: GRPOConfig,
-    group: ProcessGroup | None = None,
-    *,
-    versions: Versions | None = None,
-    scores: Scores | None = None,
-) -> RolloutBatch:
-    """The actor's batch from the rewards (``scores``: each function's, carried for the metrics): the overlong penalty, the group filter and the groups too stale for
-    ``versions`` leave the loss, then the advantages. The batch carries each token's weight version
-    (``token_versions``), the rollout's log-probs (``rollout_log_probs``, 0 on prompt tokens) and, under router
-    replay, its routed experts (``routed_experts``)."""
-    algorithm = config.algorithm
-    lengths = [len(r) for r in output.responses]
-    rewards = rewards + overlong_penalty(
-        torch.tensor(lengths),
-        config.rollout.max_new_tokens,
-        algorithm.overlong_buffer_len,
-        algorithm.overlong_penalty_factor,
-    )
-    filtered = equal_reward_groups(rewards, output.n)
-    if not algorithm.filter_groups:
-        filtered = torch.zeros_like(filtered)
-    if versions is None:
-        version = output.version or 0
-        versions = Versions.of(output, version, current=version, max_staleness=None)
-    stale = versions.stale_groups(output.n)
-    batch, responses = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
-    prompt_lengths = batch["input_ids"].offsets().diff() - torch.tensor(lengths, dtype=torch.long)
-    batch["token_versions"] = _jagged(versions.token_field(prompt_lengths.tolist()), batch)
-    rollout_log_probs = torch.zeros(batch["input_ids"].values().numel())
-    if output.log_probs:
-        rollout_log_probs[responses] = torch.cat(list(output.log_probs)).float()
-    batch["rollout_log_probs"] = _jagged([rollout_log_probs], batch)
-    if output.routed_experts is not None:  # router replay: the actor routes through the rollout's experts
-        batch[ROUTED_EXPERTS] = _jagged(output.routed_experts, batch)
-    batch["advantages"] = outcome_advantages(
-        rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
-    )
-    return RolloutBatch(
-        batch=batch,
-        rollout_log_probs=output.log_probs,
-        rewards=rewards,
-        response_lengths=lengths,
-        scores=scores,
-        filtered_groups=int(filtered.sum()),
-        versions=versions,
-        dropped_groups=int(stale.sum()),
-    )
-
-
-def _jagged(rows: Sequence[torch.Tensor], batch: TensorDict) -> torch.Tensor:
-    """Per-token ``rows`` as a jagged field on ``batch``'s offsets."""
-    return torch.nested.nested_tensor_from_jagged(torch.cat(list(rows)), offsets=batch["input_ids"].offsets())
-
-
-def answer_rewards(
-    examples: Sequence[Example], output: RolloutOutput, tokenizer: Any, rewards: RewardSettings
-) -> tuple[list[str], Scores]:
-    """The decoded answers of ``output`` (``output.n`` per example, prompt-major) and their scores by
-    ``rewards`` (``algorithm.rewards()``), each answer with its example's prompt, reference and columns."""
-    ids = [r.tolist() for r in output.responses]
-    answers = [tokenizer.decode(r, skip_special_tokens=True) for r in ids]
-    return answers, score_completions(rewards, RewardInputs.of(examples, answers, ids))
-
-
-def response_batch(
-    examples: Sequence[Example], output: RolloutOutput, keep: torch.Tensor
-) -> tuple[TensorDict, torch.Tensor]:
-    """Prompt+response sequences, whose loss mask holds the responses of the ``keep`` sequences; and over the
-    batch's tokens laid end to end, true at every response (where the rollout's log-probs go)."""
-    prompts = [torch.tensor(e.prompt_ids, dtype=torch.long) for e in examples]
-    sequences = [torch.cat([prompts[i // output.n], r.long()]) for i, r in enumerate(output.responses)]
-    prompt_lengths = torch.tensor([len(prompts[i // output.n]) for i in range(len(sequences))])
-    response_lengths = torch.tensor([len(r) for r in output.responses])
-    lengths = prompt_lengths + response_lengths
-    responses = response_tokens(prompt_lengths, response_lengths)
-    mask = responses & keep.bool().repeat_interleave(lengths)
-    return make_batch(sequences, loss_mask=list(mask.split(lengths.tolist()))), responses
-
-
-def response_tokens(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor) -> torch.Tensor:
-    """Over the tokens of prompt+response sequences laid end to end: true at the responses (one
-    ``repeat_interleave``, not a list per sequence)."""
-    marks = torch.tensor([False, True]).repeat(len(prompt_lengths))
-    return marks.repeat_interleave(torch.stack([prompt_lengths, response_lengths], dim=1).reshape(-1))
-
-
-def update(actor: Actor, reference: Reference | None, samples: RolloutBatch) -> dict[str, float]:
-    """Old and reference log-probs, then one PPO-clip update; returns the actor's update metrics.
-
-    Besides the actor's update metrics: ``entropy``, the token-mean entropy of the policy over the step's
-    response tokens before the update (from the old-log-prob pass, as verl reports it, so that the update
-    itself computes no entropy unless the loss has an entropy bonus), and ``rollout/log_prob_diff_max``, the
-    largest gap between the rollout's log-probs and the actor's recomputation of them: a weight hand-off that
-    served stale or partial weights shows up there. Both cover every data-parallel rank's rows.
-    """
-    calls = PolicyCalls(
-        compute_log_prob=actor.compute_log_prob,
-        compute_ref_log_prob=None if reference is None else reference.compute_ref_log_prob,
-        update_policy=actor.update_policy,
-    )
-    metrics, statistics = update_with(calls, samples)
-    return {**metrics, **statistics.reduced(actor.engine.data_parallel_group).metrics()}
+from .batch import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -240,6 +35,16 @@ class PolicyCalls:
     compute_log_prob: Callable[..., TensorDict | None]
     compute_ref_log_prob: Callable[[TensorDict], TensorDict | None] | None
     update_policy: Callable[[TensorDict], dict[str, float]]
+
+
+def policy_calls(actor: Actor, reference: Reference | None) -> PolicyCalls:
+    """The calls of this process's roles: the actor's log-probs and update, the reference's log-probs (``None``:
+    no KL term reads them)."""
+    return PolicyCalls(
+        compute_log_prob=actor.compute_log_prob,
+        compute_ref_log_prob=None if reference is None else reference.compute_ref_log_prob,
+        update_policy=actor.update_policy,
+    )
 
 
 @dataclass(frozen=True)
@@ -295,9 +100,9 @@ class RolloutStatistics:
 
 
 def update_with(calls: PolicyCalls, samples: RolloutBatch) -> tuple[dict[str, float], RolloutStatistics]:
-    """The update of :func:`update` through ``calls``: the actor's update metrics, and the statistics of the
-    rows the caller holds (the single-process trainer reduces them over data-parallel ranks, a worker group's
-    driver holds them all)."""
+    """Old and reference log-probs, then one policy update, through ``calls``: the actor's update metrics, and
+    the statistics of the rows the caller holds (the single-process trainer reduces them over data-parallel
+    ranks, a worker group's driver holds them all)."""
     batch = samples.batch
     old = calls.compute_log_prob(batch, calculate_entropy=True)
     if old is None:
@@ -357,13 +162,3 @@ def mismatch_kl_sum(
 ) -> float:
     """:func:`k3_sum` of the batch's response tokens."""
     return k3_sum(response_log_ratios(batch, actor_log_probs, rollout_log_probs))
-
-
-def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> dict[str, float]:
-    """Stream the actor's weights to the rollout as ``version`` (collective over the actor's ranks): a delta on
-    the version the rollout serves intact, else in full. Returns the sync's metrics (``rollout/sync_bytes``, ...)."""
-    buckets = actor.engine.weight_buckets(
-        version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=rollout.delta_base
-    )
-    rollout.update_weights(buckets)
-    return rollout.last_sync.as_metrics() if rollout.last_sync is not None else {}
