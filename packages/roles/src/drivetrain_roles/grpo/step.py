@@ -20,17 +20,16 @@ from typing import Any
 import torch
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput
-from drivetrain_engine_core.router_replay import ROUTED_EXPERTS
 from torch.distributed import ProcessGroup
 
 from ..actor import Actor
 from ..jobs.data import Example
 from ..reference import Reference
 from ..rl.advantage_estimators import outcome_advantages
-from ..rl.batch import RolloutBatch, jagged, response_batch
+from ..rl.batch import RolloutBatch, add_rollout_fields, response_batch
 from ..rl.pipeline import GeneratedBatch
 from ..rl.policy_update import policy_calls, update_with
-from ..rl.reward_shaping import equal_reward_groups, overlong_penalty
+from ..rl.reward_shaping import equal_reward_groups, penalised_rewards
 from ..rl.rewards import Scores
 from ..rl.sampling import sampling_config
 from ..rl.scoring import answer_rewards
@@ -80,17 +79,11 @@ def rollout_batch(
     scores: Scores | None = None,
 ) -> RolloutBatch:
     """The actor's batch from the rewards (``scores``: each function's, carried for the metrics): the overlong
-    penalty, the group filter and the groups too stale for ``versions`` leave the loss, then the advantages. The batch carries each token's weight version
-    (``token_versions``), the rollout's log-probs (``rollout_log_probs``, 0 on prompt tokens) and, under router
-    replay, its routed experts (``routed_experts``)."""
+    penalty, the group filter and the groups too stale for ``versions`` leave the loss, then the advantages; with
+    the rollout's per-token fields (:func:`drivetrain_roles.rl.batch.add_rollout_fields`)."""
     algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
-    rewards = rewards + overlong_penalty(
-        torch.tensor(lengths),
-        config.rollout.max_new_tokens,
-        algorithm.overlong_buffer_len,
-        algorithm.overlong_penalty_factor,
-    )
+    rewards = penalised_rewards(rewards, lengths, config)
     filtered = equal_reward_groups(rewards, output.n)
     if not algorithm.filter_groups:
         filtered = torch.zeros_like(filtered)
@@ -99,14 +92,7 @@ def rollout_batch(
         versions = Versions.of(output, version, current=version, max_staleness=None)
     stale = versions.stale_groups(output.n)
     batch, responses = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
-    prompt_lengths = batch["input_ids"].offsets().diff() - torch.tensor(lengths, dtype=torch.long)
-    batch["token_versions"] = jagged(versions.token_field(prompt_lengths.tolist()), batch)
-    rollout_log_probs = torch.zeros(batch["input_ids"].values().numel())
-    if output.log_probs:
-        rollout_log_probs[responses] = torch.cat(list(output.log_probs)).float()
-    batch["rollout_log_probs"] = jagged([rollout_log_probs], batch)
-    if output.routed_experts is not None:  # router replay: the actor routes through the rollout's experts
-        batch[ROUTED_EXPERTS] = jagged(output.routed_experts, batch)
+    add_rollout_fields(batch, responses, output, versions)
     batch["advantages"] = outcome_advantages(
         rewards, batch["loss_mask"], output.n, algorithm.advantage_config(), group
     )

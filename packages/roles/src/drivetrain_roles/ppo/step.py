@@ -30,7 +30,7 @@ from ..jobs.data import Example
 from ..reference import Reference
 from ..rl.batch import RolloutBatch, response_batch
 from ..rl.policy_update import PolicyCalls, RolloutStatistics, policy_calls
-from ..rl.reward_shaping import overlong_penalty
+from ..rl.reward_shaping import penalised_rewards
 from ..rl.rewards import Scores
 from ..rl.sampling import sampling_config
 from ..rl.scoring import answer_rewards
@@ -70,14 +70,8 @@ def scored_batch(
     examples: Sequence[Example], output: RolloutOutput, scores: Scores, config: PPOConfig
 ) -> RolloutBatch:
     """The step's batch: every response's tokens in the loss; its score with the overlong penalty, when on."""
-    algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
-    rewards = scores.total + overlong_penalty(
-        torch.tensor(lengths),
-        config.rollout.max_new_tokens,
-        algorithm.overlong_buffer_len,
-        algorithm.overlong_penalty_factor,
-    )
+    rewards = penalised_rewards(scores.total, lengths, config)
     batch, _ = response_batch(examples, output, keep=torch.ones(len(lengths), dtype=torch.bool))
     return RolloutBatch(
         batch=batch,

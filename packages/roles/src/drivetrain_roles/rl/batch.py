@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from drivetrain_engine_core.data.batch import make_batch
 from drivetrain_engine_core.rollout import RolloutOutput
+from drivetrain_engine_core.router_replay import ROUTED_EXPERTS
 from tensordict import TensorDict
 
 from ..jobs.data import Example
@@ -68,3 +69,20 @@ def response_tokens(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
 def jagged(rows: Sequence[torch.Tensor], batch: TensorDict) -> torch.Tensor:
     """Per-token ``rows`` as a jagged field on ``batch``'s offsets."""
     return torch.nested.nested_tensor_from_jagged(torch.cat(list(rows)), offsets=batch["input_ids"].offsets())
+
+
+def add_rollout_fields(
+    batch: TensorDict, responses: torch.Tensor, output: RolloutOutput, versions: Versions
+) -> None:
+    """Set what the update reads of the rollout on ``batch`` (``responses``: :func:`response_batch`'s marks): each
+    token's weight version (``token_versions``), the rollout's log-probs (``rollout_log_probs``, 0 on prompt
+    tokens) and, under router replay, its routed experts (``routed_experts``)."""
+    lengths = torch.tensor([len(r) for r in output.responses], dtype=torch.long)
+    prompt_lengths = batch["input_ids"].offsets().diff() - lengths
+    batch["token_versions"] = jagged(versions.token_field(prompt_lengths.tolist()), batch)
+    rollout_log_probs = torch.zeros(batch["input_ids"].values().numel())
+    if output.log_probs:
+        rollout_log_probs[responses] = torch.cat(list(output.log_probs)).float()
+    batch["rollout_log_probs"] = jagged([rollout_log_probs], batch)
+    if output.routed_experts is not None:  # router replay: the actor routes through the rollout's experts
+        batch[ROUTED_EXPERTS] = jagged(output.routed_experts, batch)

@@ -135,6 +135,23 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         # ... and so is a reward function that does not load.
         load_rewards(config.algorithm.rewards())
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
+        self._load_prompts()
+        self.actor = self.make_actor(self.model_path)
+        self.reference = self.make_reference(self.actor, self.model_path)
+        self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
+        self.scorer = self.make_scorer()
+        self.sampler = StepSampler(
+            len(self.train),
+            config.trainer.prompts_per_step,
+            config.trainer.seed,
+            setting="trainer.prompts_per_step",
+        )
+        return self.actor.engine
+
+    def _load_prompts(self) -> None:
+        """The tokenizer and the train and held-out prompts of the start policy, checked against the rollout's
+        length and the reward functions' keywords; the run folder told what the data is."""
+        config = self.config
         self.tokenizer, self.train, self.val = load_splits(
             self.model_path,
             config.data,
@@ -148,17 +165,6 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         check_reward_inputs(config.algorithm.rewards(), self.train + self.val)
         warn_unreachable_answers(self.train, config.rollout.max_new_tokens, self.tokenizer.eos_token_id)
         self.folder = self.folder.for_data(e.token_ids for e in self.train)
-        self.actor = self.make_actor(self.model_path)
-        self.reference = self.make_reference(self.actor, self.model_path)
-        self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
-        self.scorer = self.make_scorer()
-        self.sampler = StepSampler(
-            len(self.train),
-            config.trainer.prompts_per_step,
-            config.trainer.seed,
-            setting="trainer.prompts_per_step",
-        )
-        return self.actor.engine
 
     def _engine(self, model_path: str, *, train: bool) -> Engine:
         from drivetrain_engine_core.factory import create_engine
