@@ -72,7 +72,7 @@ def model_facts(model_dir: Path) -> dict[str, Any]:
 
 
 def default_bucket_bytes() -> int:
-    """The jobs' bucket size: ``rollout.bucket_mb``'s default, in bytes, as ``grpo.step.hand_off`` converts it."""
+    """The jobs' bucket size: ``rollout.bucket_mb``'s default, in bytes, as ``rl.sampling.hand_off`` converts it."""
     from drivetrain_roles.rl.rollout_config import RolloutConfig
 
     return int(RolloutConfig().bucket_mb * 2**20)
