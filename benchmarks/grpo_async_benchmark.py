@@ -51,7 +51,7 @@ def size_overrides(args: argparse.Namespace) -> list[str]:
 def warm_start(directory: Path, sizes: list[str], tiny: bool) -> str:
     """The embedded job's SFT warm start, made once for every mode."""
     from drivetrain_roles.grpo.config import load_config
-    from drivetrain_roles.grpo.warm_start import start_model
+    from drivetrain_roles.rl.warm_start import start_model
 
     steps = ["trainer.warm_start_steps=3"] if tiny else []
     config = load_config(None, [*sizes, *steps, "trainer.progress_bar=false"])

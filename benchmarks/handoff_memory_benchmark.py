@@ -72,8 +72,8 @@ def model_facts(model_dir: Path) -> dict[str, Any]:
 
 
 def default_bucket_bytes() -> int:
-    """The jobs' bucket size: ``rollout.bucket_mb``'s default, in bytes, as ``grpo.step.hand_off`` converts it."""
-    from drivetrain_roles.grpo.rollout_config import RolloutConfig
+    """The jobs' bucket size: ``rollout.bucket_mb``'s default, in bytes, as ``rl.sampling.hand_off`` converts it."""
+    from drivetrain_roles.rl.rollout_config import RolloutConfig
 
     return int(RolloutConfig().bucket_mb * 2**20)
 
@@ -115,7 +115,7 @@ def sample(rollout: Any, seed: int) -> None:
     something reads them they are not in the resident set, and a first hand-off into an unread model would count
     the rollout's own weights as the hand-off's growth.
     """
-    from drivetrain_roles.grpo.rollout_config import RolloutConfig
+    from drivetrain_roles.rl.rollout_config import RolloutConfig
 
     prompts = [[1 + (i * 7 + j) % 50 for j in range(16)] for i in range(4)]
     rollout.generate(prompts, RolloutConfig().sampling(seed=seed))

@@ -3,7 +3,8 @@
 Read with grimp (the graph import-linter uses), which sees every ``import`` statement, including the lazy ones
 inside functions. Imports under ``if TYPE_CHECKING:`` are left out of the circle check: they never run, and an
 annotation naming a higher class (the checkpoint helpers' ``engine: Engine``) is not a load-order dependency.
-The floor check counts them too: core does not even name a sibling's types.
+The floor check counts them too: core does not even name a sibling's types, and neither RL command (``grpo``,
+``ppo``) names the other's: what both need is ``drivetrain_roles.rl``'s.
 """
 
 from __future__ import annotations
@@ -61,3 +62,28 @@ def test_core_imports_no_sibling_and_the_others_only_core() -> None:
                 continue
             chains = graph.find_shortest_chains(importer=importer, imported=imported, as_packages=True)
             assert not chains, f"{importer} must not import {imported}: {sorted(chains)}"
+
+
+# NOTE: the RL commands are siblings over ``drivetrain_roles.rl``: what both need lives there, so that neither
+# command's internals become the other's API (and a third RL command needs neither).
+SIBLING_COMMANDS = ("drivetrain_roles.grpo", "drivetrain_roles.ppo")
+
+
+@pytest.fixture(scope="module")
+def roles_graph() -> grimp.ImportGraph:
+    """Every import of ``drivetrain_roles``, those under ``if TYPE_CHECKING:`` included."""
+    return grimp.build_graph("drivetrain_roles", cache_dir=None)
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [SIBLING_COMMANDS, tuple(reversed(SIBLING_COMMANDS))],
+    ids=["grpo-ppo", "ppo-grpo"],
+)
+def test_rl_commands_do_not_import_each_other(
+    roles_graph: grimp.ImportGraph, importer: str, imported: str
+) -> None:
+    chains = roles_graph.find_shortest_chains(importer=importer, imported=imported, as_packages=True)
+    assert not chains, (
+        f"{importer} must not import {imported} (share it through drivetrain_roles.rl): {sorted(chains)}"
+    )

@@ -34,10 +34,10 @@ def _engine(backend: str, path: str, model_type: str):
 def _curve(backend: str, policy: str, value_model: str) -> list[dict[str, float]]:
     from drivetrain_roles.actor import Actor, ActorConfig
     from drivetrain_roles.critic import Critic, CriticConfig
-    from drivetrain_roles.grpo.step import RolloutBatch
     from drivetrain_roles.mini_batches import UpdateSchedule
     from drivetrain_roles.ppo.config import load_config
     from drivetrain_roles.ppo.step import update
+    from drivetrain_roles.rl.batch import RolloutBatch
 
     algorithm = load_config(
         None, ["algorithm.use_kl_in_reward=false", "algorithm.lam=0.9", "algorithm.ppo_mini_batches=1"]

@@ -18,24 +18,18 @@ from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.rewards import RewardError, compute_rewards, exact_answer_rewards, group_advantages
-from drivetrain_roles.grpo.step import (
-    RolloutBatch,
-    RolloutStatistics,
-    log_prob_gap,
-    mismatch_kl_sum,
-    rollout_batch,
-    sample,
-    sampling_config,
-    score,
-    update,
-)
+from drivetrain_roles.grpo.step import rollout_batch, sample, score, update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import (
     build_arithmetic_tokenizer,
     write_model_dir,
 )
+from drivetrain_roles.rl.advantage_estimators import group_advantages
+from drivetrain_roles.rl.batch import RolloutBatch
+from drivetrain_roles.rl.policy_update import RolloutStatistics, log_prob_gap, mismatch_kl_sum
+from drivetrain_roles.rl.rewards import RewardError, compute_rewards, exact_answer_rewards
+from drivetrain_roles.rl.sampling import sampling_config
 from drivetrain_roles.rollout.hf import HFRollout
 from tensordict import TensorDict
 
@@ -202,7 +196,7 @@ def test_a_reward_function_from_a_file_scores_the_samples(tmp_path, arithmetic_p
     assert exact.rewards.tolist() == [
         float(a == examples[i // 2].response_text) for i, a in enumerate(["1", "12", "3", "456"])
     ]
-    module = "drivetrain_roles.grpo.rewards:exact_match_reward"
+    module = "drivetrain_roles.rl.rewards:exact_match_reward"
     assert (
         score(
             examples, output, tokenizer, load_config(None, [f"algorithm.reward_function={module}"])
@@ -309,9 +303,9 @@ def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front
 def test_a_rollout_that_is_not_installed_is_refused_before_the_warm_start(tmp_path, monkeypatch):
     """``rollout.name=vllm`` passed the config checks and failed only after the SFT warm start."""
     from drivetrain_engine_core.errors import PluginError
-    from drivetrain_roles.grpo import trainer as grpo_trainer
+    from drivetrain_roles.rl import policy_trainer
 
-    monkeypatch.setattr(grpo_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
+    monkeypatch.setattr(policy_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
     config = load_config(None, ["rollout.name=vllm", "trainer.progress_bar=false"])
     with pytest.raises(PluginError, match=r"vllm"):
         GRPOTrainer(config, tmp_path / "run").run()
@@ -441,7 +435,7 @@ def test_the_warm_start_is_reused_only_by_a_resumed_run(monkeypatch, tmp_path) -
     """The embedded job's SFT warm start ran once per run folder: a new ``--overwrite`` run with other warm-start
     steps, seed or data silently started from the old one, and one cut short after writing ``config.json``
     was reused forever. Now only a resumed run reuses it, and only a finished one (its ``summary.json``)."""
-    from drivetrain_roles.grpo.warm_start import start_model
+    from drivetrain_roles.rl.warm_start import start_model
     from drivetrain_roles.sft import warm_start
 
     runs = []

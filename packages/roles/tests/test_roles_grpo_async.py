@@ -21,13 +21,13 @@ from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_roles.grpo import trainer as trainer_module
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.pipeline import RolloutPipeline, RolloutThreadError
 from drivetrain_roles.grpo.step import rollout_batch
 from drivetrain_roles.grpo.trainer import GRPOTrainer
-from drivetrain_roles.grpo.versions import Versions, staleness_metrics
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import write_model_dir
 from drivetrain_roles.losses.policy import PolicyLossConfig, policy_loss_fn
+from drivetrain_roles.rl.pipeline import RolloutPipeline, RolloutThreadError
+from drivetrain_roles.rl.versions import Versions, staleness_metrics
 
 CAP = 2.0
 LENGTH_REWARD = """def length(*, prompts, completions, references):
@@ -284,7 +284,7 @@ def test_a_rollout_failing_mid_run_is_named_and_the_run_resumes_from_its_checkpo
     """The rollout thread dies generating step 1's batch while step 0 trains: the run stops with one error
     naming the step and version, after step 0's checkpoint; the resumed run generates step 1's batch again
     (from the checkpoint's weights) and trains it once."""
-    from drivetrain_roles.grpo.step import SEED_STRIDE
+    from drivetrain_roles.rl.sampling import SEED_STRIDE
     from drivetrain_roles.rollout.hf import HFRollout
 
     generate = HFRollout._generate

@@ -22,13 +22,16 @@ import torch
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.controller import ColocatedGRPO, colocated_spec
 from drivetrain_roles.grpo.disaggregated import DisaggregatedGRPO
-from drivetrain_roles.grpo.rewards import group_advantages
-from drivetrain_roles.grpo.step import RolloutBatch, log_prob_gap, sampling_config, update
+from drivetrain_roles.grpo.step import update
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.default_assets import (
     build_arithmetic_tokenizer,
     write_model_dir,
 )
+from drivetrain_roles.rl.advantage_estimators import group_advantages
+from drivetrain_roles.rl.batch import RolloutBatch
+from drivetrain_roles.rl.policy_update import log_prob_gap
+from drivetrain_roles.rl.sampling import sampling_config
 from drivetrain_roles.workers import ColocatedWorkerGroup, WorkerGroupError
 
 N, KL_COEF = 4, 0.1

@@ -8,16 +8,16 @@ import json
 
 import pytest
 import torch
-from drivetrain_roles.grpo import rewards
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.rewards import RewardError, compute_rewards
-from drivetrain_roles.grpo.step_credit import MALFORMED, step_credit, step_credit_reward
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.assets import ModelPathError, check_model_path, load_splits, resolve_model_path
 from drivetrain_roles.jobs.builtin_tasks import MULTISTEP
 from drivetrain_roles.jobs.multistep_task import SYSTEM_PROMPT, TURN_END, build_multistep_tokenizer
 from drivetrain_roles.ppo.config import load_config as load_ppo_config
 from drivetrain_roles.ppo.trainer import PPOTrainer
+from drivetrain_roles.rl import rewards
+from drivetrain_roles.rl.rewards import RewardError, compute_rewards
+from drivetrain_roles.rl.step_credit import MALFORMED, step_credit, step_credit_reward
 
 REFERENCE = "7+5=12; 12*3=36; 36-4=32; answer: 32"
 

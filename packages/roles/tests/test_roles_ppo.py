@@ -16,7 +16,6 @@ import pytest
 import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
-from drivetrain_roles.grpo.step import RolloutBatch
 from drivetrain_roles.jobs.default_assets import (
     build_arithmetic_tokenizer,
     write_model_dir,
@@ -24,6 +23,7 @@ from drivetrain_roles.jobs.default_assets import (
 from drivetrain_roles.ppo.config import load_config
 from drivetrain_roles.ppo.step import sample, update
 from drivetrain_roles.ppo.trainer import CRITIC_START_DIR, PPOTrainer
+from drivetrain_roles.rl.batch import RolloutBatch
 from drivetrain_roles.rollout.hf import HFRollout
 
 N, TEMPERATURE, KL_COEF, KL_LOSS_COEF, GAMMA, LAM, CLIP_VALUE = 2, 0.8, 0.1, 0.05, 0.9, 0.8, 0.5

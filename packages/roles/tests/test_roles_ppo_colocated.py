@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_roles.grpo.step import RolloutBatch
 from drivetrain_roles.jobs.default_assets import (
     build_arithmetic_tokenizer,
     write_model_dir,
@@ -18,6 +17,7 @@ from drivetrain_roles.ppo.config import load_config
 from drivetrain_roles.ppo.controller import ColocatedPPO, colocated_spec
 from drivetrain_roles.ppo.step import update
 from drivetrain_roles.ppo.trainer import PPOTrainer
+from drivetrain_roles.rl.batch import RolloutBatch
 from drivetrain_roles.workers import ColocatedWorkerGroup
 
 SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])

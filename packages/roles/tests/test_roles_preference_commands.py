@@ -137,8 +137,8 @@ def test_a_users_model_gets_lengths_that_hold_real_text(command) -> None:
 
 
 def test_answers_longer_than_a_response_may_be_are_warned_about(caplog) -> None:
-    from drivetrain_roles.grpo.prompt_checks import warn_unreachable_answers
     from drivetrain_roles.jobs.data import Example
+    from drivetrain_roles.rl.prompt_checks import warn_unreachable_answers
 
     def example(answer_tokens: int) -> Example:
         return Example(

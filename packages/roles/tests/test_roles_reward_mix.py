@@ -12,9 +12,10 @@ import pytest
 import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.reward_inputs import RewardInputs
-from drivetrain_roles.grpo.reward_settings import RewardSettings
-from drivetrain_roles.grpo.rewards import (
+from drivetrain_roles.jobs.data import Example
+from drivetrain_roles.rl.reward_inputs import RewardInputs
+from drivetrain_roles.rl.reward_settings import RewardSettings
+from drivetrain_roles.rl.rewards import (
     RewardError,
     check_reward_inputs,
     compute_rewards,
@@ -22,7 +23,6 @@ from drivetrain_roles.grpo.rewards import (
     reward_metrics,
     score_completions,
 )
-from drivetrain_roles.jobs.data import Example
 
 FUNCTIONS = '''
 import threading

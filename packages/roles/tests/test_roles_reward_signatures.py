@@ -7,16 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from drivetrain_roles.grpo.reward_inputs import RewardInputs
-from drivetrain_roles.grpo.reward_settings import RewardSettings
-from drivetrain_roles.grpo.rewards import (
+from drivetrain_roles.jobs.data import Example
+from drivetrain_roles.rl.reward_inputs import RewardInputs
+from drivetrain_roles.rl.reward_settings import RewardSettings
+from drivetrain_roles.rl.rewards import (
     RewardError,
     check_reward_inputs,
     compute_rewards,
     load_reward_function,
     score_completions,
 )
-from drivetrain_roles.jobs.data import Example
 
 PEER_FUNCTIONS = '''
 def my_reward_fn(data_source, solution_str, ground_truth, extra_info=None):

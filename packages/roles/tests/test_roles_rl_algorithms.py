@@ -17,12 +17,12 @@ from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.batch import jagged
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.rollout import RolloutOutput
-from drivetrain_roles.advantage_estimators import AdvantageConfig, outcome_advantages
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.step import rollout_batch
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.losses import FlatTokens, PolicyLossConfig, aggregate, kl_penalty, policy_loss_fn
-from drivetrain_roles.reward_shaping import equal_reward_groups, overlong_penalty
+from drivetrain_roles.rl.advantage_estimators import AdvantageConfig, outcome_advantages
+from drivetrain_roles.rl.reward_shaping import equal_reward_groups, overlong_penalty
 from tensordict import TensorDict
 
 # Two groups of three responses. Prompt tokens have mask 0; the last response has a masked token inside it (a

@@ -16,10 +16,10 @@ from drivetrain_engine_core.rollout import RolloutOptions
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.rollout_plugin import build_rollout
 from drivetrain_roles.grpo.trainer import GRPOTrainer
 from drivetrain_roles.jobs.default_assets import write_model_dir
 from drivetrain_roles.ppo.config import load_config as load_ppo_config
+from drivetrain_roles.rl.rollout_plugin import build_rollout
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.runtime.command_config import to_yaml
 from transformers import AutoTokenizer
@@ -89,9 +89,9 @@ def test_options_from_the_command_line_and_yaml_reach_the_rollout_as_its_datacla
 
 
 def test_an_option_the_rollout_does_not_take_is_refused_before_the_warm_start(tmp_path, monkeypatch):
-    from drivetrain_roles.grpo import trainer as grpo_trainer
+    from drivetrain_roles.rl import policy_trainer
 
-    monkeypatch.setattr(grpo_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
+    monkeypatch.setattr(policy_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
     config = load_config(None, ["rollout.options.request_timeout_s=600", "trainer.progress_bar=false"])
     version = importlib.metadata.version("drivetrain-roles")
     with pytest.raises(ConfigError) as error:

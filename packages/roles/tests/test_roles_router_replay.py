@@ -26,7 +26,7 @@ from drivetrain_engine_core.testing import (
     plain_hf_top_k,
 )
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.grpo.router_replay import check_router_replay
+from drivetrain_roles.rl.router_replay import check_router_replay
 from drivetrain_roles.rollout.hf import HFRollout
 from drivetrain_roles.workers.dispatch import WorkerTopology
 from drivetrain_roles.workers.generation import merged_output

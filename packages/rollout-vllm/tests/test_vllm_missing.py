@@ -75,11 +75,12 @@ def test_a_job_on_a_server_python_without_vllm_stops_before_its_warm_start(
     one error naming it when the job checks its rollout, not after minutes of SFT warm start."""
     from drivetrain_roles.grpo import trainer as grpo_trainer
     from drivetrain_roles.grpo.config import load_config
+    from drivetrain_roles.rl import policy_trainer
 
     monkeypatch.setenv(PYTHON_VARIABLE, python_without_vllm)
     # The check runs when the rollout's module is imported (on lookup), as in a fresh `drivetrain grpo`.
     monkeypatch.delitem(sys.modules, "drivetrain_rollout_vllm.client", raising=False)
-    monkeypatch.setattr(grpo_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
+    monkeypatch.setattr(policy_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
     config = load_config(None, ["rollout.name=vllm-server", "trainer.progress_bar=false"])
     with pytest.raises(PluginError) as error:
         grpo_trainer.GRPOTrainer(config, tmp_path / "run").run()

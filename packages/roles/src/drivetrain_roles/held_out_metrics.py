@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 from drivetrain_engine_core.config import ConfigError
 
-from .grpo.reward_inputs import RewardInputs
-from .grpo.reward_runner import Outcome, run_rewards
-from .grpo.reward_settings import RewardSettings, reward_names
-from .grpo.reward_signatures import LoadedReward, RewardError
-from .grpo.rewards import load_rewards, refuse_missing_keywords
 from .jobs.curves import Panel, Series
 from .jobs.data import Example
+from .rl.reward_inputs import RewardInputs
+from .rl.reward_runner import Outcome, run_rewards
+from .rl.reward_settings import RewardSettings, reward_names
+from .rl.reward_signatures import LoadedReward, RewardError
+from .rl.rewards import load_rewards, refuse_missing_keywords
 
 TIMEOUT_S = 300.0
 """How long the measures may take together over one evaluation's answers."""

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from drivetrain_engine_core.lazy import lazy_getattr
 
+# Modules under ``drivetrain_roles``: GRPO's estimator lives in the RL layer, beside RLOO and REINFORCE++.
 _EXPORTS = {
-    "ColocatedGRPO": "controller",
-    "GRPOConfig": "config",
-    "GRPOResult": "trainer",
-    "GRPOTrainer": "trainer",
-    "group_advantages": "rewards",
-    "load_config": "config",
+    "ColocatedGRPO": "grpo.controller",
+    "GRPOConfig": "grpo.config",
+    "GRPOResult": "grpo.trainer",
+    "GRPOTrainer": "grpo.trainer",
+    "group_advantages": "rl.advantage_estimators",
+    "load_config": "grpo.config",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__ = lazy_getattr(__name__, _EXPORTS)
+__getattr__ = lazy_getattr("drivetrain_roles", _EXPORTS)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from drivetrain_engine_core.config import ConfigError
 
-from ..advantage_config import OUTCOME_ESTIMATORS, AdvantageConfig
-from ..algorithm_section import AlgorithmSection
 from ..losses.config import PolicyLossConfig
+from ..rl.advantage_config import OUTCOME_ESTIMATORS, AdvantageConfig
+from ..rl.algorithm_section import AlgorithmSection
 
 DEFAULT_ROLLOUT_IS_CAP = 2.0
 """``algorithm.rollout_is_cap`` when a mode other than ``sync`` leaves it unset (verl's and the TIS paper's)."""

@@ -4,9 +4,9 @@ Loading is the job runtime's command config layer (:mod:`drivetrain_roles.runtim
 embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to a policy that is sometimes
 right (10-23% held-out accuracy), then trained by GRPO with an exact-answer reward.
 
-Each section lives in a module of its own (``rollout_config``, ``algorithm_config``, ``trainer_config``; what
-``grpo`` shares with ``ppo`` across sections in ``policy_job``); their names are re-exported here, where users
-import them from.
+GRPO's own section is ``algorithm_config``; the sections and checks it shares with ``ppo`` live in
+:mod:`drivetrain_roles.rl` (``rollout_config``, ``trainer_config``, ``job_config``); their names are re-exported
+here, where users import them from.
 """
 
 from __future__ import annotations
@@ -16,13 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from drivetrain_engine_core.config import (
-    CheckpointConfig,
-    EngineConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-)
+from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
@@ -32,36 +26,28 @@ from ..command_sections import (
     merged_sections,
     model_defaults,
 )
+from ..rl.job_config import (
+    POLICY_WARMUP_STEPS,
+    USER_MODEL_LR,
+    PolicyJobConfig,
+    RolloutJobConfig,
+    check_mini_batch_share,
+    check_sections,
+)
+
+# NOTE: the shared defaults keep their private names here, as GRPOConfig's (API-checked) signature shows them.
+from ..rl.job_config import default_checkpoint as _default_checkpoint
+from ..rl.job_config import default_engine as _default_engine
+from ..rl.rollout_config import RolloutConfig
+from ..rl.trainer_config import TRAINER_MODES, TrainerConfig, choose_mode, generation_lag
 from .algorithm_config import DEFAULT_ROLLOUT_IS_CAP, AlgorithmConfig
-from .policy_job import PolicyJobConfig, RolloutJobConfig, check_mini_batch_share, check_sections
-from .rollout_config import RolloutConfig
-from .trainer_config import TRAINER_MODES, TrainerConfig, choose_mode, generation_lag
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
-# NOTE: ppo shares these defaults; the names stay private, as GRPOConfig's (API-checked) signature shows them.
-def _default_engine() -> EngineConfig:
-    """The engine section of ``grpo`` and ``ppo``: micro-batches cut by a budget of 4096 tokens."""
-    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=4096))
-
-
-USER_MODEL_LR = 1e-6
-"""The GRPO learning rate of any model but the embedded one (verl's actor default, TRL's ``GRPOConfig``)."""
-
-
-POLICY_WARMUP_STEPS = 10
-"""The policy's LR warm-up of ``grpo`` and ``ppo`` unless ``optimizer.warmup_steps`` is set."""
-
-
 def _default_optimizer() -> RunOptimizerConfig:
     return RunOptimizerConfig(lr=2e-4, weight_decay=0.0, clip_grad=1.0, lr_schedule="constant")
-
-
-def _default_checkpoint() -> CheckpointConfig:
-    """The checkpoint section of ``grpo`` and ``ppo``: the last two steps kept."""
-    return CheckpointConfig(max_ckpt_to_keep=2)
 
 
 @dataclass(kw_only=True, frozen=True)

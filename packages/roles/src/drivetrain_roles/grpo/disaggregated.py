@@ -5,8 +5,8 @@ updates; the rollout group (:class:`~..workers.RolloutWorkerGroup`) generates. T
 step ``j`` as soon as the rollouts serve a version ``>= j - lag`` (``lag``: ``trainer.mode``'s, 0 in ``sync``),
 so the rollouts generate while the trainer trains; after each update the trainer group streams the new version
 to the rollouts, which take it after the batch in flight. The step logic is :mod:`.step`'s (the same
-``score`` and ``update_with`` as the colocated and single-process loops), with the per-token versions and
-staleness bound of :mod:`.versions`.
+``rollout_batch`` and ``update_with`` as the colocated and single-process loops), with the per-token versions and
+staleness bound of :mod:`drivetrain_roles.rl.versions`.
 
 Example::
 
@@ -23,12 +23,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ..jobs.data import Example
+from ..rl.sampling import SEED_STRIDE, sampling_config
+from ..rl.scoring import answer_rewards
+from ..rl.step_record import controller_record
+from ..rl.trainer_config import generation_lag
+from ..rl.versions import Versions, staleness_metrics
 from ..workers import RolloutGroupSpec, RolloutWorkerGroup
-from .config import GRPOConfig, generation_lag
+from .config import GRPOConfig
 from .controller import ColocatedGRPO, colocated_spec
-from .rewards import reward_metrics
-from .step import SEED_STRIDE, answer_rewards, rollout_batch, sampling_config
-from .versions import Versions, staleness_metrics
+from .step import rollout_batch
 
 
 class DisaggregatedGRPO:
@@ -116,10 +119,8 @@ class DisaggregatedGRPO:
         ended = time.perf_counter()
         waited = taken - started
         return {
-            **metrics,
+            **controller_record(samples, metrics),
             **staleness_metrics(versions, dropped_sequences=samples.dropped_groups * output.n),
-            "train/reward": float(samples.rewards.mean()),
-            **reward_metrics(scores),
             "perf/wait_s": waited,
             "perf/generating_s": generating,
             "perf/training_s": ended - taken,

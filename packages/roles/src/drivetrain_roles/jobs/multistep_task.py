@@ -5,7 +5,7 @@ one has the shape of real post-training: every prompt is a conversation rendered
 with the tokenizer (``tokenizer.apply_chat_template``), opening with the same system prompt of over 300 tokens (more
 than two 128-token KV blocks, shared by every request); answers are 20-100 tokens of working ending with the
 template's turn end ``<|im_end|>``, which is not the tokenizer's EOS (as in a base model's tokenizer); the reward
-(:mod:`drivetrain_roles.grpo.step_credit`) is graded: partial credit per step, negative for malformed output.
+(:mod:`drivetrain_roles.rl.step_credit`) is graded: partial credit per step, negative for malformed output.
 
 The tokenizer is byte-level BPE without merges (one token per character), like Qwen's with its pre-tokenizer
 and special tokens, so that loading it back as ``Qwen2Tokenizer`` (what transformers 5 does for the model type)
@@ -21,7 +21,7 @@ from .default_assets import write_splits
 
 NAME = "multistep"
 REWARD_FUNCTION = "step_credit"
-"""The task's graded reward in ``algorithm.reward_function`` (:mod:`drivetrain_roles.grpo.step_credit`)."""
+"""The task's graded reward in ``algorithm.reward_function`` (:mod:`drivetrain_roles.rl.step_credit`)."""
 
 EOS, TURN_START, TURN_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHARACTERS = "\n !'(),-.:;=?*+/0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -22,8 +22,6 @@ from drivetrain_engine_core.config import (
     OptimizerConfig,
 )
 
-from ..advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
-from ..algorithm_section import AlgorithmSection
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     DataConfig,
@@ -31,17 +29,21 @@ from ..command_sections import (
     builtin_model,
     model_defaults,
 )
-from ..grpo.config import (
-    POLICY_WARMUP_STEPS,
-    USER_MODEL_LR,
-    _default_checkpoint,
-    _default_engine,
-    check_sections,
-)
-from ..grpo.config import RolloutConfig as GRPORolloutConfig
-from ..grpo.config import TrainerConfig as GRPOTrainerConfig
 from ..losses.config import ValueLossConfig
 from ..losses.names import canonical_estimator, choose
+from ..rl.advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
+from ..rl.algorithm_section import AlgorithmSection
+from ..rl.job_config import (
+    POLICY_WARMUP_STEPS,
+    USER_MODEL_LR,
+    check_sections,
+)
+
+# NOTE: the shared defaults keep their private names here, as PPOConfig's signature shows them.
+from ..rl.job_config import default_checkpoint as _default_checkpoint
+from ..rl.job_config import default_engine as _default_engine
+from ..rl.rollout_config import RolloutConfig as SharedRolloutConfig
+from ..rl.trainer_config import TrainerConfig as SharedTrainerConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -54,9 +56,9 @@ USER_MODEL_CRITIC_LR = 1e-5
 
 
 @dataclass(kw_only=True, frozen=True)
-class RolloutConfig(GRPORolloutConfig):
-    """How responses are sampled (GRPO's section: PPO's critic gives each response its own baseline, so one
-    response per prompt is enough).
+class RolloutConfig(SharedRolloutConfig):
+    """How responses are sampled (the shared section of :mod:`drivetrain_roles.rl.rollout_config`: PPO's critic
+    gives each response its own baseline, so one response per prompt is enough).
 
     Attributes:
         n: responses per prompt (each is scored against the critic's values, not against its group).
@@ -221,8 +223,8 @@ class CriticConfig:
 
 
 @dataclass(kw_only=True, frozen=True)
-class TrainerConfig(GRPOTrainerConfig):
-    """The PPO loop; GRPO's fields, plus the critic's warm-up.
+class TrainerConfig(SharedTrainerConfig):
+    """The PPO loop: the shared fields (:mod:`drivetrain_roles.rl.trainer_config`), plus the critic's warm-up.
 
     Attributes:
         total_steps: PPO steps (each: one rollout, the critic's update, the actor's update, one weight hand-off).

@@ -1,9 +1,10 @@
 """PPO through one colocated Ray worker group: a single controller drives actor, critic, reference and rollout.
 
-As :mod:`drivetrain_roles.grpo.controller`: the driver holds the prompts and the step logic of :mod:`.step`
-(:func:`.step.update_with`, the function the single-process trainer calls too), the workers hold the engines
-(``actor``, ``critic``, ``reference`` when a KL term reads it) and the rollouts. GAE, whitening and the KL
-statistics run on the driver over the whole batch; only token ids, log-probs, values and metrics cross to it.
+As for ``drivetrain grpo`` (:mod:`drivetrain_roles.rl.controller`, the base both share): the driver holds the
+prompts and the step logic of :mod:`.step` (:func:`.step.update_with`, the function the single-process trainer
+calls too), the workers hold the engines (``actor``, ``critic``, ``reference`` when a KL term reads it) and the
+rollouts. GAE, whitening and the KL statistics run on the driver over the whole batch; only token ids, log-probs,
+values and metrics cross to it.
 
 Example::
 
@@ -22,11 +23,11 @@ from pathlib import Path
 from typing import Any, Self
 
 from ..critic import CriticConfig
-from ..grpo.controller import ColocatedController
-from ..grpo.controller import colocated_spec as grpo_colocated_spec
-from ..grpo.rewards import load_rewards, reward_metrics
-from ..grpo.step import PolicyCalls, RolloutBatch, answer_rewards
 from ..jobs.data import Example
+from ..rl.batch import RolloutBatch
+from ..rl.controller import ColocatedController, policy_spec
+from ..rl.scoring import answer_rewards
+from ..rl.step_record import controller_record
 from ..rm.export import write_value_model_start
 from ..workers import ColocatedSpec, ColocatedWorkerGroup
 from .config import PPOConfig
@@ -34,21 +35,16 @@ from .step import PPOCalls, scored_batch, update_with
 
 
 def colocated_spec(config: PPOConfig, critic_dir: str | Path) -> ColocatedSpec:
-    """GRPO's parts and rollout (and its refusals: the ``builtin:`` model, LoRA), with the reference when a KL
-    term reads it and the ``critic``: a value model started in ``critic_dir`` from ``model.path`` with a fresh
-    head, on the actor's engine settings, with the actor's mini-batches.
+    """The shared policy parts and rollout (and their refusals: the ``builtin:`` model, LoRA), with the
+    reference when a KL term reads it, and the ``critic``: a value model started in ``critic_dir`` from
+    ``model.path`` with a fresh head, on the actor's engine settings, with the actor's mini-batches.
 
     Raises:
-        ConfigError: see :func:`drivetrain_roles.grpo.controller.colocated_spec`.
+        ConfigError: see :func:`drivetrain_roles.rl.controller.policy_spec`.
     """
-    base = grpo_colocated_spec(config)
-    actor = base.parts["actor"]
-    parts = {"actor": actor}
-    if config.algorithm.needs_reference:
-        temperature = {"temperature": config.rollout.temperature}
-        parts["reference"] = dataclasses.replace(
-            actor, role="reference", optimizer_config=None, role_config=temperature
-        )
+    base = policy_spec(config, reference=config.algorithm.needs_reference)
+    parts = dict(base.parts)
+    actor = parts["actor"]
     start = write_value_model_start(actor.model_config.path, Path(critic_dir))
     parts["critic"] = dataclasses.replace(
         actor,
@@ -82,15 +78,12 @@ class ColocatedPPO(ColocatedController):
         cls, config: PPOConfig, *, world_size: int, critic_dir: str | Path, **group_options: Any
     ) -> Self:
         """Start the group of :func:`colocated_spec` (``group_options`` go to the group) and the controller."""
-        from ..grpo.config import check_mini_batch_share
-        from ..jobs.assets import load_tokenizer
-
-        check_mini_batch_share(config, world_size)
-        load_rewards(config.algorithm.rewards())  # before the workers start
-        spec = colocated_spec(config, critic_dir)
-        actor = spec.parts["actor"].model_config
-        tokenizer = load_tokenizer(actor.path, trust_remote_code=actor.trust_remote_code)
-        return cls(ColocatedWorkerGroup(spec, world_size=world_size, **group_options), config, tokenizer)
+        return cls._launch(
+            config,
+            lambda: colocated_spec(config, critic_dir),
+            world_size=world_size,
+            group_options=group_options,
+        )
 
     def sample(self, step: int, examples: Sequence[Example]) -> RolloutBatch:
         """Sample ``examples`` on the workers' rollouts (:meth:`generate`) and score them on the driver."""
@@ -100,15 +93,9 @@ class ColocatedPPO(ColocatedController):
 
     def update(self, samples: RolloutBatch, *, train_actor: bool = True) -> dict[str, float]:
         """Log-probs, values, GAE on the driver, the critic's update and (``train_actor``) the actor's."""
-        call, parts = self.group.call, self.group.topologies
+        call = self.group.call
         calls = PPOCalls(
-            policy=PolicyCalls(
-                compute_log_prob=partial(call, "actor", "compute_log_prob"),
-                compute_ref_log_prob=partial(call, "reference", "compute_ref_log_prob")
-                if "reference" in parts
-                else None,
-                update_policy=partial(call, "actor", "update_policy"),
-            ),
+            policy=self.policy_calls(),
             compute_values=partial(call, "critic", "compute_values"),
             update_critic=partial(call, "critic", "update_critic"),
         )
@@ -128,7 +115,7 @@ class ColocatedPPO(ColocatedController):
         metrics = self.update(samples, train_actor=train_actor)
         if train_actor:
             self.group.sync_rollout(step + 1)
-        return {**metrics, **reward_metrics(samples.scores), "train/reward": float(samples.rewards.mean())}
+        return controller_record(samples, metrics)
 
 
 __all__ = ["ColocatedPPO", "colocated_spec"]

@@ -7,8 +7,8 @@ the actor recomputes the old log-probs, the reference its log-probs (when a KL t
 its values; the score, on each response's last token, less ``kl_ctrl``'s coefficient x the KL to the reference
 on every token (``algorithm.use_kl_in_reward``), gives GAE's advantages (whitened over every rank's tokens) and
 the critic's returns; then the critic's clipped value update and, after ``trainer.critic_warmup`` steps, the
-actor's. Sampling, rewards, the batch, the rollout statistics and the weight hand-off are ``drivetrain grpo``'s
-(:mod:`drivetrain_roles.grpo.step`).
+actor's. Sampling, rewards, the batch, the rollout statistics and the weight hand-off are the RL layer's, shared
+with ``drivetrain grpo`` (:mod:`drivetrain_roles.rl`).
 """
 
 from __future__ import annotations
@@ -26,18 +26,14 @@ from torch.distributed import ProcessGroup
 from ..actor import Actor
 from ..advantages import apply_kl_penalty, compute_gae, token_rewards, whiten
 from ..critic import Critic
-from ..grpo.rewards import Scores
-from ..grpo.step import (
-    PolicyCalls,
-    RolloutBatch,
-    RolloutStatistics,
-    answer_rewards,
-    response_batch,
-    sampling_config,
-)
 from ..jobs.data import Example
 from ..reference import Reference
-from ..reward_shaping import overlong_penalty
+from ..rl.batch import RolloutBatch, response_batch
+from ..rl.policy_update import PolicyCalls, RolloutStatistics, policy_calls
+from ..rl.reward_shaping import penalised_rewards
+from ..rl.rewards import Scores
+from ..rl.sampling import sampling_config
+from ..rl.scoring import answer_rewards
 from .config import AlgorithmConfig, PPOConfig
 from .statistics import value_statistics
 
@@ -49,7 +45,7 @@ class PPOCalls:
     """Where a PPO update's calls go: this process's roles, or a worker group's parts.
 
     Attributes:
-        policy: the actor's and the reference's calls (``drivetrain grpo``'s).
+        policy: the actor's and the reference's calls (the RL layer's, shared with ``drivetrain grpo``).
         compute_values: the critic's per-token ``values`` of a batch.
         update_critic: one critic update; returns its metrics.
     """
@@ -74,14 +70,8 @@ def scored_batch(
     examples: Sequence[Example], output: RolloutOutput, scores: Scores, config: PPOConfig
 ) -> RolloutBatch:
     """The step's batch: every response's tokens in the loss; its score with the overlong penalty, when on."""
-    algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
-    rewards = scores.total + overlong_penalty(
-        torch.tensor(lengths),
-        config.rollout.max_new_tokens,
-        algorithm.overlong_buffer_len,
-        algorithm.overlong_penalty_factor,
-    )
+    rewards = penalised_rewards(scores.total, lengths, config)
     batch, _ = response_batch(examples, output, keep=torch.ones(len(lengths), dtype=torch.bool))
     return RolloutBatch(
         batch=batch,
@@ -134,7 +124,7 @@ def update_with(
 ) -> tuple[dict[str, float], RolloutStatistics]:
     """One PPO update through ``calls``: old and reference log-probs, values, advantages, the critic's update
     and (``train_actor``) the actor's. Returns the metrics (the critic's prefixed ``critic/``) and the
-    statistics of the rows the caller holds (see :func:`drivetrain_roles.grpo.step.update_with`)."""
+    statistics of the rows the caller holds (see :func:`drivetrain_roles.rl.policy_update.update_with`)."""
     batch = samples.batch
     old = calls.policy.compute_log_prob(batch, calculate_entropy=True)
     values = calls.compute_values(batch)
@@ -163,11 +153,7 @@ def update(
 ) -> dict[str, float]:
     """:func:`update_with` on this process's roles; the statistics reduced over the data-parallel ranks."""
     calls = PPOCalls(
-        policy=PolicyCalls(
-            compute_log_prob=actor.compute_log_prob,
-            compute_ref_log_prob=None if reference is None else reference.compute_ref_log_prob,
-            update_policy=actor.update_policy,
-        ),
+        policy=policy_calls(actor, reference),
         compute_values=critic.compute_values,
         update_critic=critic.update_critic,
     )

@@ -1,47 +1,43 @@
-"""The PPO training loop over any installed engine backend and rollout: ``drivetrain grpo``'s job with a critic.
+"""The PPO training loop over any installed engine backend and rollout: the shared policy job with a critic.
 
-One process per rank (``torchrun`` or ``drivetrain ppo --nproc N``). Setup, as ``drivetrain grpo``'s (the start
-policy: a model directory, or the embedded job's SFT warm start; the prompts; the actor; the reference, when a
-KL term reads it; the rollout), then the critic: a value model on its own engine, started from the same policy
-with a fresh value head (``<run>/critic_start``). Each step (:mod:`.step`): sample and score, values and GAE,
-the critic's update, the actor's after ``trainer.critic_warmup`` steps, the weight hand-off. Evaluation (held-out
-greedy accuracy through the rollout), the final model and the curve are GRPO's; checkpoints hold the critic and
-the KL coefficient beside the actor (:class:`.run_folder.PPORunFolder`).
+One process per rank (``torchrun`` or ``drivetrain ppo --nproc N``). The job is
+:class:`~drivetrain_roles.rl.policy_trainer.PolicyTrainer` (the start policy: a model directory, or the embedded
+job's SFT warm start; the prompts; the actor; the reference, when a KL term reads it; the rollout; each step:
+sample, score, update, hand off), plus the critic: a value model on its own engine, started from the same policy
+with a fresh value head (``<run>/critic_start``). PPO fills in its own (:mod:`.step`): every response in the
+batch, values and GAE, the critic's update, the actor's after ``trainer.critic_warmup`` steps (the weight
+hand-off only then). Checkpoints hold the critic and the KL coefficient beside the actor
+(:class:`.run_folder.PPORunFolder`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
+from collections.abc import Mapping
 
-from drivetrain_engine_core import distributed
 from drivetrain_engine_core.engine import Engine
 
 from ..critic import Critic, CriticConfig
-from ..grpo.curves import POLICY_CURVES
-from ..grpo.rewards import reward_metrics
-from ..grpo.step import SEED_STRIDE, hand_off
-from ..grpo.trainer import GRPOResult, GRPOTrainer
 from ..jobs.curves import Panel, Series
+from ..jobs.data import Example
 from ..output_ranks import require_outputs_on_every_rank
+from ..rl.batch import RolloutBatch
+from ..rl.curves import POLICY_CURVES
+from ..rl.pipeline import GeneratedBatch
+from ..rl.policy_trainer import PolicyJobResult, PolicyTrainer, StepTiming
+from ..rl.rewards import Scores
+from ..rl.step_record import StepRecord
 from ..rm.export import write_value_model_start
 from .config import PPOConfig
 from .run_folder import PPORunFolder
-from .step import sample, update
+from .step import CRITIC_PREFIX, scored_batch, update
 
 CRITIC_START_DIR = "critic_start"
 """In the run folder: the critic's start (the policy's weights linked, its config set up for one value)."""
-ACTOR_METRICS = {
-    "pg_loss": "train/pg_loss",
-    "pg_clipfrac": "train/clip_fraction",
-    "grad_norm": "train/grad_norm",
-    "lr": "train/lr",
-}
-"""The actor's update metrics in a step's record (absent during the critic's warm-up)."""
 
 
-class PPOTrainer(GRPOTrainer[PPOConfig]):
-    """PPO with a critic, GAE and an exact-answer reward; ``drivetrain grpo``'s job otherwise.
+class PPOTrainer(PolicyTrainer[PPOConfig]):
+    """PPO with a critic, GAE and an exact-answer reward.
 
     Args:
         config: the run's configuration (see :func:`~drivetrain_roles.ppo.config.load_config`).
@@ -51,7 +47,6 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
     """
 
     command = "ppo"
-    result_type = GRPOResult
     curves = POLICY_CURVES.with_panels(
         Panel(
             title="critic's explained variance of the returns",
@@ -60,7 +55,8 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
     )
 
     def _setup(self) -> Engine:
-        """GRPO's setup (start policy, prompts, actor, reference, rollout); the critic comes with the start step."""
+        """The shared setup (start policy, prompts, actor, reference, rollout); the critic comes with the start
+        step."""
         engine = super()._setup()
         self.kl_control = self.config.algorithm.kl_ctrl.controller()
         return engine
@@ -106,51 +102,39 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
 
     # ------------------------------------------------------------------ loop
 
-    def _step(self, step: int, result: GRPOResult) -> dict[str, float]:
-        engine, config = self.actor.engine, self.config
-        local = self.sampler.local_indices(step, engine.data_parallel_rank, engine.data_parallel_size)
-        started = time.perf_counter()
-        seed = config.trainer.seed + SEED_STRIDE * step + distributed.rank()
-        samples = sample(self.rollout, [self.train[i] for i in local], self.tokenizer, config, seed=seed)
-        train_actor = step >= config.trainer.critic_warmup
+    def _trains_actor(self, step: int) -> bool:
+        """Whether ``step`` updates the actor (after ``trainer.critic_warmup`` steps of the critic alone)."""
+        return step >= self.config.trainer.critic_warmup
+
+    def _batch(
+        self, step: int, examples: list[Example], generated: GeneratedBatch, scores: Scores
+    ) -> RolloutBatch:
+        return scored_batch(examples, generated.output, scores, self.config)
+
+    def _update(self, step: int, samples: RolloutBatch) -> dict[str, float]:
         kl_coef = self.kl_control.value
-        metrics = update(
+        return update(
             self.actor,
             self.reference,
             self.critic,
             samples,
-            config.algorithm,
+            self.config.algorithm,
             kl_coef,
-            train_actor=train_actor,
+            train_actor=self._trains_actor(step),
         )
-        sync = hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb) if train_actor else {}
-        seconds = time.perf_counter() - started
-        reward_sum, count, response_tokens, tokens = distributed.all_reduce_sums(
-            [
-                float(samples.rewards.sum()),
-                len(samples.rewards),
-                sum(samples.response_lengths),
-                int(samples.batch["input_ids"].values().numel()),
-            ],
-            engine.data_parallel_group,
-        )
-        if "kl" in metrics:
-            self.kl_control.update(metrics["kl"], n_steps=int(count))
-        values = {
-            "train/reward": reward_sum / count,
-            **reward_metrics(samples.scores, engine.data_parallel_group),
-            **{name: metrics[key] for key, name in ACTOR_METRICS.items() if key in metrics},
-            "train/entropy": metrics["entropy"],
-            "train/response_length": response_tokens / count,
-            "train/kl_coef": kl_coef,
-            **{k: v for k, v in metrics.items() if k.startswith("critic/")},
-            "rollout/log_prob_diff_max": metrics["rollout/log_prob_diff_max"],
-            "rollout/mismatch_kl": metrics["rollout/mismatch_kl"],
-            "perf/step_time_s": seconds,
-            "perf/tokens_per_s": tokens / seconds,
-            **sync,
-        }
-        if "kl" in metrics or "kl_loss" in metrics:
-            values["train/kl"] = metrics.get("kl", metrics.get("kl_loss", 0.0))
-        result.rewards.append(values["train/reward"])
+
+    def _hand_off(self, step: int) -> Mapping[str, float]:
+        """The shared hand-off once the actor trains; none while it is frozen (the rollout serves its weights)."""
+        return super()._hand_off(step) if self._trains_actor(step) else {}
+
+    def _command_metrics(
+        self, record: StepRecord, samples: RolloutBatch, timing: StepTiming, result: PolicyJobResult
+    ) -> dict[str, float]:
+        """The KL coefficient the step's reward used (then moved by the adaptive controller towards the step's KL)
+        and the critic's metrics."""
+        update = record.update
+        values = {"train/kl_coef": self.kl_control.value}
+        if "kl" in update:
+            self.kl_control.update(update["kl"], n_steps=int(record.totals.count))
+        values.update({k: v for k, v in update.items() if k.startswith(CRITIC_PREFIX)})
         return values

@@ -12,9 +12,9 @@ from typing import ClassVar
 
 from drivetrain_engine_core.config import ConfigError
 
-from .grpo.reward_settings import REWARD_FIELDS, RewardSettings, reward_settings
-from .losses.config import PolicyLossConfig
-from .losses.names import CONSTANT_LENGTH_MODE
+from ..losses.config import PolicyLossConfig
+from ..losses.names import CONSTANT_LENGTH_MODE
+from .reward_settings import REWARD_FIELDS, RewardSettings, reward_settings
 
 
 class AlgorithmSection:
@@ -41,14 +41,14 @@ class AlgorithmSection:
     reward_failure_value: float | None
 
     exclusive_fields: ClassVar[tuple[str, ...]] = REWARD_FIELDS
-    """Setting one form of the reward in a config layer clears the other (:mod:`.grpo.reward_settings`)."""
+    """Setting one form of the reward in a config layer clears the other (:mod:`.reward_settings`)."""
 
     def _check_shared_fields(self) -> None:
         """The checks of the fields above, each naming the field and the fix.
 
         Raises:
             ConfigError: a value out of range, an unknown name (the known ones and the closest), rewards that do
-                not resolve (:func:`.grpo.reward_settings.reward_settings`), or ``loss_scale_factor`` without the
+                not resolve (:func:`.reward_settings.reward_settings`), or ``loss_scale_factor`` without the
                 mode that reads it.
         """
         self.rewards()

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .job_config import PolicyJobConfig
 
 
 def overlong_penalty(
@@ -31,3 +37,15 @@ def equal_reward_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     group-relative advantages are 0, so they only dilute the batch)."""
     grouped = rewards.reshape(-1, group_size)
     return grouped.amax(dim=1) == grouped.amin(dim=1)
+
+
+def penalised_rewards(rewards: torch.Tensor, lengths: Sequence[int], config: PolicyJobConfig) -> torch.Tensor:
+    """``rewards`` plus :func:`overlong_penalty` of responses of ``lengths`` tokens, as ``algorithm``'s
+    ``overlong_buffer_len`` and ``overlong_penalty_factor`` and ``rollout.max_new_tokens`` set it."""
+    algorithm = config.algorithm
+    return rewards + overlong_penalty(
+        torch.tensor(lengths),
+        config.rollout.max_new_tokens,
+        algorithm.overlong_buffer_len,
+        algorithm.overlong_penalty_factor,
+    )

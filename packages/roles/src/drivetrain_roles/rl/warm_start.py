@@ -8,7 +8,7 @@ from ..jobs.assets import model_directory
 from ..jobs.builtin_tasks import builtin_task
 from ..jobs.resume_start import check_or_record_start
 from ..sft.config import SFTConfig, warm_start_trainer
-from .config import RolloutJobConfig
+from .job_config import RolloutJobConfig
 
 
 def start_model(config: RolloutJobConfig, output_dir: Path, *, resume: bool) -> str:

@@ -1,5 +1,6 @@
 """What a command that samples from its policy and trains it (``grpo``, ``ppo``) shares: the sections the warm
-start, the sampling and the update read (as protocols), and the checks across those sections."""
+start, the sampling and the update read (as protocols), their shared defaults, and the checks across those
+sections."""
 
 from __future__ import annotations
 
@@ -9,15 +10,32 @@ from drivetrain_engine_core.config import (
     CheckpointConfig,
     ConfigError,
     EngineConfig,
+    MicroBatchConfig,
     ModelConfig,
     OptimizerConfig,
 )
 
-from ..algorithm_section import AlgorithmSection
 from ..command_sections import DataConfig
 from ..jobs.builtin_tasks import builtin_task
+from .algorithm_section import AlgorithmSection
 from .rollout_config import RolloutConfig
 from .trainer_config import TrainerConfig
+
+USER_MODEL_LR = 1e-6
+"""The policy's learning rate for any model but the embedded one (verl's actor default, TRL's ``GRPOConfig``)."""
+
+POLICY_WARMUP_STEPS = 10
+"""The policy's LR warm-up of ``grpo`` and ``ppo`` unless ``optimizer.warmup_steps`` is set."""
+
+
+def default_engine() -> EngineConfig:
+    """The engine section of ``grpo`` and ``ppo``: micro-batches cut by a budget of 4096 tokens."""
+    return EngineConfig(micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=4096))
+
+
+def default_checkpoint() -> CheckpointConfig:
+    """The checkpoint section of ``grpo`` and ``ppo``: the last two steps kept."""
+    return CheckpointConfig(max_ckpt_to_keep=2)
 
 
 class RolloutJobConfig(Protocol):

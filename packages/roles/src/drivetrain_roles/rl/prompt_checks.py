@@ -14,7 +14,7 @@ from drivetrain_engine_core.rollout_options import SECTION
 
 if TYPE_CHECKING:
     from ..jobs.data import Example
-    from .policy_job import RolloutJobConfig
+    from .job_config import RolloutJobConfig
 
 logger = logging.getLogger(__name__)
 

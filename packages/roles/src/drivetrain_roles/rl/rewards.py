@@ -26,8 +26,6 @@ import torch
 from drivetrain_engine_core import distributed
 from torch.distributed import ProcessGroup
 
-# NOTE: re-exported: GRPO's estimator moved to the roles' estimators, next to RLOO and REINFORCE++.
-from ..advantage_estimators import group_advantages as group_advantages
 from ..jobs.data import Example
 from .builtin_rewards import BUILTIN_REWARDS, BUILTIN_SETUP
 from .builtin_rewards import EXACT_MATCH as EXACT_MATCH

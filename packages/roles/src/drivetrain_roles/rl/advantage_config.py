@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from drivetrain_engine_core.config import ConfigError
 
-from .losses.names import choose
+from ..losses.names import choose
 
 OUTCOME_ESTIMATORS: tuple[str, ...] = (
     "grpo",

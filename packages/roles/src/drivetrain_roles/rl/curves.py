@@ -1,4 +1,4 @@
-"""What a policy-gradient run's curve shows (``grpo``, and ``ppo`` below it): reward, accuracy, KL, rollout gap."""
+"""What a policy-gradient run's curve shows (grpo; ppo adds a panel): reward, accuracy, KL, rollout gap."""
 
 from __future__ import annotations
 

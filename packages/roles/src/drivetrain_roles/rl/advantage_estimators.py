@@ -22,12 +22,12 @@ from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.data.batch import jagged
 from torch.distributed import ProcessGroup
 
+from ..advantages import whiten
+from ..losses.aggregation import FlatTokens
 from .advantage_config import ADV_ESTIMATORS as ADV_ESTIMATORS  # importable from here since 0.1.0
 from .advantage_config import CRITIC_ESTIMATORS as CRITIC_ESTIMATORS  # importable from here since 0.1.0
 from .advantage_config import OUTCOME_ESTIMATORS as OUTCOME_ESTIMATORS  # importable from here since 0.1.0
 from .advantage_config import AdvantageConfig
-from .advantages import whiten
-from .losses.aggregation import FlatTokens
 
 _WHITENED = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
