@@ -153,6 +153,10 @@ def spawn_ranks(
     from torch.distributed.launcher.api import elastic_launch
 
     nodes = nodes or Nodes()
+    unreachable = nodes.unreachable(command)
+    if unreachable is not None:
+        click.echo(unreachable, err=True)
+        return 1
     # The agent logs each failed rank; the one line below replaces those logs for user errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     config = nodes.launch_config(command, nproc, uuid.uuid4().hex, _TORCH_HANDLED_SIGNALS)

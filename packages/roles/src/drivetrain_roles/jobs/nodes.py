@@ -11,12 +11,14 @@ nodes started with different ``--nnodes`` end in one error on every node, not a 
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
 DEFAULT_TIMEOUT_S = 60
+_HOST_GRACE_S = 5
 TIMEOUT_ENV = "DRIVETRAIN_RDZV_TIMEOUT_S"
 """Set by the launcher for its ranks from ``--rdzv-timeout``: how long rank 0 waits to see every rank's marker in
 the run folder (:mod:`.shared_folder`; 60 s under an outer launcher)."""
@@ -69,6 +71,9 @@ class Nodes:
         from torch.distributed.launcher.api import LaunchConfig
 
         timeout = self.rdzv_timeout_s
+        # NOTE: the node hosting the store waits a little longer, so that a joining node that gives up leaves
+        # first: one that sees the store close under it prints torch's C++ warning with a stack per attempt.
+        join = timeout + _HOST_GRACE_S if self.several and self.node_rank == 0 else timeout
         return LaunchConfig(
             min_nodes=self.nnodes,
             max_nodes=self.nnodes,
@@ -76,8 +81,9 @@ class Nodes:
             run_id=RUN_ID.format(command=command, nnodes=self.nnodes) if self.several else run_id,
             rdzv_backend="c10d",
             rdzv_endpoint=self.rdzv_endpoint or "localhost:0",
+            rdzv_timeout=timeout,
             rdzv_configs={
-                "join_timeout": timeout,
+                "join_timeout": join,
                 "read_timeout": timeout,
                 "last_call_timeout": 1,
                 **({"is_host": self.node_rank == 0} if self.several else {}),
@@ -86,17 +92,43 @@ class Nodes:
             signals_to_handle=signals,
         )
 
+    def unreachable(self, command: str) -> str | None:
+        """A node other than 0: the one line when node 0's rendezvous store never accepted a connection within
+        the timeout, else None (it did, or this node hosts it).
+
+        NOTE: checked here, before torch's launcher, which would print two pages of C++ stack per attempt to
+        connect (its c10d logging, set when torch is imported) before its own error.
+        """
+        if not self.several or self.node_rank == 0 or self.rdzv_endpoint is None:
+            return None
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        deadline = time.monotonic() + self.rdzv_timeout_s
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return None
+            except (OSError, ValueError) as e:
+                error = e
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        return (
+            f"drivetrain {command}: error: node {self.node_rank} of {self.nnodes} could not reach the rendezvous at "
+            f"{self.rdzv_endpoint} within --rdzv-timeout {self.rdzv_timeout_s} s ({type(error).__name__}: {error}). "
+            "Start node 0 (--node-rank 0) with the same --rdzv-endpoint, its address and a port open to this node."
+        )
+
     def describe(self) -> str:
         """`` on node R (host)`` for lines about this node's ranks in a launch over several; else empty."""
         return f" on node {self.node_rank} ({socket.gethostname()})" if self.several else ""
 
     def rendezvous_failed(self, command: str, error: BaseException) -> str:
         """The one line for a rendezvous that did not complete: what this node waited for and the likely fixes."""
-        cause = " ".join(str(error).split()) or type(error).__name__
+        cause = " ".join(str(error).split())[:200]
         return (
             f"drivetrain {command}: error: node {self.node_rank} of {self.nnodes} could not complete the rendezvous "
-            f"at {self.rdzv_endpoint} within --rdzv-timeout {self.rdzv_timeout_s} s ({type(error).__name__}: "
-            f"{cause[:200]}). Start every node with the same --nnodes, --nproc and --rdzv-endpoint (node 0's "
+            f"at {self.rdzv_endpoint} within --rdzv-timeout {self.rdzv_timeout_s} s ({type(error).__name__}"
+            f"{': ' + cause if cause and cause != type(error).__name__ else ''}). Start every node with the same --nnodes, --nproc and --rdzv-endpoint (node 0's "
             "address, reachable from every node), node 0 first, or raise --rdzv-timeout."
         )
 
