@@ -142,7 +142,9 @@ def test_ctrl_c_in_the_last_step_is_an_interrupt_not_a_finished_run(tmp_path) ->
     run then finished with status 0 (final model, summary): an interrupt reported as success."""
     run_dir = tmp_path / "run"
     launcher = _start(run_dir, "trainer.total_steps=8")
-    _wait_for(lambda: _beat(run_dir, 0) == (8, "train"), launcher)  # after step 7's agreement: in the last step
+    _wait_for(
+        lambda: _beat(run_dir, 0) == (8, "train"), launcher
+    )  # after step 7's agreement: in the last step
     os.killpg(launcher.pid, signal.SIGINT)
     status, err = _finish(launcher)
     saved = run_dir / "checkpoints" / "global_step_8"

@@ -128,8 +128,9 @@ class Nodes:
         return (
             f"drivetrain {command}: error: node {self.node_rank} of {self.nnodes} could not complete the rendezvous "
             f"at {self.rdzv_endpoint} within --rdzv-timeout {self.rdzv_timeout_s} s ({type(error).__name__}"
-            f"{': ' + cause if cause and cause != type(error).__name__ else ''}). Start every node with the same --nnodes, --nproc and --rdzv-endpoint (node 0's "
-            "address, reachable from every node), node 0 first, or raise --rdzv-timeout."
+            f"{': ' + cause if cause and cause != type(error).__name__ else ''}). Start every node with the same "
+            "--nnodes, --nproc and --rdzv-endpoint (node 0's address, reachable from every node), node 0 first, "
+            "or raise --rdzv-timeout."
         )
 
 
