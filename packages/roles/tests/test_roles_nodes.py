@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -26,7 +27,6 @@ TINY = [
     "trainer.eval_every=0",
     "trainer.max_new_tokens=2",
     "trainer.progress_bar=false",
-    "trainer.total_steps=2",
 ]
 
 
@@ -37,19 +37,17 @@ def _free_port() -> int:
 
 
 def _node(
-    rank: int, nnodes: int, port: int, output_dir: str, cwd: Path, timeout: int = 60
+    rank: int,
+    nnodes: int,
+    port: int,
+    output_dir: str,
+    cwd: Path,
+    timeout: int = 60,
+    overrides: Sequence[str] = (),
 ) -> subprocess.Popen[str]:
     nodes = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    command = [
-        str(DRIVETRAIN),
-        "sft",
-        *nodes,
-        "--rdzv-timeout",
-        str(timeout),
-        "--output-dir",
-        output_dir,
-        *TINY,
-    ]
+    timeouts = ["--rdzv-timeout", str(timeout)]
+    command = [str(DRIVETRAIN), "sft", *nodes, *timeouts, "--output-dir", output_dir, *TINY, *overrides]
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -67,19 +65,26 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_nodes_of_one_rank_equal_one_node_of_two(tmp_path) -> None:
+def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(tmp_path) -> None:
+    """Two nodes of one rank train 2 steps; one node of two ranks resumes that run to step 3 (the checkpoint's
+    layout holds for any two ranks): losses and final weights equal an uninterrupted 3-step run of one node."""
+    constant = ["optimizer.lr_schedule=constant", "optimizer.warmup_steps=0"]  # the same lr for 2 and 3 steps
+    two_nodes, one_node = tmp_path / "two_nodes", tmp_path / "one_node"
     port = _free_port()
-    nodes = [_node(r, 2, port, str(tmp_path / "two_nodes"), tmp_path) for r in (0, 1)]
+    nodes = [
+        _node(r, 2, port, str(two_nodes), tmp_path, overrides=[*constant, "trainer.total_steps=2"])
+        for r in (0, 1)
+    ]
     assert [status for status, _ in _ends(*nodes)] == [0, 0]
-    one = [str(DRIVETRAIN), "sft", "--nproc", "2", "--output-dir", str(tmp_path / "one_node"), *TINY]
-    subprocess.run(one, check=True, capture_output=True, timeout=240)
-    two, reference = _losses(tmp_path / "two_nodes"), _losses(tmp_path / "one_node")
-    assert len(two) == 2 and max(abs(a - b) for a, b in zip(two, reference, strict=True)) <= 1e-6
-    weights, expected = (
-        load_file(tmp_path / run / "final_model" / "model.safetensors") for run in ("two_nodes", "one_node")
-    )
-    assert max((weights[k] - expected[k]).abs().max().item() for k in expected) <= 1e-6
-    assert not (tmp_path / "two_nodes" / ".drivetrain-nodes").exists()
+    assert not (two_nodes / ".drivetrain-nodes").exists()
+    resume = ["--nproc", "2", "--resume", "--output-dir", str(two_nodes), "trainer.total_steps=3"]
+    reference = ["--nproc", "2", "--output-dir", str(one_node), *TINY, *constant, "trainer.total_steps=3"]
+    for arguments in (resume, reference):
+        subprocess.run([str(DRIVETRAIN), "sft", *arguments], check=True, capture_output=True, timeout=240)
+    resumed, expected = _losses(two_nodes), _losses(one_node)
+    assert len(resumed) == 3 and max(abs(a - b) for a, b in zip(resumed, expected, strict=True)) <= 1e-6
+    weights, final = (load_file(run / "final_model" / "model.safetensors") for run in (two_nodes, one_node))
+    assert max((weights[k] - final[k]).abs().max().item() for k in final) <= 1e-6
 
 
 @pytest.mark.slow

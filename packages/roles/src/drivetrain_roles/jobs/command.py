@@ -37,6 +37,10 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
     @run_options(name)
     @config_options(config)
     def command(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
+        from .launch import quiet_torch_cpp_logs
+
+        if run.spawns():
+            quiet_torch_cpp_logs()  # before anything imports torch
         from .assets import check_model_path
 
         loaded = _load_config(config, config_file, overrides)

@@ -45,6 +45,8 @@ LOG_DIR = "logs"
 """In the run folder: a crashed rank's full traceback (``rank<R>.log``)."""
 RANK_ENTRY = "drivetrain_roles.jobs.rank_entry"
 """The module every spawned rank runs (``python -m``), followed by the command's name and its arguments."""
+_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+_quieted_cpp_logs = False
 _TORCH_HANDLED_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
 """The signals torch's launcher turns into its ``SignalException``: its default list less SIGINT."""
 
@@ -189,22 +191,41 @@ def _rank_environment(error_dir: str, log_dir: Path, timeout_s: int) -> Iterator
     """Environment of the spawned ranks, restored afterwards: where to report failures, how long to wait for
     the run folder's markers (:mod:`.shared_folder`), one thread per rank."""
     # Two ranks on a small CPU machine: one intra-op thread each avoids oversubscribing the cores.
-    values = {
+    values: dict[str, str | None] = {
         ERROR_DIR_ENV: error_dir,
         LOG_DIR_ENV: str(log_dir),
         TIMEOUT_ENV: str(timeout_s),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        **({_CPP_LOG_LEVEL: None} if _quieted_cpp_logs else {}),  # the ranks log as the user asked
     }
     saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+    _set_environment(values)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environment(saved)
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    """Set each variable of ``values``, removing those whose value is None."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def quiet_torch_cpp_logs() -> None:
+    """In a process about to launch ranks, before it imports torch: torch's C++ logs only fatal messages here.
+
+    NOTE: when a peer node's launcher ends first (its ranks failed, it gave up on the rendezvous), c10d's store
+    client in this launcher logs a warning with a page of C++ stack per attempt, around the one line drivetrain
+    prints. The level is read once, when torch loads; the spawned ranks get the user's setting back.
+    """
+    global _quieted_cpp_logs
+    if "torch" not in sys.modules and _CPP_LOG_LEVEL not in os.environ:
+        os.environ[_CPP_LOG_LEVEL] = "FATAL"
+        _quieted_cpp_logs = True
 
 
 def rank_main(command: click.Command, name: str, arguments: Sequence[str]) -> NoReturn:

@@ -95,17 +95,23 @@ class RunOptions:
             click.UsageError: ``--resume`` without ``--output-dir`` and no run to continue.
             CheckpointError: the directory does not fit ``--resume`` / ``--overwrite`` (with ``--nproc``).
         """
-        from .launch import check_run_dir, resolve_output_dir, spawn_ranks, under_launcher
+        from .launch import check_run_dir, resolve_output_dir, spawn_ranks
 
         try:
             run_dir = resolve_output_dir(self.output_dir, self.resume, self.command)
         except FileNotFoundError as e:
             raise click.UsageError(str(e)) from e
-        if (self.nproc > 1 or self.nodes.several) and not under_launcher():
+        if self.spawns():
             check_run_dir(run_dir, resume=self.resume, overwrite=self.overwrite)
             arguments = self._rank_arguments(run_dir, config_file, overrides)
             sys.exit(spawn_ranks(self.nproc, arguments, self.command, run_dir, self.nodes))
         return run_dir
+
+    def spawns(self) -> bool:
+        """Whether this process launches ranks (``--nproc N > 1`` or several nodes, outside a launcher)."""
+        from .launch import under_launcher
+
+        return (self.nproc > 1 or self.nodes.several) and not under_launcher()
 
     def _rank_arguments(self, run_dir: Path, config_file: str | None, overrides: Sequence[str]) -> list[str]:
         return [

@@ -59,7 +59,12 @@ def check_shared_run_dir(run_dir: Path) -> None:
     """
     if distributed.world_size() == 1:
         return
-    me = _Rank(distributed.rank(), int(os.environ.get("GROUP_RANK", "0")), socket.gethostname(), str(run_dir))
+    me = _Rank(
+        distributed.rank(),
+        int(os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", "0"))),
+        socket.gethostname(),
+        str(run_dir),
+    )
     ranks = [r for r in distributed.all_gather_objects(me) if isinstance(r, _Rank)]
     others = [r for r in ranks if r.folder != ranks[0].folder]
     if others:
