@@ -5,6 +5,7 @@ within ``--rdzv-timeout``, with nothing written."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -147,3 +148,30 @@ def test_several_nodes_need_an_endpoint_a_shared_folder_and_a_rank_in_range() ->
         "is_host": False,
         "timeout": 7,
     }
+
+
+@pytest.mark.slow
+def test_under_an_outside_launcher_the_command_is_one_rank_and_spawns_nothing(tmp_path) -> None:
+    """torchrun or srun set RANK/WORLD_SIZE/MASTER_ADDR: the node flags are ignored (no rendezvous at the dead
+    endpoint), the process is the rank; the shared-folder check passes for a world of one."""
+    outside = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, **outside, "MASTER_PORT": str(_free_port())}
+    nodes = ["--nnodes", "2", "--node-rank", "1", "--nproc", "2", "--rdzv-endpoint", "127.0.0.1:1"]
+    command = [
+        str(DRIVETRAIN),
+        "sft",
+        *nodes,
+        "--output-dir",
+        str(tmp_path / "run"),
+        *TINY,
+        "trainer.total_steps=1",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert [
+        r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    ] == [
+        0,
+        1,
+        1,
+    ]
