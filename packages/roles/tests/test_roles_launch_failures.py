@@ -201,8 +201,13 @@ def test_the_report_is_the_user_error_else_the_first_crash_else_the_exit_status(
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    killed = {0: _failure(-15, "SIGTERM"), 3: _failure(-9, "SIGKILL")}  # the agent stops the others by SIGTERM
-    assert failure_report(tmp_path, "sft", killed, " on node 1 (b)").startswith("drivetrain sft: error: a user")
+    killed = {
+        0: _failure(-15, "SIGTERM"),
+        3: _failure(-9, "SIGKILL"),
+    }  # the agent stops the others by SIGTERM
+    assert failure_report(tmp_path, "sft", killed, " on node 1 (b)").startswith(
+        "drivetrain sft: error: a user"
+    )
     assert failure_report(empty, "sft", killed, " on node 1 (b)").startswith(
         "drivetrain sft: rank 3 on node 1 (b) was killed by SIGKILL, from outside the run"
     )
