@@ -105,6 +105,57 @@ def test_ctrl_c_while_the_ranks_train_stops_both_after_one_step_and_saves_it(tmp
     assert [(b["step"], b["phase"]) for b in beats] == [(done, "save")] * 2
 
 
+def _rank_process(launcher_pid: int, rank: int) -> psutil.Process:
+    for child in psutil.Process(launcher_pid).children():
+        if "drivetrain_roles.jobs.rank_entry" in child.cmdline() and child.environ().get("RANK") == str(rank):
+            return child
+    raise AssertionError(f"no rank {rank} under the launcher")
+
+
+def _beat(run_dir: Path, rank: int) -> tuple[int, str]:
+    try:
+        beat = json.loads((run_dir / "heartbeat" / f"rank{rank}.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return (-1, "")
+    return beat["step"], beat["phase"]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_outright_is_named_with_the_signal(tmp_path) -> None:
+    """Rank 1 killed by SIGKILL was reported as "rank 0 crashed with RuntimeError: ... Connection closed by
+    peer" (the survivor's lost connection), never naming rank 1 or the signal."""
+    run_dir = tmp_path / "run"
+    launcher = _start(run_dir, "trainer.total_steps=1000")
+    _wait_for(lambda: min(_beat(run_dir, r)[0] for r in (0, 1)) >= 1, launcher)
+    _rank_process(launcher.pid, 1).kill()
+    status, err = _finish(launcher)
+    assert (status, err) == (
+        1,
+        "drivetrain sft: rank 1 was killed by SIGKILL, from outside the run (kill, the out-of-memory killer or a "
+        "job scheduler: see the system log, e.g. `dmesg`); the other ranks were stopped.\n",
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_last_step_is_an_interrupt_not_a_finished_run(tmp_path) -> None:
+    """A Ctrl-C during step 8 of 8 was announced as "every rank stops after the current step and saves" and the
+    run then finished with status 0 (final model, summary): an interrupt reported as success."""
+    run_dir = tmp_path / "run"
+    launcher = _start(run_dir, "trainer.total_steps=8")
+    _wait_for(
+        lambda: _beat(run_dir, 0) == (8, "train"), launcher
+    )  # after step 7's agreement: in the last step
+    os.killpg(launcher.pid, signal.SIGINT)
+    status, err = _finish(launcher)
+    saved = run_dir / "checkpoints" / "global_step_8"
+    assert (status, err.splitlines()[-1]) == (
+        130,
+        f"drivetrain sft: interrupted after step 8 of 8; saved checkpoint {saved}. Continue with: drivetrain sft "
+        f"--resume --output-dir {run_dir}",
+    )
+    assert [s for s, _ in complete_steps(saved.parent)] == [8] and not (run_dir / "summary.json").exists()
+
+
 SITECUSTOMIZE = """
 import os
 if os.environ.get("RANK") == "1":
@@ -150,6 +201,16 @@ def test_the_report_is_the_user_error_else_the_first_crash_else_the_exit_status(
 
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert failure_report(empty, "sft", {1: _failure(-9, "SIGKILL")}).startswith(
-        "drivetrain sft: rank 1 ended with signal SIGKILL before it could report why"
+    killed = {
+        0: _failure(-15, "SIGTERM"),
+        3: _failure(-9, "SIGKILL"),
+    }  # the agent stops the others by SIGTERM
+    assert failure_report(tmp_path, "sft", killed, " on node 1 (b)").startswith(
+        "drivetrain sft: error: a user"
+    )
+    assert failure_report(empty, "sft", killed, " on node 1 (b)").startswith(
+        "drivetrain sft: rank 3 on node 1 (b) was killed by SIGKILL, from outside the run"
+    )
+    assert failure_report(empty, "sft", {1: _failure(-6, "SIGABRT")}).startswith(
+        "drivetrain sft: rank 1 ended with signal SIGABRT before it could report why"
     )

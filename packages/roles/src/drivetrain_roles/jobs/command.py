@@ -10,6 +10,7 @@ and the config are named ``"module:attr"`` so that torch and the job are importe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -36,6 +37,10 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
     @run_options(name)
     @config_options(config)
     def command(config_file: str | None, run: RunOptions, overrides: tuple[str, ...]) -> None:
+        from .launch import quiet_torch_cpp_logs
+
+        if run.spawns():
+            quiet_torch_cpp_logs()  # before anything imports torch
         from .assets import check_model_path
 
         loaded = _load_config(config, config_file, overrides)
@@ -54,9 +59,11 @@ def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
 
     from .interrupt import RunInterrupted, hand_over
     from .launch import agreed_output_dir
+    from .shared_folder import check_shared_run_dir
 
     hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
     output_dir = agreed_output_dir(output_dir, config.engine)  # one timestamp under an outer torchrun
+    check_shared_run_dir(Path(output_dir))  # before anything is written: one folder every rank sees
     instance = job(config, output_dir, resume=run.resume, overwrite=run.overwrite)
     try:
         result = instance.run()

@@ -32,6 +32,7 @@ from drivetrain_engine_core.config import EngineConfig
 
 from ..runtime.descendants import owning_descendants
 from .interrupt import forwarding_ctrl_c, interrupt_report
+from .nodes import TIMEOUT_ENV, Nodes
 from .rank_failures import ERROR_DIR_ENV, LOG_DIR_ENV, failure_report, report_rank_crash, report_rank_error
 
 OUTPUTS_ROOT = Path("outputs")
@@ -44,6 +45,8 @@ LOG_DIR = "logs"
 """In the run folder: a crashed rank's full traceback (``rank<R>.log``)."""
 RANK_ENTRY = "drivetrain_roles.jobs.rank_entry"
 """The module every spawned rank runs (``python -m``), followed by the command's name and its arguments."""
+_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+_quieted_cpp_logs = False
 _TORCH_HANDLED_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
 """The signals torch's launcher turns into its ``SignalException``: its default list less SIGINT."""
 
@@ -129,9 +132,11 @@ def resolve_output_dir(output_dir: str | None, resume: bool, command: str) -> Pa
     return new_output_dir(command)
 
 
-def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Path) -> int:
-    """Run ``nproc`` ranks of ``drivetrain <command> <arguments>`` in ``run_dir``; returns the exit code for the
-    command.
+def spawn_ranks(
+    nproc: int, arguments: Sequence[str], command: str, run_dir: Path, nodes: Nodes | None = None
+) -> int:
+    """Run ``nproc`` ranks of ``drivetrain <command> <arguments>`` in ``run_dir`` on this node of ``nodes``
+    (default: this node alone); returns the exit code for the command.
 
     NOTE: Ctrl-C stays Python's ``KeyboardInterrupt`` here: torch's launcher, left its default, turns SIGINT
     into its ``SignalException``, an ``Exception`` that torch's own rendezvous and store code catches and
@@ -140,35 +145,36 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Pat
     SIGTERM, which ends them silently.
 
     Returns:
-        0 on success; 1 after printing one line for the failure (:func:`.rank_failures.failure_report`); 130
-        after Ctrl-C (the first one, while the ranks train, is sent on to them: :func:`.interrupt.forwarding_ctrl_c`).
+        0 on success; 1 after printing one line for the failure (:func:`.rank_failures.failure_report`, or a
+        rendezvous that did not complete: :meth:`.nodes.Nodes.rendezvous_failed`); 130 after Ctrl-C (the first
+        one, while the ranks train, is sent on to them: :func:`.interrupt.forwarding_ctrl_c`).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
 
+    nodes = nodes or Nodes()
+    unreachable = nodes.unreachable(command)
+    if unreachable is not None:
+        click.echo(unreachable, err=True)
+        return 1
     # The agent logs each failed rank; the one line below replaces those logs for user errors.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        signals_to_handle=_TORCH_HANDLED_SIGNALS,
-    )
+    config = nodes.launch_config(command, nproc, uuid.uuid4().hex, _TORCH_HANDLED_SIGNALS)
     with (
         tempfile.TemporaryDirectory(prefix=f"drivetrain-{command}-errors-") as errors,
-        _rank_environment(errors, run_dir / LOG_DIR),
+        _rank_environment(errors, run_dir / LOG_DIR, nodes.rdzv_timeout_s),
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
             with forwarding_ctrl_c(Path(errors), command):
                 elastic_launch(config, sys.executable)("-m", RANK_ENTRY, command, *arguments)
         except ChildFailedError as e:
-            click.echo(failure_report(Path(errors), command, e.failures), err=True)
+            click.echo(failure_report(Path(errors), command, e.failures, nodes.describe()), err=True)
+            return 1
+        except RendezvousError as e:
+            click.echo(nodes.rendezvous_failed(command, e), err=True)
             return 1
         except (KeyboardInterrupt, SignalException):
             click.echo(f"drivetrain {command}: interrupted; every rank was stopped.", err=True)
@@ -181,24 +187,45 @@ def spawn_ranks(nproc: int, arguments: Sequence[str], command: str, run_dir: Pat
 
 
 @contextlib.contextmanager
-def _rank_environment(error_dir: str, log_dir: Path) -> Iterator[None]:
-    """Environment of the spawned ranks, restored afterwards: where to report failures, one thread per rank."""
+def _rank_environment(error_dir: str, log_dir: Path, timeout_s: int) -> Iterator[None]:
+    """Environment of the spawned ranks, restored afterwards: where to report failures, how long to wait for
+    the run folder's markers (:mod:`.shared_folder`), one thread per rank."""
     # Two ranks on a small CPU machine: one intra-op thread each avoids oversubscribing the cores.
-    values = {
+    values: dict[str, str | None] = {
         ERROR_DIR_ENV: error_dir,
         LOG_DIR_ENV: str(log_dir),
+        TIMEOUT_ENV: str(timeout_s),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        **({_CPP_LOG_LEVEL: None} if _quieted_cpp_logs else {}),  # the ranks log as the user asked
     }
     saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+    _set_environment(values)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environment(saved)
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    """Set each variable of ``values``, removing those whose value is None."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def quiet_torch_cpp_logs() -> None:
+    """In a process about to launch ranks, before it imports torch: torch's C++ logs only fatal messages here.
+
+    NOTE: when a peer node's launcher ends first (its ranks failed, it gave up on the rendezvous), c10d's store
+    client in this launcher logs a warning with a page of C++ stack per attempt, around the one line drivetrain
+    prints. The level is read once, when torch loads; the spawned ranks get the user's setting back.
+    """
+    global _quieted_cpp_logs
+    if "torch" not in sys.modules and _CPP_LOG_LEVEL not in os.environ:
+        os.environ[_CPP_LOG_LEVEL] = "FATAL"
+        _quieted_cpp_logs = True
 
 
 def rank_main(command: click.Command, name: str, arguments: Sequence[str]) -> NoReturn:

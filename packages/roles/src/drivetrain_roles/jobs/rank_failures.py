@@ -3,9 +3,10 @@
 Each rank writes what went wrong to a file of a per-launch directory (:data:`ERROR_DIR_ENV`) instead of its
 console: a user error as its one-line message, a crash (any other exception) as a short summary, with the
 full traceback in the run folder (:data:`LOG_DIR_ENV`, ``<run>/logs/rank<R>.log``). The launcher prints one
-report: a user error first (every rank agrees on it, so the lowest rank's), else the crash written first
+report: a user error first (every rank agrees on it, so the lowest rank's), else a rank killed from outside
+(:data:`KILLED_FROM_OUTSIDE`: ``kill -9``, the out-of-memory killer, a scheduler), else the crash written first
 (the rank that failed, not a peer that then lost its connection to it), else the exit status of the first
-failed rank (killed by a signal, out of memory: no report).
+failed rank.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ LOG_DIR_ENV = "DRIVETRAIN_LOG_DIR"
 _USER_ERROR = "rank{:05d}.txt"
 _CRASH = "crash-rank{:05d}.txt"
 _MESSAGE_CHARS = 300
+KILLED_FROM_OUTSIDE = frozenset({"SIGKILL", "SIGHUP", "SIGQUIT"})
+"""Signals a rank never sends itself, nor dies of when a peer fails (that is a crash, or SIGABRT/SIGSEGV): a
+rank ended by one was killed from outside, and its peers' lost connections are the consequence, not the cause.
+SIGTERM is not one: torch's agent stops the surviving ranks with it, and lists them among the failures."""
 
 
 def launch_rank() -> int:
@@ -72,17 +77,30 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}{where}" if message else f"{type(error).__name__}{where}"
 
 
-def failure_report(directory: Path, command: str, failures: Mapping[int, Any]) -> str:
+def failure_report(directory: Path, command: str, failures: Mapping[int, Any], node: str = "") -> str:
     """The one line the launcher prints for a failed launch (see the module docstring for the order).
+
+    NOTE: a rank killed outright leaves no report, and its peers crash a moment later on their lost connection
+    ("Connection closed by peer"): that crash was reported as the cause ("rank 0 crashed") and the killed rank
+    and the signal were never named.
 
     Args:
         directory: the per-launch report directory.
-        command: the command's name, for the fallback line.
+        command: the command's name, for the lines naming a rank's exit status.
         failures: torch's ``ChildFailedError.failures``: rank -> failure with ``exitcode`` and ``signal_name()``.
+        node: which node this launcher is (`` on node 1 (host)``), for a launch over several; empty on one.
     """
     user_errors = sorted(directory.glob(_USER_ERROR.replace("{:05d}", "*")))
     if user_errors:
         return user_errors[0].read_text()
+    killed = [r for r in sorted(failures) if _signal(failures[r]) in KILLED_FROM_OUTSIDE]
+    if killed:
+        signal_name = _signal(failures[killed[0]])
+        return (
+            f"drivetrain {command}: rank {killed[0]}{node} was killed by {signal_name}, from outside the run (kill, "
+            "the out-of-memory killer or a job scheduler: see the system log, e.g. `dmesg`); the other ranks were "
+            "stopped."
+        )
     crashes = sorted(
         directory.glob(_CRASH.replace("{:05d}", "*")), key=lambda p: (p.stat().st_mtime_ns, p.name)
     )
@@ -92,6 +110,11 @@ def failure_report(directory: Path, command: str, failures: Mapping[int, Any]) -
     failure = failures[rank]
     how = f"signal {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     return (
-        f"drivetrain {command}: rank {rank} ended with {how} before it could report why (killed from outside, "
-        "or out of memory: see the system log, e.g. `dmesg`)."
+        f"drivetrain {command}: rank {rank}{node} ended with {how} before it could report why (see the system "
+        "log, e.g. `dmesg`)."
     )
+
+
+def _signal(failure: Any) -> str | None:
+    """The name of the signal that ended a failed rank, or None when it exited."""
+    return str(failure.signal_name()) if failure.exitcode < 0 else None

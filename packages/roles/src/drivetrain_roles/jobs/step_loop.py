@@ -115,6 +115,7 @@ class StepLoop:
                 beat(done, "save")
                 self.folder.save(engine, done, self.writer)
         bar.close()
+        self._stop_if_asked_at_the_end(stop)
 
     def _warn(self, trip: Trip | None, bar: Any) -> None:
         """One console warning (rank 0) at the first step of each episode of the guard's."""
@@ -165,8 +166,23 @@ class StepLoop:
         """Checkpoint step ``done`` and stop the run (Ctrl-C), skipping the step's evaluation."""
         self.folder.save(engine, done, self.writer)
         bar.close()
+        raise self._interrupted(done)
+
+    def _stop_if_asked_at_the_end(self, stop: StopRequests) -> None:
+        """A Ctrl-C during the last step, its evaluation or its save stops the run too, as every rank agrees
+        (collective): the last step is saved, the final model is not written.
+
+        NOTE: the step boundary's agreement skips the last step (the run ends anyway), so such a Ctrl-C was
+        announced as "stops after the current step and saves" and then the run finished with status 0: an
+        interrupt reported as success.
+        """
+        if distributed.all_reduce_max(float(stop.requested)):
+            raise self._interrupted(self.trainer.total_steps)
+
+    def _interrupted(self, done: int) -> RunInterrupted:
+        """The interrupt of a run stopped after step ``done``, which is saved."""
         checkpoint = self.folder.step_path(done)
-        raise RunInterrupted(
+        return RunInterrupted(
             f"interrupted after step {done} of {self.trainer.total_steps}; saved checkpoint {checkpoint}. "
             f"Continue with: drivetrain {self.command} --resume --output-dir {self.folder.path}",
             step=done,

@@ -1,0 +1,177 @@
+"""``drivetrain sft --nnodes 2``: two "nodes" simulated on one machine (two launchers, one c10d rendezvous on
+loopback), equal to one node of two ranks; and the launches that cannot work end in one line on every node,
+within ``--rdzv-timeout``, with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+import pytest
+from drivetrain_roles.jobs.nodes import Nodes
+from drivetrain_roles.jobs.run_options import RunOptions
+from safetensors.torch import load_file
+
+DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
+TINY = [
+    "data.generated_train_size=32",
+    "data.generated_val_size=4",
+    "trainer.batch_size=8",
+    "trainer.eval_samples=4",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=2",
+    "trainer.progress_bar=false",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(
+    rank: int,
+    nnodes: int,
+    port: int,
+    output_dir: str,
+    cwd: Path,
+    timeout: int = 60,
+    overrides: Sequence[str] = (),
+) -> subprocess.Popen[str]:
+    nodes = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    timeouts = ["--rdzv-timeout", str(timeout)]
+    command = [str(DRIVETRAIN), "sft", *nodes, *timeouts, "--output-dir", output_dir, *TINY, *overrides]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ends(*launchers: subprocess.Popen[str]) -> list[tuple[int, str]]:
+    errors = [p.communicate(timeout=240)[1] for p in launchers]
+    return [(p.returncode, err) for p, err in zip(launchers, errors, strict=True)]
+
+
+def _losses(run: Path) -> list[float]:
+    return [
+        r["train/loss"]
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if "train/loss" in r
+    ]
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(tmp_path) -> None:
+    """Two nodes of one rank train 2 steps; one node of two ranks resumes that run to step 3 (the checkpoint's
+    layout holds for any two ranks): losses and final weights equal an uninterrupted 3-step run of one node."""
+    constant = ["optimizer.lr_schedule=constant", "optimizer.warmup_steps=0"]  # the same lr for 2 and 3 steps
+    two_nodes, one_node = tmp_path / "two_nodes", tmp_path / "one_node"
+    port = _free_port()
+    nodes = [
+        _node(r, 2, port, str(two_nodes), tmp_path, overrides=[*constant, "trainer.total_steps=2"])
+        for r in (0, 1)
+    ]
+    assert [status for status, _ in _ends(*nodes)] == [0, 0]
+    assert not (two_nodes / ".drivetrain-nodes").exists()
+    resume = ["--nproc", "2", "--resume", "--output-dir", str(two_nodes), "trainer.total_steps=3"]
+    reference = ["--nproc", "2", "--output-dir", str(one_node), *TINY, *constant, "trainer.total_steps=3"]
+    for arguments in (resume, reference):
+        subprocess.run([str(DRIVETRAIN), "sft", *arguments], check=True, capture_output=True, timeout=240)
+    resumed, expected = _losses(two_nodes), _losses(one_node)
+    assert len(resumed) == 3 and max(abs(a - b) for a, b in zip(resumed, expected, strict=True)) <= 1e-6
+    weights, final = (load_file(run / "final_model" / "model.safetensors") for run in (two_nodes, one_node))
+    assert max((weights[k] - final[k]).abs().max().item() for k in final) <= 1e-6
+
+
+@pytest.mark.slow
+def test_launches_that_cannot_work_end_in_one_line_on_every_node_with_nothing_written(tmp_path) -> None:
+    """An endpoint nobody answers, nodes started with different --nnodes, and a run folder each node has its own
+    copy of (the same path, here relative to another working directory): one line each, within the timeout."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    start = time.monotonic()
+    alone = _node(1, 2, _free_port(), "run", tmp_path / "a", timeout=2)
+    port = _free_port()
+    mismatched = [
+        _node(0, 2, port, "run", tmp_path / "a", timeout=3),
+        _node(1, 3, port, "run", tmp_path / "b", timeout=3),
+    ]
+    [(status, err)] = _ends(alone)
+    assert status == 1 and err.startswith(
+        "drivetrain sft: error: node 1 of 2 could not reach the rendezvous at "
+    )
+    assert err.count("\n") == 1 and "within --rdzv-timeout 2 s (ConnectionRefusedError" in err
+    for (status, err), (rank, nnodes) in zip(_ends(*mismatched), [(0, 2), (1, 3)], strict=True):
+        assert (status, err.count("\n")) == (1, 1)
+        assert err.startswith(
+            f"drivetrain sft: error: node {rank} of {nnodes} could not complete the rendezvous"
+        )
+    assert time.monotonic() - start < 90
+    port = _free_port()
+    unshared = [_node(r, 2, port, "run", tmp_path / d, timeout=3) for r, d in ((0, "a"), (1, "b"))]
+    ends = _ends(*unshared)
+    assert ends[0] == ends[1] and ends[0][0] == 1
+    assert ends[0][1] == (
+        "drivetrain sft: error: the run folder run is not shared by every node: rank 0 (node 0, host "
+        f"{socket.gethostname()}) cannot see the marker rank 1 (node 1, host {socket.gethostname()}) wrote there "
+        "(.drivetrain-nodes/rank1-node1) within 3 s. Put --output-dir on storage every node mounts at the same "
+        "path (NFS, Lustre, a shared volume), or raise --rdzv-timeout for storage that shows new files late.\n"
+    )
+    assert list((tmp_path / "a").iterdir()) == list((tmp_path / "b").iterdir()) == []
+
+
+def test_several_nodes_need_an_endpoint_a_shared_folder_and_a_rank_in_range() -> None:
+    with pytest.raises(click.UsageError, match="--nnodes 2 needs --rdzv-endpoint HOST:PORT"):
+        Nodes(nnodes=2, node_rank=1)
+    with pytest.raises(click.UsageError, match="give each node a rank from 0 to 1"):
+        Nodes(nnodes=2, node_rank=2, rdzv_endpoint="h:1")
+    with pytest.raises(click.UsageError, match="--nnodes 2 needs --output-dir DIR, the same on every node"):
+        RunOptions(command="sft", nodes=Nodes(nnodes=2, rdzv_endpoint="h:1"))
+    config = Nodes(nnodes=2, node_rank=1, rdzv_endpoint="h:1", rdzv_timeout_s=7).launch_config(
+        "sft", 4, "x", ""
+    )
+    assert (
+        config.min_nodes,
+        config.max_nodes,
+        config.nproc_per_node,
+        config.run_id,
+        config.rdzv_endpoint,
+    ) == (2, 2, 4, "drivetrain-sft-2n", "h:1")
+    assert config.rdzv_configs == {
+        "join_timeout": 7,
+        "read_timeout": 7,
+        "last_call_timeout": 1,
+        "is_host": False,
+        "timeout": 7,
+    }
+
+
+@pytest.mark.slow
+def test_under_an_outside_launcher_the_command_is_one_rank_and_spawns_nothing(tmp_path) -> None:
+    """torchrun or srun set RANK/WORLD_SIZE/MASTER_ADDR: the node flags are ignored (no rendezvous at the dead
+    endpoint), the process is the rank; the shared-folder check passes for a world of one."""
+    outside = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, **outside, "MASTER_PORT": str(_free_port())}
+    nodes = ["--nnodes", "2", "--node-rank", "1", "--nproc", "2", "--rdzv-endpoint", "127.0.0.1:1"]
+    command = [
+        str(DRIVETRAIN),
+        "sft",
+        *nodes,
+        "--output-dir",
+        str(tmp_path / "run"),
+        *TINY,
+        "trainer.total_steps=1",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert [
+        r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    ] == [
+        0,
+        1,
+        1,
+    ]
