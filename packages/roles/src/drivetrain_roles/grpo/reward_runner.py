@@ -61,18 +61,24 @@ def run_rewards(
     rewards: Sequence[LoadedReward], inputs: RewardInputs, timeout_s: float | None
 ) -> list[Outcome]:
     """Every function's :class:`Outcome` over ``inputs``, concurrently within ``timeout_s`` (see the module
-    docstring)."""
-    runs = [_Run(reward, inputs) for reward in rewards]
-    if timeout_s is None:
-        for run in runs:
-            run.work()
-        return [run.outcome() for run in runs]
-    deadline = time.monotonic() + timeout_s
-    for run in runs:
+    docstring); a collective reward (a reward model) on the calling thread meanwhile, once, its error raised."""
+    runs = [_Run(reward, inputs) for reward in rewards if not reward.collective]
+    threaded = timeout_s is not None
+    deadline = time.monotonic() + (timeout_s or 0.0)
+    for run in runs if threaded else ():
         run.start()
+    collective = {
+        id(reward): Outcome(values=checked_values(reward(inputs), len(inputs), reward))
+        for reward in rewards
+        if reward.collective
+    }
     for run in runs:
-        run.join(deadline)
-    return [run.outcome() for run in runs]
+        if threaded:
+            run.join(deadline)
+        else:
+            run.work()
+    outcomes = iter(run.outcome() for run in runs)
+    return [collective[id(reward)] if reward.collective else next(outcomes) for reward in rewards]
 
 
 class _Run:

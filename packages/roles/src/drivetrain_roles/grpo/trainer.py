@@ -34,6 +34,7 @@ from ..jobs.metrics import plot_curves
 from ..mini_batches import UpdateSchedule
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
+from ..reward_model.build import make_reward_models
 from ..update_metrics import ENGINE_LOSS_METRICS
 from .config import GRPOConfig, PolicyJobConfig, check_mini_batch_share, generation_lag
 from .pipeline import RolloutPipeline
@@ -137,6 +138,7 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         self.folder = self.folder.for_data(e.token_ids for e in self.train)
         self.actor = self.make_actor(self.model_path)
         self.reference = self.make_reference(self.actor, self.model_path)
+        self.reward_models = make_reward_models(config, len(self.val), distributed.world_size())
         self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
         self.sampler = StepSampler(
             len(self.train),
