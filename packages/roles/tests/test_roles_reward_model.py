@@ -142,3 +142,79 @@ def test_folders_that_are_no_reward_model_are_refused_with_the_fix(reward_model_
     settings = load_config(None, [f"algorithm.reward_functions=[exact_match,{reward_model_dir}]"])
     assert settings.algorithm.rewards().models == (str(reward_model_dir),)
     assert settings.algorithm.rewards().names == ("exact_match", "sum_rm")
+
+
+RECORDER = """
+import json
+
+
+def seen(prompts, completions):
+    with open({log!r}, "a") as log:
+        log.write(json.dumps({{"prompts": list(prompts), "completions": list(completions)}}) + "\\n")
+    return [0.0] * len(completions)
+"""
+
+
+def arithmetic_reward_model(model_dir: Path, target: Path) -> Path:
+    """A one-label sequence classifier on the arithmetic model's config and tokenizer (random weights)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    torch.manual_seed(11)
+    AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).save_pretrained(target)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(target)
+    return target
+
+
+@pytest.mark.parametrize("command", ["grpo", "ppo"])
+def test_a_run_rewards_with_the_reward_model_as_hugging_face_scores(tmp_path, command):
+    """``drivetrain grpo``/``ppo`` with ``[recorder, reward model]`` weighted ``[1, 0.5]`` on plain arithmetic
+    prompts: each step's ``reward/<model>`` is the mean of a plain HF forward of ``tokenizer(prompt +
+    completion)`` over the completions the recorder saw, and ``train/reward`` half of it."""
+    from click.testing import CliRunner
+    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_roles.jobs.default_assets import write_model_dir
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model_dir = write_model_dir(tmp_path / "model", seed=3)
+    rm = arithmetic_reward_model(model_dir, tmp_path / "judge")
+    log = tmp_path / "seen.jsonl"
+    (tmp_path / "recorder.py").write_text(RECORDER.format(log=str(log)))
+    rows = "".join(json.dumps({"prompt": f"{a}+{a}=", "response": str(2 * a)}) + "\n" for a in range(1, 9))
+    (tmp_path / "train.jsonl").write_text(rows)
+    overrides = [
+        f"model.path={model_dir}",
+        f"data.train_files=[{tmp_path / 'train.jsonl'}]",
+        f"data.val_files=[{tmp_path / 'train.jsonl'}]",
+        f"algorithm.reward_functions=[{tmp_path / 'recorder.py'}:seen,{rm}]",
+        "algorithm.reward_weights=[1.0,0.5]",
+        "reward_model.micro_batch_size=3",
+        "rollout.n=4",
+        "rollout.max_new_tokens=4",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=4",
+        "trainer.eval_every=0",
+        "trainer.eval_samples=2",
+        "trainer.save_every=0",
+        "trainer.progress_bar=false",
+        *(["trainer.critic_warmup=0"] if command == "ppo" else []),
+    ]
+    run = tmp_path / "run"
+    result = CliRunner().invoke(drivetrain_cli, [command, "--output-dir", str(run), *overrides])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "train/reward" in r]
+    batches = [json.loads(line) for line in log.read_text().splitlines()]
+    training = [b for b in batches if len(b["completions"]) == 16]
+    assert [r["step"] for r in steps] == [1, 2] and len(training) == 2
+    tokenizer = AutoTokenizer.from_pretrained(rm)
+    model = AutoModelForSequenceClassification.from_pretrained(rm, dtype=torch.float32).eval()
+    for record, batch in zip(steps, training, strict=True):
+        with torch.no_grad():
+            scores = [
+                float(model(**tokenizer(p + c, return_tensors="pt")).logits[0, 0])
+                for p, c in zip(batch["prompts"], batch["completions"], strict=True)
+            ]
+        assert record["reward/judge"] == pytest.approx(sum(scores) / 16, abs=1e-5)
+        assert record["train/reward"] == pytest.approx(0.5 * sum(scores) / 16, abs=1e-5)
+    assert any("val/reward" in r for r in records)
