@@ -139,6 +139,10 @@ def test_folders_that_are_no_reward_model_are_refused_with_the_fix(reward_model_
     config["id2label"] = {"0": "bad", "1": "good"}
     (classifier / "config.json").write_text(json.dumps(config))
     assert "num_labels=2" in _refusal(classifier)
+    with pytest.raises(
+        ConfigError, match=r"reward_model.enable \(verl's name\); did you mean algorithm.reward_functions"
+    ):
+        load_config(None, ["reward_model.enable=true", f"reward_model.model.path={reward_model_dir}"])
     settings = load_config(None, [f"algorithm.reward_functions=[exact_match,{reward_model_dir}]"])
     assert settings.algorithm.rewards().models == (str(reward_model_dir),)
     assert settings.algorithm.rewards().names == ("exact_match", "sum_rm")

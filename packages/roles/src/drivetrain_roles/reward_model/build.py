@@ -57,7 +57,8 @@ def build_reward_models(
 
     Args:
         specs: the reward entries that name model folders (:func:`.spec.is_model_spec`).
-        model: the policy's model section (its ``trust_remote_code`` and attention settings apply).
+        model: the policy's model section (its ``trust_remote_code``, padding and dropout settings apply; the
+            weights are the folder's, without adapters).
         engine: the job's engine section (the reward model's backend and layout).
         section: the ``reward_model`` section.
         data: the job's ``data`` section (where the prompt messages are).
@@ -75,7 +76,12 @@ def build_reward_models(
     for spec in specs:
         path = check_model_folder(spec)
         model_config = dataclasses.replace(
-            model, path=str(path), model_type="value_model", lora=None, gradient_checkpointing=False
+            model,
+            path=str(path),
+            model_type="value_model",
+            from_config_only=False,
+            lora=None,
+            gradient_checkpointing=False,
         )
         backend = plugins().engines.get("value_model", engine.backend, engine.device)
         reward_engine = create_engine(
