@@ -160,14 +160,15 @@ def reward_names(functions: tuple[str, ...]) -> tuple[str, ...]:
     short = [_short_name(spec) for spec in functions]
     counts = Counter(short)
     names = tuple(
-        _qualified(spec) if counts[name] > 1 and _short_name(spec) == spec.rpartition(":")[2] else name
+        _qualified(spec) if counts[name] > 1 and ":" in spec else name
         for spec, name in zip(functions, short, strict=True)
     )
     repeated = [name for name, count in Counter(names).items() if count > 1]
     if repeated:
         raise ConfigError(
             f"algorithm.reward_functions={list(functions)} lists {repeated[0]!r} more than once; list each function "
-            "once and weigh it with algorithm.reward_weights."
+            "once and weigh it with algorithm.reward_weights (two reward model folders of one name: rename one, "
+            "the metrics name a model by its folder)."
         )
     return names
 
