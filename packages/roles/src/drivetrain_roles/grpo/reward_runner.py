@@ -8,6 +8,10 @@ threads. The caller waits until every function has finished or ``algorithm.rewar
 they started; a completion without a value then has timed out. Without a time limit the functions run one after
 another on the calling thread (for functions that need the main thread, e.g. for ``signal.alarm``).
 
+A reward model (:mod:`..reward_model`, a ``collective`` reward) is no thread's work: its forward is a collective
+of every rank's engine, so it runs once per batch on the calling thread while the functions run on theirs, and
+its error is raised as it is (retrying one rank's rows alone would leave the other ranks waiting).
+
 NOTE: Python cannot stop a thread: a function that runs out of time is abandoned, not killed. Its thread runs on
 in the background, a daemon thread, which does not keep the process from exiting; whatever it returns later is
 dropped.
