@@ -62,7 +62,9 @@ class AlgorithmConfig(AlgorithmSection):
             function as ``package.module:function`` or ``path/to/file.py:function``, called with the keywords
             it names (``prompts``, ``completions``, ``completion_messages``, ``completion_ids``, ``references``,
             every data set column; TRL's reward functions and verl's ``compute_score`` as they are) and
-            returning one number (or ``None``: not applicable) per completion. The same as
+            returning one number (or ``None``: not applicable) per completion; or a reward model's folder (TRL's
+            model id in ``reward_funcs``: a one-label ``*ForSequenceClassification`` model such as ``drivetrain
+            rm``'s ``final_model``, scored on its own engine, see the ``reward_model`` section). The same as
             ``reward_functions=[it]``; setting one clears the other.
         reward_functions: several reward functions (TRL's ``reward_funcs``), each as ``reward_function``; a
             response's reward is their weighted sum, a function returning ``None`` for it left out; each is

@@ -26,6 +26,7 @@ from ..command_sections import (
     merged_sections,
     model_defaults,
 )
+from ..reward_model.config import RewardModelConfig
 from ..rl.job_config import (
     POLICY_WARMUP_STEPS,
     USER_MODEL_LR,
@@ -67,6 +68,7 @@ class GRPOConfig:
         rollout: sampling and the weight hand-off.
         algorithm: the GRPO objective.
         trainer: the loop.
+        reward_model: how the reward models in ``algorithm.reward_functions`` run (each on its own engine).
     """
 
     model: ModelConfig = field(default_factory=builtin_model)
@@ -77,6 +79,7 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:

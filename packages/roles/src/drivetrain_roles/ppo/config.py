@@ -31,6 +31,7 @@ from ..command_sections import (
 )
 from ..losses.config import ValueLossConfig
 from ..losses.names import canonical_estimator, choose
+from ..reward_model.config import RewardModelConfig
 from ..rl.advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..rl.algorithm_section import AlgorithmSection
 from ..rl.job_config import (
@@ -135,7 +136,8 @@ class AlgorithmConfig(AlgorithmSection):
         ppo_mini_batches: optimizer steps of the actor and of the critic per epoch over one rollout.
         ppo_epochs: passes over one rollout (the sequences reshuffled each pass).
         reward_function: ``exact_match``, ``math_verify``, ``step_credit``, or the user's function as
-            ``package.module:function`` or ``path/to/file.py:function`` (as in ``drivetrain grpo``): the score of
+            ``package.module:function`` or ``path/to/file.py:function``, or a reward model's folder (as in
+            ``drivetrain grpo``): the score of
             each response, placed on its last token. The same as ``reward_functions=[it]``; setting one clears
             the other.
         reward_functions: several reward functions; the score is their weighted sum (as in ``drivetrain grpo``).
@@ -273,6 +275,7 @@ class PPOConfig:
         critic: the value model.
         algorithm: the PPO objective.
         trainer: the loop.
+        reward_model: how the reward models in ``algorithm.reward_functions`` run (each on its own engine).
     """
 
     model: ModelConfig = field(default_factory=builtin_model)
@@ -284,6 +287,7 @@ class PPOConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:

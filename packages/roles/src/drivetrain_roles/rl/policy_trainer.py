@@ -41,6 +41,7 @@ from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
 from ..output_ranks import require_outputs_on_every_rank
 from ..reference import Reference
+from ..reward_model.build import make_reward_models
 from .actor_setup import actor_config
 from .batch import RolloutBatch
 from .curves import POLICY_CURVES
@@ -139,6 +140,7 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         self._load_prompts()
         self.actor = self.make_actor(self.model_path)
         self.reference = self.make_reference(self.actor, self.model_path)
+        self.reward_models = make_reward_models(config, len(self.val), distributed.world_size())
         self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
         self.scorer = self.make_scorer()
         self.sampler = StepSampler(

@@ -8,6 +8,10 @@ threads. The caller waits until every function has finished or ``algorithm.rewar
 they started; a completion without a value then has timed out. Without a time limit the functions run one after
 another on the calling thread (for functions that need the main thread, e.g. for ``signal.alarm``).
 
+A reward model (:mod:`..reward_model`, a ``collective`` reward) is no thread's work: its forward is a collective
+of every rank's engine, so it runs once per batch on the calling thread while the functions run on theirs, and
+its error is raised as it is (retrying one rank's rows alone would leave the other ranks waiting).
+
 NOTE: Python cannot stop a thread: a function that runs out of time is abandoned, not killed. Its thread runs on
 in the background, a daemon thread, which does not keep the process from exiting; whatever it returns later is
 dropped.
@@ -61,18 +65,24 @@ def run_rewards(
     rewards: Sequence[LoadedReward], inputs: RewardInputs, timeout_s: float | None
 ) -> list[Outcome]:
     """Every function's :class:`Outcome` over ``inputs``, concurrently within ``timeout_s`` (see the module
-    docstring)."""
-    runs = [_Run(reward, inputs) for reward in rewards]
-    if timeout_s is None:
-        for run in runs:
-            run.work()
-        return [run.outcome() for run in runs]
-    deadline = time.monotonic() + timeout_s
-    for run in runs:
+    docstring); a collective reward (a reward model) on the calling thread meanwhile, once, its error raised."""
+    runs = [_Run(reward, inputs) for reward in rewards if not reward.collective]
+    threaded = timeout_s is not None
+    deadline = time.monotonic() + (timeout_s or 0.0)
+    for run in runs if threaded else ():
         run.start()
+    collective = {
+        id(reward): Outcome(values=checked_values(reward(inputs), len(inputs), reward))
+        for reward in rewards
+        if reward.collective
+    }
     for run in runs:
-        run.join(deadline)
-    return [run.outcome() for run in runs]
+        if threaded:
+            run.join(deadline)
+        else:
+            run.work()
+    outcomes = iter(run.outcome() for run in runs)
+    return [collective[id(reward)] if reward.collective else next(outcomes) for reward in rewards]
 
 
 class _Run:

@@ -17,6 +17,7 @@ from pathlib import PurePath
 
 from drivetrain_engine_core.config import ConfigError
 
+from ..reward_model.spec import check_model_folder, is_model_spec, model_name
 from .builtin_rewards import BUILTIN_REWARDS
 
 REWARD_FIELDS = ("reward_function", "reward_functions")
@@ -51,6 +52,11 @@ class RewardSettings:
     def names(self) -> tuple[str, ...]:
         """Each function's name in the metrics (``reward/<name>``): see :func:`reward_names`."""
         return reward_names(self.functions)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The entries that name reward model folders (:mod:`..reward_model`), each run on its own engine."""
+        return tuple(f for f in self.functions if f not in BUILTIN_REWARDS and is_model_spec(f))
 
     @property
     def label(self) -> str:
@@ -122,13 +128,21 @@ def _functions(reward_function: str | None, reward_functions: tuple[str, ...] | 
 
 
 def check_reward_spec(spec: str) -> None:
-    """Refuse a reward function written without the name of the function (``rewards.py``).
+    """Refuse a reward function written without the name of the function (``rewards.py``), or a reward model
+    folder (an entry without ``:``, :mod:`..reward_model.spec`) that holds no one-label sequence-classification
+    model.
 
     Raises:
-        ConfigError: naming the built-in functions and the two forms of a user's function.
+        ConfigError: naming the built-in functions and the two forms of a user's function, or the fix of the
+            reward model's folder.
     """
+    if spec in BUILTIN_REWARDS:
+        return
+    if is_model_spec(spec):
+        check_model_folder(spec)
+        return
     location, _, name = spec.rpartition(":")
-    if spec not in BUILTIN_REWARDS and not (location and name):
+    if not (location and name):
         raise ConfigError(
             f"algorithm.reward_function={spec!r}: write a built-in reward ({', '.join(BUILTIN_REWARDS)}), "
             "package.module:function or path/to/file.py:function."
@@ -136,25 +150,33 @@ def check_reward_spec(spec: str) -> None:
 
 
 def reward_names(functions: tuple[str, ...]) -> tuple[str, ...]:
-    """Each function's name in the metrics: a built-in's name, else the function's (TRL's ``__name__``); where two
-    share it, ``<module or file stem>.<function>``.
+    """Each function's name in the metrics: a built-in's name, a reward model's (its folder's,
+    :func:`..reward_model.spec.model_name`), else the function's (TRL's ``__name__``); where two share it,
+    ``<module or file stem>.<function>``.
 
     Raises:
         ConfigError: a function listed twice.
     """
-    short = [spec if spec in BUILTIN_REWARDS else spec.rpartition(":")[2] for spec in functions]
+    short = [_short_name(spec) for spec in functions]
     counts = Counter(short)
     names = tuple(
-        _qualified(spec) if counts[name] > 1 and spec not in BUILTIN_REWARDS else name
+        _qualified(spec) if counts[name] > 1 and ":" in spec else name
         for spec, name in zip(functions, short, strict=True)
     )
     repeated = [name for name, count in Counter(names).items() if count > 1]
     if repeated:
         raise ConfigError(
             f"algorithm.reward_functions={list(functions)} lists {repeated[0]!r} more than once; list each function "
-            "once and weigh it with algorithm.reward_weights."
+            "once and weigh it with algorithm.reward_weights (two reward model folders of one name: rename one, "
+            "the metrics name a model by its folder)."
         )
     return names
+
+
+def _short_name(spec: str) -> str:
+    if spec in BUILTIN_REWARDS:
+        return spec
+    return model_name(spec) if is_model_spec(spec) else spec.rpartition(":")[2]
 
 
 def _qualified(spec: str) -> str:

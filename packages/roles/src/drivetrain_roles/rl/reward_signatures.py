@@ -55,6 +55,9 @@ class LoadedReward:
         parameters: the keywords it takes (``None``: every keyword, it takes ``**kwargs``).
         required: the keywords it cannot do without.
         per_completion: verl's ``compute_score``, one call per completion (the runner may run them in parallel).
+        collective: a reward model's forward, which every rank runs together: called once per batch on the
+            calling thread, outside the time limit (its engine's ``dist_timeout_s`` bounds it), never retried
+            row by row.
     """
 
     spec: str
@@ -63,6 +66,7 @@ class LoadedReward:
     parameters: frozenset[str] | None
     required: frozenset[str]
     per_completion: bool = False
+    collective: bool = False
 
     def __call__(self, inputs: RewardInputs) -> Any:
         keywords = inputs.keywords

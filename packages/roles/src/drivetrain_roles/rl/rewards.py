@@ -27,6 +27,8 @@ from drivetrain_engine_core import distributed
 from torch.distributed import ProcessGroup
 
 from ..jobs.data import Example
+from ..reward_model.build import model_reward
+from ..reward_model.spec import check_model_folder, is_model_spec
 from .builtin_rewards import BUILTIN_REWARDS, BUILTIN_SETUP
 from .builtin_rewards import EXACT_MATCH as EXACT_MATCH
 from .builtin_rewards import RewardFunction as RewardFunction
@@ -201,17 +203,24 @@ def load_rewards(settings: RewardSettings) -> list[LoadedReward]:
 
 @cache
 def load_reward_function(spec: str) -> LoadedReward:
-    """The reward function ``spec`` names: a built-in (:data:`BUILTIN_REWARDS`), ``package.module:function``, or
-    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), loaded once per process,
+    """The reward function ``spec`` names: a built-in (:data:`BUILTIN_REWARDS`), ``package.module:function``,
+    ``path/to/file.py:function`` (verl's custom reward function: a file and a name), or a reward model's folder
+    (:mod:`..reward_model`: every keyword, scored on the job's reward-model engine), loaded once per process,
     with what its signature asks for (:mod:`.reward_signatures`).
 
     Raises:
         RewardError: the module or file cannot be imported, has no callable of that name, a built-in's package is
             missing, or the callable's parameters cannot be given by keyword.
+        ConfigError: a reward model's folder holds no one-label sequence-classification model.
     """
     if spec in BUILTIN_REWARDS:
         _set_up_builtin(spec)
         return loaded_reward(BUILTIN_REWARDS[spec], spec, spec)
+    if is_model_spec(spec):
+        check_model_folder(spec)
+        return LoadedReward(
+            spec, spec, model_reward(spec), parameters=None, required=frozenset(), collective=True
+        )
     location, _, name = spec.rpartition(":")
     try:
         module = (

@@ -26,6 +26,7 @@ class Foreign(NamedTuple):
 
 _STEPS = "drivetrain counts optimizer steps, not epochs"
 _GLOBAL = "sequences per optimizer step over all ranks, not per device"
+_REWARD_MODEL = "a reward model is its folder listed there, beside any functions, e.g. [exact_match,<folder>]"
 
 FOREIGN_NAMES: dict[str, Foreign] = {
     # TRL / the Hugging Face Trainer (TrainingArguments, SFTConfig, DPOConfig, GRPOConfig, ScriptArguments)
@@ -61,6 +62,7 @@ FOREIGN_NAMES: dict[str, Foreign] = {
     "dataset_config": Foreign("TRL", ("data.dataset_config",)),
     "dataset_train_split": Foreign("TRL", ("data.train_split",)),
     "dataset_test_split": Foreign("TRL", ("data.val_split",)),
+    "reward_funcs": Foreign("TRL", ("algorithm.reward_functions",)),
     # verl (ppo_trainer.yaml, sft_trainer.yaml)
     "actor_rollout_ref.actor.optim.lr": Foreign("verl", ("optimizer.lr",)),
     "actor_rollout_ref.model.path": Foreign("verl", ("model.path",)),
@@ -83,6 +85,9 @@ FOREIGN_NAMES: dict[str, Foreign] = {
     "trainer.test_freq": Foreign("verl", ("trainer.eval_every",)),
     "trainer.logger": Foreign("verl", ("trainer.report_to",)),
     "trainer.default_local_dir": Foreign("verl", ("--output-dir",)),
+    "reward_model.enable": Foreign("verl", ("algorithm.reward_functions",), _REWARD_MODEL),
+    "reward_model.model.path": Foreign("verl", ("algorithm.reward_functions",), _REWARD_MODEL),
+    "reward_model.micro_batch_size_per_gpu": Foreign("verl", ("reward_model.micro_batch_size",)),
 }
 """Foreign option name (dotted as typed) -> where it comes from and the fields it may mean here."""
 
