@@ -10,8 +10,9 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
-peft = pytest.importorskip("peft")
+pytest.importorskip("peft")
 
+import peft
 from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
 from drivetrain_engine_core.handoff import HandoffError
@@ -28,7 +29,12 @@ VERSIONS = itertools.count(1)
 
 @pytest.fixture(scope="module")
 def rollout(servable_model_dir):
-    options = {"max_model_len": 128, "kv_cache_memory_bytes": 1 << 26, "enable_lora": True, "max_lora_rank": 8}
+    options = {
+        "max_model_len": 128,
+        "kv_cache_memory_bytes": 1 << 26,
+        "enable_lora": True,
+        "max_lora_rank": 8,
+    }
     return create_rollout("vllm", model_path=str(servable_model_dir), options=options)
 
 
@@ -109,7 +115,9 @@ def test_a_request_started_under_a_version_finishes_under_it(rollout, engine, se
     older = adapters_of(buckets)
     llm = rollout.llm.llm_engine
     params = SamplingParams(max_tokens=12, temperature=0.7, seed=5, logprobs=0, ignore_eos=True)
-    llm.add_request("in-flight", {"prompt_token_ids": PROMPTS[0]}, params, lora_request=rollout._adapters.current)
+    llm.add_request(
+        "in-flight", {"prompt_token_ids": PROMPTS[0]}, params, lora_request=rollout._adapters.current
+    )
     outputs = [out for _ in range(4) for out in llm.step()]
     assert not any(out.finished for out in outputs)  # still decoding
     newer, next_buckets = train_and_hand_off(engine, rollout, seed=2)
@@ -118,9 +126,13 @@ def test_a_request_started_under_a_version_finishes_under_it(rollout, engine, se
         outputs += llm.step()
     completion = next(out for out in outputs if out.finished).outputs[0]
     response = torch.tensor(list(completion.token_ids))
-    rolled = torch.tensor([step[t].logprob for step, t in zip(completion.logprobs, response.tolist(), strict=True)])
+    rolled = torch.tensor(
+        [step[t].logprob for step, t in zip(completion.logprobs, response.tolist(), strict=True)]
+    )
     under_k = reference(peft_model(servable_model_dir, older), PROMPTS[:1], [response], 1)
-    under_k1 = reference(peft_model(servable_model_dir, adapters_of(next_buckets)), PROMPTS[:1], [response], 1)
+    under_k1 = reference(
+        peft_model(servable_model_dir, adapters_of(next_buckets)), PROMPTS[:1], [response], 1
+    )
     assert largest_gap([rolled], under_k) < 1e-5 < largest_gap([rolled], under_k1)
     kept = rollout._adapters.loaded_ids
     rollout.update_weights(train_and_hand_off(engine, rollout, seed=3)[1])
@@ -128,10 +140,12 @@ def test_a_request_started_under_a_version_finishes_under_it(rollout, engine, se
     assert llm.list_loras() == {kept[-1], kept[-1] + 1}
 
 
-def test_a_corrupted_adapter_bucket_is_refused_and_the_served_version_stays(rollout, engine, servable_model_dir):
+def test_a_corrupted_adapter_bucket_is_refused_and_the_served_version_stays(
+    rollout, engine, servable_model_dir
+):
     served = rollout.weights_version
     before = rollout.generate(PROMPTS, SAMPLED)
-    version, buckets = train_and_hand_off(engine, rollout, seed=4)
+    _, buckets = train_and_hand_off(engine, rollout, seed=4)
     buckets[0].buffer[buckets[0].specs[0].offset] ^= 0x40
     with pytest.raises(HandoffError, match=buckets[0].specs[0].name.replace(".", r"\.")):
         rollout.update_weights(buckets)

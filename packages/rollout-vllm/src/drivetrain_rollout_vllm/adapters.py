@@ -38,6 +38,7 @@ class AdapterVersions:
         self._loaded: list[Any] = []  # LoRARequests, oldest first
         self._tensors: dict[str, torch.Tensor] = {}  # the newest version's (the base of a delta)
         self._config: Mapping[str, Any] | None = None
+        self._version = 0  # the stream in progress's
         self._incoming: dict[str, torch.Tensor] = {}
         self._unchanged: list[str] = []
         self._next_id = 1
@@ -54,12 +55,12 @@ class AdapterVersions:
 
     def add(self, bucket: WeightBucket) -> None:
         """Keep an adapter bucket's tensors (copies: the bucket's buffer is reused) until the stream ends."""
-        self._config = bucket.adapter_config
+        self._config, self._version = bucket.adapter_config, bucket.version
         self._incoming.update((name, tensor.clone()) for name, tensor in bucket.tensors())
         self._unchanged.extend(held.name for held in bucket.unchanged)
 
-    def finish(self, version: int) -> None:
-        """Serve the stream's adapter as ``version``: written as a PEFT folder, added to vLLM under a new id,
+    def finish(self) -> None:
+        """Serve the stream's adapter as its version: written as a PEFT folder, added to vLLM under a new id,
         the oldest version beyond ``keep`` removed.
 
         Raises:
@@ -74,10 +75,13 @@ class AdapterVersions:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
+        version = self._version
         tensors = {name: self._tensors[name] for name in self._unchanged} | self._incoming
         folder = self._folder / f"v{version}-{self._next_id}"
         folder.mkdir()
-        save_file({name: t.contiguous() for name, t in tensors.items()}, str(folder / "adapter_model.safetensors"))
+        save_file(
+            {name: t.contiguous() for name, t in tensors.items()}, str(folder / "adapter_model.safetensors")
+        )
         (folder / "adapter_config.json").write_text(json.dumps(dict(self._config or {})))
         request = LoRARequest(f"drivetrain-v{version}-{self._next_id}", self._next_id, str(folder))
         self._next_id += 1
@@ -135,6 +139,10 @@ def served_adapter_tensor(
         return served
     sent = versions.sent(name)
     scaling = versions.scaling()
-    if sent is not None and sent.shape == served.shape and torch.equal(sent.to(served.dtype) * scaling, served):
+    if (
+        sent is not None
+        and sent.shape == served.shape
+        and torch.equal(sent.to(served.dtype) * scaling, served)
+    ):
         return sent
     return served / scaling

@@ -200,7 +200,7 @@ class VLLMRollout(Rollout):
     def _finish_update(self) -> None:
         if self._adapters is not None and self._stream_mode == "adapter":
             try:
-                self._adapters.finish(self._receiver.pending_version)
+                self._adapters.finish()
             finally:
                 self._adapters.abort()
             self._lora_mode = "adapter"

@@ -20,6 +20,7 @@ import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core.handoff import LoraMode
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 from drivetrain_engine_core.router_replay import ROUTED_EXPERTS
 from tensordict import TensorDict
@@ -359,11 +360,14 @@ def mismatch_kl_sum(
     return k3_sum(response_log_ratios(batch, actor_log_probs, rollout_log_probs))
 
 
-def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> dict[str, float]:
-    """Stream the actor's weights to the rollout as ``version`` (collective over the actor's ranks): a delta on
-    the version the rollout serves intact, else in full. Returns the sync's metrics (``rollout/sync_bytes``, ...)."""
+def hand_off(
+    actor: Actor, rollout: Rollout, version: int, bucket_mb: float, lora: LoraMode = "merged"
+) -> dict[str, float]:
+    """Stream the actor's weights (``lora``: merged, or its adapters alone) to the rollout as ``version``
+    (collective over the actor's ranks): a delta on the version the rollout serves intact, else in full. Returns
+    the sync's metrics (``rollout/sync_bytes``, ...)."""
     buckets = actor.engine.weight_buckets(
-        version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=rollout.delta_base
+        version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=rollout.delta_base, lora=lora
     )
     rollout.update_weights(buckets)
     return rollout.last_sync.as_metrics() if rollout.last_sync is not None else {}

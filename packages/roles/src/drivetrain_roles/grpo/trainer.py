@@ -196,7 +196,8 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
             # One policy update per step: the mini-batch shuffle continues its sequence; the rollout serves
             # the resumed weights.
             self.actor.updates_done = step
-            hand_off(self.actor, self.rollout, step, self.config.rollout.bucket_mb)
+            rollout = self.config.rollout
+            hand_off(self.actor, self.rollout, step, rollout.bucket_mb, rollout.lora_handoff)
         # NOTE: a resumed run generates from its checkpoint's step on: batches generated ahead of a checkpoint
         # were never trained (the checkpoint's step says which were), so none is trained twice or skipped.
         self.pipeline = RolloutPipeline(
@@ -244,7 +245,10 @@ class GRPOTrainer(TrainingJob[GRPOResult], Generic[ConfigT]):
         )
         metrics = update(self.actor, self.reference, samples)
         sync = self.pipeline.update(
-            lambda: hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb), step + 1
+            lambda: hand_off(
+                self.actor, self.rollout, step + 1, config.rollout.bucket_mb, config.rollout.lora_handoff
+            ),
+            step + 1,
         )
         ended = time.perf_counter()
         seconds = ended - started

@@ -116,7 +116,12 @@ class PPOTrainer(GRPOTrainer[PPOConfig]):
             kl_coef,
             train_actor=train_actor,
         )
-        sync = hand_off(self.actor, self.rollout, step + 1, config.rollout.bucket_mb) if train_actor else {}
+        rollout = config.rollout
+        sync = (
+            hand_off(self.actor, self.rollout, step + 1, rollout.bucket_mb, rollout.lora_handoff)
+            if train_actor
+            else {}
+        )
         seconds = time.perf_counter() - started
         reward_sum, count, response_tokens, tokens = distributed.all_reduce_sums(
             [
