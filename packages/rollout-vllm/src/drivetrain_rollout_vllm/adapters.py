@@ -14,12 +14,13 @@ import json
 import shutil
 import tempfile
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import HandoffError, WeightBucket
+from drivetrain_engine_core.checkpoint import PEFT_PREFIX
+from drivetrain_engine_core.handoff import HandoffError, WeightBucket, check_adapter_binding
 
 
 class AdapterVersions:
@@ -29,10 +30,14 @@ class AdapterVersions:
         add: vLLM's ``add_lora`` (takes a ``LoRARequest``).
         remove: vLLM's ``remove_lora`` (takes a LoRA id).
         keep: how many versions stay loaded (the newest serves new requests, older ones finish theirs).
+        modules: the served model's modules under their Hugging Face names (what an adapter binds to).
     """
 
-    def __init__(self, add: Callable[[Any], bool], remove: Callable[[int], bool], *, keep: int) -> None:
+    def __init__(
+        self, add: Callable[[Any], bool], remove: Callable[[int], bool], *, keep: int, modules: Iterable[str]
+    ) -> None:
         self._add, self._remove, self._keep = add, remove, keep
+        self._modules = sorted(modules)
         self._folder = Path(tempfile.mkdtemp(prefix="drivetrain-vllm-adapters-"))
         weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
         self._loaded: list[Any] = []  # LoRARequests, oldest first
@@ -64,7 +69,9 @@ class AdapterVersions:
         the oldest version beyond ``keep`` removed.
 
         Raises:
-            HandoffError: a delta named adapter tensors no version sent, or vLLM refused the adapter.
+            HandoffError: a delta named adapter tensors no version sent, the adapter left a module its
+                ``target_modules`` selects unbound (or bound none: :func:`check_adapter_binding`), or vLLM
+                refused it.
         """
         missing = [name for name in self._unchanged if name not in self._tensors]
         if missing:
@@ -77,6 +84,8 @@ class AdapterVersions:
 
         version = self._version
         tensors = {name: self._tensors[name] for name in self._unchanged} | self._incoming
+        bound = [n.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight") for n in tensors if "lora_A" in n]
+        check_adapter_binding(self._config or {}, self._modules, bound)
         folder = self._folder / f"v{version}-{self._next_id}"
         folder.mkdir()
         save_file(

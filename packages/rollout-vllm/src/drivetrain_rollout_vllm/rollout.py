@@ -104,7 +104,12 @@ class VLLMRollout(Rollout):
         self._incoming = LayerAssembler(self._layer_of, self._optional)
         engine = self.llm.llm_engine
         self._adapters = (
-            AdapterVersions(engine.add_lora, engine.remove_lora, keep=self.options.max_loras)
+            AdapterVersions(
+                engine.add_lora,
+                engine.remove_lora,
+                keep=self.options.max_loras,
+                modules={name.rpartition(".")[0] for name in self._names},
+            )
             if self.options.enable_lora
             else None
         )
