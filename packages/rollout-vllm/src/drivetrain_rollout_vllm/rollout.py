@@ -236,11 +236,11 @@ class VLLMRollout(Rollout):
         its reload path resets the encoder and multimodal caches but not this one. CUDA graphs need nothing:
         the reload writes into the parameters they captured.
 
-        Raises:
-            HandoffError: vLLM refused (it resets only while no request holds KV blocks).
-
         An adapter version needs no reset: vLLM keys the cache by the request's adapter too, and each version is
         an adapter of its own, so requests of older versions still running keep their blocks.
+
+        Raises:
+            HandoffError: vLLM refused (it resets only while no request holds KV blocks).
         """
         if self._lora_mode == "adapter":
             return
