@@ -425,6 +425,10 @@ def test_filtered_groups_leave_the_loss_and_the_rest_get_their_estimator():
             r"loss_scale_factor=64 is read only by loss_agg_mode=seq-mean-token-sum-norm",
         ),
         ("algorithm.overlong_buffer_len=6", r"overlong_buffer_len=6 must be below rollout.max_new_tokens=6"),
+        (
+            "rollout.lora_handoff=adapter",
+            r"lora_handoff=adapter hands off the LoRA adapters alone, and model.lora is",
+        ),
     ],
 )
 def test_unknown_names_and_senseless_combinations_are_refused_at_config_time(override, message):

@@ -18,7 +18,8 @@ from drivetrain_rollout_vllm.options import CPU_KV_CACHE_BYTES
 GIB = 1 << 30
 VLLM_ACCEPTS = (
     "gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None, max_model_len: "
-    "int | None = None, max_num_seqs: int | None = None, enforce_eager: bool = True"
+    "int | None = None, max_num_seqs: int | None = None, enforce_eager: bool = True, enable_lora: bool = False, "
+    "max_lora_rank: int = 16, max_loras: int = 2"
 )
 
 
@@ -53,7 +54,27 @@ def test_core_builds_each_rollouts_options_from_plain_values():
         **expected,
         "kv_cache_memory_bytes": None,
         "max_num_seqs": None,
+        "enable_lora": False,
+        "max_lora_rank": 16,
+        "max_loras": 2,
     }
+
+
+def test_lora_options_set_vllms_lora_arguments_with_a_place_for_the_next_version():
+    """vLLM evicts its least recently used adapter to add one beyond max_cpu_loras: one place more than the
+    versions kept, so adding version k+1 never evicts a kept one before the oldest is removed."""
+    lora = VLLMOptions(enable_lora=True, max_lora_rank=8, max_loras=3).engine_arguments("cuda")
+    assert lora == {
+        "enforce_eager": True,
+        "enable_lora": True,
+        "max_lora_rank": 8,
+        "max_loras": 3,
+        "max_cpu_loras": 4,
+    }
+    with pytest.raises(
+        ConfigError, match=r"max_lora_rank=4 is not a rank vLLM serves; set one of \[1, 8, 16"
+    ):
+        VLLMOptions(max_lora_rank=4)
 
 
 def test_max_model_len_is_the_length_limit_jobs_check_their_prompts_against():

@@ -55,8 +55,9 @@ PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
 SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
 DEADLINE_SECONDS = 60
 # The servers' options: vLLM's context cut from the model's 512 positions (the test below sees it taken; the kit's
-# long prompt still fits), and a fixed request timeout instead of the derived one.
-OPTIONS = VLLMServerOptions(max_model_len=448, request_timeout_s=300)
+# long prompt still fits), a fixed request timeout instead of the derived one, and vLLM's LoRA support (the kit's
+# adapter streams).
+OPTIONS = VLLMServerOptions(max_model_len=448, request_timeout_s=300, enable_lora=True, max_lora_rank=8)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +229,6 @@ class TestVLLMServerConformance(RolloutConformanceTests):
     """Core's kit on ``vllm-server``, verification reading back the server's vLLM weights."""
 
     rollout_name = "vllm-server"
-    supports_adapters = False
 
     @pytest.fixture(scope="class")
     def model_dir(self, servable_model_dir):
@@ -244,6 +244,48 @@ class TestVLLMServerConformance(RolloutConformanceTests):
         return VLLMServerRollout(
             model_path=str(model_dir), verify=verify, server=next(self.turns), options=OPTIONS
         )
+
+
+def test_an_adapter_version_is_served_on_the_server_as_peft_does(servers, servable_model_dir):
+    """An adapter-only stream of a LoRA engine to the server: verified by reading the server's adapter back
+    (lora_B against what arrived times alpha / rank = 3, bit for bit), sampled as transformers + PEFT sample with
+    the base model and the engine's adapters."""
+    peft = pytest.importorskip("peft")
+    from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+    from drivetrain_engine_core.handoff import VerifyConfig
+    from drivetrain_engine_core.testing import random_batch, token_mean_nll
+    from transformers import AutoModelForCausalLM
+
+    lora = LoraConfig(rank=4, alpha=12.0, target_modules=("q_proj", "v_proj", "up_proj"))
+    engine = create_engine(
+        model_config=ModelConfig(path=str(servable_model_dir), lora=lora),
+        engine_config=engine_config_from_dict({"backend": "fsdp", "device": "cpu"}),
+        optimizer_config=OptimizerConfig(lr=5e-2),
+    )
+    engine.initialize()
+    with engine.train_mode():
+        batch = random_batch(vocab_size=20, prompt_lengths=[3], response_lengths=[4], seed=0)
+        engine.train_batch(batch, token_mean_nll)
+    buckets = list(engine.weight_buckets(version=1, bucket_bytes=1024, lora="adapter"))
+    served = VLLMServerRollout(
+        model_path=str(servable_model_dir),
+        verify=VerifyConfig(mode="every"),
+        server=servers[0].server,
+        options=OPTIONS,
+    )
+    assert served.update_weights(buckets) == 1 and served.last_sync.verified
+    output = served.generate(PROMPTS, SAMPLED)
+    base = AutoModelForCausalLM.from_pretrained(servable_model_dir, dtype=torch.float32)
+    config = peft.LoraConfig(r=4, lora_alpha=12.0, target_modules=list(lora.target_modules))
+    model = peft.get_peft_model(base, config)
+    peft.set_peft_model_state_dict(model, {n: t for b in buckets for n, t in b.tensors()})
+    for index, (response, rolled) in enumerate(zip(output.responses, output.log_probs, strict=True)):
+        prompt = PROMPTS[index // output.n]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response.tolist()])).logits[0, len(prompt) - 1 : -1] / 0.7
+        expected = torch.log_softmax(logits, -1).gather(-1, response[:, None]).squeeze(-1)
+        torch.testing.assert_close(rolled, expected, atol=1e-5, rtol=0)
 
 
 def grpo(run, model, *extra):

@@ -21,6 +21,9 @@ from .deadline import RequestDeadline
 
 CPU_KV_CACHE_BYTES = 1 << 30
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The adapter ranks vLLM sizes its LoRA buffers for (``max_lora_rank``)."""
+
 
 def memory_options(device: str) -> dict[str, Any]:
     """How much memory vLLM takes beside the training engine in the same process when no option says.
@@ -49,6 +52,11 @@ class VLLMOptions(RolloutOptions):
         max_num_seqs: the most sequences vLLM schedules in one step (unset: vLLM's default).
         enforce_eager: run every step eagerly (true: no CUDA-graph capture, whose memory the trainer would
             lose); false captures CUDA graphs on GPUs: faster decoding after a slower start.
+        enable_lora: serve adapter-only hand-offs (``weight_buckets(lora="adapter")``) through vLLM's LoRA
+            support, each version an adapter of its own (false: merged weights only).
+        max_lora_rank: the largest adapter rank served, one of vLLM's sizes (:data:`LORA_RANKS`).
+        max_loras: how many adapter versions stay loaded: the newest serves new requests, older ones finish
+            theirs (``trainer.max_staleness + 1`` for an asynchronous trainer).
     """
 
     gpu_memory_utilization: float | None = None
@@ -56,6 +64,9 @@ class VLLMOptions(RolloutOptions):
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     enforce_eager: bool = True
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_loras: int = 2
 
     def __post_init__(self) -> None:
         share = self.gpu_memory_utilization
@@ -69,7 +80,12 @@ class VLLMOptions(RolloutOptions):
                 "rollout.options.gpu_memory_utilization and rollout.options.kv_cache_memory_bytes are both set; "
                 "vLLM sizes its memory by one of them: unset the other."
             )
-        for name in ("kv_cache_memory_bytes", "max_model_len", "max_num_seqs"):
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ConfigError(
+                f"rollout.options.max_lora_rank={self.max_lora_rank} is not a rank vLLM serves; set one of "
+                f"{list(LORA_RANKS)} at least the adapters' rank (model.lora.rank)."
+            )
+        for name in ("kv_cache_memory_bytes", "max_model_len", "max_num_seqs", "max_loras"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(
@@ -89,7 +105,12 @@ class VLLMOptions(RolloutOptions):
         memory = (
             {} if {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(given) else memory_options(device)
         )
-        return {"enforce_eager": self.enforce_eager, **memory, **given}
+        # NOTE: vLLM holds max_cpu_loras adapters and evicts the least recently used one to add another: one
+        # place more than the versions kept, so adding a version never evicts a kept one (the oldest is removed
+        # after the new one is in).
+        lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras}
+        lora = {**lora, "max_cpu_loras": self.max_loras + 1} if self.enable_lora else {}
+        return {"enforce_eager": self.enforce_eager, **memory, **given, **lora}
 
     def vllm_fields(self) -> dict[str, Any]:
         """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes)."""

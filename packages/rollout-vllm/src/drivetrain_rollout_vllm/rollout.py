@@ -6,7 +6,9 @@ what one load holds, so a layer waits until the stream has accounted for all of 
 unsent parts are read back from what is served (:mod:`.layers`). Between buckets the rollout holds at most the
 layer a bucket boundary cuts. vLLM's prefix cache is reset whenever other weights are in place (a new version,
 the checkpoint restored): it keys KV blocks by token ids alone. Verification reads back what vLLM computes
-with, one layer at a time (:mod:`.worker`). Log-probs are vLLM's *processed* ones: of the distribution actually
+with, one layer at a time (:mod:`.worker`). Adapter-only streams (``rollout.options.enable_lora``) are served
+through vLLM's LoRA support, each version an adapter of its own, the base weights untouched (:mod:`.adapters`).
+Log-probs are vLLM's *processed* ones: of the distribution actually
 sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without truncation is the actor's
 distribution at the temperature.
 """
@@ -26,6 +28,7 @@ from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBuc
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
 
 from . import worker
+from .adapters import AdapterVersions, served_adapter_tensor
 from .install import import_vllm, require_vllm
 from .layers import LayerAssembler
 from .options import CPU_KV_CACHE_BYTES as CPU_KV_CACHE_BYTES  # importable from here since 0.1.0
@@ -99,17 +102,30 @@ class VLLMRollout(Rollout):
         for name in sorted(self._names):
             self._layer_names.setdefault(self._layer_of[name], []).append(name)
         self._incoming = LayerAssembler(self._layer_of, self._optional)
+        engine = self.llm.llm_engine
+        self._adapters = (
+            AdapterVersions(
+                engine.add_lora,
+                engine.remove_lora,
+                keep=self.options.max_loras,
+                modules={name.rpartition(".")[0] for name in self._names},
+            )
+            if self.options.enable_lora
+            else None
+        )
+        self._lora_mode: str | None = None  # what the streams served so far carried: merged or adapter
+        self._stream_mode = "merged"  # what the stream in progress carries
         # NOTE: vLLM tears its process groups down from a finalizer that runs after drivetrain destroyed the
         # default group at exit, and then fails with a traceback; registered after drivetrain's handler, this
         # one runs before it (exit handlers run last-in first-out).
         atexit.register(_shut_down, weakref.ref(self.llm))
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
-        if bucket.lora == "adapter":
-            raise HandoffError(
-                "the vllm rollout serves merged weights only; hand off with weight_buckets(lora='merged')."
-            )
-        self._read_back = {}
+        self._check_lora_mode(bucket.lora)
+        self._stream_mode, self._read_back = bucket.lora, {}
+        if self._adapters is not None and bucket.lora == "adapter":
+            self._adapters.add(bucket)
+            return
         try:
             tensors = list(bucket.tensors())
             for name, tensor in tensors:
@@ -121,6 +137,25 @@ class VLLMRollout(Rollout):
             if self._incoming.applied_layers:
                 raise self._partly_applied(e) from e
             raise
+
+    def _check_lora_mode(self, mode: str) -> None:
+        """Refuse an adapter stream without vLLM's LoRA support, and a change of mode: adapters apply to the
+        base weights, which a merged stream replaced, and a merged stream would be served under the adapter.
+
+        Raises:
+            HandoffError: naming the mode sent, what the rollout serves and the fix.
+        """
+        if mode == "adapter" and self._adapters is None:
+            raise HandoffError(
+                "the weight stream carries LoRA adapters only, and this vllm rollout was started without LoRA "
+                "support; set rollout.options.enable_lora=true (and max_lora_rank at least the adapters' rank), "
+                "or hand off merged weights (weight_buckets(lora='merged'))."
+            )
+        if self._lora_mode not in (None, mode):
+            raise HandoffError(
+                f"the weight stream carries {mode} weights and this rollout serves {self._lora_mode} ones; hand "
+                "off with one lora mode for the rollout's whole life."
+            )
 
     @property
     def held_bytes(self) -> int:
@@ -168,6 +203,13 @@ class VLLMRollout(Rollout):
         return set(self._names)
 
     def _finish_update(self) -> None:
+        if self._adapters is not None and self._stream_mode == "adapter":
+            try:
+                self._adapters.finish()
+            finally:
+                self._adapters.abort()
+            self._lora_mode = "adapter"
+            return
         try:
             missing = self._incoming.missing()
             if missing:
@@ -177,12 +219,15 @@ class VLLMRollout(Rollout):
                 )
                 raise self._partly_applied(error) if self._incoming.applied_layers else error
             self.llm.collective_rpc(worker.finish_update)
+            self._lora_mode = "merged"
         finally:
             self._abort_update()
 
     def _abort_update(self) -> None:
         self._incoming = LayerAssembler(self._layer_of, self._optional)
         self._read_back = {}
+        if self._adapters is not None:
+            self._adapters.abort()
 
     def _drop_caches(self) -> None:
         """Reset vLLM's prefix cache, so no prompt is answered from KV blocks the previous weights computed.
@@ -191,9 +236,14 @@ class VLLMRollout(Rollout):
         its reload path resets the encoder and multimodal caches but not this one. CUDA graphs need nothing:
         the reload writes into the parameters they captured.
 
+        An adapter version needs no reset: vLLM keys the cache by the request's adapter too, and each version is
+        an adapter of its own, so requests of older versions still running keep their blocks.
+
         Raises:
             HandoffError: vLLM refused (it resets only while no request holds KV blocks).
         """
+        if self._lora_mode == "adapter":
+            return
         if not self.llm.reset_prefix_cache():
             raise HandoffError(
                 "vLLM refused to reset its prefix cache after new weights were loaded (requests still hold KV "
@@ -207,6 +257,9 @@ class VLLMRollout(Rollout):
         from safetensors.torch import load_file
 
         self._abort_update()
+        if self._adapters is not None:
+            self._adapters.clear()
+        self._lora_mode = None
         weights = {}
         for file in sorted(Path(self.model_path).glob("*.safetensors")):
             weights.update(load_file(file))
@@ -218,11 +271,16 @@ class VLLMRollout(Rollout):
         return self.llm.collective_rpc(worker.served_weights, args=(list(names),))[0]
 
     def _served_tensor(self, name: str) -> torch.Tensor | None:
+        if self._adapters is not None and self._lora_mode == "adapter":
+            return served_adapter_tensor(self._adapters, name, self._served_adapter)
         # NOTE: read back one vLLM layer at a time (the tensors of the layer serving ``name``), so verification
         # holds about a layer, not the model: core asks in stream order, where a layer's tensors come together.
         if name not in self._read_back:
             self._read_back = self.served_weights(self._layer_names.get(self._layer_of.get(name, ""), [name]))
         return self._read_back.get(name)
+
+    def _served_adapter(self, lora_id: int, name: str) -> torch.Tensor | None:
+        return self.llm.collective_rpc(worker.served_adapter, args=(lora_id, name))[0]
 
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
@@ -230,7 +288,8 @@ class VLLMRollout(Rollout):
         params = sampling_params(sampling, end_ids=self._end_ids)
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         responses, log_probs = [], []
-        for request in self.llm.generate(requests, params, use_tqdm=False):
+        adapter = self._adapters.current if self._adapters is not None else None
+        for request in self.llm.generate(requests, params, use_tqdm=False, lora_request=adapter):
             for completion in sorted(request.outputs, key=lambda c: c.index):
                 responses.append(torch.tensor(list(completion.token_ids), dtype=torch.long))
                 log_probs.append(sampled_log_probs(completion))

@@ -27,10 +27,11 @@ from drivetrain_engine_core.rollout import SamplingConfig
 
 DISTRIBUTION = "drivetrain-rollout-vllm"
 
-PROTOCOL = 3
+PROTOCOL = 4
 """The message format's version: both ends must speak the same one (raised on any incompatible change; 2: the
 start request carries the vLLM options; 3: the trainer asks the server to drop its caches, ``drop_caches``,
-once a new version's weights are in place, which a protocol-2 server would not do)."""
+once a new version's weights are in place, which a protocol-2 server would not do; 4: the options carry the
+LoRA settings, ``enable_lora`` ..., which a protocol-3 server cannot build)."""
 
 PROTOCOL_1_START = "failed with TypeError: Server.start() takes 3 positional arguments but 4 were given"
 """How a protocol-1 server (drivetrain-rollout-vllm 0.2.0) answers a protocol-2 start request: it fails on the

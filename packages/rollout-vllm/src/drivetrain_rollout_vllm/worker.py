@@ -120,3 +120,23 @@ def _full_parameter(module: Any, leaf: str) -> torch.Tensor:
         return tensor
     eye = torch.eye(module.input_size, dtype=tensor.dtype, device=tensor.device)
     return module.cpu_linear(eye, tensor, None).t()
+
+
+def served_adapter(worker: Any, lora_id: int, name: str) -> torch.Tensor | None:
+    """The tensor of the LoRA adapter ``lora_id`` vLLM holds under the PEFT name ``name``
+    (``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``): a fused layer's part is taken from its
+    packed adapter (``q_proj``'s from ``qkv_proj``'s). ``lora_B`` is as vLLM computes with it: times the scaling.
+    ``None``: the adapter or the module is not loaded.
+    """
+    adapter = worker.model_runner.lora_manager._adapter_manager.get_adapter(lora_id)
+    stem, _, kind = name.removeprefix("base_model.model.").removesuffix(".weight").rpartition(".")
+    if adapter is None or kind not in ("lora_A", "lora_B"):
+        return None
+    module, part = layer_of(f"{stem}.weight", packed_modules(worker))
+    lora = adapter.loras.get(module)
+    if lora is None:
+        return None
+    tensor = lora.lora_a if kind == "lora_A" else lora.lora_b
+    if part is not None:
+        tensor = tensor[list(packed_modules(worker)[module.rpartition(".")[2]]).index(part)]
+    return None if tensor is None else tensor.detach().cpu().clone()

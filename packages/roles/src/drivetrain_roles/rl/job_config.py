@@ -82,6 +82,11 @@ def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_
             f"SFT warm start, so it needs at least 1 step ({type(config.trainer)().warm_start_steps} by default). Set "
             "trainer.warm_start_steps >= 1, or give model.path (a drivetrain sft run's final_model), which starts as is."
         )
+    if config.rollout.lora_handoff == "adapter" and config.model.lora is None:
+        raise ConfigError(
+            "rollout.lora_handoff=adapter hands off the LoRA adapters alone, and model.lora is unset (the full "
+            "model trains); set model.lora (e.g. model.lora.rank=8) or rollout.lora_handoff=merged."
+        )
     buffer, longest = overlong_buffer_len, config.rollout.max_new_tokens
     if buffer >= longest:
         raise ConfigError(

@@ -231,7 +231,8 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
             # One policy update per step: the mini-batch shuffle continues its sequence; the rollout serves
             # the resumed weights.
             self.actor.updates_done = step
-            hand_off(self.actor, self.rollout, step, self.config.rollout.bucket_mb)
+            rollout = self.config.rollout
+            hand_off(self.actor, self.rollout, step, rollout.bucket_mb, rollout.lora_handoff)
         # NOTE: a resumed run generates from its checkpoint's step on: batches generated ahead of a checkpoint
         # were never trained (the checkpoint's step says which were), so none is trained twice or skipped.
         self.pipeline = self.make_sampler(step)
@@ -281,7 +282,8 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
 
     def _hand_off(self, step: int) -> Mapping[str, float]:
         """Stream the actor's weights to the rollout as version ``step + 1`` (collective); the sync's metrics."""
-        return hand_off(self.actor, self.rollout, step + 1, self.config.rollout.bucket_mb)
+        rollout = self.config.rollout
+        return hand_off(self.actor, self.rollout, step + 1, rollout.bucket_mb, rollout.lora_handoff)
 
     # ------------------------------------------------------------------ the command's hooks
 

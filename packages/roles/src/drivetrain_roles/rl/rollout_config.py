@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.handoff import LoraMode
 from drivetrain_engine_core.sampling import SamplingConfig
 
 from .router_replay import RouterReplayOption
@@ -25,6 +26,10 @@ class RolloutConfig(RouterReplayOption):
         min_p: drop tokens less likely than ``min_p`` times the likeliest one (0: none).
         max_new_tokens: most tokens of one response.
         bucket_mb: the weight hand-off's bucket size in MiB.
+        lora_handoff: with ``model.lora``, what a hand-off sends: ``merged`` (the full weights, the adapters
+            folded in) or ``adapter`` (the adapters alone, far fewer bytes, served over the rollout's base
+            weights: ``hf``; ``vllm``/``vllm-server`` with ``rollout.options.enable_lora=true``, an adapter per
+            version, ``rollout.options.max_loras`` of them kept, ``trainer.max_staleness + 1`` when asynchronous).
         options: the chosen rollout's own options, ``rollout.options.<key>=<value>`` (verl's
             ``rollout.engine_kwargs``): each rollout plugin declares which keys it takes, with their types and
             defaults (``vllm``: ``gpu_memory_utilization``, ``max_model_len``, ...; ``vllm-server`` also
@@ -43,6 +48,7 @@ class RolloutConfig(RouterReplayOption):
     min_p: float = 0.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
+    lora_handoff: LoraMode = "merged"
     options: dict[str, Any] = field(default_factory=dict)
 
     least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from drivetrain_engine_core.handoff import LoraMode
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 
 from ..actor import Actor
@@ -21,11 +22,14 @@ def sampling_config(config: RolloutJobConfig, *, seed: int) -> SamplingConfig:
     return dataclasses.replace(sampling, record_routed_experts=config.rollout.records_routes)
 
 
-def hand_off(actor: Actor, rollout: Rollout, version: int, bucket_mb: float) -> dict[str, float]:
-    """Stream the actor's weights to the rollout as ``version`` (collective over the actor's ranks): a delta on
-    the version the rollout serves intact, else in full. Returns the sync's metrics (``rollout/sync_bytes``, ...)."""
+def hand_off(
+    actor: Actor, rollout: Rollout, version: int, bucket_mb: float, lora: LoraMode = "merged"
+) -> dict[str, float]:
+    """Stream the actor's weights (``lora``: merged, or its adapters alone) to the rollout as ``version``
+    (collective over the actor's ranks): a delta on the version the rollout serves intact, else in full. Returns
+    the sync's metrics (``rollout/sync_bytes``, ...)."""
     buckets = actor.engine.weight_buckets(
-        version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=rollout.delta_base
+        version=version, bucket_bytes=int(bucket_mb * 2**20), base_version=rollout.delta_base, lora=lora
     )
     rollout.update_weights(buckets)
     return rollout.last_sync.as_metrics() if rollout.last_sync is not None else {}
