@@ -26,6 +26,7 @@ from ..command_sections import (
     merged_sections,
     model_defaults,
 )
+from ..rl.environment_config import EnvironmentConfig
 from ..rl.job_config import (
     POLICY_WARMUP_STEPS,
     USER_MODEL_LR,
@@ -67,6 +68,7 @@ class GRPOConfig:
         rollout: sampling and the weight hand-off.
         algorithm: the GRPO objective.
         trainer: the loop.
+        environment: a multi-turn environment to act in (none: one response per prompt).
     """
 
     model: ModelConfig = field(default_factory=builtin_model)
@@ -77,6 +79,7 @@ class GRPOConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:

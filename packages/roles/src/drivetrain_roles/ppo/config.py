@@ -33,6 +33,7 @@ from ..losses.config import ValueLossConfig
 from ..losses.names import canonical_estimator, choose
 from ..rl.advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..rl.algorithm_section import AlgorithmSection
+from ..rl.environment_config import EnvironmentConfig
 from ..rl.job_config import (
     POLICY_WARMUP_STEPS,
     USER_MODEL_LR,
@@ -273,6 +274,7 @@ class PPOConfig:
         critic: the value model.
         algorithm: the PPO objective.
         trainer: the loop.
+        environment: a multi-turn environment to act in (none: one response per prompt).
     """
 
     model: ModelConfig = field(default_factory=builtin_model)
@@ -284,6 +286,7 @@ class PPOConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:
