@@ -316,3 +316,17 @@ def test_ppo_runs_gae_over_each_episodes_model_tokens_with_its_turn_rewards(tmp_
         # An episode with context between its turns and a reward on more than one of them.
         compared += int((m[1:] & ~m[:-1]).sum()) > 1 and int((turn_rewards[m] != 0).sum()) > 1
     assert compared >= 1
+
+
+def test_router_replay_and_unknown_stop_tokens_are_refused_with_an_environment(tokenizer):
+    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_roles.grpo.config import load_config
+
+    with pytest.raises(ConfigError, match=r"set rollout\.router_replay=disabled"):
+        load_config(None, [*ENVIRONMENT, "rollout.router_replay=R3"])
+    config = load_config(None, [*ENVIRONMENT, "environment.stop_tokens=[<|eot_id|>]"])
+    with pytest.raises(ConfigError, match=r"'<\|eot_id\|>'\] is not a token of the model's tokenizer"):
+        config.environment.stop_token_ids(tokenizer)
+    assert load_config(None, list(ENVIRONMENT)).environment.stop_token_ids(tokenizer) == (
+        tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
