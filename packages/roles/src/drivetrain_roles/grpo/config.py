@@ -27,6 +27,7 @@ from ..command_sections import (
     model_defaults,
 )
 from ..reward_model.config import RewardModelConfig
+from ..rl.environment_config import EnvironmentConfig
 from ..rl.job_config import (
     POLICY_WARMUP_STEPS,
     USER_MODEL_LR,
@@ -69,6 +70,7 @@ class GRPOConfig:
         algorithm: the GRPO objective.
         trainer: the loop.
         reward_model: how the reward models in ``algorithm.reward_functions`` run (each on its own engine).
+        environment: a multi-turn environment to act in (none: one response per prompt).
     """
 
     model: ModelConfig = field(default_factory=builtin_model)
@@ -80,6 +82,7 @@ class GRPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from ..jobs.data import Example
 from ..reference import Reference
 from ..rl.advantage_estimators import outcome_advantages
 from ..rl.batch import RolloutBatch, add_rollout_fields, response_batch
+from ..rl.episode_batch import episode_batch, extra_rewards, model_log_probs, model_token_counts
+from ..rl.episodes import EpisodeBatch, episode_versions
 from ..rl.pipeline import GeneratedBatch
 from ..rl.policy_update import policy_calls, update_with
 from ..rl.reward_shaping import equal_reward_groups, penalised_rewards
@@ -84,13 +86,10 @@ def rollout_batch(
     algorithm = config.algorithm
     lengths = [len(r) for r in output.responses]
     rewards = penalised_rewards(rewards, lengths, config)
-    filtered = equal_reward_groups(rewards, output.n)
-    if not algorithm.filter_groups:
-        filtered = torch.zeros_like(filtered)
     if versions is None:
         version = output.version or 0
         versions = Versions.of(output, version, current=version, max_staleness=None)
-    stale = versions.stale_groups(output.n)
+    filtered, stale = left_out_groups(rewards, output.n, versions, config)
     batch, responses = response_batch(examples, output, keep=~(filtered | stale).repeat_interleave(output.n))
     add_rollout_fields(batch, responses, output, versions)
     batch["advantages"] = outcome_advantages(
@@ -108,6 +107,46 @@ def rollout_batch(
     )
 
 
+def left_out_groups(
+    rewards: torch.Tensor, n: int, versions: Versions, config: GRPOConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(groups,)`` twice: the groups ``algorithm.filter_groups`` takes out of the loss (equal rewards), and
+    those holding a token older than ``versions`` allows."""
+    filtered = equal_reward_groups(rewards, n)
+    if not config.algorithm.filter_groups:
+        filtered = torch.zeros_like(filtered)
+    return filtered, versions.stale_groups(n)
+
+
+def episodes_batch(
+    generated: EpisodeBatch, scores: Scores, config: GRPOConfig, group: ProcessGroup | None, *, step: int
+) -> RolloutBatch:
+    """The actor's batch of ``step`` from multi-turn episodes: model tokens only in the loss, each episode's
+    reward the environment's plus the reward functions' score of its final turn (:mod:`..rl.episode_batch`);
+    the group filter and the staleness (of each episode's oldest model token) as :func:`rollout_batch`'s."""
+    trajectories, n = generated.trajectories, generated.output.n
+    extra = extra_rewards(trajectories, scores.total, config)
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32) + extra
+    versions = Versions(
+        generated=episode_versions(trajectories), current=step, max_staleness=generation_lag(config.trainer)
+    )
+    filtered, stale = left_out_groups(rewards, n, versions, config)
+    batch, rewards = episode_batch(trajectories, extra, keep=~(filtered | stale).repeat_interleave(n))
+    batch["advantages"] = outcome_advantages(
+        rewards, batch["loss_mask"], n, config.algorithm.advantage_config(), group
+    )
+    return RolloutBatch(
+        batch=batch,
+        rollout_log_probs=model_log_probs(trajectories),
+        rewards=rewards,
+        response_lengths=model_token_counts(trajectories),
+        scores=scores,
+        filtered_groups=int(filtered.sum()),
+        versions=versions,
+        dropped_groups=int(stale.sum()),
+    )
+
+
 def generated_batch(
     examples: Sequence[Example],
     generated: GeneratedBatch,
@@ -117,8 +156,11 @@ def generated_batch(
     *,
     step: int,
 ) -> RolloutBatch:
-    """The actor's batch of ``step`` from the rollout's ``generated`` responses and their ``scores``: the
-    responses older than ``trainer.max_staleness`` allows leave the loss (:func:`rollout_batch`)."""
+    """The actor's batch of ``step`` from the rollout's ``generated`` responses (or episodes:
+    :func:`episodes_batch`) and their ``scores``: the responses older than ``trainer.max_staleness`` allows
+    leave the loss (:func:`rollout_batch`)."""
+    if isinstance(generated, EpisodeBatch):
+        return episodes_batch(generated, scores, config, group, step=step)
     versions = Versions.of(
         generated.output, generated.version, current=step, max_staleness=generation_lag(config.trainer)
     )

@@ -34,6 +34,7 @@ from ..losses.names import canonical_estimator, choose
 from ..reward_model.config import RewardModelConfig
 from ..rl.advantage_config import ADV_ESTIMATORS, CRITIC_ESTIMATORS
 from ..rl.algorithm_section import AlgorithmSection
+from ..rl.environment_config import EnvironmentConfig
 from ..rl.job_config import (
     POLICY_WARMUP_STEPS,
     USER_MODEL_LR,
@@ -276,6 +277,7 @@ class PPOConfig:
         algorithm: the PPO objective.
         trainer: the loop.
         reward_model: how the reward models in ``algorithm.reward_functions`` run (each on its own engine).
+        environment: a multi-turn environment to act in (none: one response per prompt).
     """
 
     model: ModelConfig = field(default_factory=builtin_model)
@@ -288,6 +290,7 @@ class PPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
 
     @staticmethod
     def derived_values(config: DictConfig) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from ..critic import Critic
 from ..jobs.data import Example
 from ..reference import Reference
 from ..rl.batch import RolloutBatch, response_batch
+from ..rl.episode_batch import episode_batch, extra_rewards, model_log_probs, model_token_counts
+from ..rl.episodes import EpisodeBatch
 from ..rl.policy_update import PolicyCalls, RolloutStatistics, policy_calls
 from ..rl.reward_shaping import penalised_rewards
 from ..rl.rewards import Scores
@@ -82,6 +84,22 @@ def scored_batch(
     )
 
 
+def episodes_batch(generated: EpisodeBatch, scores: Scores, config: PPOConfig) -> RolloutBatch:
+    """The step's batch from multi-turn episodes: every episode's model tokens in the loss, its
+    ``token_rewards`` (each turn's environment reward, plus the reward functions' score of the final turn:
+    :mod:`..rl.episode_batch`) what GAE takes."""
+    trajectories = generated.trajectories
+    extra = extra_rewards(trajectories, scores.total, config)
+    batch, rewards = episode_batch(trajectories, extra, keep=torch.ones(len(trajectories), dtype=torch.bool))
+    return RolloutBatch(
+        batch=batch,
+        rollout_log_probs=model_log_probs(trajectories),
+        rewards=rewards,
+        response_lengths=model_token_counts(trajectories),
+        scores=scores,
+    )
+
+
 def estimate_advantages(
     batch: TensorDict,
     scores: torch.Tensor,
@@ -89,11 +107,15 @@ def estimate_advantages(
     kl_coef: float,
     group: ProcessGroup | None = None,
 ) -> dict[str, float]:
-    """Set the batch's ``advantages`` (GAE, whitened over ``group``'s tokens) and ``returns`` from the scores,
+    """Set the batch's ``advantages`` (GAE over each sequence's loss tokens, whitened over ``group``'s tokens)
+    and ``returns`` from the scores (or the batch's ``token_rewards``: episodes),
     the KL penalty in the reward and the critic's ``values``; returns the statistics (``kl``: the token-mean KL
     to the reference when it is in the reward, which an adaptive controller follows)."""
     mask = batch["loss_mask"]
-    rewards = token_rewards(scores, mask)
+    # Episodes carry each turn's reward on its last token; a response, its score on its last token.
+    rewards = batch.get("token_rewards", None)
+    if rewards is None:
+        rewards = token_rewards(scores, mask)
     metrics: dict[str, float] = {}
     if algorithm.use_kl_in_reward:
         rewards, metrics["kl"] = apply_kl_penalty(

@@ -23,6 +23,7 @@ from ..jobs.data import Example
 from ..output_ranks import require_outputs_on_every_rank
 from ..rl.batch import RolloutBatch
 from ..rl.curves import POLICY_CURVES
+from ..rl.episodes import EpisodeBatch
 from ..rl.pipeline import GeneratedBatch
 from ..rl.policy_trainer import PolicyJobResult, PolicyTrainer, StepTiming
 from ..rl.rewards import Scores
@@ -30,7 +31,7 @@ from ..rl.step_record import StepRecord
 from ..rm.export import write_value_model_start
 from .config import PPOConfig
 from .run_folder import PPORunFolder
-from .step import CRITIC_PREFIX, scored_batch, update
+from .step import CRITIC_PREFIX, episodes_batch, scored_batch, update
 
 CRITIC_START_DIR = "critic_start"
 """In the run folder: the critic's start (the policy's weights linked, its config set up for one value)."""
@@ -109,6 +110,8 @@ class PPOTrainer(PolicyTrainer[PPOConfig]):
     def _batch(
         self, step: int, examples: list[Example], generated: GeneratedBatch, scores: Scores
     ) -> RolloutBatch:
+        if isinstance(generated, EpisodeBatch):
+            return episodes_batch(generated, scores, self.config)
         return scored_batch(examples, generated.output, scores, self.config)
 
     def _update(self, step: int, samples: RolloutBatch) -> dict[str, float]:

@@ -106,6 +106,11 @@ class ColocatedController:
         from ..jobs.assets import load_tokenizer
 
         check_mini_batch_share(config, world_size)
+        if config.environment.enabled:
+            raise ConfigError(
+                f"environment.name={config.environment.name}: a single controller samples one response per prompt; "
+                f"train on episodes with the trainer (drivetrain {cls.command} ...), or leave environment.name unset."
+            )
         load_rewards(config.algorithm.rewards())
         parts = spec()
         actor = parts.parts["actor"].model_config

@@ -18,6 +18,7 @@ from drivetrain_engine_core.config import (
 from ..command_sections import DataConfig
 from ..jobs.builtin_tasks import builtin_task
 from .algorithm_section import AlgorithmSection
+from .environment_config import EnvironmentConfig
 from .rollout_config import RolloutConfig
 from .trainer_config import TrainerConfig
 
@@ -52,6 +53,8 @@ class RolloutJobConfig(Protocol):
     def rollout(self) -> RolloutConfig: ...
     @property
     def trainer(self) -> TrainerConfig: ...
+    @property
+    def environment(self) -> EnvironmentConfig: ...
 
 
 class PolicyJobConfig(RolloutJobConfig, Protocol):
@@ -70,7 +73,7 @@ class PolicyJobConfig(RolloutJobConfig, Protocol):
 
 def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_batches: int) -> None:
     """The checks across the sections of a command that samples from its policy (``grpo``, ``ppo``): the embedded
-    model's warm start, the overlong buffer within a response, mini-batches that divide a step's sequences.
+    model's warm start, the overlong buffer within a response, no router replay with an environment, mini-batches that divide a step's sequences.
 
     Raises:
         ConfigError: naming the settings and the fix.
@@ -92,6 +95,11 @@ def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_
         raise ConfigError(
             f"algorithm.overlong_buffer_len={buffer} must be below rollout.max_new_tokens={longest} (the penalty "
             f"starts {buffer} tokens before the longest response); lower it, or raise rollout.max_new_tokens."
+        )
+    if config.environment.enabled and config.rollout.records_routes:
+        raise ConfigError(
+            f"environment.name={config.environment.name} with rollout.router_replay=R3: multi-turn episodes do not "
+            "record routed experts (each turn is its own generate call); set rollout.router_replay=disabled."
         )
     sequences = config.trainer.prompts_per_step * config.rollout.n
     if sequences % ppo_mini_batches:

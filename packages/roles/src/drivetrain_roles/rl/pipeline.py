@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from drivetrain_engine_core.errors import DrivetrainError
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
@@ -54,6 +54,10 @@ class GeneratedBatch:
     @property
     def seconds(self) -> float:
         return self.finished - self.started
+
+    def metrics(self, group: Any = None) -> dict[str, float]:
+        """The sampler's own metrics of the batch over ``group`` (collective where they reduce; none here)."""
+        return {}
 
 
 class RolloutPipeline:

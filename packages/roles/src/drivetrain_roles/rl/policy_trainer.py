@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.environment import environment_factory
 from drivetrain_engine_core.rollout import SamplingConfig
 
 from ..actor import Actor
@@ -45,6 +46,7 @@ from ..reward_model.build import make_reward_models
 from .actor_setup import actor_config
 from .batch import RolloutBatch
 from .curves import POLICY_CURVES
+from .episodes import EpisodePipeline
 from .hooks import Sampler, Scorer
 from .job_config import PolicyJobConfig, check_mini_batch_share
 from .pipeline import GeneratedBatch, RolloutPipeline
@@ -136,6 +138,9 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         require_rollout(config.rollout, config.engine)
         # ... and so is a reward function that does not load.
         load_rewards(config.algorithm.rewards())
+        # ... and so is an environment that is not registered or does not take its options.
+        if config.environment.name is not None:
+            environment_factory(config.environment.name, config.environment.options)
         self.model_path = start_model(config, self.output_dir, resume=self.folder.resume)
         self._load_prompts()
         self.actor = self.make_actor(self.model_path)
@@ -207,15 +212,24 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
 
     def make_sampler(self, step: int) -> Sampler:
         """What generates the steps ``step .. trainer.total_steps - 1`` from the rollout serving version ``step``:
-        in step (``trainer.mode=sync``) or ahead of it on a thread."""
-        return RolloutPipeline(
-            self.rollout,
-            self._request,
-            version=step,
-            first=step,
-            last=self.config.trainer.total_steps,
-            lag=generation_lag(self.config.trainer),
-        )
+        in step (``trainer.mode=sync``) or ahead of it on a thread; as episodes in ``environment.name``, when set."""
+        config = self.config
+        window: dict[str, Any] = {
+            "version": step,
+            "first": step,
+            "last": config.trainer.total_steps,
+            "lag": generation_lag(config.trainer),
+        }
+        if config.environment.enabled:  # episodes in the environment, from each example's row
+            return EpisodePipeline.configured(
+                config.environment,
+                self.rollout,
+                self._request,
+                rows=self._rows,
+                tokenizer=self.tokenizer,
+                **window,
+            )
+        return RolloutPipeline(self.rollout, self._request, **window)
 
     def run(self) -> PolicyJobResult:
         try:
@@ -251,6 +265,10 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         seed = self.config.trainer.seed + SEED_STRIDE * step + distributed.rank()
         return [e.prompt_ids for e in self._examples(step)], sampling_config(self.config, seed=seed)
 
+    def _rows(self, step: int) -> list[Mapping[str, Any]]:
+        """The data set rows of ``step``'s prompts, as episodes start from them (``Environment.reset``)."""
+        return [e.columns for e in self._examples(step)]
+
     def _step(self, step: int, result: PolicyJobResult) -> dict[str, float]:
         """Sample, score, update, hand off; then the step's record and the command's own metrics."""
         started = time.perf_counter()
@@ -268,7 +286,12 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         )
         group = self.actor.engine.data_parallel_group
         record = StepRecord.measure(samples, update, seconds=ended - started, group=group)
-        values = {**record.values(), **self._command_metrics(record, samples, timing, result), **sync}
+        values = {
+            **record.values(),
+            **self._command_metrics(record, samples, timing, result),
+            **generated.metrics(group),
+            **sync,
+        }
         result.rewards.append(values["train/reward"])
         return values
 
@@ -314,10 +337,10 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
     def _evaluate(self, step: int) -> dict[str, float]:
         """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers;
         none without references, ``data.response_key=null``) and ``val/reward`` (the mean reward, the same number
-        with ``exact_match`` alone)."""
+        with ``exact_match`` alone); none with an environment (its episodes are not evaluated yet)."""
         config = self.config
         samples = self.val[: config.trainer.eval_samples]
-        if not samples:
+        if not samples or config.environment.enabled:  # NOTE: evaluation in episodes is not there yet
             return {}
         rank, size = distributed.rank(), distributed.world_size()
         local = samples[rank::size]

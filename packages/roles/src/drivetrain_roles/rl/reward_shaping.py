@@ -39,13 +39,16 @@ def equal_reward_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return grouped.amax(dim=1) == grouped.amin(dim=1)
 
 
-def penalised_rewards(rewards: torch.Tensor, lengths: Sequence[int], config: PolicyJobConfig) -> torch.Tensor:
+def penalised_rewards(
+    rewards: torch.Tensor, lengths: Sequence[int], config: PolicyJobConfig, *, max_length: int | None = None
+) -> torch.Tensor:
     """``rewards`` plus :func:`overlong_penalty` of responses of ``lengths`` tokens, as ``algorithm``'s
-    ``overlong_buffer_len`` and ``overlong_penalty_factor`` and ``rollout.max_new_tokens`` set it."""
+    ``overlong_buffer_len`` and ``overlong_penalty_factor`` and ``max_length`` (default ``rollout.max_new_tokens``)
+    set it."""
     algorithm = config.algorithm
     return rewards + overlong_penalty(
         torch.tensor(lengths),
-        config.rollout.max_new_tokens,
+        config.rollout.max_new_tokens if max_length is None else max_length,
         algorithm.overlong_buffer_len,
         algorithm.overlong_penalty_factor,
     )
