@@ -24,8 +24,9 @@ EXPORT_DIR = "final_model"
 
 
 def is_model_spec(spec: str) -> bool:
-    """Whether a reward entry that is not a built-in names a model folder (no ``module:function``)."""
-    return ":" not in spec
+    """Whether a reward entry that is not a built-in names a model folder: no ``module:function``, and no
+    Python file (``rewards.py`` lacks its ``:function``, which the function loader's message says)."""
+    return ":" not in spec and not spec.endswith(".py")
 
 
 def model_name(spec: str) -> str:
