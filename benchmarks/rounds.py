@@ -12,13 +12,14 @@ as an average number of busy cores. A run that starts above ``max_load_before`` 
 when the guard is strict, else flagged; a run during which others kept more than ``max_other_load`` cores busy
 is flagged. Flagged runs stay in the JSON and are named in the summary.
 
-A variant is a callable returning its own figures (``{"cpu_s_per_step": ...}``), measured in this process and
+A variant is a callable of the round's index (to pick a seed or a folder) returning its own figures (``{"cpu_s_per_step": ...}``), measured in this process and
 its children; :func:`command` makes one from a subprocess's argv. :func:`torch_build` and :func:`same_torch`
 check that the sides being compared import the same torch.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -44,10 +45,10 @@ class TorchMismatch(RuntimeError):
 
 @dataclass(frozen=True)
 class Variant:
-    """A named thing to measure: ``run()`` does the work and returns its own figures (may be empty)."""
+    """A named thing to measure: ``run(round)`` does the work and returns its own figures (may be empty)."""
 
     name: str
-    run: Callable[[], Figures]
+    run: Callable[[int], Figures]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,21 @@ class Guard:
                 f"load average {load_before:.2f} exceeds --max-load {self.max_load_before} before a run; wait for "
                 "a quiet machine, or raise --max-load (the run will then be flagged, not refused)."
             )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rounds' and the guard's command-line options (``--rounds``, ``--max-load``, ...)."""
+    parser.add_argument("--rounds", type=int, default=3, help="rotated rounds (default 3)")
+    parser.add_argument("--max-load", type=float, default=1.5, help="flag runs starting above this load")
+    parser.add_argument(
+        "--max-other-load", type=float, default=0.5, help="flag runs while others keep this many cores busy"
+    )
+    parser.add_argument("--strict-load", action="store_true", help="refuse, not flag, runs above --max-load")
+
+
+def guard_from(args: argparse.Namespace) -> Guard:
+    """The :class:`Guard` that :func:`add_arguments`' options describe."""
+    return Guard(args.max_load, args.max_other_load, args.strict_load)
 
 
 def schedule(names: Sequence[str], rounds: int) -> list[tuple[int, int, str]]:
@@ -110,12 +126,13 @@ def _read_stat() -> str:
         return f.read()
 
 
-def measure(variant: Variant, guard: Guard) -> dict[str, Any]:
-    """One guarded run of ``variant``: its CPU and wall seconds, its figures, and the load around it."""
+def measure(variant: Variant, guard: Guard, round_index: int = 0) -> dict[str, Any]:
+    """One guarded run of ``variant`` in round ``round_index``: its CPU and wall seconds, its figures, and the
+    load around it."""
     load_before = os.getloadavg()[0]
     guard.admit(load_before)
     busy, own, started = busy_seconds(_read_stat()), own_seconds(), time.perf_counter()
-    figures = variant.run()
+    figures = variant.run(round_index)
     wall = time.perf_counter() - started
     own_cpu = own_seconds() - own
     other = max(0.0, busy_seconds(_read_stat()) - busy - own_cpu)
@@ -146,7 +163,7 @@ def run_rounds(
             "variant": name,
             "round": r,
             "position": position,
-            **measure(by_name[name], guard or Guard()),
+            **measure(by_name[name], guard or Guard(), r),
         }
         records.append(record)
         if on_run:
@@ -210,7 +227,7 @@ def command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Callab
     """A variant's ``run`` that runs ``argv`` to completion (its CPU time counts as this process's children's);
     a failure raises with the command's last output."""
 
-    def run() -> Figures:
+    def run(_: int) -> Figures:
         done = subprocess.run(list(argv), env=dict(env) if env else None, capture_output=True, text=True)
         if done.returncode:
             tail = (done.stderr or done.stdout)[-3000:]

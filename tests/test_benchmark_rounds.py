@@ -93,8 +93,8 @@ def test_busy_seconds_counts_busy_fields_only() -> None:
 
 
 def test_measure_records_the_run_and_the_load_around_it() -> None:
-    record = rounds.measure(rounds.Variant("noop", lambda: {"tokens_per_s": 7.0}), rounds.Guard())
-    assert record["figures"] == {"tokens_per_s": 7.0}
+    record = rounds.measure(rounds.Variant("noop", lambda r: {"tokens_per_s": 7.0 + r}), rounds.Guard(), 2)
+    assert record["figures"] == {"tokens_per_s": 9.0}  # the round index reaches the variant
     assert set(record) >= {
         "cpu_s",
         "wall_s",
@@ -113,3 +113,22 @@ def test_same_torch_refuses_two_builds() -> None:
     other = {"version": "2.15.0+cu132", "file": "/trl/lib/torch/__init__.py"}
     with pytest.raises(rounds.TorchMismatch, match=r"drivetrain: 2\.13\.0\+cpu at /env/lib/torch"):
         rounds.same_torch({"drivetrain": one, "trl": other})
+
+
+def test_run_rounds_runs_every_variant_once_per_round_in_rotated_order() -> None:
+    seen: list[tuple[str, int]] = []
+
+    def variant(name: str) -> Any:
+        return rounds.Variant(name, lambda r: seen.append((name, r)) or {"round_seen": float(r)})
+
+    records = rounds.run_rounds([variant("a"), variant("b")], 3, rounds.Guard(max_load_before=1e9))
+    assert seen == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    assert [(x["variant"], x["round"], x["position"]) for x in records] == [
+        ("a", 0, 0),
+        ("b", 0, 1),
+        ("b", 1, 0),
+        ("a", 1, 1),
+        ("a", 2, 0),
+        ("b", 2, 1),
+    ]
+    assert [x["figures"]["round_seen"] for x in records] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
