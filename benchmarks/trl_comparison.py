@@ -1,16 +1,20 @@
-"""drivetrain's ``sft``, ``dpo`` and ``grpo`` against TRL's SFTTrainer, DPOTrainer and GRPOTrainer (issue #36).
+"""drivetrain's ``sft``, ``dpo`` and ``grpo`` against TRL's SFTTrainer, DPOTrainer and GRPOTrainer (issues #36, #49).
 
 Each case runs both trainers on the same start weights, examples, batch sizes, learning rate and sampling
-settings, twice (a short and a long run), in subprocesses whose CPU time (user + system, children included)
-is read from ``resource.getrusage``. The marginal cost of a step is
+settings, as a short and a long run, in subprocesses whose CPU time (user + system, children included) is read
+from ``resource.getrusage``. The marginal cost of a step is
 
     (CPU of the long run - CPU of the short run) / (long steps - short steps)
 
 which cancels start-up, imports, warm starts, the two evaluations and the final save; the same difference of
-wall times is reported beside it. Finally both long runs' models are scored by the same plain Hugging Face
-code (``trl_worker.score``). Run it alone on the machine for wall times; CPU seconds survive a shared machine
-better, but not fully (caches, frequency). A GRPO "step" is drivetrain's: one generation of
-``prompts x n`` samples and its ``mini_batches`` optimizer steps (TRL: ``steps_per_generation`` steps).
+wall times is reported beside it. Each side's pair is one variant of ``rounds.py``: ``--rounds`` rounds
+(default 3), the order rotated every round, each run's load recorded by the guard; the report gives each
+side's median with its range and the ratio drivetrain / TRL taken per round, its median and range. Round ``r``
+trains both sides at seed ``r`` from the same start (an untimed drivetrain run of that seed made before the
+rounds), so the long runs' models, scored by the same plain Hugging Face code (``trl_worker.score``), give each
+quality figure over ``--rounds`` seeds. Both sides must import the same torch build (refused otherwise). A GRPO
+"step" is drivetrain's: one generation of ``prompts x n`` samples and its ``mini_batches`` optimizer steps
+(TRL: ``steps_per_generation`` steps).
 
     /work/trl-venv/bin/python benchmarks/trl_comparison.py --quick --out benchmarks/results/trl_comparison.json
 
@@ -26,148 +30,16 @@ import resource
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import rounds
+from trl_cases import CASE_KEYS, SHARED, Case, cases, realistic_assets
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "trl_worker.py"
-SHARED = (
-    "trainer.eval_every=0",
-    "trainer.save_every=0",
-    "trainer.progress_bar=false",
-    "trainer.eval_samples=200",
-)
-CASE_KEYS = ("sft", "dpo", "grpo", "realistic")
-"""What ``--only`` selects: a case's first word, ``realistic`` for the realistic SFT case."""
-
-
-@dataclass(frozen=True)
-class Case:
-    """One comparison: the drivetrain command and overrides, and the same settings in the TRL worker's terms."""
-
-    name: str
-    command: str
-    steps: tuple[int, int]
-    overrides: tuple[str, ...]
-    trl: dict[str, Any]
-    trl_variants: dict[str, dict[str, Any]] = field(default_factory=lambda: {"trl": {}})
-    start_model: str = "initial_model"  # under drivetrain's run folder: what TRL starts from
-
-    @property
-    def key(self) -> str:
-        """The case's name in ``--only``: its first word, or ``realistic``."""
-        return "realistic" if "realistic" in self.name else self.name.split()[0]
-
-
-def cases(quick: bool) -> list[Case]:
-    """The tiny embedded task (``sft``, ``dpo``, ``grpo`` at their defaults) and the realistic SFT case."""
-    scale = (
-        (lambda short, long: (short, long))
-        if not quick
-        else (lambda short, long: (short, short + (long - short) // 4))
-    )
-    # TRL's SFT padded and padding-free; --quick runs only the padded one, the faster in every run so far.
-    sft_variants = {"trl (padded)": {}, **({} if quick else {"trl (padding-free)": {"padding_free": True}})}
-    return [
-        Case(
-            "sft",
-            "sft",
-            scale(20, 420),
-            (),
-            {"kind": "sft", "batch": 64, "lr": 3e-3, "warmup": 10},
-            sft_variants,
-        ),
-        Case(
-            "dpo",
-            "dpo",
-            scale(20, 420),
-            (),
-            {"kind": "dpo", "batch": 32, "lr": 1e-4, "warmup": 0, "beta": 0.5},
-            start_model="warm_start/final_model",
-        ),
-        Case(
-            "grpo",
-            "grpo",
-            scale(4, 84),
-            # TRL's side makes 2 optimizer steps per generation (mini_batches below); the embedded job's default
-            # is 4 since the model's heads became 32 wide, so drivetrain is held to TRL's 2 here.
-            ("algorithm.ppo_mini_batches=2",),
-            {
-                "kind": "grpo",
-                "prompts": 32,
-                "n": 8,
-                "mini_batches": 2,
-                "lr": 2e-4,
-                "warmup": 10,
-                "beta": 0.001,
-                "max_new_tokens": 6,
-            },
-            start_model="warm_start/final_model",
-        ),
-        Case(
-            "sft realistic (4.3M params, ~8k tokens/step)",
-            "sft",
-            # --quick: 1 vs 3 steps (the realistic runs were most of the full run's time: TRL's take 15-25 CPU-s
-            # a step); two marginal steps against start-ups of 30-90 s, so read its quick figure as rough.
-            (1, 3) if quick else (3, 23),
-            (
-                "optimizer.lr=3e-4",
-                "engine.micro_batch.max_tokens=8192",
-                "trainer.batch_size=64",
-                "data.max_length=512",
-                "trainer.eval_samples=20",
-            ),
-            {"kind": "sft", "batch": 64, "lr": 3e-4, "warmup": 0},
-            sft_variants,
-        ),
-    ]
-
-
-def realistic_assets(root: Path) -> tuple[str, ...]:
-    """A 4-layer, 256-wide Qwen2 (about 4.3 M parameters) with the arithmetic tokenizer, and long sums
-    (``"12+7+...="``, 60 to 400 tokens, long-tailed) of which 64 make about 8k tokens (measured: 3.6-4.2k per 32): the overrides that point
-    ``drivetrain sft`` at them (warm-up 0: the schedule is a user model's)."""
-    import random
-
-    import torch
-    from drivetrain_roles.jobs.default_assets import build_arithmetic_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    tokenizer = build_arithmetic_tokenizer()
-    config = AutoConfig.for_model(
-        "qwen2",
-        vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model_dir = root / "realistic_model"
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    rng = random.Random(0)
-
-    def row() -> str:
-        terms = [rng.randint(1, 99) for _ in range(min(130, int(rng.paretovariate(1.5) * 20)))]
-        return json.dumps({"prompt": "+".join(map(str, terms)) + "=", "response": str(sum(terms))})
-
-    (root / "data").mkdir(parents=True, exist_ok=True)
-    for split, count in (("train", 2000), ("val", 20)):
-        (root / "data" / f"{split}.jsonl").write_text("\n".join(row() for _ in range(count)) + "\n")
-    return (
-        f"model.path={model_dir}",
-        f"data.train_files=[{root / 'data' / 'train.jsonl'}]",
-        f"data.val_files=[{root / 'data' / 'val.jsonl'}]",
-        "optimizer.warmup_steps=0",
-    )
 
 
 def measured(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
@@ -184,79 +56,145 @@ def measured(argv: list[str], env: dict[str, str] | None = None) -> dict[str, fl
 
 
 def marginal(short: dict[str, float], long: dict[str, float], steps: tuple[int, int]) -> dict[str, float]:
-    """Per-step CPU and wall seconds between a short and a long run."""
+    """Per-step CPU and wall seconds between a short and a long run (and the two runs' own figures)."""
     extra = steps[1] - steps[0]
     return {
         "cpu_s_per_step": (long["cpu_s"] - short["cpu_s"]) / extra,
         "wall_s_per_step": (long["wall_s"] - short["wall_s"]) / extra,
-        "runs": {"short": short, "long": long},
+        "short_cpu_s": short["cpu_s"],
+        "long_cpu_s": long["cpu_s"],
     }
 
 
-def run_case(
-    case: Case, work: Path, trl_python: str | None, extra: tuple[str, ...], assets: Path | None = None
-) -> dict[str, Any]:
-    """Both trainers' short and long runs of ``case`` and the held-out scores of the long runs' models; a case
-    with its own ``assets`` (model and ``data/``) starts TRL there, else from drivetrain's short run folder."""
-    folder = work / (case.name.split()[0] + ("_realistic" if case.key == "realistic" else ""))
-    runs: dict[int, Path] = {}
-    times = {}
-    for steps in case.steps:
-        runs[steps] = folder / f"drivetrain_{steps}"
-        argv = [
+@dataclass(frozen=True)
+class Plan:
+    """Where one case's runs go and what they start from: round ``r`` trains with seed ``r``; TRL's runs of a
+    round read the data and start weights of an untimed drivetrain run of that seed (``assets/seed<r>``), or
+    the realistic case's ``assets`` folder, so that neither side's timed runs wait on the other's."""
+
+    case: Case
+    folder: Path
+    extra: tuple[str, ...]
+    assets: Path | None
+
+    def drivetrain_argv(self, steps: int, seed: int, out: Path) -> list[str]:
+        """``drivetrain <command>`` for ``steps`` steps at ``seed``, written to ``out``."""
+        return [
             sys.executable,
             "-m",
             "drivetrain_engine_core",
-            case.command,
+            self.case.command,
             "--overwrite",
             "--output-dir",
-            str(runs[steps]),
+            str(out),
             f"trainer.total_steps={steps}",
+            f"trainer.seed={seed}",
             *SHARED,
-            *case.overrides,
-            *extra,
+            *self.case.overrides,
+            *self.extra,
         ]
-        times[steps] = measured(argv)
-    rows: dict[str, Any] = {"drivetrain": marginal(times[case.steps[0]], times[case.steps[1]], case.steps)}
-    models = {"drivetrain": str(runs[case.steps[1]] / "final_model")}
-    data_run = assets or runs[case.steps[0]]
-    start = assets / "realistic_model" if assets else runs[case.steps[0]] / case.start_model
-    for variant, options in case.trl_variants.items() if trl_python else ():
-        trl_times = {}
-        for steps in case.steps:
-            out = folder / f"{variant.replace(' ', '_')}_{steps}"
-            spec = {
-                **case.trl,
-                **options,
-                "steps": steps,
-                "warmup": _warmup(case, steps),
-                "run": str(data_run),
-                "model": str(start),
-                "out": str(out),
-            }
-            trl_times[steps] = measured([trl_python, str(WORKER), "train", json.dumps(spec)])
-            models[variant] = str(out)
-        rows[variant] = marginal(trl_times[case.steps[0]], trl_times[case.steps[1]], case.steps)
-    scorer = trl_python or sys.executable
-    spec = {
-        "kind": case.trl["kind"],
-        "run": str(data_run),
-        "models": models,
-        "reference": str(start),
-        "max_new_tokens": case.trl.get("max_new_tokens", 8),
-        "limit": 200,
-    }
-    done = subprocess.run(
-        [scorer, str(WORKER), "score", json.dumps(spec)], capture_output=True, text=True, check=True
-    )
-    for name, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
-        rows[name]["held_out"] = values
-    best_trl = min((v["cpu_s_per_step"] for k, v in rows.items() if k != "drivetrain"), default=None)
-    return {
-        "steps": list(case.steps),
-        "rows": rows,
-        "drivetrain_over_fastest_trl": rows["drivetrain"]["cpu_s_per_step"] / best_trl if best_trl else None,
-    }
+
+    def data_run(self, seed: int) -> Path:
+        """The folder whose ``data/`` and start model TRL's runs of ``seed`` read (made on first use)."""
+        if self.assets:
+            return self.assets
+        run = self.folder / "assets" / f"seed{seed}"
+        if not (run / self.case.start_model).exists():
+            measured(self.drivetrain_argv(self.case.steps[0], seed, run))
+        return run
+
+    def start(self, seed: int) -> Path:
+        """The weights both sides start from at ``seed``."""
+        return self.assets / "realistic_model" if self.assets else self.data_run(seed) / self.case.start_model
+
+    def out(self, variant: str, seed: int, steps: int) -> Path:
+        return self.folder / f"{variant.replace(' ', '_')}_seed{seed}_{steps}"
+
+
+def variants(plan: Plan, trl_python: str | None) -> list[rounds.Variant]:
+    """drivetrain's and each TRL variant's short-and-long pair as a rounds variant (its figures: the marginal
+    CPU and wall seconds per step of that round)."""
+    case = plan.case
+
+    def drivetrain(seed: int) -> dict[str, float]:
+        runs = [measured(plan.drivetrain_argv(s, seed, plan.out("drivetrain", seed, s))) for s in case.steps]
+        return marginal(*runs, case.steps)
+
+    def trl(name: str, options: dict[str, Any]) -> rounds.Variant:
+        def run(seed: int) -> dict[str, float]:
+            data_run, start = str(plan.data_run(seed)), str(plan.start(seed))
+            times = []
+            for steps in case.steps:
+                spec = {**case.trl, **options, "steps": steps, "warmup": _warmup(case, steps), "seed": seed}
+                spec |= {"run": data_run, "model": start, "out": str(plan.out(name, seed, steps))}
+                times.append(measured([str(trl_python), str(WORKER), "train", json.dumps(spec)]))
+            return marginal(*times, case.steps)
+
+        return rounds.Variant(name, run)
+
+    trls = [trl(name, options) for name, options in case.trl_variants.items()] if trl_python else []
+    return [rounds.Variant("drivetrain", drivetrain), *trls]
+
+
+def prepare(plan: Plan, seeds: int) -> None:
+    """Make each seed's untimed assets before the rounds (so that no timed run includes their making)."""
+    for seed in range(seeds):
+        plan.start(seed)
+
+
+def quality(plan: Plan, names: list[str], seeds: int, scorer: str) -> dict[str, Any]:
+    """The held-out figures of every long run, per seed, scored by the same plain Hugging Face code, and each
+    variant's :func:`rounds.spread` of each figure over the seeds."""
+    case, per_seed = plan.case, []
+    for seed in range(seeds):
+        spec = {
+            "kind": case.trl["kind"],
+            "run": str(plan.data_run(seed)),
+            "models": {n: str(_model(plan.out(n, seed, case.steps[1]), n)) for n in names},
+            "reference": str(plan.start(seed)),
+            "max_new_tokens": case.trl.get("max_new_tokens", 8),
+            "limit": 200,
+        }
+        done = subprocess.run(
+            [scorer, str(WORKER), "score", json.dumps(spec)], capture_output=True, text=True, check=True
+        )
+        per_seed.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    spreads = {n: {k: rounds.spread([s[n][k] for s in per_seed]) for k in per_seed[0][n]} for n in names}
+    return {"per_seed": per_seed, "spread": spreads}
+
+
+def _model(out: Path, name: str) -> Path:
+    """A long run's model folder: drivetrain's ``final_model``, TRL's output folder itself."""
+    return out / "final_model" if name == "drivetrain" else out
+
+
+def run_case(
+    plan: Plan,
+    trl_python: str | None,
+    options: argparse.Namespace,
+    result: dict[str, Any],
+    report: Callable[[], None],
+) -> None:
+    """The case in ``options.rounds`` rotated rounds (seed ``r`` in round ``r``), into ``result`` as the runs
+    end (``report`` writes it out): every run, each side's spread, the per-round ratios of drivetrain to each
+    TRL variant, and the quality figures over the rounds' seeds."""
+    prepare(plan, options.rounds)
+    result |= {"steps": list(plan.case.steps), "rounds": []}
+    guard = rounds.guard_from(options)
+
+    def on_run(record: dict[str, Any]) -> None:
+        result["rounds"].append(record)
+        report()
+
+    records = rounds.run_rounds(variants(plan, trl_python), options.rounds, guard, on_run)
+    result["summary"] = rounds.summary(records)
+    others = [name for name in result["summary"] if name != "drivetrain"]
+    ratios = {n: rounds.ratio(records, "drivetrain", n, "cpu_s_per_step") for n in others}
+    result["drivetrain_over_trl"] = ratios
+    if others:  # the headline: against the TRL variant with the lowest median CPU-s/step
+        fastest = min(others, key=lambda n: result["summary"][n]["cpu_s_per_step"]["median"])
+        result["drivetrain_over_fastest_trl"] = {"trl_variant": fastest, **ratios[fastest]}
+    result["quality"] = quality(plan, list(result["summary"]), options.rounds, trl_python or sys.executable)
 
 
 def _warmup(case: Case, steps: int) -> int:
@@ -264,14 +202,29 @@ def _warmup(case: Case, steps: int) -> int:
     return min(case.trl["warmup"], steps // 10) if case.trl["kind"] == "sft" else case.trl["warmup"]
 
 
+def _range(s: dict[str, Any], digits: int = 4) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _held(spreads: dict[str, Any]) -> str:
+    return ", ".join(f"{key.split('/')[-1]} {_range(value, 3)}" for key, value in spreads.items())
+
+
 def table(results: dict[str, Any]) -> str:
-    """A Markdown table of the results."""
-    lines = ["| case | trainer | CPU-s/step | wall s/step | held-out |", "| --- | --- | --- | --- | --- |"]
+    """A Markdown table of the medians with their ranges over rounds (quality: over seeds)."""
+    lines = [
+        "| case | trainer | CPU-s/step | wall s/step | drivetrain / this | held-out (over seeds) | flagged rounds |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for case, result in results["cases"].items():
-        for trainer, row in result["rows"].items():
-            held = ", ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in row.get("held_out", {}).items())
+        for trainer, row in result.get("summary", {}).items():
+            ratio = result["drivetrain_over_trl"].get(trainer)
+            held = result.get("quality", {}).get("spread", {}).get(trainer, {})
             lines.append(
-                f"| {case} | {trainer} | {row['cpu_s_per_step']:.4f} | {row['wall_s_per_step']:.4f} | {held} |"
+                f"| {case} | {trainer} | {_range(row['cpu_s_per_step'])} | {_range(row['wall_s_per_step'])} | "
+                f"{_range(ratio, 2) if ratio else ''} | "
+                f"{_held(held)} | "
+                f"{row['flagged_rounds'] or ''} |"
             )
     return "\n".join(lines)
 
@@ -283,7 +236,7 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="long runs a quarter as long, the realistic case 1 vs 3 steps, TRL's SFT padded only (~6 min)",
+        help="long runs a quarter as long, the realistic case 1 vs 3 steps, TRL's SFT padded only",
     )
     parser.add_argument(
         "--only",
@@ -297,35 +250,47 @@ def main() -> None:
     )
     parser.add_argument("--no-trl", action="store_true", help="measure drivetrain only")
     parser.add_argument("--work", default="/tmp/drivetrain-trl-comparison", help="run folders")
-    parser.add_argument("--out", default=None, help="write the JSON report here (rewritten after every case)")
+    parser.add_argument("--out", default=None, help="write the JSON report here (rewritten after every run)")
     parser.add_argument(
         "--tiny", action="store_true", help="dry run: 1- and 2-step runs, no meaningful numbers"
     )
+    rounds.add_arguments(parser)  # --rounds: round r trains at seed r
     args = parser.parse_args()
     trl_python = None if args.no_trl else args.trl_python or (sys.executable if _has_trl() else None)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    builds = {"drivetrain": rounds.torch_build(sys.executable)}
+    if trl_python:
+        builds["trl"] = rounds.torch_build(trl_python)
+    rounds.same_torch(builds)
     started = _children_cpu()
     results: dict[str, Any] = {
         "quick": args.quick,
+        "rounds": args.rounds,
         "trl_python": trl_python,
+        "torch": builds,
         "cases": {},
         "machine": _machine(),
     }
-    for case in cases(args.quick):
-        key = case.key
-        if args.only and key not in args.only:
-            continue
-        if args.tiny:
-            case = Case(**{**case.__dict__, "steps": (1, 2)})
-        assets = work / "realistic_assets" if key == "realistic" else None
-        extra = realistic_assets(assets) if assets else ()
-        results["cases"][case.name] = run_case(case, work, trl_python, extra, assets)
-        # With one process at a time at one thread each, this is about the wall time the run takes alone.
+
+    def report() -> None:
+        # One process at a time at one thread: about the wall time the run takes alone.
         results["children_cpu_s"] = _children_cpu() - started
         if args.out:
             Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-        print(json.dumps({case.name: results["cases"][case.name]}), flush=True)
+
+    for case in cases(args.quick):
+        if args.only and case.key not in args.only:
+            continue
+        if args.tiny:
+            case = Case(**{**case.__dict__, "steps": (1, 2)})
+        assets = work / "realistic_assets" if case.key == "realistic" else None
+        folder = work / (case.name.split()[0] + ("_realistic" if assets else ""))
+        plan = Plan(case, folder, realistic_assets(assets) if assets else (), assets)
+        results["cases"][case.name] = result = {}
+        run_case(plan, trl_python, args, result, report)
+        report()
+        print(json.dumps({case.name: result["summary"]}), flush=True)
     print(table(results))
 
 

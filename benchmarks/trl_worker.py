@@ -46,7 +46,7 @@ def _common(spec: dict[str, Any]) -> dict[str, Any]:
         "use_cpu": True,
         "dataloader_num_workers": 0,
         "disable_tqdm": True,
-        "seed": 0,
+        "seed": spec.get("seed", 0),
         "bf16": False,
     }
 
