@@ -100,7 +100,7 @@ def test_reward_model_scores_equal_a_plain_hf_forward_and_mix_with_a_function(re
     weighted sum with exact_match is ``1 x exact + 0.5 x score``, both logged by name."""
     spec = str(reward_model_dir)
     data = DataConfig(messages_key="messages", response_key=None)
-    build_reward_models(
+    models = build_reward_models(
         [spec],
         model=ModelConfig(path="unused"),
         engine=engine_config(backend),
@@ -111,7 +111,7 @@ def test_reward_model_scores_equal_a_plain_hf_forward_and_mix_with_a_function(re
     settings = RewardSettings(functions=("exact_match", spec), weights=(1.0, 0.5))
     batch = inputs()
     batch.keywords["references"] = [r for r in ["5", "41", "2"] for _ in range(2)]  # type: ignore[index]
-    scores = score_completions(settings, batch)
+    scores = score_completions(settings, batch, models)
     torch.testing.assert_close(scores.values[:, 1].float(), expected, atol=1e-5, rtol=0)
     exact = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
     torch.testing.assert_close(scores.total.double(), exact + 0.5 * expected.double(), atol=1e-5, rtol=0)
@@ -222,3 +222,37 @@ def test_a_run_rewards_with_the_reward_model_as_hugging_face_scores(tmp_path, co
         assert record["reward/judge"] == pytest.approx(sum(scores) / 16, abs=1e-5)
         assert record["train/reward"] == pytest.approx(0.5 * sum(scores) / 16, abs=1e-5)
     assert any("val/reward" in r for r in records)
+
+
+class StandIn:
+    """A reward model's stand-in (a built model is called with every keyword): ``scale x characters - 4``."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, **keywords) -> list[float]:
+        return [self.scale * len(c) - 4.0 for c in keywords["completions"]]
+
+
+def test_two_jobs_in_one_process_score_with_their_own_reward_models(reward_model_dir):
+    """Two jobs name the same folder (a reward model retrained in place between them) and each holds its own
+    built model: scored in turn, A, B, A, each job's weighted sum is ``exact + 0.5 x its model`` (a process-wide
+    slot gave A the model B built last). Without a built model (the Ray controllers) the entry raises one error
+    naming the commands that build it; ``trainer.eval_metrics`` refuses a model folder before any work."""
+    from drivetrain_engine_core.errors import DrivetrainError
+    from drivetrain_roles.held_out_metrics import HeldOutMetrics
+
+    spec = str(reward_model_dir)
+    settings = RewardSettings(functions=("exact_match", spec), weights=(1.0, 0.5))
+    batch = RewardInputs.of_texts(["1+1="] * 3, ["2", "two", "11"], ["2"] * 3)
+    job_a, job_b = {spec: StandIn(1.0)}, {spec: StandIn(-2.0)}
+    model_a, model_b = [1 - 4, 3 - 4, 2 - 4], [-2 - 4, -6 - 4, -4 - 4]  # scale x (1, 3, 2 characters) - 4
+    for job, model in [(job_a, model_a), (job_b, model_b), (job_a, model_a)]:
+        scores = score_completions(settings, batch, job)
+        expected = [exact + 0.5 * value for exact, value in zip([1, 0, 0], model, strict=True)]
+        assert scores.total.tolist() == pytest.approx(expected, abs=1e-6)
+        assert reward_metrics(scores)["reward/sum_rm"] == pytest.approx(sum(model) / 3)
+    with pytest.raises(DrivetrainError, match=r"no engine in this job: drivetrain grpo and ppo build it"):
+        score_completions(settings, batch)
+    with pytest.raises(ConfigError, match=r"'.*sum_rm' is a reward model's folder, and sft and dpo build no"):
+        HeldOutMetrics.load(["exact_match", spec])

@@ -50,7 +50,8 @@ class HeldOutMetrics:
         before the first step.
 
         Raises:
-            ConfigError: a measure that cannot load, is named twice, or takes a name the job reports itself.
+            ConfigError: a measure that cannot load, is named twice, takes a name the job reports itself, or is
+                a reward model's folder (``sft`` and ``dpo`` build no reward model engine).
         """
         if not specs:
             return None
@@ -60,6 +61,14 @@ class HeldOutMetrics:
             load_rewards(settings)
         except (ConfigError, RewardError) as e:
             raise ConfigError(f"trainer.eval_metrics={list(specs)}: {e}") from e
+        if settings.models:
+            raise ConfigError(
+                f"trainer.eval_metrics={list(specs)}: {settings.models[0]!r} is a reward model's folder, and "
+                "sft and dpo build no engine for one; list reward functions here (a built-in, "
+                "package.module:function or path/to/file.py:function), and score with a reward model in "
+                "drivetrain grpo or ppo (algorithm.reward_functions, whose held-out answers it scores as "
+                "val/reward)."
+            )
         taken = [name for name in names if name in RESERVED]
         if taken:
             raise ConfigError(

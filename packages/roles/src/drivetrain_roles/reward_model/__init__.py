@@ -15,7 +15,6 @@ _EXPORTS = {
     "check_model_folder": "spec",
     "is_model_spec": "spec",
     "model_name": "spec",
-    "model_reward": "build",
 }
 
 __all__ = sorted(_EXPORTS)

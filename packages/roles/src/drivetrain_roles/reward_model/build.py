@@ -1,32 +1,30 @@
-"""The reward models of a job, built once per process and found by the reward functions' loader.
+"""The reward models of a job, built in its set-up and handed to what scores with them.
 
-NOTE: a reward model's engine is process state, like the rollout: the job builds it in its setup
-(:func:`build_reward_models`, collective) and the reward function :func:`model_reward` returns looks it up
-when called, so that a reward model is one more named, weighted reward entry and the reward code needs no
-engine of its own. A new job's models replace the previous job's.
+A reward model's engine belongs to the job that builds it (:func:`build_reward_models`, collective), as its
+actor and rollout do: the job passes the models, by their ``algorithm.reward_functions`` entry, to its scorer
+(``rl.scoring.RewardScorer``), whose reward loader binds each model entry to its model
+(``rl.rewards.load_rewards``). A reward model is so one more named, weighted reward entry, the reward code needs
+no engine of its own, and two jobs in one process score with their own models.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from drivetrain_engine_core.config import ConfigError, EngineConfig, ModelConfig
-from drivetrain_engine_core.errors import DrivetrainError
 
 from .config import RewardModelConfig
 from .render import PromptColumns
 from .scorer import RewardModel
 from .spec import check_model_folder
 
-_BUILT: dict[str, RewardModel] = {}
-
 
 def make_reward_models(config: Any, held_out: int, world_size: int) -> dict[str, RewardModel]:
-    """The reward models among an RL job's ``config.algorithm`` rewards, each on its own engine (collective;
-    none: the previous job's are let go).
+    """The reward models among an RL job's ``config.algorithm`` rewards, each on its own engine, by entry
+    (collective; empty without any).
 
     Raises:
         ConfigError: held-out evaluation would leave a rank without prompts (each rank scores its own share
@@ -53,7 +51,8 @@ def build_reward_models(
     section: RewardModelConfig,
     data: PromptColumns,
 ) -> dict[str, RewardModel]:
-    """Build the reward model of each folder in ``specs`` on its own inference-only engine (collective).
+    """Build the reward model of each folder in ``specs`` on its own inference-only engine (collective); the
+    models by their entry in ``specs``.
 
     Args:
         specs: the reward entries that name model folders (:func:`.spec.is_model_spec`).
@@ -72,7 +71,7 @@ def build_reward_models(
 
     from ..output_ranks import require_outputs_on_every_rank
 
-    _BUILT.clear()
+    built = {}
     for spec in specs:
         path = check_model_folder(spec)
         model_config = dataclasses.replace(
@@ -92,21 +91,5 @@ def build_reward_models(
         require_outputs_on_every_rank(reward_engine, f"the reward model {spec!r}")
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
         pad = json.loads((path / "config.json").read_text()).get("pad_token_id")
-        _BUILT[spec] = RewardModel(reward_engine, tokenizer, data, pad)
-    return dict(_BUILT)
-
-
-def model_reward(spec: str) -> Callable[..., Any]:
-    """The reward function of the model folder ``spec``: its :class:`.scorer.RewardModel`, looked up when
-    called (the job builds it after the rewards are loaded and checked)."""
-
-    def reward_model(**keywords: Any) -> list[float]:
-        if spec not in _BUILT:
-            raise DrivetrainError(
-                f"the reward model {spec!r} has no engine in this process: drivetrain grpo and ppo build it at "
-                "set-up (build_reward_models), the Ray controllers (ColocatedGRPO and its kin) do not yet; run "
-                "the command (drivetrain grpo / drivetrain ppo), or score with a reward function there."
-            )
-        return _BUILT[spec](**keywords)
-
-    return reward_model
+        built[spec] = RewardModel(reward_engine, tokenizer, data, pad)
+    return built

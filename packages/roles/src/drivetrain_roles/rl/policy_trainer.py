@@ -207,8 +207,9 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         return Reference(self._engine(model_path, train=False), temperature=temperature)
 
     def make_scorer(self) -> Scorer:
-        """What scores a step's responses: the reward functions of ``algorithm.rewards()``."""
-        return RewardScorer(self.config.algorithm.rewards(), self.tokenizer)
+        """What scores a step's responses: the reward functions of ``algorithm.rewards()``, its reward models
+        those built at set-up (``self.reward_models``)."""
+        return RewardScorer(self.config.algorithm.rewards(), self.tokenizer, self.reward_models)
 
     def make_sampler(self, step: int) -> Sampler:
         """What generates the steps ``step .. trainer.total_steps - 1`` from the rollout serving version ``step``:
@@ -350,7 +351,9 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
                 sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
                 with self.pipeline.exclusive() as rollout:
                     output = rollout.generate([e.prompt_ids for e in local], sampling)
-                answers, scores = answer_rewards(local, output, self.tokenizer, config.algorithm.rewards())
+                answers, scores = answer_rewards(
+                    local, output, self.tokenizer, config.algorithm.rewards(), self.reward_models
+                )
                 correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
                 reward = float(scores.total.sum())
         correct, reward = distributed.all_reduce_sums([correct, reward])

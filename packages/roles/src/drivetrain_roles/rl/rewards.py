@@ -17,17 +17,19 @@ import dataclasses
 import importlib
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from drivetrain_engine_core import distributed
+from drivetrain_engine_core.errors import DrivetrainError
 from torch.distributed import ProcessGroup
 
 from ..jobs.data import Example
-from ..reward_model.build import model_reward
+from ..reward_model.scorer import RewardModel
 from ..reward_model.spec import check_model_folder, is_model_spec
 from .builtin_rewards import BUILTIN_REWARDS, BUILTIN_SETUP
 from .builtin_rewards import EXACT_MATCH as EXACT_MATCH
@@ -90,15 +92,19 @@ def reward_metrics(scores: Scores | None, group: ProcessGroup | None = None) -> 
     return metrics
 
 
-def score_completions(settings: RewardSettings, inputs: RewardInputs) -> Scores:
-    """Run ``settings``' functions over ``inputs`` and combine them (see the module docstring).
+def score_completions(
+    settings: RewardSettings, inputs: RewardInputs, models: Mapping[str, RewardModel] | None = None
+) -> Scores:
+    """Run ``settings``' functions over ``inputs`` and combine them (see the module docstring); its reward model
+    entries are scored by the job's built ``models`` (:func:`load_rewards`).
 
     Raises:
         RewardError: a function cannot load, asks for a keyword the data does not offer, returned something
             unusable, raised or ran out of time (unless ``failure_value`` is set), or no function applies to a
             completion.
+        DrivetrainError: a reward model entry that ``models`` does not hold.
     """
-    rewards = load_rewards(settings)
+    rewards = load_rewards(settings, models)
     for reward in rewards:
         refuse_missing_keywords(reward, list(inputs.keywords))
     outcomes = run_rewards(rewards, inputs, settings.timeout_s)
@@ -192,21 +198,50 @@ def refuse_missing_keywords(reward: LoadedReward, available: Sequence[str]) -> N
     )
 
 
-def load_rewards(settings: RewardSettings) -> list[LoadedReward]:
-    """``settings``' functions, each under its metric name (:func:`.reward_settings.reward_names`)."""
+def load_rewards(
+    settings: RewardSettings, models: Mapping[str, RewardModel] | None = None
+) -> list[LoadedReward]:
+    """``settings``' functions, each under its metric name (:func:`.reward_settings.reward_names`), each reward
+    model entry bound to its model in ``models`` (the job's, built at its set-up: ``reward_model.build``).
+
+    A reward model entry that ``models`` lacks (none given: the config checks, and the Ray controllers, which
+    build no reward model) loads as a placeholder that raises, when scored, the error naming where reward
+    models run.
+    """
     names = reward_names(settings.functions)
+    built = models or {}
     return [
-        dataclasses.replace(load_reward_function(spec), name=name)
+        _bound(dataclasses.replace(load_reward_function(spec), name=name), built)
         for spec, name in zip(settings.functions, names, strict=True)
     ]
+
+
+def _bound(reward: LoadedReward, models: Mapping[str, RewardModel]) -> LoadedReward:
+    """``reward`` scored by its model in ``models`` where it is a reward model entry (collective) found there."""
+    if reward.collective and reward.spec in models:
+        return dataclasses.replace(reward, function=models[reward.spec])
+    return reward
+
+
+def _unbuilt_model(spec: str) -> Callable[..., list[float]]:
+    """The placeholder of the reward model ``spec`` where the job built none: raises when scored."""
+
+    def reward_model(**keywords: Any) -> list[float]:
+        raise DrivetrainError(
+            f"the reward model {spec!r} has no engine in this job: drivetrain grpo and ppo build it at set-up "
+            "and hand it to their scorer, the Ray controllers (ColocatedGRPO and its kin) do not yet; run the "
+            "command (drivetrain grpo / drivetrain ppo), or score with a reward function there."
+        )
+
+    return reward_model
 
 
 @cache
 def load_reward_function(spec: str) -> LoadedReward:
     """The reward function ``spec`` names: a built-in (:data:`BUILTIN_REWARDS`), ``package.module:function``,
     ``path/to/file.py:function`` (verl's custom reward function: a file and a name), or a reward model's folder
-    (:mod:`..reward_model`: every keyword, scored on the job's reward-model engine), loaded once per process,
-    with what its signature asks for (:mod:`.reward_signatures`).
+    (:mod:`..reward_model`: every keyword; a placeholder here, bound to the job's built model by
+    :func:`load_rewards`), loaded once per process, with what its signature asks for (:mod:`.reward_signatures`).
 
     Raises:
         RewardError: the module or file cannot be imported, has no callable of that name, a built-in's package is
@@ -219,7 +254,7 @@ def load_reward_function(spec: str) -> LoadedReward:
     if is_model_spec(spec):
         check_model_folder(spec)
         return LoadedReward(
-            spec, spec, model_reward(spec), parameters=None, required=frozenset(), collective=True
+            spec, spec, _unbuilt_model(spec), parameters=None, required=frozenset(), collective=True
         )
     location, _, name = spec.rpartition(":")
     try:
