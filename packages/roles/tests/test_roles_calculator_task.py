@@ -18,7 +18,6 @@ from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 from drivetrain_roles.environments.calculator import CalculatorEnvironment, CalculatorError, calculator
 from drivetrain_roles.jobs.builtin_tasks import builtin_task
 from drivetrain_roles.jobs.calculator_task import (
-    CALL_WORDS,
     TOOL_CALL_START,
     build_calculator_tokenizer,
     calculator_example,
@@ -122,8 +121,16 @@ def test_the_template_renders_a_tool_conversation_the_tokenizer_round_trips_and_
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
     call_ids = tokenizer(call, add_special_tokens=False)["input_ids"]  # markup and JSON keys: a token each
+    keys = ['{"name": ', '"calculator"', ', "arguments": ', '{"expression": ']
     assert tokenizer.convert_ids_to_tokens(call_ids) == [
-        *CALL_WORDS[:1], *CALL_WORDS[2:], '"', *"347*28+915", '"', "}", "}", CALL_WORDS[1]
+        "<tool_call>",
+        *keys,
+        '"',
+        *"347*28+915",
+        '"',
+        "}",
+        "}",
+        "</tool_call>",
     ]
     # decoded as an environment reads a turn (special tokens skipped), the call is still there
     assert call in tokenizer.decode(ids, skip_special_tokens=True)

@@ -7,9 +7,9 @@ returns the value, the assistant answers with it), and ``direct``, the same ques
 the ``answer``. ``drivetrain sft model.path=builtin:calculator`` teaches the call format from ``messages``;
 ``data.messages_key=direct`` is the same job without tools.
 
-The tokenizer is the multi-step task's one token per character, with ``{}"_`` added and ``<tool_call>``,
-``</tool_call>`` as one (non-special) token each, so a call is learnt as markup rather than spelt out, and a
-decoded turn (special tokens skipped) still holds it for the tool-call parser. The chat template renders an
+The tokenizer is the multi-step task's one token per character, with ``{}"_`` added and the call's markup and
+JSON keys (:data:`CALL_WORDS`) as one non-special token each: a call is learnt as markup rather than spelt out,
+and a decoded turn (special tokens skipped) still holds it for the tool-call parser. The chat template renders an
 assistant's ``tool_calls`` as Hermes/Qwen ``<tool_call>{json}</tool_call>`` blocks and ``tool`` messages as
 their own turns; it does not render ``tools=``: the system prompt names the tool, so SFT rows (rendered without
 tools) and episodes (rendered with the environment's schemas) are the same tokens.
@@ -27,7 +27,14 @@ from .multistep_task import CHARACTERS, MODEL_CONFIG, build_multistep_tokenizer
 
 NAME = "calculator"
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
-CALL_WORDS = (TOOL_CALL_START, TOOL_CALL_END, '{"name": ', '"calculator"', ', "arguments": ', '{"expression": ')
+CALL_WORDS = (
+    TOOL_CALL_START,
+    TOOL_CALL_END,
+    '{"name": ',
+    '"calculator"',
+    ', "arguments": ',
+    '{"expression": ',
+)
 """One token each, as a real BPE vocabulary holds JSON keys in a few: a call is a handful of tokens of markup
 around the expression, not 63 characters, so the model copies the question from about 20 tokens back."""
 
@@ -70,8 +77,10 @@ def calculator_problem(rng: random.Random) -> str:
 
     NOTE: every question and answer has the same length (factors in [317, 999], so their product has 6 digits,
     and a 3-digit addend that keeps it there), so a call copies the question, and the answer the tool's
-    result, from a fixed distance: what a 2-layer model of width 64 learns in a few hundred steps, where
-    copying from varying distances (an induction head) took it longer than a CPU run should.
+    result, from a fixed distance. Measured in SFT: 2-3 numbers of 2-3 digits (copies from varying distances,
+    an induction head's work) held the loss at 0.42 nats from step 100 to 370, every copied digit unlearnt;
+    fixed lengths learnt in 500 steps to copy the result but not the question 50 characters back (0 of 100
+    held-out calls right); with :data:`CALL_WORDS` making that about 20 tokens, 100 of 100.
     """
     form = rng.choice(FORMS)
     return form.format(a=rng.randint(317, 999), b=rng.randint(317, 999), c=rng.randint(100, 999))
