@@ -93,7 +93,7 @@ CALCULATOR = BuiltinTask(
     defaults={
         "sft": {
             "data": {"messages_key": "messages", "max_length": 256, "generated_val_size": 100},
-            "trainer": {"max_new_tokens": 48, "total_steps": 500, "batch_size": 16, "eval_samples": 100},
+            "trainer": {"max_new_tokens": 48, "total_steps": 1000, "batch_size": 16, "eval_samples": 100},
         },
     },
 )

@@ -80,7 +80,8 @@ def calculator_problem(rng: random.Random) -> str:
     result, from a fixed distance. Measured in SFT: 2-3 numbers of 2-3 digits (copies from varying distances,
     an induction head's work) held the loss at 0.42 nats from step 100 to 370, every copied digit unlearnt;
     fixed lengths learnt in 500 steps to copy the result but not the question 50 characters back (0 of 100
-    held-out calls right); with :data:`CALL_WORDS` making that about 20 tokens, 100 of 100.
+    held-out calls right); with :data:`CALL_WORDS` making that about 20 tokens, 96-100 of 100 after 1,000
+    steps (seeds 0-2; the copy is learnt abruptly, after 500 steps the seeds scored 100, 0 and 25).
     """
     form = rng.choice(FORMS)
     return form.format(a=rng.randint(317, 999), b=rng.randint(317, 999), c=rng.randint(100, 999))
