@@ -1,5 +1,5 @@
-"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``http`` environment, the
-``sft``/``dpo``/``rm``/``grpo``/``ppo`` commands and ``env``."""
+"""drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``http`` and ``calculator``
+environments, the ``sft``/``dpo``/``rm``/``grpo``/``ppo`` commands and ``env``."""
 
 from drivetrain_engine_core.hookspecs import hookimpl
 
@@ -24,6 +24,7 @@ def register_rollouts(registry):
 @hookimpl
 def register_environments(registry):
     registry.register("http", "drivetrain_roles.environments.http:HTTPEnvironment")
+    registry.register("calculator", "drivetrain_roles.environments.calculator:CalculatorEnvironment")
 
 
 @hookimpl

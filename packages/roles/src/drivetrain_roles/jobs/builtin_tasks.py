@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import multistep_task
+from . import calculator_task, multistep_task
 from .default_assets import BUILTIN_MODEL, write_arithmetic_data, write_model_dir
 
 BUILTIN_PREFIX = "builtin:"
@@ -86,7 +86,22 @@ MULTISTEP = BuiltinTask(
 )
 """Chains of 2-4 operations worked step by step in a chat template (:mod:`.multistep_task`)."""
 
-BUILTIN_TASKS: dict[str, BuiltinTask] = {task.model_path: task for task in (ARITHMETIC, MULTISTEP)}
+CALCULATOR = BuiltinTask(
+    model_path=BUILTIN_PREFIX + calculator_task.NAME,
+    write_model=calculator_task.write_calculator_model,
+    write_data=calculator_task.write_calculator_data,
+    defaults={
+        "sft": {
+            "data": {"messages_key": "messages", "max_length": 256, "generated_val_size": 100},
+            "trainer": {"max_new_tokens": 48, "total_steps": 1000, "batch_size": 16, "eval_samples": 100},
+        },
+    },
+)
+"""Multi-digit arithmetic answered with the ``calculator`` tool (:mod:`.calculator_task`)."""
+
+BUILTIN_TASKS: dict[str, BuiltinTask] = {
+    task.model_path: task for task in (ARITHMETIC, MULTISTEP, CALCULATOR)
+}
 """Every embedded task by the ``model.path`` that selects it."""
 
 

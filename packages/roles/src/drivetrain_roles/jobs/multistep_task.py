@@ -15,6 +15,7 @@ encodes exactly as it was built. Nothing is downloaded.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 from .default_assets import write_splits
@@ -63,20 +64,24 @@ _PRE_TOKENIZER_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+
 """Qwen2's pre-tokenizer split, which transformers 5 puts back when it loads the tokenizer as ``Qwen2Tokenizer``."""
 
 
-def build_multistep_tokenizer():
-    """A byte-level fast tokenizer, one token per character of :data:`CHARACTERS`, with the chat template.
+def build_multistep_tokenizer(
+    characters: str = CHARACTERS, chat_template: str = CHAT_TEMPLATE, words: Sequence[str] = ()
+):
+    """A byte-level fast tokenizer, one token per character of ``characters``, with ``chat_template``.
 
     EOS (and padding, as in Qwen's base tokenizers) is ``<|endoftext|>``; ``<|im_start|>`` and ``<|im_end|>``
-    are special tokens of the template; there is no BOS.
+    are special tokens of the template; there is no BOS. ``words`` are one token each but not special (decoding
+    with ``skip_special_tokens`` keeps them): the calculator task's ``<tool_call>`` markup.
 
     Returns:
-        A ``PreTrainedTokenizerFast`` of 83 tokens that ``save_pretrained`` writes with ``chat_template.jinja``.
+        A ``PreTrainedTokenizerFast`` (83 tokens with the defaults) that ``save_pretrained`` writes with
+        ``chat_template.jinja``.
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     # NOTE: byte-level symbols: a space is "Ġ" and a newline "Ċ" (byte + 256 below 33, printable ASCII itself).
-    symbols = [chr(256 + ord(c)) if ord(c) < 33 else c for c in CHARACTERS]
+    symbols = [chr(256 + ord(c)) if ord(c) < 33 else c for c in characters]
     backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -88,13 +93,14 @@ def build_multistep_tokenizer():
     backend.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in (EOS, TURN_START, TURN_END)]
     )
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in words])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=EOS,
         pad_token=EOS,
         additional_special_tokens=[TURN_START, TURN_END],
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -1,0 +1,202 @@
+"""The embedded calculator task (``model.path=builtin:calculator``) and its ``calculator`` environment.
+
+The tool refuses everything but arithmetic on bounded numbers, and its errors reach the model as ``tool``
+messages; the data are the same bytes for the same seed; the chat template renders a tool-call conversation the
+tokenizer round-trips, with the SFT loss on exactly the two assistant turns; and episodes scripted through the
+registered ``calculator`` environment earn 1 for the right answer and 0 for a wrong one or none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from drivetrain_engine_core.environment import ModelTurn, environment_factory
+from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_roles.environments.calculator import CalculatorEnvironment, CalculatorError, calculator
+from drivetrain_roles.jobs.builtin_tasks import builtin_task
+from drivetrain_roles.jobs.calculator_task import (
+    TOOL_CALL_START,
+    build_calculator_tokenizer,
+    calculator_example,
+    write_calculator_data,
+)
+from drivetrain_roles.jobs.data import tokenize_messages
+from drivetrain_roles.jobs.multistep_task import TURN_END
+from drivetrain_roles.rollout.multi_turn import run_episodes
+from drivetrain_roles.rollout.turn_limits import TurnLimits
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [("347*28+915", "10631"), ("(2+3)*-4", "-20"), ("7/2", "3.5"), ("7//2 + 7%2", "4"), ("2**10", "1024")],
+)
+def test_the_calculator_evaluates_arithmetic_exactly(expression, value):
+    assert calculator(expression) == value
+
+
+@pytest.mark.parametrize(
+    ("expression", "refusal"),
+    [
+        ("__import__('os').system('true')", "only numbers"),  # a call
+        ("x + 1", "only numbers"),  # a name
+        ("(1).real", "only numbers"),  # an attribute
+        ("[1, 2]", "only numbers"),
+        ("'a' * 3", "only numbers"),
+        ("9**9**9", "exponents must be whole numbers between -64 and 64"),
+        ("2**0.5", "exponents must be whole numbers"),
+        ("10**50 * 10**50 * 10**50", "more than 60 digits"),
+        ("1" * 61, "more than 60 digits"),
+        ("1e999 - 1e999", "not a finite number"),
+        ("True + True", "only numbers"),
+        ("1+" * 150 + "1", "at most 200 characters"),
+        ("1/0", "division by zero"),
+        ("5 % (3-3)", "division by zero"),
+        ("0**-1", "division by zero"),
+        ("1 +", "not an arithmetic expression"),
+    ],
+)
+def test_the_calculator_refuses_all_but_bounded_arithmetic(expression, refusal):
+    with pytest.raises(CalculatorError, match=re.escape(refusal)):
+        calculator(expression)
+
+
+def test_a_refusal_reaches_the_model_as_a_tool_message():
+    """What the model reads after a call that divides by zero or names a function: an ``Error:`` tool message."""
+    import asyncio
+
+    environment = CalculatorEnvironment()
+    asyncio.run(environment.reset(calculator_example("12*34")))
+    calls = "".join(
+        f'{TOOL_CALL_START}{{"name": "calculator", "arguments": {{"expression": "{e}"}}}}</tool_call>'
+        for e in ("1/0", "abs(-1)", "12*34")
+    )
+    result = asyncio.run(environment.step(ModelTurn(text=calls, token_ids=(), turn=0)))
+    assert [m["content"] for m in result.observation] == [
+        "Error: the tool 'calculator' raised CalculatorError: division by zero",
+        "Error: the tool 'calculator' raised CalculatorError: only numbers and + - * / // % ** are allowed, "
+        "not 'abs(-1)'",
+        "408",
+    ]
+    assert not result.done and result.info == {"tool_calls": 3, "tool_errors": 2}
+
+
+def test_the_data_are_the_same_for_a_seed_and_answers_are_the_expressions_values(tmp_path):
+    paths = [
+        write_calculator_data(tmp_path / f"{seed}-{run}", train_size=40, val_size=10, seed=seed)
+        for seed, run in ((0, 0), (0, 1), (1, 0))
+    ]
+    texts = [[p.read_text() for p in pair] for pair in paths]
+    assert texts[0] == texts[1] and texts[0] != texts[2]
+    train, val = ([json.loads(line) for line in text.splitlines()] for text in texts[0])
+    questions = [row["messages"][1]["content"] for row in train + val]
+    assert len(train) == 40 and len(val) == 10 and len(set(questions)) == 50
+    for row in train + val:
+        expression = re.fullmatch(r"What is ([0-9*+-]+)\?", row["messages"][1]["content"]).group(1)
+        # the reference: products first, then sums and differences, on Python integers
+        terms = re.split(r"([+-])", expression)
+        total = sum(
+            (-1 if sign == "-" else 1) * _product(term)
+            for sign, term in zip(["+", *terms[1::2]], terms[0::2], strict=True)
+        )
+        assert row["answer"] == str(total) == row["messages"][-1]["content"] == row["direct"][-1]["content"]
+        assert row["messages"][3] == {"role": "tool", "name": "calculator", "content": str(total)}
+
+
+def _product(term: str) -> int:
+    product = 1
+    for factor in term.split("*"):
+        product *= int(factor)
+    return product
+
+
+def test_the_template_renders_a_tool_conversation_the_tokenizer_round_trips_and_sft_trains_on_both_turns():
+    tokenizer = build_calculator_tokenizer()
+    row = calculator_example("347*28+915")
+    text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "347*28+915"}}</tool_call>'
+    assert f"<|im_start|>assistant\n{call}<|im_end|>\n<|im_start|>tool\n10631<|im_end|>\n" in text
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    call_ids = tokenizer(call, add_special_tokens=False)["input_ids"]  # markup and JSON keys: a token each
+    keys = ['{"name": ', '"calculator"', ', "arguments": ', '{"expression": ']
+    assert tokenizer.convert_ids_to_tokens(call_ids) == [
+        "<tool_call>",
+        *keys,
+        '"',
+        *"347*28+915",
+        '"',
+        "}",
+        "}",
+        "</tool_call>",
+    ]
+    # decoded as an environment reads a turn (special tokens skipped), the call is still there
+    assert call in tokenizer.decode(ids, skip_special_tokens=True)
+
+    example = tokenize_messages(row["messages"], tokenizer, "row 0", earlier_turns=True)
+    ((start, end),) = example.earlier_turn_spans
+    assert tokenizer.decode(example.prompt_ids[start:end]) == f"{call}{TURN_END}\n"
+    assert tokenizer.decode(example.response_ids) == f"10631{TURN_END}\n<|endoftext|>"
+
+
+class ScriptedRollout(Rollout):
+    """Answers each context with ``script(context text)`` and the turn end; log-probs 0."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, script):
+        super().__init__(model_path="scripted")
+        self.tokenizer, self.script = tokenizer, script
+
+    def _generate(self, prompts, sampling):
+        texts = [self.script(self.tokenizer.decode(p)) + TURN_END for p in prompts for _ in range(sampling.n)]
+        ids = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        return ids, [torch.zeros(len(i)) for i in ids]
+
+    def _load_bucket(self, bucket): ...
+    def _finish_update(self): ...
+    def _abort_update(self): ...
+    def _served_tensor(self, name): ...
+    def _sleep(self): ...
+    def _wake(self): ...
+
+
+def test_episodes_through_the_registered_environment_earn_one_for_the_right_answer_only():
+    """Four scripted players on ``12*34+5`` (413): call then copy the result (1), call then answer wrongly (0),
+    answer in the head (wrongly, 0), and call forever (no answer by the turn limit, 0)."""
+    tokenizer = build_calculator_tokenizer()
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34+5"}}</tool_call>'
+    scripts = {
+        "copies": lambda context: call if context.count("<|im_start|>tool") == 0 else "413",
+        "miscopies": lambda context: call if context.count("<|im_start|>tool") == 0 else "412",
+        "guesses": lambda context: "400",
+        "loops": lambda context: call,
+    }
+    sampling = SamplingConfig(max_new_tokens=120, stop_token_ids=(tokenizer.convert_tokens_to_ids(TURN_END),))
+    row = calculator_example("12*34+5")
+    rewards = {}
+    for name, script in scripts.items():
+        (trajectory,) = run_episodes(
+            ScriptedRollout(tokenizer, script),
+            tokenizer,
+            environment_factory("calculator"),
+            [row],
+            sampling,
+            TurnLimits(max_turns=3, max_total_tokens=512, step_timeout_s=10),
+        )
+        rewards[name] = (sum(trajectory.turn_rewards), trajectory.stop_reason)
+    assert rewards == {
+        "copies": (1.0, "done"),
+        "miscopies": (0.0, "done"),
+        "guesses": (0.0, "done"),
+        "loops": (0.0, "max_turns"),
+    }
+    # the trajectory holds the tool's answer, rendered by the template, as context (loss mask 0)
+    assert "<|im_start|>tool\n413<|im_end|>" in tokenizer.decode(trajectory.input_ids)
+
+
+def test_the_task_brings_chat_rows_and_sft_settings():
+    task = builtin_task("builtin:calculator")
+    assert task is not None and task.defaults["sft"]["data"]["messages_key"] == "messages"
