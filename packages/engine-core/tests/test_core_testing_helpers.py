@@ -4,6 +4,7 @@ Face references, checked against a padded batched forward (a different code path
 from __future__ import annotations
 
 import json
+import string
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from drivetrain_engine_core.data.options import ForwardOptions
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
-from drivetrain_engine_core.testing.models import make_tiny_model_dir
+from drivetrain_engine_core.testing.models import ARCHITECTURES, make_tiny_model_dir
 from drivetrain_engine_core.testing.reference import (
     reference_entropy,
     reference_log_probs,
@@ -55,7 +56,7 @@ def padded(batch) -> tuple[torch.Tensor, torch.Tensor]:
 def test_tokenizer_round_trips_text_and_chat(tmp_path: Path) -> None:
     tokenizer = build_tiny_tokenizer()
     ids = tokenizer("hello 42!")["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(ids) == ["hello", " ", "4", "2", "!"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["hello", "Ġ", "4", "2", "!"]
     assert tokenizer.decode(ids) == "hello 42!"
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
@@ -67,6 +68,25 @@ def test_tokenizer_round_trips_text_and_chat(tmp_path: Path) -> None:
     assert build_tiny_tokenizer(["zebra"]).convert_ids_to_tokens(
         build_tiny_tokenizer(["zebra"])("zebra")["input_ids"]
     ) == ["zebra"]
+
+
+def test_every_tiny_model_dir_reloads_a_tokenizer_that_round_trips_printable_ascii(tmp_path: Path) -> None:
+    """Next to a ``qwen2`` config ``AutoTokenizer`` loads ``Qwen2Tokenizer``, which keeps the vocabulary but
+    swaps in its own byte-level pipeline: a vocabulary spelling space as ``" "`` lost every space and newline
+    (18 of 165 characters here), and the letter after each one lost its offsets, so the roles' data check
+    called it unknown. Ids are checked against the alphabet's order, written out in this test."""
+    ascii_text = "".join(chr(code) for code in range(32, 127)) + "\n"
+    alphabet = string.digits + string.ascii_letters + string.punctuation + " \n"
+    text = f"The quick brown fox jumps over the lazy dog.\n  It's {ascii_text}the answer is 42\n"
+    for arch in ARCHITECTURES:
+        loaded = AutoTokenizer.from_pretrained(make_tiny_model_dir(tmp_path / arch, arch=arch))
+        ids = loaded(text)["input_ids"]
+        assert loaded.decode(ids) == text, arch
+        encoding = loaded(ascii_text, return_offsets_mapping=True)
+        assert encoding["input_ids"] == [6 + alphabet.index(c) for c in ascii_text], arch
+        assert encoding["offset_mapping"] == [(i, i + 1) for i in range(len(ascii_text))], arch
+        assert loaded("the cat")["input_ids"] == [107, 100, 18, 16, 35], arch  # the ids before the fix
+        assert loaded.unk_token_id not in ids and ids == build_tiny_tokenizer()(text)["input_ids"], arch
 
 
 def test_tiny_models_load_with_from_pretrained_and_seed_sets_weights(tmp_path: Path) -> None:

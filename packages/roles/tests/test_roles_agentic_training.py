@@ -103,8 +103,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, tokenizer):
     """The tiny Qwen2 with the tool template; only ``i``, ``s`` and ``<|im_end|>`` read dimension 0 of every
-    hidden state, which carries a large constant, so they are the likely tokens whatever the context."""
-    path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2")
+    hidden state, which carries a large constant, so they are the likely tokens whatever the context. 1024
+    positions hold an episode of ``environment.max_total_tokens=700``."""
+    path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2", max_position_embeddings=1024)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] += 30.0

@@ -16,7 +16,7 @@ from drivetrain_roles.sft.trainer import SFTResult, SFTTrainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 IM_END, NEWLINE, EOS = 5, 101, 2
-"""The tiny tokenizer's ``<|im_end|>``, ``"\\n"`` and ``</s>``: ChatML closes a turn with ``<|im_end|>\\n``."""
+"""The tiny tokenizer's ``<|im_end|>``, ``"\\n"`` (spelt ``Ċ``, byte-level) and ``</s>``: ChatML closes a turn with ``<|im_end|>\\n``."""
 
 SYSTEM = {"role": "system", "content": "be short"}
 
@@ -42,7 +42,7 @@ def test_a_chat_example_trains_on_each_turn_end_and_ends_with_the_eos(tmp_path) 
     trained on it never learnt to stop once the tokenizer's EOS is not the turn end. The loss tokens are each
     assistant turn with its turn end, and the last one's EOS: ids written out here."""
     tokenizer = build_tiny_tokenizer()
-    assert (tokenizer.convert_tokens_to_ids(["<|im_end|>", "\n"]), tokenizer.eos_token_id) == (
+    assert (tokenizer.convert_tokens_to_ids(["<|im_end|>", "Ċ"]), tokenizer.eos_token_id) == (
         [IM_END, NEWLINE],
         EOS,
     )
