@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import ModelTurn, environment_factory
 from drivetrain_engine_core.rollout import Rollout, SamplingConfig
 from drivetrain_roles.environments.calculator import CalculatorEnvironment, CalculatorError, calculator
@@ -200,3 +201,62 @@ def test_episodes_through_the_registered_environment_earn_one_for_the_right_answ
 def test_the_task_brings_chat_rows_and_sft_settings():
     task = builtin_task("builtin:calculator")
     assert task is not None and task.defaults["sft"]["data"]["messages_key"] == "messages"
+
+
+def _calculator_job(tmp_path, *overrides: str):
+    from drivetrain_roles.grpo.config import load_config
+    from drivetrain_roles.grpo.trainer import GRPOTrainer
+
+    shrunk = ["warm_start_steps=2", "warm_start_batch_size=2", "total_steps=1", "prompts_per_step=2"]
+    shrunk += ["eval_every=1", "eval_samples=3", "save_every=0", "progress_bar=false"]
+    config = load_config(
+        None,
+        [
+            "model.path=builtin:calculator",
+            *(f"trainer.{o}" for o in shrunk),
+            "rollout.n=2",
+            "data.generated_train_size=4",
+            "data.generated_val_size=3",
+            *overrides,
+        ],
+    )
+    return GRPOTrainer(config, tmp_path / "run")
+
+
+def test_an_episode_limit_over_the_models_positions_is_refused_before_training(tmp_path):
+    """An episode grows to environment.max_total_tokens, observations included: a limit over the model's 512
+    positions is refused when the prompts load, not when the first long episode reaches the rollout."""
+    job = _calculator_job(tmp_path, "environment.max_total_tokens=600")
+    with pytest.raises(ConfigError, match=r"environment.max_total_tokens .* is 600 tokens, over the model's"):
+        job.run()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_held_out_evaluation_plays_one_greedy_episode_per_prompt(tmp_path, monkeypatch):
+    """In an environment, evaluation answers each held-out prompt with one greedy episode: the reward functions
+    score its last model turn against the reference, and val/reward adds the environment's reward, as training
+    does (here a function that scores 0.25 each, and the environment's 1 for an exact final answer)."""
+    from drivetrain_roles.rl import rewards
+
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def quarter(*, completions, references):
+        seen.append((completions, references))
+        return [0.25] * len(completions)
+
+    monkeypatch.setitem(rewards.BUILTIN_REWARDS, "exact_match", quarter)
+    rewards.load_reward_function.cache_clear()
+    try:
+        _calculator_job(tmp_path).run()
+    finally:
+        rewards.load_reward_function.cache_clear()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "val/reward" in r]
+    held_out = [call for call in seen if len(call[0]) == 3]
+    assert [r["step"] for r in evaluations] == [0, 1] and len(held_out) == 2
+    for evaluation, (completions, references) in zip(evaluations, held_out, strict=True):
+        # The environment pays 1 for a final turn that is the answer and holds no call.
+        pairs = zip(completions, references, strict=True)
+        exact = [float(c.strip() == r and "<tool_call>" not in c) for c, r in pairs]
+        assert evaluation["val/reward"] == pytest.approx(0.25 + sum(exact) / 3, abs=1e-6)
+        assert evaluation["val/accuracy"] == pytest.approx(sum(exact) / 3, abs=1e-6)

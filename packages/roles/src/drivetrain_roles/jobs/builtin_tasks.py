@@ -86,15 +86,33 @@ MULTISTEP = BuiltinTask(
 )
 """Chains of 2-4 operations worked step by step in a chat template (:mod:`.multistep_task`)."""
 
+_CALCULATOR_DATA: dict[str, Any] = {"messages_key": "messages", "max_length": 256, "generated_val_size": 100}
+_CALCULATOR_ROLLOUT: Sections = {
+    "data": {**_CALCULATOR_DATA, "generated_train_size": 400},
+    # A call is 22 tokens with its turn end; the answer 8.
+    "rollout": {"max_new_tokens": 32},
+    "environment": {"name": calculator_task.NAME, "max_turns": 3, "max_total_tokens": 256},
+    "trainer": {
+        "warm_start_steps": 500,
+        "warm_start_batch_size": 16,
+        "total_steps": 40,
+        "prompts_per_step": 8,
+        "eval_every": 10,
+        "eval_samples": 100,
+    },
+}
+
 CALCULATOR = BuiltinTask(
     model_path=BUILTIN_PREFIX + calculator_task.NAME,
     write_model=calculator_task.write_calculator_model,
     write_data=calculator_task.write_calculator_data,
     defaults={
         "sft": {
-            "data": {"messages_key": "messages", "max_length": 256, "generated_val_size": 100},
+            "data": _CALCULATOR_DATA,
             "trainer": {"max_new_tokens": 48, "total_steps": 1000, "batch_size": 16, "eval_samples": 100},
         },
+        "grpo": _CALCULATOR_ROLLOUT,
+        "ppo": _CALCULATOR_ROLLOUT,
     },
 )
 """Multi-digit arithmetic answered with the ``calculator`` tool (:mod:`.calculator_task`)."""

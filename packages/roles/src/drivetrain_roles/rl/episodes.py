@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from drivetrain_engine_core import distributed
 from drivetrain_engine_core.environment import Environment, environment_factory
-from drivetrain_engine_core.rollout import Rollout, RolloutOutput
+from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 
 from ..rollout.multi_turn import run_episodes
 from ..rollout.trajectory import Trajectory
@@ -143,16 +143,11 @@ class EpisodePipeline(RolloutPipeline):
 
     def _generate(self, step: int) -> GeneratedBatch:
         _, sampling = self.request(step)
-        sampling = dataclasses.replace(
-            sampling, stop_token_ids=tuple(sorted({*sampling.stop_token_ids, *self.stop_token_ids}))
-        )
         rows = self.rows(step)
         with self._rollout_lock:
             version = self._version
             started = time.perf_counter()
-            trajectories = run_episodes(
-                self.rollout, self.tokenizer, self.environment, rows, sampling, self.limits
-            )
+            trajectories = self.episodes(rows, sampling)
             finished = time.perf_counter()
         return EpisodeBatch(
             step=step,
@@ -162,6 +157,13 @@ class EpisodePipeline(RolloutPipeline):
             finished=finished,
             trajectories=tuple(trajectories),
         )
+
+    def episodes(self, rows: Sequence[Mapping[str, Any]], sampling: SamplingConfig) -> list[Trajectory]:
+        """``sampling.n`` episodes from each of ``rows``, the template's turn ends added to the stop tokens; the
+        caller holds the rollout (the step's lock, or :meth:`exclusive` for held-out episodes)."""
+        stops = tuple(sorted({*sampling.stop_token_ids, *self.stop_token_ids}))
+        sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+        return run_episodes(self.rollout, self.tokenizer, self.environment, rows, sampling, self.limits)
 
 
 def episode_versions(trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:

@@ -31,7 +31,7 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.environment import environment_factory
-from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 
 from ..actor import Actor
 from ..jobs.assets import load_splits
@@ -46,7 +46,7 @@ from ..reward_model.build import make_reward_models
 from .actor_setup import actor_config
 from .batch import RolloutBatch
 from .curves import POLICY_CURVES
-from .episodes import EpisodePipeline
+from .episodes import EpisodePipeline, final_turns
 from .hooks import Sampler, Scorer
 from .job_config import PolicyJobConfig, check_mini_batch_share
 from .pipeline import GeneratedBatch, RolloutPipeline
@@ -338,27 +338,38 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
     def _evaluate(self, step: int) -> dict[str, float]:
         """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers;
         none without references, ``data.response_key=null``) and ``val/reward`` (the mean reward, the same number
-        with ``exact_match`` alone); none with an environment (its episodes are not evaluated yet)."""
+        with ``exact_match`` alone). In an environment each prompt is one greedy episode: its answer is its last
+        model turn, its reward the environment's plus the functions' (as in training)."""
         config = self.config
         samples = self.val[: config.trainer.eval_samples]
-        if not samples or config.environment.enabled:  # NOTE: evaluation in episodes is not there yet
+        if not samples:
             return {}
         rank, size = distributed.rank(), distributed.world_size()
         local = samples[rank::size]
         correct, reward = 0.0, 0.0
         with agreed_checks():
             if local:
-                sampling = SamplingConfig(temperature=0.0, max_new_tokens=config.rollout.max_new_tokens)
-                with self.pipeline.exclusive() as rollout:
-                    output = rollout.generate([e.prompt_ids for e in local], sampling)
+                output, environment_reward = self._greedy_answers(local)
                 answers, scores = answer_rewards(
                     local, output, self.tokenizer, config.algorithm.rewards(), self.reward_models
                 )
                 correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
-                reward = float(scores.total.sum())
+                reward = float(scores.total.sum()) + environment_reward
         correct, reward = distributed.all_reduce_sums([correct, reward])
         accuracy = {"val/accuracy": correct / len(samples)} if samples[0].has_reference else {}
         return {**accuracy, "val/reward": reward / len(samples)}
+
+    def _greedy_answers(self, examples: list[Example]) -> tuple[RolloutOutput, float]:
+        """The greedy response to each of ``examples`` (in an environment: its episode's last model turn) and the
+        environment's total reward of them (0 without one)."""
+        sampling = SamplingConfig(temperature=0.0, max_new_tokens=self.config.rollout.max_new_tokens)
+        with self.pipeline.exclusive() as rollout:
+            if not isinstance(self.pipeline, EpisodePipeline):
+                return rollout.generate([e.prompt_ids for e in examples], sampling), 0.0
+            trajectories = self.pipeline.episodes([e.columns for e in examples], sampling)
+            version = rollout.weights_version or 0
+        environment_reward = sum(sum(t.turn_rewards) for t in trajectories)
+        return final_turns(trajectories, 1, version), environment_reward
 
     def _postfix(self, values: dict[str, float]) -> dict[str, str]:
         """The progress bar's reward, KL and tokens/s."""

@@ -37,10 +37,10 @@ def warn_unreachable_answers(examples: list[Example], max_new_tokens: int, eos_t
 
 
 def check_rollout_length(examples: list[Example], config: RolloutJobConfig, model_path: str) -> None:
-    """The longest prompt plus ``rollout.max_new_tokens`` must fit the model's positions, the rollout's own
-    limit (vLLM's ``rollout.options.max_model_len``) and, with dynamic batching, one micro-batch: checked when
-    the prompts load, not at the step whose sample first grows that long (a ``BatchError``, or the rollout's
-    refusal, hours into a run).
+    """The longest prompt plus ``rollout.max_new_tokens`` (in an environment: ``environment.max_total_tokens``)
+    must fit the model's positions, the rollout's own limit (vLLM's ``rollout.options.max_model_len``) and, with
+    dynamic batching, one micro-batch: checked when the prompts load, not at the step whose sample first grows
+    that long (a ``BatchError``, or the rollout's refusal, hours into a run).
 
     Raises:
         ConfigError: the longest possible sequence exceeds a limit (names the setting).
@@ -48,6 +48,11 @@ def check_rollout_length(examples: list[Example], config: RolloutJobConfig, mode
     from transformers import AutoConfig
 
     longest = max((len(e.prompt_ids) for e in examples), default=0) + config.rollout.max_new_tokens
+    what = f"the longest prompt plus rollout.max_new_tokens={config.rollout.max_new_tokens}"
+    fix = "lower rollout.max_new_tokens or data.max_length (which bounds the prompts)"
+    if config.environment.enabled:  # an episode grows to its token limit, observations included
+        longest = config.environment.max_total_tokens
+        what, fix = "environment.max_total_tokens (an episode's longest sequence)", "lower it"
     hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
     positions = TokenLimits.from_hf_config(hf_config, model_path).max_positions
     budget = config.engine.micro_batch.max_tokens
@@ -61,8 +66,4 @@ def check_rollout_length(examples: list[Example], config: RolloutJobConfig, mode
         limits.append((value, f"{SECTION}.{option}={value} of rollout {config.rollout.name!r}"))
     for limit, setting in limits:
         if limit is not None and longest > limit:
-            raise ConfigError(
-                f"the longest prompt plus rollout.max_new_tokens={config.rollout.max_new_tokens} is {longest} "
-                f"tokens, over {setting}; lower rollout.max_new_tokens or data.max_length (which bounds the "
-                "prompts), or raise the limit."
-            )
+            raise ConfigError(f"{what} is {longest} tokens, over {setting}; {fix}, or raise the limit.")
