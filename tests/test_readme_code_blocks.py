@@ -29,6 +29,7 @@ REASONS = {
     "gpu": "needs CUDA devices",
     "ray": "starts a Ray cluster (tests/test_roles_ray_worker_group.py runs the same calls)",
     "plugin": "needs a plugin that is not installed in the workspace (tests/test_third_party_plugin.py installs it)",
+    "user-files": "runs on the user's own model or data files, which the block names but does not make",
 }
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
