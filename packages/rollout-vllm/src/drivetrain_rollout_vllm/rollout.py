@@ -285,7 +285,7 @@ class VLLMRollout(Rollout):
     def _generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        params = sampling_params(sampling, end_ids=self._end_ids)
+        params = [sampling_params(sampling, end_ids=self._end_ids, prompt=i) for i in range(len(prompts))]
         requests = [{"prompt_token_ids": list(prompt)} for prompt in prompts]
         responses, log_probs = [], []
         adapter = self._adapters.current if self._adapters is not None else None
