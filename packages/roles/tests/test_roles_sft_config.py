@@ -111,6 +111,6 @@ def test_a_model_path_that_is_not_a_model_directory_is_one_line_before_anything_
     assert result.output.strip().splitlines() == [
         "Error: model.path=/nonexistent does not exist; set model.path to a local Hugging Face model directory "
         "(config.json, weights, tokenizer), a Hub repository id such as Qwen/Qwen2.5-0.5B-Instruct, or an "
-        "embedded model: builtin:arithmetic or builtin:multistep."
+        "embedded model: builtin:arithmetic or builtin:multistep or builtin:calculator."
     ]
     assert not run_dir.exists()

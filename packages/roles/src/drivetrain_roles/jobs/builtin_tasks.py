@@ -98,7 +98,6 @@ _CALCULATOR_ROLLOUT: Sections = {
         "warm_start_batch_size": 16,
         "total_steps": 40,
         "prompts_per_step": 8,
-        "eval_every": 10,
         "eval_samples": 100,
     },
 }
