@@ -4,13 +4,16 @@ responses are sampled and handed the new weights."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.handoff import LoraMode
 from drivetrain_engine_core.sampling import SamplingConfig
 
 from .router_replay import RouterReplayOption
+
+LoraHandoff = Literal["merged", "adapter"]
+"""What a hand-off of a LoRA model sends: core's ``handoff.LoraMode``, written here because the config loads without
+torch (``handoff`` imports it; the CLI prints configs torch-free)."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -48,7 +51,7 @@ class RolloutConfig(RouterReplayOption):
     min_p: float = 0.0
     max_new_tokens: int = 6
     bucket_mb: float = 64.0
-    lora_handoff: LoraMode = "merged"
+    lora_handoff: LoraHandoff = "merged"
     options: dict[str, Any] = field(default_factory=dict)
 
     least_n: ClassVar[tuple[int, str]] = (2, "GRPO compares responses to one prompt")
