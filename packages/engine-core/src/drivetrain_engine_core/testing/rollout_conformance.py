@@ -110,6 +110,20 @@ class RolloutConformanceTests(KitBase):
         for rolled, actor in zip(output.log_probs, expected, strict=True):
             torch.testing.assert_close(rolled.cpu(), actor, atol=self.log_prob_atol, rtol=0)
 
+    # ------------------------------------------------------------------ sampling
+    def test_equal_prompts_in_one_call_are_sampled_independently_and_the_call_repeats(
+        self, model_dir: Path
+    ) -> None:
+        """A group's multi-turn episodes start from equal prompts with ``n=1`` each, and data sets repeat prompts:
+        each is its own draw (a rollout that seeds every request alike samples them all alike: a group without
+        variance), and the same call with the same seed repeats."""
+        rollout = self.make(model_dir)
+        sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=12, seed=3)
+        first = [r.tolist() for r in rollout.generate([PROMPTS[0]] * 4, sampling).responses]
+        again = [r.tolist() for r in rollout.generate([PROMPTS[0]] * 4, sampling).responses]
+        assert len({tuple(r) for r in first}) == 4, f"four equal prompts sampled {first}"
+        assert again == first
+
     # ------------------------------------------------------------------ versions and refusals
     def test_versions_are_recorded_only_for_complete_newer_streams(self, model_dir: Path, versions) -> None:
         rollout, sender = self.make(model_dir), SentVersions()
