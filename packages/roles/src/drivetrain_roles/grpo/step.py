@@ -27,7 +27,7 @@ from ..jobs.data import Example
 from ..reference import Reference
 from ..rl.advantage_estimators import outcome_advantages
 from ..rl.batch import RolloutBatch, add_rollout_fields, response_batch
-from ..rl.episode_batch import episode_batch, extra_rewards, model_log_probs, model_token_counts
+from ..rl.episode_batch import episode_batch, episodes_rollout_batch, extra_rewards
 from ..rl.episodes import EpisodeBatch, episode_versions
 from ..rl.pipeline import GeneratedBatch
 from ..rl.policy_update import policy_calls, update_with
@@ -135,12 +135,11 @@ def episodes_batch(
     batch["advantages"] = outcome_advantages(
         rewards, batch["loss_mask"], n, config.algorithm.advantage_config(), group
     )
-    return RolloutBatch(
-        batch=batch,
-        rollout_log_probs=model_log_probs(trajectories),
-        rewards=rewards,
-        response_lengths=model_token_counts(trajectories),
-        scores=scores,
+    return episodes_rollout_batch(
+        trajectories,
+        batch,
+        rewards,
+        scores,
         filtered_groups=int(filtered.sum()),
         versions=versions,
         dropped_groups=int(stale.sum()),

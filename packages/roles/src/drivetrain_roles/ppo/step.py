@@ -29,7 +29,7 @@ from ..critic import Critic
 from ..jobs.data import Example
 from ..reference import Reference
 from ..rl.batch import RolloutBatch, response_batch
-from ..rl.episode_batch import episode_batch, extra_rewards, model_log_probs, model_token_counts
+from ..rl.episode_batch import episode_batch, episodes_rollout_batch, extra_rewards
 from ..rl.episodes import EpisodeBatch
 from ..rl.policy_update import PolicyCalls, RolloutStatistics, policy_calls
 from ..rl.reward_shaping import penalised_rewards
@@ -91,13 +91,7 @@ def episodes_batch(generated: EpisodeBatch, scores: Scores, config: PPOConfig) -
     trajectories = generated.trajectories
     extra = extra_rewards(trajectories, scores.total, config)
     batch, rewards = episode_batch(trajectories, extra, keep=torch.ones(len(trajectories), dtype=torch.bool))
-    return RolloutBatch(
-        batch=batch,
-        rollout_log_probs=model_log_probs(trajectories),
-        rewards=rewards,
-        response_lengths=model_token_counts(trajectories),
-        scores=scores,
-    )
+    return episodes_rollout_batch(trajectories, batch, rewards, scores)
 
 
 def estimate_advantages(

@@ -11,14 +11,16 @@ episode's reward.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from tensordict import TensorDict
 
 from ..rollout.trajectory import Trajectory, trajectory_batch
-from .batch import jagged
+from .batch import RolloutBatch, jagged
 from .job_config import PolicyJobConfig
 from .reward_shaping import penalised_rewards
+from .rewards import Scores
 
 
 def model_token_counts(trajectories: Sequence[Trajectory]) -> list[int]:
@@ -59,3 +61,23 @@ def model_log_probs(trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:
     """Each episode's sampled log-probs of its model tokens (what the actor's recomputation is compared with at
     the loss mask's positions)."""
     return [t.log_probs[t.loss_mask] for t in trajectories]
+
+
+def episodes_rollout_batch(
+    trajectories: Sequence[Trajectory],
+    batch: TensorDict,
+    rewards: torch.Tensor,
+    scores: Scores,
+    **fields: Any,
+) -> RolloutBatch:
+    """The step's :class:`~.batch.RolloutBatch` of ``trajectories`` (their :func:`episode_batch` and rewards):
+    the sampled log-probs and lengths of their model tokens; ``fields``: the command's own (GRPO's filtered and
+    stale groups)."""
+    return RolloutBatch(
+        batch=batch,
+        rollout_log_probs=model_log_probs(trajectories),
+        rewards=rewards,
+        response_lengths=model_token_counts(trajectories),
+        scores=scores,
+        **fields,
+    )
