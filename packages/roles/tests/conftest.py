@@ -1,5 +1,6 @@
 """What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from, the small
-``grpo``/``ppo`` config their parity tests run on and a run folder's state entry for entry.
+``grpo``/``ppo`` config their parity tests run on, a run folder's state entry for entry, and the multi-turn
+tests' tool-template tokenizer and the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>``.
 
 NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
 conftest nor a sibling module.
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import arithmetic_examples
 
@@ -108,3 +112,44 @@ def plotted() -> Callable[[Path], dict[str, dict[str, Any]]]:
     """``plotted(curve)``: ``{metric: {"panel", "key", "label", "points", "last"}}`` of a run's curve PNG, read
     from its metadata (not its pixels) and checked against the run's ``metrics.jsonl``."""
     return _plotted
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these tools:\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>\n{% endif %}'
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A Qwen2.5-style template: tools listed in a system turn, tool results as ``<tool_response>`` user turns."""
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer() -> Any:
+    """The tiny character-level tokenizer (words such as ``is`` are single tokens) with :data:`TOOL_TEMPLATE`."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = TOOL_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def leaning_model_dir(tmp_path_factory: pytest.TempPathFactory, tool_tokenizer: Any) -> Path:
+    """The tiny Qwen2 with :func:`tool_tokenizer` saved beside it: every hidden state carries a large constant in
+    dimension 0, and only ``i``, ``s`` and ``<|im_end|>`` read it, so they are the likely tokens whatever the
+    context (turns end, and hold ``i``, ``s`` that the tokenizer would re-encode as ``is``). 1024 positions hold
+    an episode of 700 tokens."""
+    from transformers import AutoModelForCausalLM
+
+    path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2", max_position_embeddings=1024)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] += 30.0
+        model.lm_head.weight[:, 0] = 0.0
+        for token, weight in {"i": 0.9, "s": 0.9, "<|im_end|>": 0.75}.items():
+            model.lm_head.weight[tool_tokenizer.convert_tokens_to_ids(token), 0] = weight
+    model.save_pretrained(path)
+    tool_tokenizer.save_pretrained(path)
+    return path

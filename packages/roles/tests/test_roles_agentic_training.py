@@ -22,24 +22,10 @@ from drivetrain_engine_core.cli import main as drivetrain_cli
 from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult
 from drivetrain_engine_core.hookspecs import PROJECT_NAME, hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
-from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
-from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 from drivetrain_roles.environments import tool_schema
 from drivetrain_roles.grpo import trainer as grpo_trainer
 from transformers import AutoModelForCausalLM
-
-TOOL_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nYou may call these tools:\n"
-    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
-    'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>\n{% endif %}'
-    "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-"""A Qwen2.5-style template: tools listed in a system turn, tool results as ``<tool_response>`` user turns."""
 
 TEMPERATURE = 0.9
 ENVIRONMENT = ("environment.name=lookup-game", "environment.max_turns=3", "environment.max_total_tokens=700")
@@ -94,27 +80,13 @@ def game_plugin():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
-    return tokenizer
+def tokenizer(tool_tokenizer):
+    return tool_tokenizer
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    """The tiny Qwen2 with the tool template; only ``i``, ``s`` and ``<|im_end|>`` read dimension 0 of every
-    hidden state, which carries a large constant, so they are the likely tokens whatever the context. 1024
-    positions hold an episode of ``environment.max_total_tokens=700``."""
-    path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2", max_position_embeddings=1024)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += 30.0
-        model.lm_head.weight[:, 0] = 0.0
-        for token, weight in {"i": 0.9, "s": 0.9, "<|im_end|>": 0.75}.items():
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token), 0] = weight
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def model_dir(leaning_model_dir):
+    return leaning_model_dir
 
 
 def write_rows(path):

@@ -13,25 +13,11 @@ import pytest
 import torch
 from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult
 from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
-from drivetrain_engine_core.testing import make_tiny_model_dir
-from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
 from drivetrain_roles.environments import tool_schema
 from drivetrain_roles.rollout.multi_turn import run_episodes
 from drivetrain_roles.rollout.trajectory import trajectory_batch
 from drivetrain_roles.rollout.turn_limits import TurnLimits
 from transformers import AutoModelForCausalLM
-
-TOOL_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nYou may call these tools:\n"
-    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
-    'Call one as <tool_call>{"name": ..., "arguments": {...}}</tool_call>.<|im_end|>\n{% endif %}'
-    "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-"""A Qwen2.5-style template: tools listed in a system turn, tool results as ``<tool_response>`` user turns."""
 
 TEMPERATURE = 0.9
 QUESTIONS = [
@@ -68,26 +54,13 @@ class EchoEnvironment(Environment):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    """The tiny character-level tokenizer (words such as ``is`` are single tokens) with the tool template."""
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
-    return tokenizer
+def tokenizer(tool_tokenizer):
+    return tool_tokenizer
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    """The tiny Qwen2 with the tool template; every hidden state carries a large constant in dimension 0, and
-    only ``i``, ``s`` and ``<|im_end|>`` read it, so they are the likely tokens whatever the context."""
-    path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += 30.0
-        model.lm_head.weight[:, 0] = 0.0
-        for token, weight in {"i": 0.9, "s": 0.9, "<|im_end|>": 0.75}.items():
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token), 0] = weight
-    model.save_pretrained(path)
-    return path
+def model_dir(leaning_model_dir):
+    return leaning_model_dir
 
 
 def recording(rollout):
