@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 import torch
+from drivetrain_engine_core.rollout import Rollout
 from drivetrain_engine_core.testing import make_tiny_model_dir
-from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
+from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import arithmetic_examples
 
@@ -153,3 +154,33 @@ def leaning_model_dir(tmp_path_factory: pytest.TempPathFactory, tool_tokenizer: 
     model.save_pretrained(path)
     tool_tokenizer.save_pretrained(path)
     return path
+
+
+class _ScriptedRollout(Rollout):
+    """Answers each context with ``script(context text)`` and the turn end (``IM_END``); log-probs 0 (nothing is
+    sampled)."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, script: Callable[[str], str]) -> None:
+        super().__init__(model_path="scripted")
+        self.tokenizer, self.script = tokenizer, script
+
+    def _generate(self, prompts: Any, sampling: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        texts = [self.script(self.tokenizer.decode(p)) + IM_END for p in prompts for _ in range(sampling.n)]
+        ids = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        return ids, [torch.zeros(len(i)) for i in ids]
+
+    def _load_bucket(self, bucket: Any) -> None: ...
+    def _finish_update(self) -> None: ...
+    def _abort_update(self) -> None: ...
+    def _served_tensor(self, name: str) -> Any: ...
+    def _sleep(self) -> None: ...
+    def _wake(self) -> None: ...
+
+
+@pytest.fixture(scope="session")
+def scripted_rollout() -> Callable[[Any, Callable[[str], str]], Rollout]:
+    """``scripted_rollout(tokenizer, script)``: a rollout that answers each context with ``script(context text)``
+    and the turn end (what the multi-turn tests play episodes with, no model involved)."""
+    return _ScriptedRollout

@@ -17,10 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import Environment, StepResult, environment_factory
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.environments import (
     EnvironmentServerError,
@@ -41,28 +40,6 @@ TOOL_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-class ScriptedRollout(Rollout):
-    """Answers each context with ``script(context text)`` and ``<|im_end|>``; log-probs 0 (nothing is sampled)."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, script):
-        super().__init__(model_path="scripted")
-        self.tokenizer, self.script = tokenizer, script
-
-    def _generate(self, prompts, sampling):
-        texts = [self.script(self.tokenizer.decode(p)) + IM_END for p in prompts for _ in range(sampling.n)]
-        ids = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        return ids, [torch.zeros(len(i)) for i in ids]
-
-    def _load_bucket(self, bucket): ...
-    def _finish_update(self): ...
-    def _abort_update(self): ...
-    def _served_tensor(self, name): ...
-    def _sleep(self): ...
-    def _wake(self): ...
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +99,8 @@ def tool_script(context: str) -> str:
     return "it is 5" if "<tool_response>\n5\n" in context else "no idea"
 
 
-def test_malformed_raising_and_hanging_tool_calls_become_observations(tokenizer):
-    rollout = ScriptedRollout(tokenizer, tool_script)
+def test_malformed_raising_and_hanging_tool_calls_become_observations(tokenizer, scripted_rollout):
+    rollout = scripted_rollout(tokenizer, tool_script)
     examples = [{"prompt": f"case {case}: what is 2 + 3?", "answer": "5"} for case in CALLS]
     started = time.perf_counter()
     trajectories = run_episodes(
@@ -173,11 +150,11 @@ class FailingEnvironment(HangingEnvironment):
         raise ConnectionError("the sandbox is gone")
 
 
-def test_a_hung_or_failing_environment_step_ends_only_its_episode(tokenizer):
+def test_a_hung_or_failing_environment_step_ends_only_its_episode(tokenizer, scripted_rollout):
     built = iter([HangingEnvironment(), AsyncHangingEnvironment(), FailingEnvironment()])
     started = time.perf_counter()
     trajectories = run_episodes(
-        ScriptedRollout(tokenizer, lambda context: "hello"),
+        scripted_rollout(tokenizer, lambda context: "hello"),
         tokenizer,
         lambda: next(built),
         [{"prompt": "the answer is"}] * 3,
@@ -195,13 +172,13 @@ class HangingReset(HangingEnvironment):
         time.sleep(30)
 
 
-def test_a_hung_reset_is_an_error_naming_the_environment(tokenizer):
+def test_a_hung_reset_is_an_error_naming_the_environment(tokenizer, scripted_rollout):
     started = time.perf_counter()
     with pytest.raises(
         TimeoutError, match=r"environment HangingReset: reset\(\) took longer than step_timeout_s=0.3 s"
     ):
         run_episodes(
-            ScriptedRollout(tokenizer, lambda context: "hello"),
+            scripted_rollout(tokenizer, lambda context: "hello"),
             tokenizer,
             HangingReset,
             [{"prompt": "the answer is"}],
@@ -253,9 +230,13 @@ def game_url():
     server.server_close()
 
 
-def test_an_environment_served_over_http_plays_through_the_registered_adapter(tokenizer, game_url):
+def test_an_environment_served_over_http_plays_through_the_registered_adapter(
+    tokenizer, game_url, scripted_rollout
+):
     guesses = ["3", "5", "7"]
-    rollout = ScriptedRollout(tokenizer, lambda context: f"I guess {guesses[context.count('assistant') - 1]}")
+    rollout = scripted_rollout(
+        tokenizer, lambda context: f"I guess {guesses[context.count('assistant') - 1]}"
+    )
     trajectories = run_episodes(
         rollout,
         tokenizer,

@@ -12,10 +12,9 @@ import json
 import re
 
 import pytest
-import torch
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import ModelTurn, environment_factory
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_roles.environments.calculator import CalculatorEnvironment, CalculatorError, calculator
 from drivetrain_roles.jobs.builtin_tasks import builtin_task
 from drivetrain_roles.jobs.calculator_task import (
@@ -142,29 +141,7 @@ def test_the_template_renders_a_tool_conversation_the_tokenizer_round_trips_and_
     assert tokenizer.decode(example.response_ids) == f"10631{TURN_END}\n<|endoftext|>"
 
 
-class ScriptedRollout(Rollout):
-    """Answers each context with ``script(context text)`` and the turn end; log-probs 0."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, script):
-        super().__init__(model_path="scripted")
-        self.tokenizer, self.script = tokenizer, script
-
-    def _generate(self, prompts, sampling):
-        texts = [self.script(self.tokenizer.decode(p)) + TURN_END for p in prompts for _ in range(sampling.n)]
-        ids = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        return ids, [torch.zeros(len(i)) for i in ids]
-
-    def _load_bucket(self, bucket): ...
-    def _finish_update(self): ...
-    def _abort_update(self): ...
-    def _served_tensor(self, name): ...
-    def _sleep(self): ...
-    def _wake(self): ...
-
-
-def test_episodes_through_the_registered_environment_earn_one_for_the_right_answer_only():
+def test_episodes_through_the_registered_environment_earn_one_for_the_right_answer_only(scripted_rollout):
     """Four scripted players on ``12*34+5`` (413): call then copy the result (1), call then answer wrongly (0),
     answer in the head (wrongly, 0), and call forever (no answer by the turn limit, 0)."""
     tokenizer = build_calculator_tokenizer()
@@ -180,7 +157,7 @@ def test_episodes_through_the_registered_environment_earn_one_for_the_right_answ
     rewards = {}
     for name, script in scripts.items():
         (trajectory,) = run_episodes(
-            ScriptedRollout(tokenizer, script),
+            scripted_rollout(tokenizer, script),
             tokenizer,
             environment_factory("calculator"),
             [row],
