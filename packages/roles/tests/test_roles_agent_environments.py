@@ -20,7 +20,7 @@ import pytest
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import Environment, StepResult, environment_factory
 from drivetrain_engine_core.rollout import SamplingConfig
-from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
+from drivetrain_engine_core.testing.tokenizer import IM_END
 from drivetrain_roles.environments import (
     EnvironmentServerError,
     HermesToolCallParser,
@@ -31,22 +31,10 @@ from drivetrain_roles.environments import (
 from drivetrain_roles.rollout.multi_turn import run_episodes
 from drivetrain_roles.rollout.turn_limits import TurnLimits
 
-TOOL_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nYou may call these tools:\n"
-    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.chat_template = TOOL_TEMPLATE
-    return tokenizer
+def tokenizer(tool_tokenizer):
+    return tool_tokenizer
 
 
 def sampling(tokenizer, n=1):
