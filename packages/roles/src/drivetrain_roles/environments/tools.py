@@ -68,6 +68,14 @@ class ToolEnvironment(Environment):
     def tool_schemas(self) -> list[dict[str, Any]]:
         return list(self._schemas)
 
+    def tool_calls(self, text: str) -> list[Message]:
+        """The calls the parser reads in a turn's ``text``, as chat templates take them (``{"type": "function",
+        "function": {"name": ..., "arguments": {...}}}``): what the trajectory's ``assistant`` message holds."""
+        return [
+            {"type": "function", "function": {"name": call.name, "arguments": dict(call.arguments)}}
+            for call in self._parser.parse(text).calls
+        ]
+
     def _reset(self, example: Mapping[str, Any]) -> list[Message]:
         self._example = example
         if isinstance(example.get("messages"), list):

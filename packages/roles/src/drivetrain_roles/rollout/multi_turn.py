@@ -19,7 +19,7 @@ from typing import Any
 
 from drivetrain_engine_core.config import ConfigError
 from drivetrain_engine_core.environment import Environment
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 
 from .episode import Episode
 from .trajectory import Trajectory
@@ -38,6 +38,7 @@ def run_episodes(
     examples: Sequence[Mapping[str, Any]],
     sampling: SamplingConfig,
     limits: TurnLimits | None = None,
+    on_turn: Callable[[RolloutOutput], None] | None = None,
 ) -> list[Trajectory]:
     """``sampling.n`` episodes per example, prompt-major (episode ``i`` is of example ``i // n``), each in a
     fresh ``environment()``. Not from a running event loop: await :func:`run_episodes_async` there.
@@ -51,8 +52,11 @@ def run_episodes(
         examples: data set rows, handed to ``Environment.reset``.
         sampling: how each turn samples.
         limits: turns, tokens and step time per episode (default :class:`TurnLimits`).
+        on_turn: called with each turn's ``generate`` output (a progress bar counts its tokens).
     """
-    return asyncio.run(run_episodes_async(rollout, tokenizer, environment, examples, sampling, limits))
+    return asyncio.run(
+        run_episodes_async(rollout, tokenizer, environment, examples, sampling, limits, on_turn)
+    )
 
 
 async def run_episodes_async(
@@ -62,6 +66,7 @@ async def run_episodes_async(
     examples: Sequence[Mapping[str, Any]],
     sampling: SamplingConfig,
     limits: TurnLimits | None = None,
+    on_turn: Callable[[RolloutOutput], None] | None = None,
 ) -> list[Trajectory]:
     """:func:`run_episodes` as a coroutine."""
     limits = limits or TurnLimits()
@@ -78,7 +83,9 @@ async def run_episodes_async(
             running = [e for e in episodes if e.running]
             if not running:
                 break
-            _sample_turn(rollout, running, sampling, limits, turn, end_ids, tokenizer)
+            output = _sample_turn(rollout, running, sampling, limits, turn, end_ids, tokenizer)
+            if on_turn is not None:
+                on_turn(output)
             stepping = [e for e in running if e.running]
             await asyncio.gather(*(_step(e, tokenizer, limits, turn) for e in stepping))
     finally:
@@ -108,8 +115,9 @@ def _sample_turn(
     turn: int,
     end_ids: set[int],
     tokenizer: Any,
-) -> None:
-    """One ``generate`` call for every running episode; each turn appended as sampled, cut to its budget."""
+) -> RolloutOutput:
+    """One ``generate`` call for every running episode; each turn appended as sampled, cut to its budget.
+    Returns the call's output."""
     budgets = [limits.max_total_tokens - len(e.ids) for e in running]
     most = min(sampling.max_new_tokens, max(budgets))
     turn_sampling = dataclasses.replace(
@@ -129,6 +137,7 @@ def _sample_turn(
             episode.stop("truncated")
         else:
             episode.end_of_turn = tokenizer.decode([sampled[-1]])
+    return output
 
 
 async def _step(episode: Episode, tokenizer: Any, limits: TurnLimits, turn: int) -> None:

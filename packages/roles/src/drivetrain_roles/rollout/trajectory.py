@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core.environment import Message
 from tensordict import TensorDict
 
 
@@ -49,6 +50,10 @@ class Trajectory:
         stop_reason: why the episode ended: ``done`` (the environment), ``max_turns``, ``max_total_tokens``,
             ``truncated`` (a turn ended without its end-of-turn token), ``step_timeout`` or ``step_error``.
         infos: each step's ``StepResult.info``, and the error of a failed step.
+        messages: the episode as chat messages: the first prompt's, each model turn as an ``assistant`` message
+            (its decoded text; ``tool_calls`` where its environment reads calls in it), each observation the
+            model was shown. What a reward function reads as its ``trajectory`` keyword, with
+            ``turn_rewards`` and ``stop_reason``.
     """
 
     input_ids: torch.Tensor
@@ -60,6 +65,7 @@ class Trajectory:
     prompt_length: int
     stop_reason: str
     infos: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
+    messages: tuple[Message, ...] = ()
 
     @property
     def reward(self) -> float:
