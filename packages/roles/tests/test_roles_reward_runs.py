@@ -1,7 +1,8 @@
 """Rewards as a run uses them: ``drivetrain grpo`` and ``drivetrain ppo`` on a prompt-only data set (no reference
 column, ``data.response_key=null``) with two weighted functions, one reading a data set column and returning None
 where it does not apply. The functions record what they returned; each step's ``train/reward`` and
-``reward/<name>`` are recomputed from those records by hand."""
+``reward/<name>``, and each held-out evaluation's ``val/reward`` and ``val/reward/<name>``, are recomputed from
+those records by hand."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def write_rows(path, rows):
 
 
 @pytest.mark.parametrize("command", ["grpo", "ppo"])
-def test_a_prompt_only_data_set_trains_on_two_weighted_rewards(tmp_path, command):
+def test_a_prompt_only_data_set_trains_on_two_weighted_rewards(tmp_path, command, plotted):
     from click.testing import CliRunner
     from drivetrain_engine_core.cli import main as drivetrain_cli
     from drivetrain_roles.jobs.default_assets import write_model_dir
@@ -101,6 +102,23 @@ def test_a_prompt_only_data_set_trains_on_two_weighted_rewards(tmp_path, command
     evaluations = [r for r in records if "val/reward" in r]
     assert evaluations and all(
         "val/accuracy" not in r and math.isfinite(r["val/reward"]) for r in evaluations
+    )
+    # Held out, per function: its mean over the 2 greedy answers it applies to (hits: the even row's only), and
+    # their weighted sum as val/reward; before the first step and after the last.
+    held_out = {
+        name: [c["values"] for c in calls if c["name"] == name and len(c["values"]) == 2] for name in WEIGHTS
+    }
+    assert len(evaluations) == len(held_out["length"]) == len(held_out["hits"]) == 2
+    for record, lengths, hits in zip(evaluations, held_out["length"], held_out["hits"], strict=True):
+        assert hits[0] is None and hits[1] in (1.0, -1.0)
+        assert record["val/reward/length"] == pytest.approx(sum(lengths) / 2, rel=1e-6)
+        assert record["val/reward/hits"] == pytest.approx(hits[1], rel=1e-6)
+        totals = WEIGHTS["length"] * sum(lengths) + WEIGHTS["hits"] * hits[1]
+        assert record["val/reward"] == pytest.approx(totals / 2, rel=1e-6)
+    series = plotted(run / "reward_curve.png")  # checked against metrics.jsonl there
+    assert {f"{s}/{name}" for s in ("reward", "val/reward") for name in WEIGHTS} <= set(series)
+    assert (
+        series["val/reward/hits"]["label"] == "hits (held-out)" and series["val/reward/hits"]["points"] == 2
     )
 
 

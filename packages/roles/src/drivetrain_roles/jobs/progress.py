@@ -23,9 +23,10 @@ def progress_bar(command: str, total_steps: int, start_step: int, *, enabled: bo
 
 def generation_progress(total_tokens: int, *, enabled: bool) -> Any:
     """A bar of the held-out generation's new tokens, up to ``total_tokens`` (a greedy batch generates one per
-    step for every row and may end sooner, at every row's stop token). Hidden on other ranks, when ``enabled``
-    (``trainer.progress_bar``) is off and where stderr is not a terminal; cleared when done, so the steps' bar
-    and the evaluation's line stay as they were."""
+    step for every row and may end sooner, at every row's stop token), drawn at every update (SFT's and DPO's:
+    each decoding step; GRPO's and PPO's: each ``generate`` call, :mod:`..rl.held_out`). Hidden on other ranks,
+    when ``enabled`` (``trainer.progress_bar``) is off and where stderr is not a terminal; cleared when done, so
+    the steps' bar and the evaluation's line stay as they were."""
     from tqdm.auto import tqdm
 
     return tqdm(
@@ -34,5 +35,6 @@ def generation_progress(total_tokens: int, *, enabled: bool) -> Any:
         unit="token",
         leave=False,
         mininterval=0,
+        miniters=1,
         disable=None if enabled and distributed.rank() == 0 else True,
     )

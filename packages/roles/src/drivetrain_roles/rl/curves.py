@@ -1,6 +1,9 @@
-"""What a policy-gradient run's curve shows (grpo; ppo adds a panel): reward, accuracy, KL, rollout gap."""
+"""What a policy-gradient run's curve shows (grpo; ppo adds a panel): reward, accuracy, KL, rollout gap; below them
+each reward entry's own values."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from ..jobs.curves import Curves, Panel, Series
 
@@ -29,3 +32,17 @@ POLICY_CURVES = Curves(
     )
 )
 """Reward (train and held-out), held-out exact match, the KL to the reference and the rollout/actor gap."""
+
+
+def reward_entries_panel(names: Sequence[str]) -> Panel:
+    """The panel of each ``algorithm.reward_functions`` entry: ``reward/<name>`` per step and ``val/reward/<name>``
+    per evaluation, unweighted (the reward panel above shows their weighted sum)."""
+    series = tuple(
+        line
+        for name in names
+        for line in (
+            Series(key=f"reward/{name}", label=f"{name} (train)"),
+            Series(key=f"val/reward/{name}", label=f"{name} (held-out)", style="o-"),
+        )
+    )
+    return Panel(title="each reward function, unweighted (algorithm.reward_functions)", series=series)

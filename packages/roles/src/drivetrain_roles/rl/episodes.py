@@ -158,12 +158,20 @@ class EpisodePipeline(RolloutPipeline):
             trajectories=tuple(trajectories),
         )
 
-    def episodes(self, rows: Sequence[Mapping[str, Any]], sampling: SamplingConfig) -> list[Trajectory]:
-        """``sampling.n`` episodes from each of ``rows``, the template's turn ends added to the stop tokens; the
-        caller holds the rollout (the step's lock, or :meth:`exclusive` for held-out episodes)."""
+    def episodes(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        sampling: SamplingConfig,
+        on_turn: Callable[[RolloutOutput], None] | None = None,
+    ) -> list[Trajectory]:
+        """``sampling.n`` episodes from each of ``rows``, the template's turn ends added to the stop tokens
+        (``on_turn``: as :func:`~..rollout.multi_turn.run_episodes`'); the caller holds the rollout (the step's
+        lock, or :meth:`exclusive` for held-out episodes)."""
         stops = tuple(sorted({*sampling.stop_token_ids, *self.stop_token_ids}))
         sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-        return run_episodes(self.rollout, self.tokenizer, self.environment, rows, sampling, self.limits)
+        return run_episodes(
+            self.rollout, self.tokenizer, self.environment, rows, sampling, self.limits, on_turn
+        )
 
 
 def episode_versions(trajectories: Sequence[Trajectory]) -> list[torch.Tensor]:

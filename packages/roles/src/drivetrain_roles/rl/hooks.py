@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from drivetrain_engine_core.rollout import Rollout, RolloutOutput
 
     from ..jobs.data import Example
+    from ..rollout.trajectory import Trajectory
     from .pipeline import GeneratedBatch
     from .rewards import Scores
 
@@ -56,8 +57,14 @@ class Scorer(Protocol):
     """Scores a step's responses; called on every data-parallel rank with its own share, inside agreed checks
     (an error on one rank is raised on all). Must not run collectives of its own."""
 
-    def __call__(self, examples: Sequence[Example], output: RolloutOutput) -> Scores:
-        """Each response's score (``output.n`` per example, prompt-major) and each component's values."""
+    def __call__(
+        self,
+        examples: Sequence[Example],
+        output: RolloutOutput,
+        trajectories: Sequence[Trajectory] | None = None,
+    ) -> Scores:
+        """Each response's score (``output.n`` per example, prompt-major) and each component's values; in a
+        multi-turn job ``output`` holds each episode's final model turn and ``trajectories`` the episodes."""
         ...
 
 

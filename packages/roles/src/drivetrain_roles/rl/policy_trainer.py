@@ -7,9 +7,10 @@ inference-only engine, or the actor's base model with LoRA; none when no KL term
 :class:`~.hooks.Sampler`: generation in step or ahead of it, ``trainer.mode``: :mod:`.pipeline`), **score** (the
 :class:`~.hooks.Scorer`: the reward functions, :mod:`.scoring`), the command's batch and **update** (its hooks),
 the weight **hand-off**, then one record (:class:`~.step_record.StepRecord`) that the command adds its own
-metrics to. Held-out greedy accuracy (through the rollout, i.e. the synced weights) before the first step, every
-``trainer.eval_every`` steps and after the last; checkpoints in ``<run>/checkpoints``; ``resume`` continues from
-the latest one (the rollout is synced from it first); the run ends with ``final_model``.
+metrics to. Held-out greedy answers (through the rollout, i.e. the synced weights: :mod:`.held_out`) before the
+first step, every ``trainer.eval_every`` steps and after the last; checkpoints in ``<run>/checkpoints``;
+``resume`` continues from the latest one (the rollout is synced from it first); the run ends with
+``final_model``.
 
 A command subclasses :class:`PolicyTrainer` and fills in :meth:`~PolicyTrainer._batch`,
 :meth:`~PolicyTrainer._update`, :meth:`~PolicyTrainer._uses_reference` and
@@ -31,12 +32,13 @@ from drivetrain_engine_core import distributed
 from drivetrain_engine_core.agreement import agreed_checks
 from drivetrain_engine_core.engine import Engine
 from drivetrain_engine_core.environment import environment_factory
-from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
+from drivetrain_engine_core.rollout import SamplingConfig
 
 from ..actor import Actor
 from ..jobs.assets import load_splits
 from ..jobs.batches import StepSampler
 from ..jobs.builtin_tasks import data_task
+from ..jobs.curves import Panel
 from ..jobs.data import Example
 from ..jobs.final_model import save_final_model
 from ..jobs.job import JobResult, TrainingJob
@@ -45,16 +47,17 @@ from ..reference import Reference
 from ..reward_model.build import make_reward_models
 from .actor_setup import actor_config
 from .batch import RolloutBatch
-from .curves import POLICY_CURVES
-from .episodes import EpisodePipeline, final_turns
+from .curves import POLICY_CURVES, reward_entries_panel
+from .episodes import EpisodeBatch, EpisodePipeline
+from .held_out import held_out_evaluation
 from .hooks import Sampler, Scorer
 from .job_config import PolicyJobConfig, check_mini_batch_share
 from .pipeline import GeneratedBatch, RolloutPipeline
 from .prompt_checks import check_rollout_length, warn_unreachable_answers
-from .rewards import EXACT_MATCH, Scores, check_reward_inputs, exact_match, load_rewards
+from .rewards import EXACT_MATCH, Scores, check_reward_inputs, load_rewards
 from .rollout_plugin import build_rollout, require_rollout
 from .sampling import SEED_STRIDE, hand_off, sampling_config
-from .scoring import RewardScorer, answer_rewards
+from .scoring import RewardScorer
 from .step_record import StepRecord
 from .trainer_config import generation_lag
 from .warm_start import start_model
@@ -170,7 +173,8 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
             task=data_task(config.model.path),
         )
         check_rollout_length(self.train + self.val, config, self.model_path)
-        check_reward_inputs(config.algorithm.rewards(), self.train + self.val)
+        rewards, episodes = config.algorithm.rewards(), config.environment.enabled
+        check_reward_inputs(rewards, self.train + self.val, episodes=episodes)
         warn_unreachable_answers(self.train, config.rollout.max_new_tokens, self.tokenizer.eos_token_id)
         self.folder = self.folder.for_data(e.token_ids for e in self.train)
 
@@ -301,7 +305,10 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         on every rank) and build the command's batch from them."""
         examples = self._examples(step)
         with agreed_checks():
-            scores = self.scorer(examples, generated.output)
+            if isinstance(generated, EpisodeBatch):  # the functions' trajectory keyword
+                scores = self.scorer(examples, generated.output, generated.trajectories)
+            else:
+                scores = self.scorer(examples, generated.output)
         return self._batch(step, examples, generated, scores)
 
     def _hand_off(self, step: int) -> Mapping[str, float]:
@@ -336,40 +343,10 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
     # ------------------------------------------------------------------ evaluation and end
 
     def _evaluate(self, step: int) -> dict[str, float]:
-        """Greedy answers to the first ``trainer.eval_samples`` held-out prompts: ``val/accuracy`` (exact answers;
-        none without references, ``data.response_key=null``) and ``val/reward`` (the mean reward, the same number
-        with ``exact_match`` alone). In an environment each prompt is one greedy episode: its answer is its last
-        model turn, its reward the environment's plus the functions' (as in training)."""
-        config = self.config
-        samples = self.val[: config.trainer.eval_samples]
-        if not samples:
-            return {}
-        rank, size = distributed.rank(), distributed.world_size()
-        local = samples[rank::size]
-        correct, reward = 0.0, 0.0
-        with agreed_checks():
-            if local:
-                output, environment_reward = self._greedy_answers(local)
-                answers, scores = answer_rewards(
-                    local, output, self.tokenizer, config.algorithm.rewards(), self.reward_models
-                )
-                correct = sum(exact_match(a, e.response_text) for a, e in zip(answers, local, strict=True))
-                reward = float(scores.total.sum()) + environment_reward
-        correct, reward = distributed.all_reduce_sums([correct, reward])
-        accuracy = {"val/accuracy": correct / len(samples)} if samples[0].has_reference else {}
-        return {**accuracy, "val/reward": reward / len(samples)}
-
-    def _greedy_answers(self, examples: list[Example]) -> tuple[RolloutOutput, float]:
-        """The greedy response to each of ``examples`` (in an environment: its episode's last model turn) and the
-        environment's total reward of them (0 without one)."""
-        sampling = SamplingConfig(temperature=0.0, max_new_tokens=self.config.rollout.max_new_tokens)
-        with self.pipeline.exclusive() as rollout:
-            if not isinstance(self.pipeline, EpisodePipeline):
-                return rollout.generate([e.prompt_ids for e in examples], sampling), 0.0
-            trajectories = self.pipeline.episodes([e.columns for e in examples], sampling)
-            version = rollout.weights_version or 0
-        environment_reward = sum(sum(t.turn_rewards) for t in trajectories)
-        return final_turns(trajectories, 1, version), environment_reward
+        """Greedy answers (or episodes) to the first ``trainer.eval_samples`` held-out prompts, scored as in
+        training: ``val/accuracy``, ``val/reward`` and ``val/reward/<name>`` (:mod:`.held_out`)."""
+        samples = self.val[: self.config.trainer.eval_samples]
+        return held_out_evaluation(samples, self.pipeline, self.tokenizer, self.config, self.reward_models)
 
     def _postfix(self, values: dict[str, float]) -> dict[str, str]:
         """The progress bar's reward, KL and tokens/s."""
@@ -389,6 +366,9 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
 
     def _curve_fields(self) -> dict[str, str]:
         return {"reward": self.config.algorithm.rewards().label}
+
+    def _curve_panels(self) -> tuple[Panel, ...]:
+        return (reward_entries_panel(self.config.algorithm.rewards().names),)
 
     def _summary(self, result: PolicyJobResult) -> dict[str, Any]:
         return {

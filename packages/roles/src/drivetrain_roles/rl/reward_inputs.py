@@ -8,6 +8,11 @@ completions of a prompt together).
 - ``completion_ids``: each completion's token ids (TRL's ``completion_ids``).
 - ``references``: the reference answers (``data.response_key``, or a conversation's last assistant turn);
   absent when the data has none (``data.response_key=null``).
+- ``trajectory``: in a multi-turn job (``environment.name``), each episode as it went
+  (:class:`~drivetrain_roles.rollout.trajectory.Trajectory`): ``messages`` (the conversation: the first prompt,
+  each model turn as an ``assistant`` message with its ``tool_calls``, each observation), ``turn_rewards`` (what
+  the environment gave each model turn), ``stop_reason``, ``infos`` and the token ids; ``completions`` is then the
+  final model turn. Absent in single-turn jobs.
 - every column of the data set, by its name, as TRL passes its extra columns (``answer``, verl's
   ``data_source``, ``reward_model``, ``extra_info``); a column named like one of the keywords above is
   shadowed by it.
@@ -24,9 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..jobs.data import Example
+    from ..rollout.trajectory import Trajectory
 
 DRIVETRAIN_KEYWORDS = ("prompts", "completions", "completion_messages", "completion_ids", "references")
 """The keywords drivetrain computes (the data set's columns come beside them)."""
+TRAJECTORY = "trajectory"
+"""The keyword of a multi-turn job's episodes (beside :data:`DRIVETRAIN_KEYWORDS`; shadows a column so named)."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,10 @@ class RewardInputs:
         examples: Sequence[Example],
         completions: Sequence[str],
         completion_ids: Sequence[Sequence[int]] | None = None,
+        trajectories: Sequence[Trajectory] | None = None,
     ) -> RewardInputs:
-        """The keywords of ``completions`` (``len(completions) // len(examples)`` per example, prompt-major)."""
+        """The keywords of ``completions`` (``len(completions) // len(examples)`` per example, prompt-major);
+        ``trajectories``: the episodes whose final turns they are (a multi-turn job's)."""
         n = len(completions) // max(len(examples), 1)
         rows = [examples[i // n] for i in range(len(completions))]
         keywords: dict[str, Sequence[Any]] = {
@@ -59,6 +69,8 @@ class RewardInputs:
             keywords["completion_ids"] = [list(ids) for ids in completion_ids]
         if all(example.has_reference for example in examples):
             keywords["references"] = [row.response_text for row in rows]
+        if trajectories is not None:
+            keywords[TRAJECTORY] = list(trajectories)
         return cls(keywords=keywords, sources=[row.source for row in rows])
 
     @classmethod
@@ -100,11 +112,13 @@ def shared_columns(examples: Sequence[Example]) -> list[str]:
     ]
 
 
-def available_keywords(examples: Sequence[Example]) -> list[str]:
-    """The keywords a batch of ``examples`` offers: drivetrain's (``references`` where they have them) and their
-    shared columns."""
+def available_keywords(examples: Sequence[Example], *, episodes: bool = False) -> list[str]:
+    """The keywords a batch of ``examples`` offers: drivetrain's (``references`` where they have them,
+    ``trajectory`` with ``episodes``) and their shared columns."""
     ours = [k for k in DRIVETRAIN_KEYWORDS if k != "references" or all(e.has_reference for e in examples)]
-    return ours + shared_columns(examples)
+    if episodes:
+        ours.append(TRAJECTORY)
+    return ours + [c for c in shared_columns(examples) if c not in ours]
 
 
 def _drivetrain_keywords(prompts: Sequence[str], completions: Sequence[str]) -> dict[str, Sequence[Any]]:

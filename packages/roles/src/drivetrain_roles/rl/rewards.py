@@ -36,7 +36,7 @@ from .builtin_rewards import EXACT_MATCH as EXACT_MATCH
 from .builtin_rewards import RewardFunction as RewardFunction
 from .builtin_rewards import exact_match as exact_match
 from .builtin_rewards import exact_match_reward as exact_match_reward
-from .reward_inputs import RewardInputs, available_keywords
+from .reward_inputs import TRAJECTORY, RewardInputs, available_keywords
 from .reward_runner import MISSING, Outcome, run_rewards
 from .reward_settings import RewardSettings, reward_names
 from .reward_signatures import LoadedReward, loaded_reward
@@ -74,22 +74,29 @@ def reward_metrics(scores: Scores | None, group: ProcessGroup | None = None) -> 
     (collective; none without ``scores``, a batch built from bare rewards)."""
     if scores is None:
         return {}
-    applies = ~torch.isnan(scores.values)
-    sums = torch.where(applies, scores.values, 0.0).sum(dim=0).tolist()
-    counts = applies.sum(dim=0).tolist()
     failed = list(scores.failed or ())
-    reduced = distributed.all_reduce_sums([*sums, *counts, *failed], group)
+    reduced = distributed.all_reduce_sums([*applied_sums(scores), *failed], group)
     width = len(scores.names)
-    metrics = {
-        f"reward/{name}": reduced[i] / reduced[width + i]
-        for i, name in enumerate(scores.names)
-        if reduced[width + i]
-    }
+    metrics = applied_means("reward/", scores.names, reduced[: 2 * width])
     if scores.failed is not None:
         metrics.update(
             {f"reward/{name}/failed": reduced[2 * width + i] for i, name in enumerate(scores.names)}
         )
     return metrics
+
+
+def applied_sums(scores: Scores) -> list[float]:
+    """Each function's sum over the completions it applies to, then how many those are (``2 x functions``
+    numbers, to be summed over ranks and read by :func:`applied_means`)."""
+    applies = ~torch.isnan(scores.values)
+    return [*torch.where(applies, scores.values, 0.0).sum(dim=0).tolist(), *applies.sum(dim=0).tolist()]
+
+
+def applied_means(prefix: str, names: Sequence[str], sums: Sequence[float]) -> dict[str, float]:
+    """``<prefix><name>``: each function's mean over the completions it applies to, from :func:`applied_sums`'
+    numbers (summed over ranks); none for a function that applied to no completion."""
+    width = len(names)
+    return {f"{prefix}{name}": sums[i] / sums[width + i] for i, name in enumerate(names) if sums[width + i]}
 
 
 def score_completions(
@@ -165,16 +172,26 @@ def _failure(
     )
 
 
-def check_reward_inputs(settings: RewardSettings, examples: Sequence[Example]) -> None:
+def check_reward_inputs(
+    settings: RewardSettings, examples: Sequence[Example], *, episodes: bool = False
+) -> None:
     """Refuse, once the data has loaded and before the first step, a function that asks for a keyword the data
-    does not offer (:func:`.reward_inputs.available_keywords`).
+    does not offer (:func:`.reward_inputs.available_keywords`; ``episodes``: a multi-turn job's, which offers
+    ``trajectory``).
 
     Raises:
         RewardError: as :func:`refuse_missing_keywords`.
     """
-    available = available_keywords(examples)
+    available = available_keywords(examples, episodes=episodes)
     for reward in load_rewards(settings):
         refuse_missing_keywords(reward, available)
+
+
+MISSING_HINTS = {
+    "references": "references: the data has no reference answers, data.response_key=null",
+    TRAJECTORY: f"{TRAJECTORY}: only a multi-turn job has episodes; set environment.name",
+}
+"""Why a keyword drivetrain computes can be missing, said beside its name."""
 
 
 def refuse_missing_keywords(reward: LoadedReward, available: Sequence[str]) -> None:
@@ -186,11 +203,7 @@ def refuse_missing_keywords(reward: LoadedReward, available: Sequence[str]) -> N
     missing = reward.missing(available)
     if not missing:
         return
-    hint = (
-        " (references: the data has no reference answers, data.response_key=null)"
-        if "references" in missing
-        else ""
-    )
+    hint = "".join(f" ({why})" for keyword, why in MISSING_HINTS.items() if keyword in missing)
     raise RewardError(
         f"reward function {reward.name!r} ({reward.spec}) asks for {missing}, which the data does not offer{hint}; "
         f"a reward function gets any of {list(available)} (drivetrain's keywords and the data set's columns). "

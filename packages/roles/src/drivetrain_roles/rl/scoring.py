@@ -12,6 +12,7 @@ from drivetrain_engine_core.rollout import RolloutOutput
 
 from ..jobs.data import Example
 from ..reward_model.scorer import RewardModel
+from ..rollout.trajectory import Trajectory
 from .reward_inputs import RewardInputs
 from .reward_settings import RewardSettings
 from .rewards import Scores, score_completions
@@ -23,13 +24,16 @@ def answer_rewards(
     tokenizer: Any,
     rewards: RewardSettings,
     models: Mapping[str, RewardModel] | None = None,
+    trajectories: Sequence[Trajectory] | None = None,
 ) -> tuple[list[str], Scores]:
     """The decoded answers of ``output`` (``output.n`` per example, prompt-major) and their scores by
     ``rewards`` (``algorithm.rewards()``, its reward model entries by the job's built ``models``), each answer
-    with its example's prompt, reference and columns."""
+    with its example's prompt, reference and columns, and in a multi-turn job its episode (``trajectories``,
+    the ``trajectory`` keyword)."""
     ids = [r.tolist() for r in output.responses]
     answers = [tokenizer.decode(r, skip_special_tokens=True) for r in ids]
-    return answers, score_completions(rewards, RewardInputs.of(examples, answers, ids), models)
+    inputs = RewardInputs.of(examples, answers, ids, trajectories)
+    return answers, score_completions(rewards, inputs, models)
 
 
 @dataclass(frozen=True)
@@ -47,5 +51,10 @@ class RewardScorer:
     tokenizer: Any
     models: Mapping[str, RewardModel] = field(default_factory=dict)
 
-    def __call__(self, examples: Sequence[Example], output: RolloutOutput) -> Scores:
-        return answer_rewards(examples, output, self.tokenizer, self.settings, self.models)[1]
+    def __call__(
+        self,
+        examples: Sequence[Example],
+        output: RolloutOutput,
+        trajectories: Sequence[Trajectory] | None = None,
+    ) -> Scores:
+        return answer_rewards(examples, output, self.tokenizer, self.settings, self.models, trajectories)[1]
