@@ -19,7 +19,7 @@ GIB = 1 << 30
 VLLM_ACCEPTS = (
     "gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None, max_model_len: "
     "int | None = None, max_num_seqs: int | None = None, enforce_eager: bool = True, enable_lora: bool = False, "
-    "max_lora_rank: int = 16, max_loras: int = 2"
+    "max_lora_rank: int = 16, max_loras: int = 2, weight_transfer: str = 'drivetrain'"
 )
 
 
@@ -77,6 +77,17 @@ def test_lora_options_set_vllms_lora_arguments_with_a_place_for_the_next_version
         VLLMOptions(max_lora_rank=4)
 
 
+def test_weight_transfer_vllm_starts_vllm_with_drivetrains_transfer_backend():
+    """vLLM's worker builds its transfer engine from ``weight_transfer_config``; the default sends no key to a
+    server (a 0.5.0 server, same protocol, does not know it)."""
+    assert VLLMOptions(weight_transfer="vllm").engine_arguments("cuda") == {
+        "enforce_eager": True,
+        "weight_transfer_config": {"backend": "drivetrain"},
+    }
+    assert "weight_transfer" not in VLLMOptions().vllm_fields()
+    assert VLLMOptions(weight_transfer="vllm").vllm_fields()["weight_transfer"] == "vllm"
+
+
 def test_max_model_len_is_the_length_limit_jobs_check_their_prompts_against():
     """vLLM refuses a prompt over max_model_len only when it is sampled; jobs check it when prompts load."""
     assert rollout_options("vllm-server", {"max_model_len": 64}).length_limit() == ("max_model_len", 64)
@@ -111,6 +122,10 @@ def test_the_colocated_rollout_takes_vllms_options_only():
         ({"gpu_memory_utilization": 1.5}, "rollout.options.gpu_memory_utilization=1.5 must be in (0, 1]"),
         ({"gpu_memory_utilization": 0.5, "kv_cache_memory_bytes": GIB}, "are both set"),
         ({"max_model_len": 0}, "rollout.options.max_model_len=0 must be >= 1"),
+        (
+            {"weight_transfer": "nccl"},
+            "weight_transfer='nccl' is not one of ['drivetrain', 'vllm']; set drivetrain",
+        ),
         (
             {"request_timeout_s": 0},
             "rollout.options.request_timeout_s=0.0 must be a positive number of seconds",

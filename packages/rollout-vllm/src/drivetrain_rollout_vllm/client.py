@@ -101,6 +101,12 @@ class VLLMServerRollout(Rollout):
             self.close()
             raise
 
+    @property
+    def delta_base(self) -> int | None:
+        """As core's, but ``None`` (send in full) with ``weight_transfer=vllm``: the server's vLLM reloads the
+        whole model each version."""
+        return None if self.options.weight_transfer == "vllm" else super().delta_base
+
     def _start(self) -> dict[str, str]:
         """Start the server's vLLM with this rollout's options; returns what runs there.
 

@@ -21,6 +21,9 @@ from .deadline import RequestDeadline
 
 CPU_KV_CACHE_BYTES = 1 << 30
 
+WEIGHT_TRANSFERS = ("drivetrain", "vllm")
+"""How merged weights reach vLLM's model (``rollout.options.weight_transfer``)."""
+
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The adapter ranks vLLM sizes its LoRA buffers for (``max_lora_rank``)."""
 
@@ -57,6 +60,10 @@ class VLLMOptions(RolloutOptions):
         max_lora_rank: the largest adapter rank served, one of vLLM's sizes (:data:`LORA_RANKS`).
         max_loras: how many adapter versions stay loaded: the newest serves new requests, older ones finish
             theirs (``trainer.max_staleness + 1`` for an asynchronous trainer).
+        weight_transfer: how merged weight streams reach vLLM's model: ``drivetrain`` (layer by layer through
+            vLLM's layerwise reload, deltas too) or ``vllm`` (vLLM's own weight-transfer protocol, start/update/
+            finish, with drivetrain's transport and each tensor's digest checked in vLLM's worker; full versions
+            only: vLLM reloads the whole model each version).
     """
 
     gpu_memory_utilization: float | None = None
@@ -67,6 +74,7 @@ class VLLMOptions(RolloutOptions):
     enable_lora: bool = False
     max_lora_rank: int = 16
     max_loras: int = 2
+    weight_transfer: str = "drivetrain"
 
     def __post_init__(self) -> None:
         share = self.gpu_memory_utilization
@@ -84,6 +92,11 @@ class VLLMOptions(RolloutOptions):
             raise ConfigError(
                 f"rollout.options.max_lora_rank={self.max_lora_rank} is not a rank vLLM serves; set one of "
                 f"{list(LORA_RANKS)} at least the adapters' rank (model.lora.rank)."
+            )
+        if self.weight_transfer not in WEIGHT_TRANSFERS:
+            raise ConfigError(
+                f"rollout.options.weight_transfer={self.weight_transfer!r} is not one of {list(WEIGHT_TRANSFERS)}; "
+                "set drivetrain (the default) or vllm (vLLM's weight-transfer protocol)."
             )
         for name in ("kv_cache_memory_bytes", "max_model_len", "max_num_seqs", "max_loras"):
             value = getattr(self, name)
@@ -110,11 +123,21 @@ class VLLMOptions(RolloutOptions):
         # after the new one is in).
         lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras}
         lora = {**lora, "max_cpu_loras": self.max_loras + 1} if self.enable_lora else {}
-        return {"enforce_eager": self.enforce_eager, **memory, **given, **lora}
+        transfer = (
+            {"weight_transfer_config": {"backend": "drivetrain"}} if self.weight_transfer == "vllm" else {}
+        )
+        return {"enforce_eager": self.enforce_eager, **memory, **given, **lora, **transfer}
 
     def vllm_fields(self) -> dict[str, Any]:
-        """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(VLLMOptions)}
+        """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes).
+
+        NOTE: ``weight_transfer`` is left out at its default, so a server of 0.5.0 (same wire protocol, without
+        the option) still takes the options of a trainer that does not use it.
+        """
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(VLLMOptions)}
+        if self.weight_transfer == "drivetrain":
+            del fields["weight_transfer"]
+        return fields
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -21,7 +21,7 @@ import os
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBucket
@@ -36,6 +36,9 @@ from .options import VLLMOptions
 from .options import memory_options as memory_options  # importable from here since 0.1.0
 from .sampling import sampling_params
 from .servable import cannot_serve, check_head_size
+
+if TYPE_CHECKING:
+    from .transfer import DrivetrainTrainerEngine
 
 require_vllm()  # a missing vLLM is refused when the rollout is looked up, before any warm start
 
@@ -81,6 +84,10 @@ class VLLMRollout(Rollout):
         # NOTE: colocated means in this process: vLLM's engine would otherwise run in a child process.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         check_head_size(model_path, config, device)
+        if self.options.weight_transfer == "vllm":
+            from .transfer_engine import register_backend
+
+            register_backend()  # vLLM builds its worker's transfer engine with the model
         try:
             self.llm = vllm.LLM(
                 model=model_path,
@@ -102,6 +109,7 @@ class VLLMRollout(Rollout):
         for name in sorted(self._names):
             self._layer_names.setdefault(self._layer_of[name], []).append(name)
         self._incoming = LayerAssembler(self._layer_of, self._optional)
+        self._transfer = _open_transfer(self.llm) if self.options.weight_transfer == "vllm" else None
         engine = self.llm.llm_engine
         self._adapters = (
             AdapterVersions(
@@ -130,6 +138,9 @@ class VLLMRollout(Rollout):
             tensors = list(bucket.tensors())
             for name, tensor in tensors:
                 self._check_fits(name, tensor)
+            if self._transfer is not None:
+                self._transfer.send(bucket)
+                return
             ready = self._incoming.add(tensors, [held.name for held in bucket.unchanged])
             if ready:
                 self.llm.collective_rpc(worker.load_layers, args=(ready,))
@@ -156,6 +167,11 @@ class VLLMRollout(Rollout):
                 f"the weight stream carries {mode} weights and this rollout serves {self._lora_mode} ones; hand "
                 "off with one lora mode for the rollout's whole life."
             )
+
+    @property
+    def delta_base(self) -> int | None:
+        """As core's, but ``None`` (send in full) with ``weight_transfer=vllm``: vLLM reloads the whole model."""
+        return None if self._transfer is not None else super().delta_base
 
     @property
     def held_bytes(self) -> int:
@@ -210,6 +226,10 @@ class VLLMRollout(Rollout):
                 self._adapters.abort()
             self._lora_mode = "adapter"
             return
+        if self._transfer is not None:
+            self._transfer.finish(self._names - self._optional)
+            self._lora_mode = "merged"
+            return
         try:
             missing = self._incoming.missing()
             if missing:
@@ -228,6 +248,8 @@ class VLLMRollout(Rollout):
         self._read_back = {}
         if self._adapters is not None:
             self._adapters.abort()
+        if self._transfer is not None:
+            self._transfer.abort()
 
     def _drop_caches(self) -> None:
         """Reset vLLM's prefix cache, so no prompt is answered from KV blocks the previous weights computed.
@@ -304,6 +326,13 @@ class VLLMRollout(Rollout):
     def _wake(self) -> None:
         if self.device != "cpu":
             self.llm.wake_up()
+
+
+def _open_transfer(llm: Any) -> DrivetrainTrainerEngine:
+    """vLLM's trainer-side engine of drivetrain's transfer, opened on ``llm`` (``weight_transfer=vllm``)."""
+    from .transfer import open_transfer
+
+    return open_transfer(llm)
 
 
 def _shut_down(llm: weakref.ref) -> None:
