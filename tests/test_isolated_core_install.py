@@ -1,8 +1,8 @@
 """drivetrain-engine-core installs and runs alone, and every plugin depends on it by a compatible range.
 
 Builds real wheels with ``uv build``, installs core into a fresh venv (no transformers, peft or
-megatron-core, and none of the job runtime's libraries: OmegaConf, psutil), and runs the ``drivetrain``
-console script there. Fast with a warm uv cache.
+megatron-core, and none of the job runtime's libraries: psutil), and runs the ``drivetrain`` console script
+and core's config builder (on OmegaConf, core's one config library) there. Fast with a warm uv cache.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ PLUGINS = (
     "drivetrain-ckpt-tools",
 )
 HEAVY = ("transformers", "peft", "megatron")
-JOB_RUNTIME = ("omegaconf", "psutil")
+JOB_RUNTIME = ("psutil",)
 """What drivetrain-roles' job runtime needs and a backend author's install (core + a backend) does not."""
 
 pytestmark = [
@@ -87,6 +87,8 @@ def test_core_alone_imports_and_lists(core_venv):
         "assert 'torch' not in sys.modules, 'listing engines must not import torch'\n"
     )
     assert _run(core_venv / "python", "-c", no_torch).strip() == "[]"
+    build = "from drivetrain_engine_core.config import ModelConfig, config_from_dict as b; print(b(ModelConfig, {'path': 5}).path)"
+    assert _run(core_venv / "python", "-c", build).strip() == "5"
 
 
 def test_plugins_depend_on_core_by_range(tmp_path):

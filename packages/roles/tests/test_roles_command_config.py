@@ -1,10 +1,10 @@
-"""The command config layer: typed checks naming the field, close matches, derived values, backend sections."""
+"""The command config layer: typed checks naming the field, close matches, presets, backend sections."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import pytest
@@ -15,6 +15,8 @@ from drivetrain_engine_core.hookspecs import hookimpl
 from drivetrain_engine_core.plugins import get_plugin_manager
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.runtime.command_config import (
+    Preset,
+    PresetChoice,
     build_config,
     config_options,
     describe_fields,
@@ -33,13 +35,15 @@ class LoopConfig:
         steps: optimizer steps.
         verbose: print more.
         files: input files.
-        warmup: warm-up steps (follows ``steps`` unless set).
+        warmup: warm-up steps.
+        length: ``short`` or ``long`` (picks the preset of that name).
     """
 
     steps: int = 10
     verbose: bool = False
     files: tuple[str, ...] = ()
     warmup: int = 1
+    length: str = "short"
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -48,10 +52,10 @@ class LoopConfig:
 
 @dataclass(kw_only=True, frozen=True)
 class ScheduleConfig:
-    """A section whose value follows another section's.
+    """A section a preset sets.
 
     Attributes:
-        decay_steps: steps of the decay (follows ``loop.steps`` unless set).
+        decay_steps: steps of the decay.
     """
 
     decay_steps: int = 9
@@ -90,26 +94,33 @@ def _engine() -> EngineConfig:
     return EngineConfig(backend="toy", micro_batch=MicroBatchConfig(micro_batch_size=None, max_tokens=64))
 
 
+LONG = Preset("long", {"loop": {"steps": 50, "warmup": 5}, "schedule": {"decay_steps": 49}})
+
+
 @dataclass(kw_only=True, frozen=True)
-class CommandConfig:
-    """A made-up command: its defaults are the field defaults.
+class SectionsConfig:
+    """A made-up command without an engine: its defaults are the field defaults, ``loop.length`` picks a preset.
 
     Attributes:
-        schedule: the schedule (built before the loop it follows).
+        schedule: the schedule.
         loop: the loop.
-        engine: the engine.
     """
 
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
-    engine: EngineConfig = field(default_factory=_engine)
 
-    @staticmethod
-    def derived_values(config: Any) -> dict[str, Any]:
-        return {
-            "loop": {"warmup": config.loop.steps // 10},
-            "schedule": {"decay_steps": config.loop.steps - 1},
-        }
+    presets: ClassVar[tuple[PresetChoice, ...]] = (PresetChoice(key="loop.length", presets={"long": LONG}),)
+
+
+@dataclass(kw_only=True, frozen=True)
+class CommandConfig(SectionsConfig):
+    """A made-up command with an engine.
+
+    Attributes:
+        engine: the engine.
+    """
+
+    engine: EngineConfig = field(default_factory=_engine)
 
 
 @hookimpl
@@ -150,7 +161,7 @@ def build(loaded, *overrides: str) -> CommandConfig:
         ("loop.steps=0", "loop.steps must be >= 1, got 0"),
         (
             "loop.step=3",
-            r"unknown option loop.step; known options: \['files', 'steps', 'verbose', 'warmup'\]. "
+            r"unknown option loop.step; known options: \['files', 'length', 'steps', 'verbose', 'warmup'\]. "
             "Did you mean 'steps'",
         ),
         ("engine.knobb=1", "unknown option engine.knobb;.*Did you mean 'knob'"),
@@ -173,20 +184,35 @@ def test_a_section_that_is_not_a_mapping_is_reported_with_the_files_value(loaded
         build(loaded, "engine=4")
 
 
-def test_defaults_come_from_the_dataclass_and_derived_values_follow_unless_set(loaded):
+def test_defaults_come_from_the_dataclass_and_a_preset_applies_where_the_user_set_nothing(loaded):
     config = build(loaded)
-    assert config.loop == LoopConfig(steps=10, warmup=1)
-    assert build(loaded, "loop.steps=50").loop.warmup == 5  # derived
-    assert build(loaded, "loop.steps=50", "loop.warmup=7").loop.warmup == 7  # the user's value wins
+    assert (config.loop, config.schedule) == (LoopConfig(steps=10, warmup=1), ScheduleConfig(decay_steps=9))
+    config = build(loaded, "loop.length=long")  # the preset's values
+    assert (config.loop.steps, config.loop.warmup, config.schedule.decay_steps) == (50, 5, 49)
     assert build(loaded, "loop.files=[a.jsonl]").loop.files == ("a.jsonl",)
 
 
-def test_a_bad_value_is_named_where_it_was_written_not_where_a_value_follows_it(loaded):
+def test_a_user_value_beats_the_preset_in_the_file_and_on_the_command_line(loaded):
+    """The preset is a layer under the user's: a value the file or an override sets wins, whatever it equals
+    (a value equal to the command's default too), and the preset fills only the rest."""
+    file = {"loop": {"length": "long", "warmup": 1}}
+    config = build_config(
+        CommandConfig, [file, parse_override("schedule.decay_steps=3")], plugins=loaded, file_layers=1
+    )
+    assert (config.loop.steps, config.loop.warmup, config.schedule.decay_steps) == (50, 1, 3)
+
+
+def test_a_bad_value_is_named_where_it_was_written_not_in_a_preset(loaded):
     """Regression: ``trainer.total_steps=-1`` was reported as ``optimizer.warmup_steps must be >= 0, got -1``
-    (the derived value's section is built first)."""
-    assert build(loaded, "loop.steps=50").schedule.decay_steps == 49
+    (a value following it was built first)."""
     with pytest.raises(ConfigError, match=r"loop.steps must be >= 1, got -5"):
-        build(loaded, "loop.steps=-5")
+        build(loaded, "loop.length=long", "loop.steps=-5")
+    with pytest.raises(
+        ConfigError, match=r"^loop is a section of options, but the config file gives it the value 5;"
+    ):
+        build_config(
+            CommandConfig, [{"loop": 5}, parse_override("loop.length=long")], plugins=loaded, file_layers=1
+        )
 
 
 def test_the_engine_runs_on_the_machines_gpu_unless_a_device_is_given(loaded, monkeypatch):
@@ -213,7 +239,13 @@ def test_engine_section_is_the_backends_class_with_the_commands_defaults(loaded)
 
 def test_resolved_config_round_trips_through_yaml(loaded, tmp_path):
     config = build(loaded, "loop.steps=30", "loop.files=[x]")
-    assert to_plain(config)["loop"] == {"steps": 30, "verbose": False, "files": ["x"], "warmup": 3}
+    assert to_plain(config)["loop"] == {
+        "steps": 30,
+        "verbose": False,
+        "files": ["x"],
+        "warmup": 1,
+        "length": "short",
+    }
     path = tmp_path / "c.yaml"
     path.write_text(to_yaml(config))
     assert build_config(CommandConfig, [yaml.safe_load(path.read_text())], plugins=loaded) == config
@@ -245,7 +277,7 @@ def test_a_saved_config_reused_with_another_backend_follows_it_where_the_user_se
 def test_field_reference_lists_type_default_and_help(loaded):
     fields = {f.name: f for f in describe_fields(build(loaded))}
     assert fields["loop.files"].type == "tuple[str, ...]" and fields["loop.files"].default == ()
-    assert fields["loop.warmup"].help == "warm-up steps (follows ``steps`` unless set)."
+    assert fields["loop.warmup"].help == "warm-up steps."
     assert fields["engine.knob"].help == "a backend-only setting."
     assert fields["engine.micro_batch.max_tokens"].help == "token budget per micro-batch (dynamic batching)."
 
@@ -259,7 +291,66 @@ def test_click_options_print_and_describe_the_config(tmp_path):
     runner = CliRunner()
     assert runner.invoke(command, ["steps=4"]).output == "ran 4\n"
     printed = runner.invoke(command, ["--print-config", "steps=4"]).output
-    assert yaml.safe_load(printed) == {"steps": 4, "verbose": False, "files": [], "warmup": 1}
+    assert yaml.safe_load(printed) == {
+        "steps": 4,
+        "verbose": False,
+        "files": [],
+        "warmup": 1,
+        "length": "short",
+    }
     described = runner.invoke(command, ["--help-config"]).output
     assert "steps: int = 10\n    optimizer steps." in described
     assert "files: tuple[str, ...] = []" in described
+
+
+def test_print_config_names_the_preset_file_or_command_line_beside_each_value_they_set(tmp_path):
+    """Where each value comes from, in a comment on its line: the preset ``loop.length=long`` picked (under the
+    user's values), the file, the command line; the command's own defaults carry none. The text loads back."""
+
+    @click.command()
+    @config_options(SectionsConfig)
+    def command(config_file, overrides):
+        raise AssertionError("--print-config runs nothing")
+
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("loop:\n  length: long\n  files: [a.jsonl]\n")
+    printed = (
+        CliRunner().invoke(command, ["--print-config", "--config", str(config_file), "loop.warmup=7"]).output
+    )
+    assert printed.rstrip() == (
+        "schedule:\n"
+        "  decay_steps: 49  # preset long\n"
+        "loop:\n"
+        "  steps: 50  # preset long\n"
+        "  verbose: false\n"
+        "  files:  # --config\n"
+        "  - a.jsonl\n"
+        "  warmup: 7  # command line\n"
+        "  length: long  # --config"
+    )
+    assert build_config(SectionsConfig, [yaml.safe_load(printed)]) == build_config(
+        SectionsConfig, [{"loop": {"length": "long", "files": ["a.jsonl"], "warmup": 7}}]
+    )
+
+
+@dataclass(kw_only=True, frozen=True)
+class DerivingConfig:
+    """A command written against drivetrain-roles 0.5.0: a value computed from another by ``derived_values``.
+
+    Attributes:
+        loop: the loop.
+    """
+
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+    @staticmethod
+    def derived_values(config: Any) -> dict[str, Any]:
+        return {"loop": {"warmup": config.loop.steps // 10}}
+
+
+def test_derived_values_still_apply_unless_set_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match=r"DerivingConfig.derived_values is deprecated .* presets"):
+        assert build_config(DerivingConfig, [parse_override("loop.steps=50")]).loop.warmup == 5
+    with pytest.warns(DeprecationWarning):
+        given = [parse_override("loop.steps=50"), parse_override("loop.warmup=7")]
+        assert build_config(DerivingConfig, given).loop.warmup == 7

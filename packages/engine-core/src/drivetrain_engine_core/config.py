@@ -303,7 +303,7 @@ def config_from_dict(cls: type[ConfigT], values: dict[str, Any], *, where: str =
     """Build a (possibly nested) config dataclass from plain values, as read from YAML.
 
     Unknown keys are an error that lists the known ones and the closest match, and every value is checked
-    against its annotation (:mod:`.config_build`; no config library, so a backend's install stays small).
+    against its annotation by the one config builder (:mod:`.config_build`, on OmegaConf, imported only now).
 
     Raises:
         ConfigError: a key is unknown or a value fails validation.

@@ -1,22 +1,20 @@
-"""Typed config dataclasses from plain values (as read from YAML), checked without a config library.
+"""Typed config dataclasses from layers of plain values (as read from YAML): drivetrain's one config builder.
 
-:func:`~.config.config_from_dict` and ``engine_config_from_dict`` build an engine's or a model's config here,
-so a backend author's install needs no config stack. The commands' layered config (a YAML file plus dotted
-overrides, merged by OmegaConf) lives in drivetrain-roles and shares :func:`check_keys`,
-:func:`exclusive_limits` and the messages of :mod:`.config_fields`, so both say the same about the same mistake.
+Built on OmegaConf structured configs (what Hydra and verl users write): OmegaConf merges the layers onto the
+dataclass's defaults and checks every value against its annotation (``int`` for a ``float``, a numeric string
+for a number, ``yes``/``no`` for a ``bool``, a list for a tuple, a mapping for a nested dataclass). drivetrain
+adds the unknown-key check with the close match, exclusive limits, and messages that name the field and the fix.
 
-Values are accepted as OmegaConf accepts them: ``int`` for a ``float``, a numeric string for a number
-(YAML 1.1 reads ``5e-3`` as a string), ``yes``/``no``/``1``/``0`` for a ``bool``, a list for a tuple, a
-mapping for a nested dataclass.
+:func:`~.config.config_from_dict`, ``engine_config_from_dict``, a rollout's options and every command's layered
+config (drivetrain-roles' ``command_config``) are built here. OmegaConf is imported when a config is built,
+never when core's backend surface is imported.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import types
-import typing
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from .config_fields import field_types, how_to_write, nested_dataclass, type_name
@@ -24,32 +22,53 @@ from .errors import ConfigError
 
 ConfigT = TypeVar("ConfigT")
 
-_TRUE = frozenset({"true", "yes", "on", "y", "1"})
-_FALSE = frozenset({"false", "no", "off", "n", "0"})
-
-
-class _Mismatch(Exception):
-    """A value does not fit an annotation; turned into one :class:`ConfigError` naming the whole field."""
-
 
 def build_dataclass(cls: type[ConfigT], values: Mapping[str, Any], *, where: str) -> ConfigT:
-    """The dataclass ``cls`` from ``values`` over its defaults, every key and value checked.
+    """The dataclass ``cls`` from ``values`` over its defaults, every key and value checked (one layer of
+    :func:`build_layers`)."""
+    return build_layers(cls, [values], where=where)
+
+
+def build_layers(
+    cls: type[ConfigT],
+    layers: Sequence[Mapping[str, Any]],
+    *,
+    where: str = "",
+    sections: Mapping[str, type] | None = None,
+    sources: Sequence[str | None] = (),
+) -> ConfigT:
+    """The dataclass ``cls`` from its defaults and ``layers`` (later layers win), every key and value checked.
 
     Args:
         cls: a frozen config dataclass; fields typed as dataclasses are built from nested mappings.
-        values: plain values; keys ``cls`` does not declare are refused.
+        layers: plain nested mappings; keys ``cls`` does not declare are refused.
         where: the dotted prefix that names ``cls``'s fields in messages (``engine``, ``ModelConfig``).
+        sections: a dotted section name -> the config class that replaces its declared type there (a
+            command's ``engine`` section is typed by the backend it names).
+        sources: per layer, how messages name it ("the config file"); unnamed past its end.
 
     Raises:
         ConfigError: an unknown key (with the close match), a missing required field, a value that does not
             fit its annotation, or one that fails the dataclass's own ``__post_init__`` checks.
     """
-    plain = exclusive_limits(dict(values), cls)
-    check_keys(plain, cls, where, {})
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    sections = dict(sections or {})
+    plain = [exclusive_limits(dict(layer), cls) for layer in layers]
+    for index, layer in enumerate(plain):
+        check_keys(layer, cls, where, sections, source=sources[index] if index < len(sources) else None)
+    schema = _schema(cls, sections)
     try:
-        return _instance(cls, plain, where)
+        return OmegaConf.to_object(OmegaConf.merge(schema, *plain))  # type: ignore[return-value]
+    except MissingMandatoryValue as e:
+        name = _join(where, str(e.full_key))
+        raise ConfigError(f"{name} is required and has no default; set it.") from e
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "") or _failing_key(schema, plain)
+        raise _field_error(e, key, cls, plain, where, sections) from e
     except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from e
+        raise ConfigError(f"{where or cls.__name__}: {e}") from e
 
 
 def check_keys(
@@ -104,105 +123,102 @@ def exclusive_limits(layer: dict[str, Any], cls: type) -> dict[str, Any]:
     return layer
 
 
-def _instance(cls: type[ConfigT], values: Mapping[str, Any], where: str) -> ConfigT:
-    types_ = field_types(cls)
-    given = {name: _field_value(value, types_[name], _join(where, name)) for name, value in values.items()}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if f.init and required and f.name not in given:
-            raise ConfigError(f"{_join(where, f.name)} is required and has no default; set it.")
-    return cls(**given)
+def lookup(layers: Sequence[Mapping[str, Any]], path: Sequence[str]) -> tuple[bool, Any]:
+    """Whether any layer sets the dotted ``path`` (its parts), and the value of the last one that does."""
+    found, value = False, None
+    for layer in layers:
+        node: Any = layer
+        for part in path:
+            if not isinstance(node, Mapping) or part not in node:
+                break
+            node = node[part]
+        else:
+            found, value = True, node
+    return found, value
 
 
-def _field_value(value: Any, annotation: Any, name: str) -> Any:
-    try:
-        return _convert(value, annotation, name)
-    except _Mismatch:
-        raise ConfigError(
-            f"{name}={value!r} is not a valid {type_name(annotation)}; {how_to_write(annotation, name)}"
-        ) from None
+def _schema(cls: type, sections: Mapping[str, type]) -> Any:
+    """``cls``'s defaults as a typed OmegaConf node, each of ``sections`` typed by its own class."""
+    from omegaconf import OmegaConf
+
+    schema = OmegaConf.structured(cls)
+    for name, section_cls in sections.items():
+        schema = OmegaConf.merge(schema, _nested(name, OmegaConf.structured(section_cls)))
+    return schema
 
 
-def _convert(value: Any, annotation: Any, name: str) -> Any:
-    """``value`` as ``annotation`` says, or :class:`_Mismatch`; nested dataclasses are built (and checked)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        return _union(value, args, name)
-    if origin is typing.Literal:
-        if any(value == a and type(value) is type(a) for a in args):
-            return value
-        raise _Mismatch
-    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-        if isinstance(value, annotation):
-            return value
-        if isinstance(value, Mapping):
-            return _instance(annotation, value, name)
-        raise _Mismatch
-    if origin in (tuple, list):
-        return _sequence(value, origin, args, name)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise _Mismatch
-        return {k: _convert(v, args[1] if args else Any, name) for k, v in value.items()}
-    return _scalar(value, annotation)
+_INDEX = re.compile(r"\[\d+\]")
 
 
-def _union(value: Any, args: tuple[Any, ...], name: str) -> Any:
-    if value is None:
-        if type(None) in args:
-            return None
-        raise _Mismatch
-    for arm in args:
-        if arm is type(None):
-            continue
-        try:
-            return _convert(value, arm, name)
-        except _Mismatch:
-            continue
-    raise _Mismatch
+def _failing_key(schema: Any, layers: Sequence[Mapping[str, Any]]) -> str:
+    """The dotted key of the first given value the schema refuses on its own, or ``""``.
+
+    NOTE: OmegaConf names no key for some refusals (a tuple of the wrong length: "TupleConfig length 1 does not
+    match type hint length 2"), so each value is merged alone to find the one to name.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for layer in layers:
+        for key, value in leaves(layer):
+            try:
+                OmegaConf.merge(schema, _nested(key, value))
+            except OmegaConfBaseException:
+                return key
+    return ""
 
 
-def _sequence(value: Any, origin: type, args: tuple[Any, ...], name: str) -> Any:
-    if not isinstance(value, list | tuple):
-        raise _Mismatch
-    if origin is tuple and args and args[-1] is not Ellipsis:
-        if len(value) != len(args):
-            raise _Mismatch
-        return tuple(_convert(v, a, name) for v, a in zip(value, args, strict=True))
-    items = [_convert(v, args[0] if args else Any, name) for v in value]
-    return tuple(items) if origin is tuple else items
+def leaves(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every non-mapping value (a list is a value)."""
+    found: list[tuple[str, Any]] = []
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        found += leaves(value, f"{key}.") if isinstance(value, Mapping) else [(key, value)]
+    return found
 
 
-def _scalar(value: Any, annotation: Any) -> Any:
-    """A bool, int, float or str as OmegaConf would accept it; any other class by ``isinstance``."""
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int | str) and str(value).lower() in _TRUE | _FALSE:
-            return str(value).lower() in _TRUE
-        raise _Mismatch
-    if annotation in (int, float):
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise _Mismatch
-        if annotation is int and isinstance(value, float):
-            raise _Mismatch
-        try:
-            return annotation(value)
-        except ValueError:
-            raise _Mismatch from None
-    if annotation is str:
-        if isinstance(value, str | int | float):
-            return str(value)
-        raise _Mismatch
-    if isinstance(annotation, type) and not isinstance(value, annotation):
-        raise _Mismatch
+def _nested(key: str, value: Any) -> Any:
+    for part in reversed(key.split(".")):
+        value = {part: value}
     return value
 
 
+def _field_error(
+    error: Exception,
+    key: str,
+    cls: type,
+    layers: Sequence[Mapping[str, Any]],
+    where: str,
+    sections: Mapping[str, type],
+) -> ConfigError:
+    """One line naming the field (``key``), the value given, the type it needs and how to write one."""
+    path = tuple(_INDEX.sub("", key).split(".")) if key else ()
+    annotation = _annotation_at(cls, path, sections)
+    given, value = lookup(layers, path)
+    name = _join(where, key)
+    if annotation is None or not given:
+        message = (getattr(error, "msg", None) or str(error)).split("\n")[0]
+        return ConfigError(f"{name or cls.__name__}: {message}")
+    return ConfigError(
+        f"{name}={value!r} is not a valid {type_name(annotation)}; {how_to_write(annotation, name)}"
+    )
+
+
+def _annotation_at(cls: type, path: tuple[str, ...], sections: Mapping[str, type]) -> Any:
+    owner: type | None = cls
+    annotation: Any = None
+    for depth, part in enumerate(path):
+        if owner is None:
+            return None
+        annotation = field_types(owner).get(part)
+        if annotation is None:
+            return None
+        owner = sections.get(".".join(path[: depth + 1])) or nested_dataclass(annotation)
+    return annotation
+
+
 def _join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
+    return ".".join(p for p in (where, name) if p)
 
 
-__all__ = ["build_dataclass", "check_keys", "exclusive_limits"]
+__all__ = ["build_dataclass", "build_layers", "check_keys", "exclusive_limits", "leaves", "lookup"]

@@ -13,16 +13,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig, OptimizerConfig
 
-from .jobs.builtin_tasks import builtin_task
+from .jobs.builtin_tasks import BUILTIN_TASKS
 from .jobs.default_assets import BUILTIN_MODEL
 from .jobs.divergence import DivergenceConfig
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from .runtime.command_config.presets import Preset, PresetChoice
 
 
 def builtin_model() -> ModelConfig:
@@ -39,13 +37,11 @@ USER_MODEL_MAX_NEW_TOKENS = 256
 """Generation budget of any model but the embedded one (TRL's ``GRPOConfig.max_completion_length``)."""
 
 
-def model_defaults(
-    config: DictConfig, command: str, values: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """Derived values (``{section: {key: value}}``) that follow ``model.path``; each applies unless set. An
-    embedded task's are its own for ``command`` (:attr:`~.jobs.builtin_tasks.BuiltinTask.defaults`; the
-    commands' defaults are the arithmetic task's). Any other model's: ``data.max_length`` is
-    :data:`USER_MODEL_MAX_LENGTH` in every command, and ``values`` adds the command's own.
+def model_presets(command: str, user_model: Mapping[str, Mapping[str, Any]]) -> PresetChoice:
+    """The presets ``model.path`` picks for ``command``: each embedded task's own values (named by its
+    ``model.path``, :attr:`~.jobs.builtin_tasks.BuiltinTask.defaults`; the commands' defaults are the arithmetic
+    task's, so its preset is empty), and ``user-model`` for any other model: ``data.max_length`` of
+    :data:`USER_MODEL_MAX_LENGTH` in every command, and ``user_model``, the command's own.
 
     NOTE: the embedded job's learning rates (SFT 3e-3, RM 2e-3, GRPO 2e-4, DPO 1e-4 with beta 0.5) applied to a
     user's model too, so ``drivetrain sft model.path=Qwen/Qwen2.5-0.5B`` ran a full fine-tune at 3e-3, which
@@ -53,10 +49,20 @@ def model_defaults(
     6-token responses could never hold a real answer. A user's model gets the values its users know instead
     (verl, TRL).
     """
-    task = builtin_task(config.model.path)
-    if task is not None:
-        return merged_sections(task.defaults.get(command, {}))
-    return merged_sections({"data": {"max_length": USER_MODEL_MAX_LENGTH}}, values)
+    return PresetChoice(
+        key="model.path",
+        presets={
+            task.model_path: Preset(task.model_path, merged_sections(task.defaults.get(command, {})))
+            for task in BUILTIN_TASKS.values()
+        },
+        otherwise=Preset(
+            USER_MODEL_PRESET, merged_sections({"data": {"max_length": USER_MODEL_MAX_LENGTH}}, user_model)
+        ),
+    )
+
+
+USER_MODEL_PRESET = "user-model"
+"""The name of the preset of any model but an embedded one."""
 
 
 def merged_sections(*parts: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

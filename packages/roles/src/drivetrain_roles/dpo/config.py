@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -23,20 +23,17 @@ from drivetrain_engine_core.config import (
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     RunOptimizerConfig,
-    merged_sections,
-    model_defaults,
+    model_presets,
 )
 from ..losses.config import DPOLossConfig
 from ..preference.config import (
+    USER_MODEL_WARM_START,
     PairDataConfig,
     PairTrainerConfig,
     WarmStartConfig,
     pairwise_model,
-    warm_start_follows_the_model,
 )
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from ..runtime.command_config.presets import PresetChoice, deprecated_derived_values
 
 REFERENCE_MODES: tuple[str, ...] = ("precomputed", "engine", "lora_base")
 
@@ -129,22 +126,24 @@ class DPOConfig:
         """The optimizer the run's engine gets: the schedule spans ``trainer.total_steps`` unless set."""
         return self.optimizer.for_run(self.trainer.total_steps, warmup_steps=0)
 
+    presets: ClassVar[tuple[PresetChoice, ...]] = (
+        # Only the embedded model warms up; another model trains at TRL's DPOConfig defaults (lr 1e-6, beta 0.1,
+        # 1024 tokens; 256 generated at evaluation).
+        model_presets(
+            "dpo",
+            {
+                **USER_MODEL_WARM_START,
+                "optimizer": {"lr": USER_MODEL_LR},
+                "dpo": {"beta": USER_MODEL_BETA},
+                "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+            },
+        ),
+    )
+
     @staticmethod
-    def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: only the embedded model warms up; another model trains at TRL's ``DPOConfig`` defaults
-        (lr 1e-6, beta 0.1, 1024 tokens; 256 generated at evaluation)."""
-        return merged_sections(
-            warm_start_follows_the_model(config),
-            model_defaults(
-                config,
-                "dpo",
-                {
-                    "optimizer": {"lr": USER_MODEL_LR},
-                    "dpo": {"beta": USER_MODEL_BETA},
-                    "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
-                },
-            ),
-        )
+    def derived_values(config: Any) -> dict[str, Any]:
+        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
+        return deprecated_derived_values(DPOConfig, config)
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> DPOConfig:

@@ -1,4 +1,4 @@
-"""Typed configuration of ``drivetrain grpo``: the whole config, its defaults (the embedded job) and derived values.
+"""Typed configuration of ``drivetrain grpo``: the whole config, its defaults (the embedded job) and presets.
 
 Loading is the job runtime's command config layer (:mod:`drivetrain_roles.runtime.command_config`). The defaults are the
 embedded job: the arithmetic model of ``drivetrain sft``, warmed up by a short SFT run to a policy that is sometimes
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 
@@ -23,8 +23,7 @@ from ..command_sections import (
     DataConfig,
     RunOptimizerConfig,
     builtin_model,
-    merged_sections,
-    model_defaults,
+    model_presets,
 )
 from ..reward_model.config import RewardModelConfig
 from ..rl.environment_config import EnvironmentConfig
@@ -42,10 +41,11 @@ from ..rl.job_config import default_checkpoint as _default_checkpoint
 from ..rl.job_config import default_engine as _default_engine
 from ..rl.rollout_config import RolloutConfig
 from ..rl.trainer_config import TRAINER_MODES, TrainerConfig, choose_mode, generation_lag
+from ..runtime.command_config.presets import Preset, PresetChoice, deprecated_derived_values
 from .algorithm_config import DEFAULT_ROLLOUT_IS_CAP, AlgorithmConfig
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+OFF_POLICY = Preset("off-policy", {"algorithm": {"rollout_is_cap": DEFAULT_ROLLOUT_IS_CAP}})
+"""What ``trainer.mode`` other than ``sync`` sets: its older samples are corrected (``algorithm.rollout_is_cap``)."""
 
 
 def _default_optimizer() -> RunOptimizerConfig:
@@ -84,25 +84,22 @@ class GRPOConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
 
+    presets: ClassVar[tuple[PresetChoice, ...]] = (
+        # Another model than the embedded one trains at lr 1e-6 (verl's actor, TRL's GRPO), on examples of up to
+        # 1024 tokens, with responses of up to 256 (TRL's max_completion_length).
+        model_presets(
+            "grpo",
+            {"optimizer": {"lr": USER_MODEL_LR}, "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
+        ),
+        PresetChoice(
+            key="trainer.mode", presets={mode: OFF_POLICY for mode in TRAINER_MODES if mode != "sync"}
+        ),
+    )
+
     @staticmethod
-    def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: another model than the embedded one trains at lr 1e-6 (verl's actor, TRL's GRPO), on
-        examples of up to 1024 tokens, with responses of up to 256 (TRL's ``max_completion_length``); a mode
-        other than ``sync`` corrects its older samples with ``algorithm.rollout_is_cap=2.0``."""
-        off_policy = (
-            {} if config.trainer.mode == "sync" else {"algorithm": {"rollout_is_cap": DEFAULT_ROLLOUT_IS_CAP}}
-        )
-        return merged_sections(
-            off_policy,
-            model_defaults(
-                config,
-                "grpo",
-                {
-                    "optimizer": {"lr": USER_MODEL_LR},
-                    "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
-                },
-            ),
-        )
+    def derived_values(config: Any) -> dict[str, Any]:
+        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
+        return deprecated_derived_values(GRPOConfig, config)
 
     def __post_init__(self) -> None:
         check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)

@@ -1,8 +1,8 @@
 """The embedded tasks: what ``model.path=builtin:<name>`` selects, one entry each.
 
 A task is a tiny model with its own tokenizer, the data written for it under the run folder (when
-``data.train_files`` is empty) and the settings that suit the two (its reward, lengths, run length), which apply
-unless the user sets them. Jobs ask this registry; none tests a task's name.
+``data.train_files`` is empty) and the settings that suit the two (its reward, lengths, run length): each command's
+preset named by the task's ``model.path``, laid under the user's file and overrides (``--print-config`` names it). Jobs ask this registry; none tests a task's name.
 
 NOTE: one setting names the task, ``model.path``, rather than a ``data.task`` beside it: the embedded model is
 made for its task (its tokenizer knows the task's characters, its positions fit the task's lengths), so the two
@@ -22,7 +22,7 @@ from .default_assets import BUILTIN_MODEL, write_arithmetic_data, write_model_di
 BUILTIN_PREFIX = "builtin:"
 
 Sections = Mapping[str, Mapping[str, Any]]
-"""``{section: {key: value}}``, as a command's ``derived_values`` returns them."""
+"""``{section: {key: value}}``, as a preset holds them."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -35,7 +35,7 @@ class BuiltinTask:
         write_data: ``write_data(directory, train_size=, val_size=, seed=)`` writes ``train.jsonl`` and
             ``val.jsonl`` and returns their paths.
         defaults: per command (``sft``, ``grpo``, ``ppo``, ...), the values that differ from the command's own
-            defaults for this task; each applies unless set.
+            defaults for this task: the command's preset ``<model_path>`` (each applies unless set).
     """
 
     model_path: str

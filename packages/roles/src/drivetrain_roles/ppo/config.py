@@ -1,4 +1,4 @@
-"""Typed configuration of ``drivetrain ppo``: its sections, their defaults (the embedded job) and derived values.
+"""Typed configuration of ``drivetrain ppo``: its sections, their defaults (the embedded job) and presets.
 
 PPO shares ``drivetrain grpo``'s sections where they mean the same (model, engine, optimizer, checkpoint, data,
 the rollout, the loop) and adds its own: the ``critic`` (a value model on its own engine) and an ``algorithm``
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -27,7 +27,7 @@ from ..command_sections import (
     DataConfig,
     RunOptimizerConfig,
     builtin_model,
-    model_defaults,
+    model_presets,
 )
 from ..losses.config import ValueLossConfig
 from ..losses.names import canonical_estimator, choose
@@ -46,10 +46,9 @@ from ..rl.job_config import default_checkpoint as _default_checkpoint
 from ..rl.job_config import default_engine as _default_engine
 from ..rl.rollout_config import RolloutConfig as SharedRolloutConfig
 from ..rl.trainer_config import TrainerConfig as SharedTrainerConfig
+from ..runtime.command_config.presets import PresetChoice
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
     from ..advantages import AdaptiveKLController, FixedKLController
 
 KL_CONTROLLERS: tuple[str, ...] = ("fixed", "adaptive")
@@ -292,19 +291,18 @@ class PPOConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
 
-    @staticmethod
-    def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: another model than the embedded one trains its actor at lr 1e-6 and its critic at 1e-5
-        (verl's defaults), with responses of up to 256 tokens."""
-        return model_defaults(
-            config,
+    presets: ClassVar[tuple[PresetChoice, ...]] = (
+        # Another model than the embedded one trains its actor at lr 1e-6 and its critic at 1e-5 (verl's
+        # defaults), with responses of up to 256 tokens.
+        model_presets(
             "ppo",
             {
                 "optimizer": {"lr": USER_MODEL_LR},
                 "critic": {"optimizer": {"lr": USER_MODEL_CRITIC_LR}},
                 "rollout": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
             },
-        )
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from drivetrain_engine_core.config import ConfigError, ModelConfig
 
@@ -18,10 +18,6 @@ from ..command_sections import (
     builtin_model,
     check_val_files_have_train_files,
 )
-from ..jobs.builtin_tasks import builtin_task
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
 
 
 def pairwise_model() -> ModelConfig:
@@ -123,13 +119,11 @@ class WarmStartConfig:
             )
 
 
-def warm_start_follows_the_model(config: DictConfig) -> dict[str, Any]:
-    """The derived ``warm_start.sft_steps``: 0 for any model but an embedded one (GRPO's rule too).
+USER_MODEL_WARM_START: dict[str, dict[str, Any]] = {"warm_start": {"sft_steps": 0}}
+"""The ``user-model`` preset's warm start: none for any model but an embedded one (GRPO's rule too).
 
-    NOTE: a user's model (a TRL user's instruct model) went through the embedded job's SFT warm start, a
-    full fine-tune at lr 5e-3, before DPO, and the DPO reference became that model.
-    """
-    return {} if builtin_task(config.model.path) is not None else {"warm_start": {"sft_steps": 0}}
+NOTE: a user's model (a TRL user's instruct model) went through the embedded job's SFT warm start, a full
+fine-tune at lr 5e-3, before DPO, and the DPO reference became that model."""
 
 
 @dataclass(kw_only=True, frozen=True)

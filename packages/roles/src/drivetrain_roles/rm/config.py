@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -23,21 +23,17 @@ from drivetrain_engine_core.config import (
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,
     RunOptimizerConfig,
-    merged_sections,
-    model_defaults,
+    model_presets,
 )
 from ..losses.config import RewardLossConfig
 from ..preference.config import (
+    USER_MODEL_WARM_START,
     PairDataConfig,
     PairTrainerConfig,
     WarmStartConfig,
     pairwise_model,
-    warm_start_follows_the_model,
 )
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
-
+from ..runtime.command_config.presets import PresetChoice, deprecated_derived_values
 
 WARMUP_STEPS = 200
 """Linear LR warm-up of the reward-model steps, at most a fifth of them, unless set (measured with lr 2e-3;
@@ -92,21 +88,23 @@ class RMConfig:
     trainer: PairTrainerConfig = field(default_factory=_default_trainer)
     rm: RewardLossConfig = field(default_factory=RewardLossConfig)
 
+    presets: ClassVar[tuple[PresetChoice, ...]] = (
+        # Only the embedded model has an SFT warm start; another model trains at lr 1e-5 on sequences of up to
+        # 1024 tokens.
+        model_presets(
+            "rm",
+            {
+                **USER_MODEL_WARM_START,
+                "optimizer": {"lr": USER_MODEL_LR},
+                "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
+            },
+        ),
+    )
+
     @staticmethod
-    def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Unless set: only the embedded model has an SFT warm start; another model trains at lr 1e-5 on
-        sequences of up to 1024 tokens."""
-        return merged_sections(
-            warm_start_follows_the_model(config),
-            model_defaults(
-                config,
-                "rm",
-                {
-                    "optimizer": {"lr": USER_MODEL_LR},
-                    "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS},
-                },
-            ),
-        )
+    def derived_values(config: Any) -> dict[str, Any]:
+        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
+        return deprecated_derived_values(RMConfig, config)
 
     def __post_init__(self) -> None:
         if self.trainer.eval_metrics:

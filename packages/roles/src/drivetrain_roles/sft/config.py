@@ -1,4 +1,4 @@
-"""Typed configuration of ``drivetrain sft``: its sections, their defaults (the embedded job) and derived values.
+"""Typed configuration of ``drivetrain sft``: its sections, their defaults (the embedded job) and presets.
 
 Loading (YAML + dotted overrides, type checks, messages) is the job runtime's command config layer
 (:mod:`drivetrain_roles.runtime.command_config`); this module only declares what the SFT command configures.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from drivetrain_engine_core.config import (
     CheckpointConfig,
@@ -29,12 +29,10 @@ from ..command_sections import (
     LoopConfig,
     RunOptimizerConfig,
     builtin_model,
-    model_defaults,
+    model_presets,
 )
 from ..losses.names import AGGREGATION_MODES
-
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from ..runtime.command_config.presets import PresetChoice, deprecated_derived_values
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -133,15 +131,19 @@ class SFTConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
-    @staticmethod
-    def derived_values(config: DictConfig) -> dict[str, Any]:
-        """Values that follow others unless the user sets them: another model than the embedded one trains at
-        lr 1e-5 (verl's SFT default) on examples of up to 1024 tokens, and its evaluation generates up to 256."""
-        return model_defaults(
-            config,
+    presets: ClassVar[tuple[PresetChoice, ...]] = (
+        # Another model than the embedded one trains at lr 1e-5 (verl's SFT default) on examples of up to 1024
+        # tokens, and its evaluation generates up to 256.
+        model_presets(
             "sft",
             {"optimizer": {"lr": USER_MODEL_LR}, "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
-        )
+        ),
+    )
+
+    @staticmethod
+    def derived_values(config: Any) -> dict[str, Any]:
+        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
+        return deprecated_derived_values(SFTConfig, config)
 
     def __post_init__(self) -> None:
         if self.data.response_key is None:

@@ -1,29 +1,30 @@
-"""Typed configs from plain layers, through OmegaConf structured configs, with errors that name the field.
+"""A command's typed config from its layers, built by core's one config builder (OmegaConf structured configs).
 
-A command's config is one frozen dataclass of sections (its field defaults are the command's defaults). It is
-built in five visible steps: the typed schema (a section typed :class:`~..config.EngineConfig` becomes the
-class of the backend it names), a check of every key against the dataclasses (unknown keys get the close
-match), OmegaConf's merge of the layers onto the schema (every value checked against its annotation), the
-derived values the command computes from the others (``derived_values``, and each engine section's ``device``:
-:func:`~.machine.machine_device`; only where no layer set them), and the dataclasses themselves (their ``__post_init__``
-checks ranges and combinations).
+A command's config is one frozen dataclass of sections (its field defaults are the command's defaults). Its
+layers, lowest first: each engine section's backend and the command's engine defaults (a section typed
+:class:`~..config.EngineConfig` becomes the class of the backend it names), the ``machine`` preset (each engine
+section's ``device``: :func:`~.machine.machine_device`), the presets the command picks (:mod:`.presets`), then
+the user's YAML file and overrides. TRL's and verl's names are refused first with the field to write
+(:mod:`.foreign_names`); core's :func:`~drivetrain_engine_core.config_build.build_layers` then checks every key
+(with the close match) and value and builds the dataclasses (their ``__post_init__`` checks ranges and
+combinations).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from drivetrain_engine_core.config import ConfigError, EngineConfig
-from drivetrain_engine_core.config_build import check_keys, exclusive_limits
-from drivetrain_engine_core.config_fields import field_types, how_to_write, nested_dataclass, type_name
+from drivetrain_engine_core.config_build import build_layers, exclusive_limits, leaves, lookup
+from drivetrain_engine_core.config_fields import field_types, nested_dataclass
 
 from .foreign_names import check_foreign_names
-from .layers import lookup
 from .machine import machine_device
+from .presets import chosen_presets
 
 if TYPE_CHECKING:
     from drivetrain_engine_core.plugins import DrivetrainPlugins
@@ -32,8 +33,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ConfigT = TypeVar("ConfigT")
+
+FILE, COMMAND_LINE, MACHINE = "--config", "command line", "preset machine"
+"""Where the user's layers and the engine's device come from, as ``--print-config`` names them."""
+
+
 Derive = Callable[["DictConfig"], dict[str, Any]]
-"""``derived_values(config) -> {section: {key: value}}``: values that follow others unless the user set them."""
+"""Deprecated (removed in drivetrain-roles 0.6.0): ``derived_values(config) -> {section: {key: value}}``, values
+that follow others unless the user set them; declare :class:`~.presets.PresetChoice` ``presets`` instead."""
+
+
+class Layer(NamedTuple):
+    """One layer of a command's config and where it comes from (``""``: the command's own defaults)."""
+
+    origin: str
+    values: dict[str, Any]
 
 
 def build_config(
@@ -44,11 +58,11 @@ def build_config(
     plugins: DrivetrainPlugins | None = None,
     file_layers: int = 0,
 ) -> ConfigT:
-    """The dataclass ``cls`` from its defaults and ``layers`` (later layers win), fully checked.
+    """The dataclass ``cls`` from its defaults, its presets and ``layers`` (later layers win), fully checked.
 
     Args:
-        cls: a dataclass of sections or of plain fields; a ``derived_values`` static method, when it has one,
-            computes values that follow others (e.g. the learning rate from the model).
+        cls: a dataclass of sections or of plain fields; a ``presets`` class variable of
+            :class:`~.presets.PresetChoice`, when it has one, picks named values laid under ``layers``.
         layers: plain nested mappings (a YAML file, then each override).
         where: the dotted prefix that names ``cls``'s fields in messages (``engine``), empty for a command.
         plugins: where backend config classes are looked up; default: the process-wide plugins.
@@ -65,55 +79,80 @@ def build_config(
             that fails the dataclass's own checks; the message names the field and the fix.
         PluginError: an ``engine.backend`` that no installed plugin provides.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    stack, sections = command_layers(cls, layers, where=where, plugins=plugins, file_layers=file_layers)
+    machine = next((layer.values for layer in stack if layer.origin == MACHINE), {})
+    _warn_cpu_beside_a_gpu([layer.values for layer in stack if layer.origin in (FILE, COMMAND_LINE)], machine)
+    sources = ["the config file" if layer.origin == FILE else None for layer in stack]
+    values = [layer.values for layer in stack]
+    config = build_layers(cls, values, where=where, sections=sections, sources=sources)
+    derive: Derive | None = None if hasattr(cls, "presets") else getattr(cls, "derived_values", None)
+    if derive is None:
+        return config
+    user = [layer.values for layer in stack if layer.origin in (FILE, COMMAND_LINE)]
+    follow = _deprecated_derived(cls, derive, config, user)
+    return build_layers(cls, [*values, follow], where=where, sections=sections, sources=sources)
 
+
+def value_sources(
+    cls: type,
+    layers: Sequence[Mapping[str, Any]],
+    *,
+    plugins: DrivetrainPlugins | None = None,
+    file_layers: int = 0,
+) -> dict[str, str]:
+    """Where each value that is not the command's own default comes from, by dotted key: ``preset <name>``,
+    ``--config`` or ``command line`` (the last layer that sets it)."""
+    stack, _ = command_layers(cls, layers, plugins=plugins, file_layers=file_layers)
+    return {key: layer.origin for layer in stack if layer.origin for key, _ in leaves(layer.values)}
+
+
+def command_layers(
+    cls: type,
+    layers: Sequence[Mapping[str, Any]],
+    *,
+    where: str = "",
+    plugins: DrivetrainPlugins | None = None,
+    file_layers: int = 0,
+) -> tuple[list[Layer], dict[str, type]]:
+    """Every layer of ``cls``'s config, lowest first, and the config class of each engine section.
+
+    Raises:
+        ConfigError: a layer sets TRL's or verl's name for a field, or a file's engine section sets an option of
+            another backend that the chosen one lacks.
+        PluginError: an ``engine.backend`` that no installed plugin provides.
+    """
     plain = [exclusive_limits(dict(layer), cls) for layer in layers]
     backends = _backend_classes(cls, plain, plugins)
     plain = [
         _for_backend(layer, cls, backends, plugins) if index < file_layers else layer
         for index, layer in enumerate(plain)
     ]
-    classes = {name: backend_cls for name, (_, backend_cls) in backends.items()}
-    for index, layer in enumerate(plain):
-        if not where:
+    if not where:
+        for layer in plain:
             check_foreign_names(layer, cls)
-        check_keys(layer, cls, where, classes, source="the config file" if index < file_layers else None)
-    try:
-        typed = OmegaConf.merge(_schema(cls, backends), *plain)
-        derive: Derive | None = getattr(cls, "derived_values", None)
-        if derive is not None or backends:
-            # NOTE: built once as written first, so that a bad value is reported where the user wrote it and
-            # not in a section whose value follows it.
-            OmegaConf.to_object(typed)
-            machine = {name: {"device": machine_device()} for name in backends}
-            _warn_cpu_beside_a_gpu(plain, machine)
-            derived = derive(typed) if derive is not None else {}  # type: ignore[arg-type]
-            follow = [_unset_only(machine, plain), _unset_only(derived, plain)]
-            typed = OmegaConf.merge(typed, *follow)
-        return OmegaConf.to_object(typed)  # type: ignore[return-value]
-    except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or "") or _failing_key(_schema(cls, backends), plain)
-        raise _field_error(e, key, cls, plain, where, classes) from e
-    except TypeError as e:
-        raise ConfigError(f"{where or cls.__name__}: {e}") from e
+    stack = [Layer("", _engine_defaults(cls, backends))]
+    if backends:
+        stack.append(Layer(MACHINE, {name: {"device": machine_device()} for name in backends}))
+    stack += [Layer(f"preset {preset.name}", dict(preset.values)) for preset in chosen_presets(cls, plain)]
+    stack += [
+        Layer(FILE if index < file_layers else COMMAND_LINE, layer) for index, layer in enumerate(plain)
+    ]
+    return stack, {name: backend_cls for name, (_, backend_cls) in backends.items()}
 
 
-def _schema(cls: type, backends: Mapping[str, tuple[str, type]]) -> DictConfig:
-    """``cls``'s defaults as a typed OmegaConf node, each engine section typed by its backend's class.
-
-    A backend class keeps the command's own engine defaults (those that differ from :class:`EngineConfig`'s).
-    """
+def _engine_defaults(cls: type, backends: Mapping[str, tuple[str, type]]) -> dict[str, Any]:
+    """Each engine section's ``backend`` and the command's own engine defaults (those that differ from
+    :class:`EngineConfig`'s; a backend's other options keep its class's defaults)."""
+    if not backends:
+        return {}
     from omegaconf import OmegaConf
 
-    schema = OmegaConf.structured(cls)
-    base: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(EngineConfig))  # type: ignore[assignment]
-    for name, (backend, backend_cls) in backends.items():
-        defaults: dict[str, Any] = OmegaConf.to_container(schema[name])  # type: ignore[assignment]
-        changed = {k: v for k, v in defaults.items() if k in base and v != base[k]}
-        node = OmegaConf.merge(OmegaConf.structured(backend_cls), changed, {"backend": backend})
-        schema = OmegaConf.merge(schema, {name: node})
-    return schema  # type: ignore[return-value]
+    base = _container(OmegaConf.structured(EngineConfig))
+    defaults = _container(OmegaConf.structured(cls))
+    return {
+        name: {**{k: v for k, v in defaults[name].items() if k in base and v != base[k]}, "backend": backend}
+        for name, (backend, _) in backends.items()
+    }
 
 
 def _backend_classes(
@@ -166,7 +205,7 @@ def _for_backend(
             written_cls = (plugins or default_plugins()).engines.config_class(str(written))
         except PluginError:
             continue  # not installed here: its options cannot be told apart, check_keys names them
-        defaults = _container(_schema(cls, {name: (str(written), written_cls)})[name])
+        defaults = _written_defaults(cls, name, str(written), written_cls)
         kept = _set_away_from(defaults, {k: v for k, v in section.items() if k != "backend"})  # type: ignore[union-attr]
         foreign = sorted(set(kept) - set(field_types(backend_cls)))
         if foreign:
@@ -194,6 +233,14 @@ def _set_away_from(defaults: Mapping[str, Any], values: Mapping[str, Any]) -> di
     return kept
 
 
+def _written_defaults(cls: type, name: str, backend: str, backend_cls: type) -> dict[str, Any]:
+    """The defaults of ``cls``'s engine section ``name`` had it named ``backend``: its class's with the command's."""
+    from omegaconf import OmegaConf
+
+    own = _engine_defaults(cls, {name: (backend, backend_cls)})[name]
+    return _container(OmegaConf.merge(OmegaConf.structured(backend_cls), own))
+
+
 def _container(node: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
@@ -206,6 +253,21 @@ def _default_backend(cls: type, section: str) -> str:
         if f.name == section and f.default_factory is not dataclasses.MISSING:
             return f.default_factory().backend  # type: ignore[attr-defined]
     return EngineConfig().backend
+
+
+def _deprecated_derived(
+    cls: type, derive: Derive, config: Any, user: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The values a class's deprecated ``derived_values`` computes from ``config``, without those ``user`` sets."""
+    from omegaconf import OmegaConf
+
+    warnings.warn(
+        f"{cls.__name__}.derived_values is deprecated and is not read from drivetrain-roles 0.6.0: declare the "
+        "values as presets (a `presets` class variable of PresetChoice, drivetrain_roles.runtime.command_config).",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return _unset_only(derive(OmegaConf.structured(config)), user)
 
 
 def _unset_only(
@@ -237,74 +299,13 @@ def _warn_cpu_beside_a_gpu(layers: Sequence[Mapping[str, Any]], machine: Mapping
             )
 
 
-_INDEX = re.compile(r"\[\d+\]")
-
-
-def _failing_key(schema: Any, layers: Sequence[Mapping[str, Any]]) -> str:
-    """The dotted key of the first given value the schema refuses on its own, or ``""``.
-
-    NOTE: OmegaConf names no key for some refusals (a tuple of the wrong length: "TupleConfig length 1 does not
-    match type hint length 2"), so each value is merged alone to find the one to name.
-    """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    for layer in layers:
-        for key, value in _leaves(layer):
-            try:
-                OmegaConf.merge(schema, _nested(key, value))
-            except OmegaConfBaseException:
-                return key
-    return ""
-
-
-def _leaves(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """``(dotted key, value)`` of every non-mapping value (a list is a value)."""
-    leaves: list[tuple[str, Any]] = []
-    for name, value in values.items():
-        key = f"{prefix}{name}"
-        leaves += _leaves(value, f"{key}.") if isinstance(value, Mapping) else [(key, value)]
-    return leaves
-
-
-def _nested(key: str, value: Any) -> dict[str, Any]:
-    for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
-
-
-def _field_error(
-    error: Exception,
-    key: str,
-    cls: type,
-    layers: Sequence[Mapping[str, Any]],
-    where: str,
-    backends: Mapping[str, type],
-) -> ConfigError:
-    """One line naming the field (``key``), the value given, the type it needs and how to write one."""
-    path = tuple(_INDEX.sub("", key).split(".")) if key else ()
-    annotation = _annotation_at(cls, path, backends)
-    given, value = lookup(layers, path)
-    name = ".".join(p for p in (where, key) if p)
-    if annotation is None or not given:
-        message = (getattr(error, "msg", None) or str(error)).split("\n")[0]
-        return ConfigError(f"{name or cls.__name__}: {message}")
-    return ConfigError(
-        f"{name}={value!r} is not a valid {type_name(annotation)}; {how_to_write(annotation, name)}"
-    )
-
-
-def _annotation_at(cls: type, path: tuple[str, ...], backends: Mapping[str, type]) -> Any:
-    owner: type | None = cls
-    annotation: Any = None
-    for depth, part in enumerate(path):
-        if owner is None:
-            return None
-        annotation = field_types(owner).get(part)
-        if annotation is None:
-            return None
-        owner = backends.get(".".join(path[: depth + 1])) or nested_dataclass(annotation)
-    return annotation
-
-
-__all__ = ["Derive", "build_config"]
+__all__ = [
+    "COMMAND_LINE",
+    "FILE",
+    "MACHINE",
+    "Derive",
+    "Layer",
+    "build_config",
+    "command_layers",
+    "value_sources",
+]

@@ -6,10 +6,10 @@ string, is read as the number users mean. Types are checked later, against the d
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from drivetrain_engine_core.config_build import lookup
 from drivetrain_engine_core.errors import ConfigError
 
 
@@ -70,15 +70,4 @@ def _number_or_value(value: Any) -> Any:
     return value
 
 
-def lookup(layers: Sequence[Mapping[str, Any]], path: tuple[str, ...]) -> tuple[bool, Any]:
-    """Whether any layer sets ``path``, and the value of the last one that does."""
-    found, value = False, None
-    for layer in layers:
-        node: Any = layer
-        for part in path:
-            if not isinstance(node, Mapping) or part not in node:
-                break
-            node = node[part]
-        else:
-            found, value = True, node
-    return found, value
+__all__ = ["lookup", "parse_override", "read_yaml"]  # lookup: core's, where every builder reads it

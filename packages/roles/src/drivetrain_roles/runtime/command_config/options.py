@@ -2,7 +2,7 @@
 
 ``@config_options(SFTConfig)`` adds them and the ``OVERRIDES`` argument; the command receives
 ``config_file`` and ``overrides``. ``--print-config`` prints the resolved config as YAML (loadable again with
-``--config``) and ``--help-config`` lists every field with its type, default and help; both exit without
+``--config``; a comment names the preset, ``--config`` or ``command line`` beside each value they set) and ``--help-config`` lists every field with its type, default and help; both exit without
 running the command.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from .load import load_config
+from .load import load_config, load_sources
 from .render import describe_fields, format_reference, to_yaml
 
 
@@ -31,10 +31,10 @@ def config_options(config_cls: type | str) -> Callable[[Callable[..., Any]], Cal
         @functools.wraps(command)
         def run(*, print_config: bool, help_config: bool, **kwargs: Any) -> Any:
             if print_config or help_config:
-                config: Any = load_config(
-                    resolve_target(config_cls), kwargs["config_file"], kwargs["overrides"]
-                )
-                click.echo(to_yaml(config) if print_config else format_reference(describe_fields(config)))
+                cls, given = resolve_target(config_cls), (kwargs["config_file"], kwargs["overrides"])
+                config: Any = load_config(cls, *given)
+                shown = to_yaml(config, load_sources(cls, *given)) if print_config else None
+                click.echo(shown or format_reference(describe_fields(config)))
                 return None
             return command(**kwargs)
 
@@ -60,7 +60,8 @@ _OPTIONS = (
     click.option(
         "--print-config",
         is_flag=True,
-        help="Print the resolved config (defaults, --config, overrides) as YAML and exit.",
+        help="Print the resolved config (defaults, presets, --config, overrides) as YAML, each value's source "
+        "in a comment, and exit.",
     ),
     click.option(
         "--help-config",

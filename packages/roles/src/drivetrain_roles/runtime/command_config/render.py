@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from drivetrain_engine_core.config_fields import field_docs, field_types, nested_dataclass, type_name
@@ -24,11 +26,44 @@ def _lists(value: Any) -> Any:
     return value
 
 
-def to_yaml(config: Any) -> str:
-    """The resolved config as YAML, loadable again with ``--config`` (sections in declaration order)."""
+def to_yaml(config: Any, sources: Mapping[str, str] | None = None) -> str:
+    """The resolved config as YAML, loadable again with ``--config`` (sections in declaration order).
+
+    Args:
+        config: the resolved config.
+        sources: where values come from by dotted key (``preset user-model``, ``--config``): each is named in
+            a comment at the end of its line (``--print-config``); the command's own defaults have none.
+    """
     import yaml
 
-    return yaml.safe_dump(to_plain(config), sort_keys=False)
+    if not sources:
+        return yaml.safe_dump(to_plain(config), sort_keys=False)
+    text = yaml.safe_dump(to_plain(config), sort_keys=False, width=float("inf"))
+    return "".join(_with_source(line, sources) for line in _keyed_lines(text))
+
+
+def _keyed_lines(text: str) -> list[tuple[str, str]]:
+    """``(dotted key, line)`` of each line of block YAML (``""`` for a line that starts no key: list items)."""
+    keyed: list[tuple[str, str]] = []
+    path: list[str] = []
+    for line in text.splitlines(keepends=True):
+        match = _KEY.match(line)
+        if match is None:
+            keyed.append(("", line))
+            continue
+        depth = len(match["indent"]) // 2
+        path = [*path[:depth], match["key"]]
+        keyed.append((".".join(path), line))
+    return keyed
+
+
+def _with_source(keyed: tuple[str, str], sources: Mapping[str, str]) -> str:
+    key, line = keyed
+    source = sources.get(key)
+    return f"{line.rstrip(chr(10))}  # {source}\n" if source else line
+
+
+_KEY = re.compile(r"^(?P<indent>(?:  )*)(?P<key>[A-Za-z_][\w]*):(?: |$)")
 
 
 @dataclasses.dataclass(frozen=True)
