@@ -110,7 +110,7 @@ class SentShards:
         def tensors() -> Iterator[tuple[str, torch.Tensor | TensorDigest]]:
             nonlocal gathered
             for group, digest, flag in zip(groups, digests, changed, strict=True):
-                if flag or base is None:
+                if flag:  # every group of a full stream (no base: every flag is set)
                     names = []
                     for name, tensor in group.gather():
                         names.append(name)
@@ -118,6 +118,7 @@ class SentShards:
                         yield name, tensor
                     record[group.key] = _Group(digest, tuple(names))
                 else:
+                    assert base is not None  # a flag is clear only where the base holds the group's digest
                     record[group.key] = base[0][group.key]
                     yield from ((name, base[1][name]) for name in record[group.key].names)
 
