@@ -1,8 +1,8 @@
 """Two-rank FSDP engine (gloo) against a plain single-process Hugging Face reference.
 
 One launch runs every scenario (plain data parallel, dynamic micro-batches, hybrid sharding, Ulysses, LoRA,
-offload, uneven shares with filler passes, checkpoint save, weight hand-off in buckets) and returns numbers; the parent computes the references and asserts, and resumes the 2-rank
-checkpoint on 1 rank.
+offload, uneven shares with filler passes, checkpoint save, weight hand-off in buckets, deltas of frozen layers)
+and returns numbers; the parent computes the references and asserts, and resumes the 2-rank checkpoint on 1 rank.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.data.dp import shard_data, shard_indices
 from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.handoff import ExportBytes
 from drivetrain_engine_core.outputs import LossContext
 from drivetrain_engine_core.testing import (
     load_reference_model,
@@ -44,6 +45,7 @@ SCENARIOS = {
     "dp2_uneven": {"micro_batch": MicroBatchConfig(micro_batch_size=1)},
 }
 UNEVEN_SHARES = ([0, 1, 2, 3, 4], [5])
+TRAINED_LAYER = "model.layers.1."
 
 
 def global_batch(seed=0):
@@ -117,14 +119,28 @@ def lora_modes(engine):
 
 
 def delta_hand_off(engine, base, lora):
-    """Version 1 as a delta on version 0 (streamed before the step), applied to what version 0 delivered."""
+    """Version 1 as a delta on version 0 (streamed before the step), applied to what version 0 delivered, and
+    (merged) the bytes the sender gathered and sent, deciding from each rank's local shards what changed."""
     buckets = list(engine.weight_buckets(version=1, base_version=0, bucket_bytes=HAND_OFF_BOUND, lora=lora))
     return {
         "base": base,
         "applied": {**base, **received(buckets)},
         "sent": [name for bucket in buckets for name in bucket.names],
         "bases": {bucket.base_version for bucket in buckets},
+        "export_bytes": engine.sent_weights.last if lora == "merged" else None,
     }
+
+
+def frozen_hand_off(model_dir, batch, rank, world_size):
+    """A full fine-tuning step with every layer but :data:`TRAINED_LAYER` frozen, handed off as a delta."""
+    engine = build_engine(model_dir)
+    for name, parameter in engine.module.named_parameters():
+        parameter.requires_grad_(name.startswith(TRAINED_LAYER))
+    base = received(engine.weight_buckets(version=0, bucket_bytes=HAND_OFF_BOUND))
+    with engine.train_mode():
+        engine.train_batch(shard_data(batch, rank, world_size), token_mean_nll)
+    exported = {name: tensor.clone() for name, tensor in engine.export_weights()}
+    return {**delta_hand_off(engine, base, "merged"), "exported": exported}
 
 
 def two_rank_worker(rank, world_size, model_dir, checkpoint_root):
@@ -134,6 +150,7 @@ def two_rank_worker(rank, world_size, model_dir, checkpoint_root):
         lora = LORA if name.startswith("lora") else None
         shares = UNEVEN_SHARES if name == "dp2_uneven" else None
         results[name] = run_scenario(build_engine(model_dir, lora=lora, **engine_kwargs), batch, shares)
+    results["frozen"] = frozen_hand_off(model_dir, batch, rank, world_size)
     engine = build_engine(model_dir)
     with engine.train_mode():
         engine.train_batch(shard_data(batch, rank, world_size), token_mean_nll)
@@ -255,11 +272,35 @@ def test_two_rank_delta_streams_equal_full_streams(launched, scenario):
         adapted = [
             n for n in full["received"] if n.endswith(".weight") and n.split(".")[-2] in LORA.target_modules
         ]
-        assert deltas["merged"]["sent"] == (
-            adapted if scenario.startswith("lora") else list(full["received"])
-        )
+        changed = adapted if scenario.startswith("lora") else list(full["received"])
+        assert deltas["merged"]["sent"] == changed
+        # Decided from each rank's local shards: only the changed tensors were gathered.
+        changed_bytes = nbytes(full["received"][name] for name in changed)
+        assert deltas["merged"]["export_bytes"] == ExportBytes(gathered=changed_bytes, sent=changed_bytes)
         if "adapter" in deltas:
             assert deltas["adapter"]["sent"] == list(full["adapters"])
+
+
+@pytest.mark.slow
+def test_two_rank_deltas_of_frozen_layers_gather_only_the_trained_layer(launched):
+    """Every layer but the last frozen: the delta gathers and sends exactly the tensors whose bytes changed (the
+    trained layer's, computed here from version 0 and the engine's state), and applied to version 0 it is the
+    engine's full state bit for bit."""
+    for rank_result in launched[2]:
+        result = rank_result["frozen"]
+        exported, base = result["exported"], result["base"]
+        changed = [name for name in exported if not torch.equal(exported[name], base[name])]
+        assert changed == [name for name in exported if name.startswith(TRAINED_LAYER)]
+        assert result["sent"] == changed
+        assert list(result["applied"]) == list(exported)
+        assert all(torch.equal(result["applied"][name], tensor) for name, tensor in exported.items())
+        changed_bytes = nbytes(exported[name] for name in changed)
+        assert changed_bytes < nbytes(exported.values()) / 2
+        assert result["export_bytes"] == ExportBytes(gathered=changed_bytes, sent=changed_bytes)
+
+
+def nbytes(tensors):
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ def test_options_from_the_command_line_and_yaml_reach_the_rollout_as_its_datacla
     assert load_config(None).rollout.options == {}
 
     model_dir = make_tiny_model_dir(tmp_path / "lm")
-    rollout = build_rollout(config.rollout, str(model_dir), "cpu")
+    rollout = build_rollout(config.rollout, str(model_dir), "cpu", config.trainer)
     assert isinstance(rollout, PatientHF)
     assert rollout.options == PatientOptions(wait_s=600.0, tags=("a", "b"))
 

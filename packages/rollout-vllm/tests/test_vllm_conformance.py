@@ -19,6 +19,7 @@ OPTIONS = {"enable_lora": True, "max_lora_rank": 8}
 
 class TestVLLMRolloutConformance(RolloutConformanceTests):
     rollout_name = "vllm"
+    keeps_adapter_version_after_failure = True  # adapter versions are added whole
 
     @pytest.fixture(scope="class")
     def model_dir(self, servable_model_dir):

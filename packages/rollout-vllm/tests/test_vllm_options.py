@@ -19,7 +19,7 @@ GIB = 1 << 30
 VLLM_ACCEPTS = (
     "gpu_memory_utilization: float | None = None, kv_cache_memory_bytes: int | None = None, max_model_len: "
     "int | None = None, max_num_seqs: int | None = None, enforce_eager: bool = True, enable_lora: bool = False, "
-    "max_lora_rank: int = 16, max_loras: int = 2, weight_transfer: str = 'drivetrain'"
+    "max_lora_rank: int = 16, max_loras: int | None = None, weight_transfer: str = 'drivetrain'"
 )
 
 
@@ -56,7 +56,7 @@ def test_core_builds_each_rollouts_options_from_plain_values():
         "max_num_seqs": None,
         "enable_lora": False,
         "max_lora_rank": 16,
-        "max_loras": 2,
+        "max_loras": 2,  # unset: resolved for the server (DEFAULT_MAX_LORAS)
     }
 
 
@@ -86,6 +86,48 @@ def test_weight_transfer_vllm_starts_vllm_with_drivetrains_transfer_backend():
     }
     assert "weight_transfer" not in VLLMOptions().vllm_fields()
     assert VLLMOptions(weight_transfer="vllm").vllm_fields()["weight_transfer"] == "vllm"
+
+
+@pytest.mark.parametrize(
+    ("trainer", "kept"),
+    [(["trainer.mode=sync"], 1), (["trainer.mode=one_step_off"], 2), (["trainer.max_staleness=3"], 4)],
+)
+def test_a_jobs_adapter_versions_kept_follow_its_trainer_unless_set(trainer, kept):
+    """Unset, ``max_loras`` is the versions a job's trainer samples from at once (``max_staleness + 1``), and what
+    vLLM sizes for (``max_cpu_loras`` one more); outside a job it stays 2 (an earlier release's fixed default)."""
+    from drivetrain_roles.grpo.config import load_config
+    from drivetrain_roles.rl.rollout_plugin import job_rollout_options
+
+    lora = ["rollout.name=vllm-server", "rollout.options.enable_lora=true", "trainer.mode=async"]
+    config = load_config(None, [*lora, *trainer])
+    options = job_rollout_options(config.rollout, config.trainer)
+    assert isinstance(options, VLLMServerOptions) and options.max_loras == kept
+    arguments = options.engine_arguments("cuda")
+    assert (arguments["max_loras"], arguments["max_cpu_loras"]) == (kept, kept + 1)
+    assert options.vllm_fields()["max_loras"] == kept
+    assert VLLMOptions().kept_loras == VLLMServerOptions(enable_lora=True).vllm_fields()["max_loras"] == 2
+    more = load_config(None, [*lora, *trainer, "rollout.options.max_loras=5"])
+    assert (
+        job_rollout_options(more.rollout, more.trainer).max_loras == 5
+    )  # set at least the trainer's: as set
+
+
+def test_fewer_adapter_versions_kept_than_the_trainer_samples_from_are_refused():
+    from drivetrain_roles.grpo.config import load_config
+    from drivetrain_roles.rl.rollout_plugin import job_rollout_options
+
+    given = ["rollout.name=vllm-server", "rollout.options.max_loras=2", "trainer.mode=async"]
+    config = load_config(None, [*given, "trainer.max_staleness=2", "rollout.options.enable_lora=true"])
+    with pytest.raises(ConfigError) as refused:
+        job_rollout_options(config.rollout, config.trainer)
+    assert str(refused.value) == (
+        "rollout.options.max_loras=2 keeps fewer adapter versions than the trainer samples from at once: "
+        "trainer.mode=async with trainer.max_staleness=2 needs 3 kept; set rollout.options.max_loras=3 (or more), "
+        "or unset it to follow the trainer."
+    )
+    # Without LoRA support no adapter version is kept: the option is not read.
+    merged = load_config(None, [*given, "trainer.max_staleness=2"])
+    assert job_rollout_options(merged.rollout, merged.trainer).max_loras == 2
 
 
 def test_max_model_len_is_the_length_limit_jobs_check_their_prompts_against():

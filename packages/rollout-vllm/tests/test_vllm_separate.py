@@ -229,6 +229,7 @@ class TestVLLMServerConformance(RolloutConformanceTests):
     """Core's kit on ``vllm-server``, verification reading back the server's vLLM weights."""
 
     rollout_name = "vllm-server"
+    keeps_adapter_version_after_failure = True  # adapter versions are added whole
 
     @pytest.fixture(scope="class")
     def model_dir(self, servable_model_dir):

@@ -42,6 +42,7 @@ _EXPORTS = {
     "hookimpl": "hookspecs",
     # the engine and what its hooks take and return
     "BackendHooks": "hooks",
+    "ShardedWeight": "handoff.local_shards",
     "Engine": "engine",
     "Mode": "modes",
     "ForwardOptions": "data.options",
@@ -129,6 +130,7 @@ if TYPE_CHECKING:
     from .dropout import disable_dropout_in_config, disable_dropout_modules
     from .engine import Engine
     from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError
+    from .handoff.local_shards import ShardedWeight
     from .hf_checkpoint import CheckpointIndex, read_checkpoint_index
     from .hooks import BackendHooks
     from .hookspecs import hookimpl
@@ -198,6 +200,7 @@ __all__ = [
     "RowPadding",
     "SequenceLengths",
     "SequenceSplit",
+    "ShardedWeight",
     "TokenLimits",
     "check_routes_shape",
     "check_saved_shapes",

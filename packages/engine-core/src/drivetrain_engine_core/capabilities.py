@@ -41,6 +41,9 @@ class BackendCapabilities:
         hf_state_resume: loads a checkpoint step of another backend (or a layout its own format cannot
             reshard to) from the step's full state under Hugging Face names (:mod:`.checkpoint.hf_state`):
             weights, Adam moments and step. Hook ``_load_hf_state``.
+        sharded_export: the weights can be exported as each rank's local shards with a gather per tensor
+            (:mod:`.handoff.local_shards`): a delta stream gathers only the tensors whose shards changed.
+            Hook ``_export_weight_shards``.
         router_replay: the forward routes a mixture-of-experts model through the batch's recorded experts
             (``routed_experts``, :mod:`.router_replay`; ``rollout.router_replay=R3``), which roles check
             before a run starts.
@@ -54,6 +57,7 @@ class BackendCapabilities:
     padded_inputs: bool = False
     sequence_parallel: bool = False
     hf_state_resume: bool = False
+    sharded_export: bool = False
     router_replay: bool = False
     param_dtypes: frozenset[str] = FLOAT32
     train_dtypes: frozenset[str] = FLOAT32
@@ -83,6 +87,7 @@ CAPABILITY_HOOKS: dict[str, tuple[str, ...]] = {
     "lora": ("_disable_adapter", "_export_adapter_weights"),
     "sequence_parallel": ("_sequence_split",),
     "hf_state_resume": ("_load_hf_state",),
+    "sharded_export": ("_export_weight_shards",),
 }
 """The optional hooks of each capability: implemented exactly when the capability is declared."""
 

@@ -29,7 +29,7 @@ from .data.options import ForwardOptions
 from .data.tokens import global_counts
 from .data.values import TokenLimits
 from .errors import EngineStateError
-from .handoff import DEFAULT_BUCKET_BYTES, LoraMode, SentVersions, WeightBucket
+from .handoff import DEFAULT_BUCKET_BYTES, LoraMode, SentShards, WeightBucket
 from .handoff.engine_buckets import engine_weight_buckets
 from .hooks import BackendHooks
 from .lr_schedule import LRSchedule
@@ -80,10 +80,9 @@ class Engine(BackendHooks):
         """The LR schedule (``None`` before ``initialize`` and on inference-only engines); checkpoints save it."""
         self.skips = SkipPolicy(optimizer_config.max_consecutive_skips if optimizer_config else None)
         """Skipped optimizer updates (non-finite grad norms) and the divergence limit (:mod:`.skips`)."""
-        # Wall time and this rank's peak memory of initialize() (None before it).
-        self.init_usage: ResourceUsage | None = None
+        self.init_usage: ResourceUsage | None = None  # initialize()'s wall time and this rank's peak memory
         self._meter = StepMeter(engine_config)
-        self._sent_versions = SentVersions()  # digests of the last weight streams: bases of delta streams
+        self.sent_weights = SentShards()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -342,7 +341,7 @@ class Engine(BackendHooks):
             lora: ``merged`` (what ``export_weights`` yields: adapters folded in) or ``adapter`` (the PEFT adapter
                 tensors alone, named as in ``adapter_model.safetensors``, the PEFT config in every bucket).
             base_version: the version the receiver serves (``rollout.delta_base``): only tensors whose bytes changed
-                since then are sent (a delta stream, §8); ``None``, or a version no longer remembered: all of them.
+                since then are sent (a delta stream, §8; gathered too with ``sharded_export``); ``None``: all.
 
         Raises:
             EngineStateError: not initialised, or ``lora="adapter"`` on an engine without LoRA adapters.
@@ -352,7 +351,8 @@ class Engine(BackendHooks):
             model_config=self.model_config,
             export_weights=self._export_weights,
             export_adapter_weights=self._export_adapter_weights,
-            sent_versions=self._sent_versions,
+            sent=self.sent_weights,
+            export_weight_shards=self._export_weight_shards if self.capabilities.sharded_export else None,
             version=version,
             base_version=base_version,
             bucket_bytes=bucket_bytes,

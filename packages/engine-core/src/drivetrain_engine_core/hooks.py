@@ -29,6 +29,7 @@ from .round_trip import MicroBatch, SequenceSplit
 
 if TYPE_CHECKING:
     from .checkpoint.hf_state import HFTrainingState
+    from .handoff.local_shards import ShardedWeight
 
 
 class BackendHooks(ABC):
@@ -181,6 +182,14 @@ class BackendHooks(ABC):
         ``load_optimizer``, each Adam moment onto the optimizer state and ``state.adam_step()`` onto its step,
         with the name and layout transforms the backend uses to load a Hugging Face model."""
         raise _undeclared(self, "hf_state_resume", "_load_hf_state")
+
+    # ------------------------------------------------------------------ capability "sharded_export"
+
+    def _export_weight_shards(self) -> Iterator[ShardedWeight]:
+        """Yield what ``_export_weights`` yields as :class:`~.handoff.local_shards.ShardedWeight` groups, in the
+        same order: each group's local shards on this rank and the collective that gathers its full tensors
+        (adapters merged). Yielding a group gathers nothing; ``weight_buckets`` gathers the changed ones."""
+        raise _undeclared(self, "sharded_export", "_export_weight_shards")
 
 
 def _undeclared(engine: BackendHooks, capability: str, hook: str) -> EngineStateError:

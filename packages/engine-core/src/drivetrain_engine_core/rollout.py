@@ -117,7 +117,9 @@ class Rollout(ABC):
             HandoffError: a bucket is stale, reordered or from another stream, a tensor arrived with other bytes
                 than were sent (that bucket is not applied), the stream ended before its last bucket, the
                 weights do not fit the served model, or they failed verification; once anything of the stream
-                was applied, the rollout refuses to generate until a complete version arrives.
+                reached the served weights, the rollout refuses to generate until a complete version arrives
+                (the previous version serves on where the rollout held the stream aside:
+                :meth:`_serves_previous_version`). Every error (a sender's too) carries a note saying which.
             DeltaBaseError: a delta stream whose base is not the intact served version (nothing was applied;
                 send the version in full).
             EngineStateError: the rollout is asleep.
@@ -140,19 +142,34 @@ class Rollout(ABC):
             # NOTE: the version is recorded only now, once every bucket is applied: recorded at the last
             # bucket, a failure applying it left the failed version reported as served (and its retry stale).
             version = self._receiver.commit()
-        except BaseException:
-            if applied:
+        except BaseException as e:
+            # NOTE: asked before _abort_update, which forgets what the failed stream left.
+            partial = applied and not self._serves_previous_version()
+            if partial:
                 self._unusable = (
                     f"the last update_weights() failed {'verification' if verifying else 'midway'}"
                 )
             # A failed verification makes the next version verified whatever the period.
             self._verify_next = self._verify_next or verifying
-            self._receiver.abort(applied=applied)
+            self._receiver.abort(applied=partial)
             self._abort_update()
+            if isinstance(e, Exception):
+                e.add_note(self._after_failure())
             raise
         self._unusable, self._verify_next, self.last_sync = None, False, sync
         self._committed += 1
         return version
+
+    def _after_failure(self) -> str:
+        """What a failed ``update_weights`` left serving, added to its error (``FAILED_KEEPS``/``FAILED_REFUSES``)."""
+        if self._unusable is not None:
+            return FAILED_REFUSES
+        served = (
+            "the weights loaded at start"
+            if self.weights_version is None
+            else f"version {self.weights_version}"
+        )
+        return f"{FAILED_KEEPS} {served} (none of the failed stream reached them), and generate() goes on with it."
 
     def _check_served(self) -> None:
         version = self._receiver.pending_version
@@ -239,11 +256,22 @@ class Rollout(ABC):
     def _abort_update(self) -> None:
         """Forget what a failed stream left (what it covered, what it held back): the next stream starts clean."""
 
+    def _serves_previous_version(self) -> bool:
+        """Asked when a stream failed after its first bucket was handed to :meth:`_load_bucket` (before
+        :meth:`_abort_update`): whether the previous version still serves, exactly, because the rollout held
+        what arrived aside and puts a version in place only whole (vLLM adding an adapter version). Then
+        ``generate`` goes on with it, and a delta may still build on it.
+
+        The default, false, is right for a rollout that loads weights in place as they arrive: the failed
+        stream's part is served, so ``generate`` is refused until a complete version arrives.
+        """
+        return False
+
     def _drop_caches(self) -> None:  # noqa: B027 - a rollout that keeps no cache has nothing to drop
         """Drop everything kept across ``generate`` calls that was computed from the previous weights: a prefix
         cache's KV blocks, graphs or buffers that captured weight values. ``update_weights`` calls it once a
         new version's weights are all in place (after :meth:`_finish_update`), before they are verified and
-        served; a failed stream needs no call, since nothing is sampled until a complete version is in place.
+        served; a failed stream needs no call: it left the previous weights serving, or generation is refused.
 
         The default drops nothing, for a rollout that keeps nothing across requests. One that does must
         override it: a prompt seen before the hand-off would otherwise be answered from the old weights'
@@ -267,6 +295,15 @@ class Rollout(ABC):
 
     @abstractmethod
     def _wake(self) -> None: ...
+
+
+FAILED_KEEPS = "The rollout still serves"
+"""How the note on a failed ``update_weights``'s error begins when the previous version serves on."""
+FAILED_REFUSES = (
+    "The served weights are partial (part of a failed stream reached them), so the rollout refuses to generate "
+    "until a complete version arrives."
+)
+"""The note on a failed ``update_weights``'s error when part of the stream reached the served weights."""
 
 
 def end_of_sequence_ids(config: Any, generation_config: Any) -> tuple[int, ...]:

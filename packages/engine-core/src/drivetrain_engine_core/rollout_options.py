@@ -46,6 +46,20 @@ class RolloutOptions:
         """
         return None
 
+    def serving_versions(self, versions: int, *, why: str) -> RolloutOptions:
+        """These options for a job whose rollout samples from up to ``versions`` weight versions at once (an
+        asynchronous trainer's ``max_staleness + 1``: requests of older versions finish under theirs); ``why``
+        names the setting that asks (``trainer.max_staleness=2``), for messages.
+
+        A rollout that keeps versions apart (vLLM's adapter versions) sizes what it keeps from ``versions`` where
+        its own option is unset, and refuses one set smaller. The base keeps nothing apart and returns itself.
+
+        Raises:
+            ConfigError: an option set to keep fewer versions (naming it, ``why`` and the fix).
+        """
+        del versions, why  # nothing kept apart
+        return self
+
 
 def build_rollout_options(
     options_class: type[RolloutOptions],

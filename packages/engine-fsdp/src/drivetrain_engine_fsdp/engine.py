@@ -24,6 +24,7 @@ from drivetrain_engine_core.backend import (
     MicroBatch,
     MicroBatchResult,
     Mode,
+    ShardedWeight,
     TokenLimits,
 )
 from torch.distributed.fsdp import FSDPModule
@@ -36,7 +37,7 @@ from .attention import (
     warn_compiled_per_sequence_attention,
 )
 from .config import FSDPEngineConfig
-from .export import export_adapter_weights, export_full_weights
+from .export import export_adapter_weights, export_full_weights, export_weight_shards
 from .head import hidden_states_out, projection_head
 from .inputs import model_kwargs
 from .materialize import materialize
@@ -67,6 +68,7 @@ class FSDPEngine(Engine):
         padded_inputs=True,
         sequence_parallel=True,
         hf_state_resume=True,
+        sharded_export=True,
         router_replay=True,
         param_dtypes=frozenset(DTYPES),
         train_dtypes=frozenset({"float32", "bfloat16"}),
@@ -285,6 +287,9 @@ class FSDPEngine(Engine):
 
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return export_full_weights(self.module, self.model_config.lora)
+
+    def _export_weight_shards(self) -> Iterator[ShardedWeight]:
+        return export_weight_shards(self.module, self.model_config.lora)
 
     def _export_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return export_adapter_weights(self.module)

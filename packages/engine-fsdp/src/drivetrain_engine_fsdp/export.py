@@ -5,20 +5,23 @@ not the whole model. For a PEFT model, ``x.base_layer.weight`` is yielded as ``x
 ``lora_B @ lora_A * alpha / rank``; PEFT's ``base_model.model.`` prefix and ``modules_to_save`` copies map
 back onto the plain names. Weights transformers keeps in another layout than its checkpoints (fused MoE experts)
 leave in the checkpoint's layout, as ``save_pretrained`` writes them (``conversion.unfuse``).
-``export_adapter_weights`` streams the adapters alone, for a rollout that applies
-LoRA itself.
+``export_weight_shards`` yields the same as groups of local shards with their gathers, so a delta stream gathers
+only what changed (core's ``handoff.local_shards``). ``export_adapter_weights`` streams the adapters alone, for a
+rollout that applies LoRA itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from functools import partial
 
 import torch
-from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig, split_peft_name
+from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig, ShardedWeight, split_peft_name
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from .conversion import base_model, unfuse
+from .shards import local_shard
 
 ADAPTER = "default"
 
@@ -30,30 +33,38 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 def export_full_weights(module: nn.Module, lora: LoraConfig | None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor)`` for every weight of the model in its checkpoint layout (a collective:
     every rank iterates)."""
-    model = base_model(module)
-    for name, tensor in _module_layout(module, lora):
-        yield from unfuse(model, name, tensor).items()
+    for group in export_weight_shards(module, lora):
+        yield from group.gather()
 
 
-def _module_layout(module: nn.Module, lora: LoraConfig | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(hf_name, full tensor)`` of every weight as the module holds it, LoRA adapters folded in."""
-    state = module.state_dict()
-    if lora is None:
-        for name, tensor in state.items():
-            yield name, _full(tensor).detach()
-        return
-    scale = lora.alpha / lora.rank
+def export_weight_shards(module: nn.Module, lora: LoraConfig | None) -> Iterator[ShardedWeight]:
+    """What :func:`export_full_weights` yields, as one group per weight the module holds: this rank's local
+    shards of it (and of its LoRA adapters, which the merged weight is computed from) and the gather of its
+    checkpoint-layout tensors. Nothing is gathered until a group's ``gather`` is called."""
+    model, state = base_model(module), module.state_dict()
+    scale = 0.0 if lora is None else lora.alpha / lora.rank
     for name, tensor in state.items():
-        plain = _plain_name(name)
+        plain = name if lora is None else _plain_name(name)
         if plain is None:
             continue
-        weight = _full(tensor).detach()
-        if name.endswith(".base_layer.weight"):
+        sources = [tensor]
+        if lora is not None and name.endswith(".base_layer.weight"):
             stem = name[: -len(".base_layer.weight")]
-            down = _full(state[f"{stem}.lora_A.{ADAPTER}.weight"]).detach()
-            up = _full(state[f"{stem}.lora_B.{ADAPTER}.weight"]).detach()
-            weight = weight + (up.float() @ down.float()).to(weight.dtype) * scale
-        yield plain, weight
+            sources += [state[f"{stem}.lora_A.{ADAPTER}.weight"], state[f"{stem}.lora_B.{ADAPTER}.weight"]]
+        local = tuple(local_shard(source).detach() for source in sources)
+        yield ShardedWeight(key=name, local=local, gather=partial(_gather, model, plain, sources, scale))
+
+
+def _gather(
+    model: nn.Module, name: str, sources: list[torch.Tensor], scale: float
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """The checkpoint-layout tensors of the weight ``name`` from its full ``sources`` (a base weight and its
+    adapters ``lora_A``, ``lora_B``: folded in, ``weight + lora_B @ lora_A * scale``)."""
+    weight = _full(sources[0]).detach()
+    if len(sources) == 3:
+        down, up = (_full(source).detach() for source in sources[1:])
+        weight = weight + (up.float() @ down.float()).to(weight.dtype) * scale
+    return unfuse(model, name, weight).items()
 
 
 def _plain_name(peft_name: str) -> str | None:

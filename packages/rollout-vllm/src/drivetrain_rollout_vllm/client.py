@@ -186,6 +186,14 @@ class VLLMServerRollout(Rollout):
         with contextlib.suppress(RolloutServerError):
             self._call("abort_update", what="dropping a failed stream")
 
+    def _serves_previous_version(self) -> bool:
+        # NOTE: only the server's rollout knows (it holds an adapter stream aside); a server that cannot answer
+        # (it died, or an older one without the request) is taken to serve part of the failed stream.
+        try:
+            return bool(self._call("serves_previous_version", what="asking what a failed stream left served"))
+        except RolloutServerError:
+            return False
+
     def _drop_caches(self) -> None:
         self._call("drop_caches", what="dropping the server's caches of the old weights")
 

@@ -23,6 +23,8 @@ CPU_KV_CACHE_BYTES = 1 << 30
 
 WEIGHT_TRANSFERS = ("drivetrain", "vllm")
 """How merged weights reach vLLM's model (``rollout.options.weight_transfer``)."""
+DEFAULT_MAX_LORAS = 2
+"""Adapter versions kept loaded when ``max_loras`` is unset outside a job (a job sizes it from its trainer)."""
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The adapter ranks vLLM sizes its LoRA buffers for (``max_lora_rank``)."""
@@ -59,7 +61,8 @@ class VLLMOptions(RolloutOptions):
             support, each version an adapter of its own (false: merged weights only).
         max_lora_rank: the largest adapter rank served, one of vLLM's sizes (:data:`LORA_RANKS`).
         max_loras: how many adapter versions stay loaded: the newest serves new requests, older ones finish
-            theirs (``trainer.max_staleness + 1`` for an asynchronous trainer).
+            theirs (unset: as many as the job's trainer samples from at once, ``trainer.max_staleness + 1``
+            asynchronous, 2 one step off, 1 in sync; :data:`DEFAULT_MAX_LORAS` outside a job).
         weight_transfer: how merged weight streams reach vLLM's model: ``drivetrain`` (layer by layer through
             vLLM's layerwise reload, deltas too) or ``vllm`` (vLLM's own weight-transfer protocol, start/update/
             finish, with drivetrain's transport and each tensor's digest checked in vLLM's worker; full versions
@@ -73,7 +76,7 @@ class VLLMOptions(RolloutOptions):
     enforce_eager: bool = True
     enable_lora: bool = False
     max_lora_rank: int = 16
-    max_loras: int = 2
+    max_loras: int | None = None
     weight_transfer: str = "drivetrain"
 
     def __post_init__(self) -> None:
@@ -105,6 +108,28 @@ class VLLMOptions(RolloutOptions):
                     f"rollout.options.{name}={value} must be >= 1; unset it for vLLM's default."
                 )
 
+    @property
+    def kept_loras(self) -> int:
+        """How many adapter versions stay loaded: ``max_loras``, else :data:`DEFAULT_MAX_LORAS`."""
+        return DEFAULT_MAX_LORAS if self.max_loras is None else self.max_loras
+
+    def serving_versions(self, versions: int, *, why: str) -> VLLMOptions:
+        """``max_loras`` set to ``versions`` where unset, so every version a request may still run under stays
+        loaded; one set below it is refused (with LoRA support on: otherwise nothing is kept).
+
+        Raises:
+            ConfigError: ``max_loras`` set below ``versions``, naming ``why`` and the fix.
+        """
+        if self.max_loras is None:
+            return dataclasses.replace(self, max_loras=versions)
+        if self.enable_lora and self.max_loras < versions:
+            raise ConfigError(
+                f"rollout.options.max_loras={self.max_loras} keeps fewer adapter versions than the trainer samples "
+                f"from at once: {why} needs {versions} kept; set "
+                f"rollout.options.max_loras={versions} (or more), or unset it to follow the trainer."
+            )
+        return self
+
     def length_limit(self) -> tuple[str, int] | None:
         """``max_model_len`` where set: vLLM refuses a longer prompt (unset, vLLM serves the model's context
         length, which jobs check against the model)."""
@@ -121,15 +146,17 @@ class VLLMOptions(RolloutOptions):
         # NOTE: vLLM holds max_cpu_loras adapters and evicts the least recently used one to add another: one
         # place more than the versions kept, so adding a version never evicts a kept one (the oldest is removed
         # after the new one is in).
-        lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras}
-        lora = {**lora, "max_cpu_loras": self.max_loras + 1} if self.enable_lora else {}
+        kept = self.kept_loras
+        lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": kept}
+        lora = {**lora, "max_cpu_loras": kept + 1} if self.enable_lora else {}
         transfer = (
             {"weight_transfer_config": {"backend": "drivetrain"}} if self.weight_transfer == "vllm" else {}
         )
         return {"enforce_eager": self.enforce_eager, **memory, **given, **lora, **transfer}
 
     def vllm_fields(self) -> dict[str, Any]:
-        """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes).
+        """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes), with
+        ``max_loras`` resolved (:attr:`kept_loras`), as a server of 0.5.0 or older needs it.
 
         NOTE: ``weight_transfer`` is left out at its default, so a server of 0.5.0 (same wire protocol, without
         the option) still takes the options of a trainer that does not use it.
@@ -137,7 +164,7 @@ class VLLMOptions(RolloutOptions):
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(VLLMOptions)}
         if self.weight_transfer == "drivetrain":
             del fields["weight_transfer"]
-        return fields
+        return {**fields, "max_loras": self.kept_loras}
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -7,7 +7,8 @@ unsent parts are read back from what is served (:mod:`.layers`). Between buckets
 layer a bucket boundary cuts. vLLM's prefix cache is reset whenever other weights are in place (a new version,
 the checkpoint restored): it keys KV blocks by token ids alone. Verification reads back what vLLM computes
 with, one layer at a time (:mod:`.worker`). Adapter-only streams (``rollout.options.enable_lora``) are served
-through vLLM's LoRA support, each version an adapter of its own, the base weights untouched (:mod:`.adapters`).
+through vLLM's LoRA support, each version an adapter of its own, the base weights untouched (:mod:`.adapters`);
+held aside until complete, an adapter stream that fails leaves the previous version serving.
 Log-probs are vLLM's *processed* ones: of the distribution actually
 sampled from (after temperature, ``top_k``, ``top_p``, ``min_p``), which without truncation is the actor's
 distribution at the temperature.
@@ -115,7 +116,7 @@ class VLLMRollout(Rollout):
             AdapterVersions(
                 engine.add_lora,
                 engine.remove_lora,
-                keep=self.options.max_loras,
+                keep=self.options.kept_loras,
                 modules={name.rpartition(".")[0] for name in self._names},
             )
             if self.options.enable_lora
@@ -123,12 +124,15 @@ class VLLMRollout(Rollout):
         )
         self._lora_mode: str | None = None  # what the streams served so far carried: merged or adapter
         self._stream_mode = "merged"  # what the stream in progress carries
+        self._adapter_before: Any = None  # the adapter version serving when the stream in progress began
         # NOTE: vLLM tears its process groups down from a finalizer that runs after drivetrain destroyed the
         # default group at exit, and then fails with a traceback; registered after drivetrain's handler, this
         # one runs before it (exit handlers run last-in first-out).
         atexit.register(_shut_down, weakref.ref(self.llm))
 
     def _load_bucket(self, bucket: WeightBucket) -> None:
+        if bucket.index == 0 and self._adapters is not None:
+            self._adapter_before = self._adapters.current
         self._check_lora_mode(bucket.lora)
         self._stream_mode, self._read_back = bucket.lora, {}
         if self._adapters is not None and bucket.lora == "adapter":
@@ -148,6 +152,16 @@ class VLLMRollout(Rollout):
             if self._incoming.applied_layers:
                 raise self._partly_applied(e) from e
             raise
+
+    def _serves_previous_version(self) -> bool:
+        """An adapter stream is held aside until its last bucket and then added as an adapter of its own
+        (:mod:`.adapters`), so the adapter serving before it serves on unless the failure came after the new one
+        was added (verification). A merged stream is loaded in place: its failure leaves layers of it served."""
+        return (
+            self._adapters is not None
+            and self._stream_mode == "adapter"
+            and self._adapters.current is self._adapter_before
+        )
 
     def _check_lora_mode(self, mode: str) -> None:
         """Refuse an adapter stream without vLLM's LoRA support, and a change of mode: adapters apply to the

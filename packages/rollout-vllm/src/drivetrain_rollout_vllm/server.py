@@ -8,7 +8,8 @@ its own vLLM, one request at a time. Buckets are checked against their digests o
 ``check_arrived``, as the trainer's template did before sending: the socket and the wire format are a second hop)
 and applied layer by layer as they arrive, as the colocated rollout does (a refused bucket applies nothing, but
 the layers of the buckets before it are in place: the trainer's rollout then refuses to generate until a
-complete version arrives). Read-backs go one layer at a time through the rollout's verification reader.
+complete version arrives; an adapter stream is held aside until its last bucket, so after a failure the previous
+adapter version serves on, as the trainer's rollout learns by asking). Read-backs go one layer at a time through the rollout's verification reader.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Server:
             "load_bucket": self.load_bucket,
             "finish_update": lambda: self.rollout._finish_update(),
             "abort_update": lambda: self.rollout._abort_update(),
+            "serves_previous_version": lambda: self.rollout._serves_previous_version(),
             "drop_caches": lambda: self.rollout._drop_caches(),
             "served_weights": self.served_weights,
             "generate": self.generate,

@@ -14,6 +14,7 @@ from .adapters import check_adapter_binding
 from .bucket import LORA_MODES, LoraMode, TensorDigest, TensorSpec, WeightBucket
 from .digest import digest_of
 from .history import SentVersions
+from .local_shards import ExportBytes, SentShards, ShardedWeight
 from .metrics import SyncMetrics
 from .receiver import BucketReceiver, DeltaBaseError, HandoffError
 from .stream import DEFAULT_BUCKET_BYTES, BaseVersion, bucket_tensors
@@ -26,9 +27,12 @@ __all__ = [
     "BaseVersion",
     "BucketReceiver",
     "DeltaBaseError",
+    "ExportBytes",
     "HandoffError",
     "LoraMode",
+    "SentShards",
     "SentVersions",
+    "ShardedWeight",
     "SyncMetrics",
     "TensorDigest",
     "TensorSpec",

@@ -16,9 +16,10 @@ from ..checkpoint.peft import peft_adapter_config
 from ..config import ModelConfig
 from ..errors import EngineStateError
 from .bucket import LORA_MODES, LoraMode, WeightBucket
-from .history import SentVersions
+from .local_shards import SentShards, ShardedWeight
 
 Export = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+ShardedExport = Callable[[], Iterator[ShardedWeight]]
 
 
 def engine_weight_buckets(
@@ -26,7 +27,8 @@ def engine_weight_buckets(
     model_config: ModelConfig,
     export_weights: Export,
     export_adapter_weights: Export,
-    sent_versions: SentVersions,
+    sent: SentShards,
+    export_weight_shards: ShardedExport | None = None,
     version: int,
     base_version: int | None,
     bucket_bytes: int,
@@ -34,8 +36,9 @@ def engine_weight_buckets(
     lora: LoraMode,
 ) -> Iterator[WeightBucket]:
     """Buckets of the merged weights (``export_weights``) or of the adapters alone (``export_adapter_weights``,
-    with the PEFT config in every bucket), a delta on ``base_version`` where ``sent_versions`` remembers it;
-    see ``Engine.weight_buckets`` for the arguments.
+    with the PEFT config in every bucket), a delta on ``base_version`` where ``sent`` remembers it; see
+    ``Engine.weight_buckets`` for the arguments. Merged weights of a backend that exports its local shards
+    (``export_weight_shards``) gather only the tensors that changed (:mod:`.local_shards`).
 
     Raises:
         EngineStateError: ``lora="adapter"`` on an engine without LoRA adapters.
@@ -43,13 +46,23 @@ def engine_weight_buckets(
     """
     if lora not in LORA_MODES:
         raise ValueError(f"weight_buckets(lora={lora!r}): choose one of {list(LORA_MODES)}.")
+    if lora == "merged" and export_weight_shards is not None:
+        yield from sent.stream(
+            export_weight_shards(),
+            version=version,
+            base_version=base_version,
+            bucket_bytes=bucket_bytes,
+            dtype=dtype,
+            lora=lora,
+        )
+        return
     adapter_config = None
     if lora == "adapter":
         adapter_config = adapter_config_of(model_config)
         tensors = export_adapter_weights()
     else:
         tensors = export_weights()
-    yield from sent_versions.stream(
+    yield from sent.versions.stream(
         tensors,
         version=version,
         base_version=base_version,

@@ -33,7 +33,7 @@ class SentVersions:
 
     def stream(
         self,
-        tensors: Iterable[tuple[str, torch.Tensor]],
+        tensors: Iterable[tuple[str, torch.Tensor | TensorDigest]],
         *,
         version: int,
         base_version: int | None,
@@ -43,7 +43,7 @@ class SentVersions:
     ) -> Iterator[WeightBucket]:
         """:func:`.stream.bucket_tensors` against ``base_version``'s digests; a full stream when it is
         ``None`` or not remembered (then every bucket says ``base_version=None``, and any receiver applies it)."""
-        base = None if base_version is None else self._base(base_version, lora, dtype)
+        base = None if base_version is None else self.base(base_version, lora, dtype, log=True)
         record: dict[str, TensorDigest] = {}
         for bucket in bucket_tensors(tensors, version=version, dtype=dtype, lora=lora, base=base, **options):
             record.update((held.name, held) for held in bucket.digests)
@@ -51,9 +51,15 @@ class SentVersions:
                 self._remember((version, lora, str(dtype)), record)
             yield bucket
 
-    def _base(self, version: int, lora: LoraMode, dtype: torch.dtype | None) -> BaseVersion | None:
+    def base(
+        self, version: int, lora: LoraMode, dtype: torch.dtype | None, *, log: bool = False
+    ) -> BaseVersion | None:
+        """The digests ``version`` was streamed with (``lora`` mode, ``dtype``), or ``None`` where it is not
+        remembered (logged with ``log``: the stream then goes in full)."""
         digests = self._sent.get((version, lora, str(dtype)))
         if digests is None:
+            if not log:
+                return None
             logger.info(
                 "weight_buckets(base_version=%d): no %s stream in %s of that version was sent (the last %d are "
                 "kept); sending the full version",

@@ -62,7 +62,7 @@ class _Pending:
 
 
 def bucket_tensors(
-    tensors: Iterable[tuple[str, torch.Tensor]],
+    tensors: Iterable[tuple[str, torch.Tensor | TensorDigest]],
     *,
     version: int,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -74,7 +74,8 @@ def bucket_tensors(
     """Pack ``tensors`` (consumed lazily, one at a time) into buckets of at most ``bucket_bytes`` bytes.
 
     Args:
-        tensors: ``(name, full tensor)`` pairs, e.g. from a backend's export hook.
+        tensors: ``(name, full tensor)`` pairs, e.g. from a backend's export hook; in a delta stream, a
+            tensor known to equal its base may come as the base's :class:`TensorDigest` (listed unchanged).
         version: the training step of the weights, written into every bucket.
         bucket_bytes: the most bytes one buffer holds; a tensor larger than that is a bucket of its own.
         dtype: cast every floating-point tensor to this dtype (``None`` keeps each tensor's dtype).
@@ -100,6 +101,9 @@ def bucket_tensors(
     pending = _Pending()
     index = 0
     for name, tensor in tensors:
+        if isinstance(tensor, TensorDigest):  # known unchanged without its bytes (:mod:`.local_shards`)
+            pending.unchanged.append(tensor)
+            continue
         tensor = _cast(tensor.detach(), dtype)
         flat = as_bytes(tensor)  # hashed and copied from the same bytes (one contiguous copy at most)
         held = TensorDigest(name=name, shape=tuple(tensor.shape), dtype=tensor.dtype, digest=digest_of(flat))

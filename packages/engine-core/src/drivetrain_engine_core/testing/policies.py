@@ -88,9 +88,10 @@ def stream(
     lora: LoraMode = "merged",
     dtype: torch.dtype | None = None,
     device: str = "cpu",
+    bucket_bytes: int = 4096,
 ) -> list[WeightBucket]:
-    """The buckets of ``state`` as an engine on ``device`` streams them (4 KiB each, so a tiny model spans
-    many)."""
+    """The buckets of ``state`` as an engine on ``device`` streams them (4 KiB each by default, so a tiny model
+    spans many)."""
     config = None
     if lora == "adapter":
         from drivetrain_engine_core.checkpoint.peft import peft_adapter_config
@@ -107,7 +108,7 @@ def stream(
             base_version=base_version,
             dtype=dtype,
             lora=lora,
-            bucket_bytes=4096,
+            bucket_bytes=bucket_bytes,
             adapter_config=config,
         )
     )

@@ -31,7 +31,13 @@ from drivetrain_engine_core.handoff import (
     VerifyConfig,
     WeightBucket,
 )
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig, create_rollout
+from drivetrain_engine_core.rollout import (
+    FAILED_KEEPS,
+    FAILED_REFUSES,
+    Rollout,
+    SamplingConfig,
+    create_rollout,
+)
 from drivetrain_engine_core.testing.kit import KitBase
 from drivetrain_engine_core.testing.policies import (
     State,
@@ -68,6 +74,9 @@ class RolloutConformanceTests(KitBase):
     models, short and 300-token prompts: 1.0 for ``hf``, up to 1.6 for ``vllm``)."""
     supports_adapters: ClassVar[bool] = True
     """Whether the rollout takes ``lora="adapter"`` streams."""
+    keeps_adapter_version_after_failure: ClassVar[bool] = False
+    """Whether an adapter stream that fails midway leaves the previous version serving (the rollout holds it
+    aside until whole: :meth:`Rollout._serves_previous_version`), rather than refusing to generate."""
 
     # ------------------------------------------------------------------ hooks for subclasses
     def rollout_factory(self, model_dir: Path, *, verify: VerifyConfig) -> Rollout:
@@ -103,6 +112,25 @@ class RolloutConformanceTests(KitBase):
             if not all(torch.equal(x.cpu(), y.cpu()) for x, y in pairs):
                 return False
         return True
+
+    @staticmethod
+    def outputs(rollout: Rollout) -> list[torch.Tensor]:
+        """What ``rollout`` samples and decodes for the kit's prompts: tokens and log-probs."""
+        made = [rollout.generate(list(PROMPTS), sampling) for sampling in (SAMPLED, GREEDY)]
+        return [tensor.cpu() for output in made for tensor in output.responses + output.log_probs]
+
+    def assert_failure_left(self, rollout: Rollout, error: BaseException, before: list[torch.Tensor]) -> None:
+        """After a failed update: per :attr:`keeps_adapter_version_after_failure`, the error's note says the
+        previous version serves on and the rollout samples as it did ``before``, bit for bit, or it says
+        generation is refused until a complete version arrives, and it is."""
+        (note,) = error.__notes__
+        if self.keeps_adapter_version_after_failure:
+            assert note.startswith(FAILED_KEEPS), note
+            assert all(torch.equal(a, b) for a, b in zip(self.outputs(rollout), before, strict=True))
+        else:
+            assert note == FAILED_REFUSES, note
+            with pytest.raises(EngineStateError, match="partial or wrong"):
+                rollout.generate(list(PROMPTS), GREEDY)
 
     def assert_log_probs_match(self, rollout: Rollout, policy_dir: Path) -> None:
         output = rollout.generate(list(PROMPTS), SAMPLED)
@@ -306,20 +334,40 @@ class RolloutConformanceTests(KitBase):
         full = self.make(model_dir)
         full.update_weights(self.stream(SentVersions(), second, 2, lora="adapter"))
         assert self.same_outputs(rollout, full)
+        self.check_a_corrupted_adapter_stream(rollout, sender, lora_adapters(model_dir, seed=3))
+
+    def check_a_corrupted_adapter_stream(
+        self, rollout: Rollout, sender: SentVersions, adapters: State
+    ) -> None:
+        """The last bucket of the next version arrives corrupted, after others were handed to the rollout: it
+        serves the previous version on, as it sampled it, and a delta may build on it; or (loaded in place) it
+        refuses to generate (:attr:`keeps_adapter_version_after_failure` says which)."""
+        served, before = rollout.weights_version, self.outputs(rollout)
+        assert served is not None
+        buckets = self.stream(sender, adapters, served + 1, lora="adapter", bucket_bytes=1024)
+        assert len(buckets) > 2, (
+            "the adapters fit one bucket: nothing would be handed over before the failure"
+        )
+        target = buckets[-1].specs[0]
+        with pytest.raises(HandoffError, match=f"{target.name} arrived with other bytes") as failed:
+            rollout.update_weights([*buckets[:-1], _flip_a_byte(buckets[-1], target.offset)])
+        assert rollout.weights_version == served
+        self.assert_failure_left(rollout, failed.value, before)
+        assert rollout.delta_base == (served if self.keeps_adapter_version_after_failure else None)
 
     def test_an_adapter_stream_that_binds_no_module_is_refused(self, model_dir: Path) -> None:
         if not self.supports_adapters:
             pytest.skip(f"{type(self).__name__} does not take adapter streams")
         rollout, adapters = self.make(model_dir), lora_adapters(model_dir, seed=1)
+        before = self.outputs(rollout)
         with pytest.raises(HandoffError, match="bound zero modules"):
             rollout.update_weights(self.stream(SentVersions(), {}, 1, lora="adapter"))
         only_q = {name: tensor for name, tensor in adapters.items() if ".v_proj." not in name}
         with pytest.raises(
             HandoffError, match=r"left \d+ modules that target_modules=.* selects without an adapter"
-        ):
+        ) as refused:
             rollout.update_weights(self.stream(SentVersions(), only_q, 1, lora="adapter"))
-        with pytest.raises(EngineStateError, match="partial or wrong"):
-            rollout.generate(list(PROMPTS), GREEDY)
+        self.assert_failure_left(rollout, refused.value, before)
 
 
 def _flip_a_byte(bucket: WeightBucket, offset: int) -> WeightBucket:

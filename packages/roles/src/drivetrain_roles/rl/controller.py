@@ -24,6 +24,7 @@ from .actor_setup import actor_config
 from .job_config import PolicyJobConfig, check_mini_batch_share
 from .policy_update import PolicyCalls
 from .rewards import load_rewards
+from .rollout_plugin import job_rollout_options
 from .sampling import SEED_STRIDE, sampling_config
 
 
@@ -68,7 +69,7 @@ def policy_spec(config: PolicyJobConfig, *, reference: bool) -> ColocatedSpec:
         name=config.rollout.name,
         model_path=path,
         bucket_mb=config.rollout.bucket_mb,
-        options=config.rollout.options,
+        options=job_rollout_options(config.rollout, config.trainer),
     )
     return ColocatedSpec(parts=parts, rollout=rollout)
 

@@ -138,7 +138,7 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         config = self.config
         check_mini_batch_share(config, distributed.world_size())
         # A missing rollout is refused before the warm start, and so are options or router replay it cannot take ...
-        require_rollout(config.rollout, config.engine)
+        require_rollout(config.rollout, config.engine, config.trainer)
         # ... and so is a reward function that does not load.
         load_rewards(config.algorithm.rewards())
         # ... and so is an environment that is not registered or does not take its options.
@@ -149,7 +149,7 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         self.actor = self.make_actor(self.model_path)
         self.reference = self.make_reference(self.actor, self.model_path)
         self.reward_models = make_reward_models(config, len(self.val), distributed.world_size())
-        self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device)
+        self.rollout = build_rollout(config.rollout, self.model_path, config.engine.device, config.trainer)
         self.scorer = self.make_scorer()
         self.sampler = StepSampler(
             len(self.train),

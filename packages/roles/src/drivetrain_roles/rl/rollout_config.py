@@ -32,7 +32,8 @@ class RolloutConfig(RouterReplayOption):
         lora_handoff: with ``model.lora``, what a hand-off sends: ``merged`` (the full weights, the adapters
             folded in) or ``adapter`` (the adapters alone, far fewer bytes, served over the rollout's base
             weights: ``hf``; ``vllm``/``vllm-server`` with ``rollout.options.enable_lora=true``, an adapter per
-            version, ``rollout.options.max_loras`` of them kept, ``trainer.max_staleness + 1`` when asynchronous).
+            version, ``rollout.options.max_loras`` of them kept: unset, as many as the trainer samples from at once,
+            ``trainer.max_staleness + 1`` when asynchronous).
         options: the chosen rollout's own options, ``rollout.options.<key>=<value>`` (verl's
             ``rollout.engine_kwargs``): each rollout plugin declares which keys it takes, with their types and
             defaults (``vllm``: ``gpu_memory_utilization``, ``max_model_len``, ...; ``vllm-server`` also

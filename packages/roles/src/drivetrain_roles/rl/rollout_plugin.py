@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from drivetrain_engine_core.rollout import Rollout, create_rollout, rollout_options
+from drivetrain_engine_core.rollout import Rollout, RolloutOptions, create_rollout, rollout_options
 
 from . import router_replay
+from .trainer_config import versions_in_flight
 
 if TYPE_CHECKING:
     from drivetrain_engine_core.config import EngineConfig
+
+    from .trainer_config import TrainerConfig
 
 
 class RolloutSection(Protocol):
@@ -29,19 +32,28 @@ class RolloutSection(Protocol):
     def options(self) -> dict[str, Any]: ...
 
 
-def require_rollout(section: RolloutSection, engine: EngineConfig) -> None:
-    """The rollout ``rollout.name`` is installed, takes ``rollout.options`` and serves ``rollout.router_replay``
-    on the ``engine``.
+def require_rollout(section: RolloutSection, engine: EngineConfig, trainer: TrainerConfig) -> None:
+    """The rollout ``rollout.name`` is installed, takes ``rollout.options`` (for the ``trainer``'s versions:
+    :func:`job_rollout_options`) and serves ``rollout.router_replay`` on the ``engine``.
 
     Raises:
         PluginError: no such rollout or engine. ConfigError: an option it does not take or of the wrong type (as
-            :func:`~drivetrain_engine_core.rollout.rollout_options`), router replay it cannot serve (as
-            :func:`.router_replay.require_rollout`).
+            :func:`~drivetrain_engine_core.rollout.rollout_options`), one keeping fewer versions than the trainer
+            samples from, router replay it cannot serve (as :func:`.router_replay.require_rollout`).
     """
-    rollout_options(section.name, section.options)
+    job_rollout_options(section, trainer)
     router_replay.require_rollout(section.name, section.router_replay, engine)
 
 
-def build_rollout(section: RolloutSection, model_path: str, device: str) -> Rollout:
-    """The rollout ``rollout.name`` with ``rollout.options``, serving ``model_path`` on ``device``."""
-    return create_rollout(section.name, model_path=model_path, device=device, options=section.options)
+def job_rollout_options(section: RolloutSection, trainer: TrainerConfig) -> RolloutOptions:
+    """``rollout.options`` built for ``rollout.name`` and sized for the weight versions the ``trainer``
+    samples from at once (:meth:`RolloutOptions.serving_versions`, :func:`.trainer_config.versions_in_flight`)."""
+    versions, why = versions_in_flight(trainer)
+    return rollout_options(section.name, section.options).serving_versions(versions, why=why)
+
+
+def build_rollout(section: RolloutSection, model_path: str, device: str, trainer: TrainerConfig) -> Rollout:
+    """The rollout ``rollout.name`` with ``rollout.options`` (:func:`job_rollout_options`), serving
+    ``model_path`` on ``device``."""
+    options = job_rollout_options(section, trainer)
+    return create_rollout(section.name, model_path=model_path, device=device, options=options)

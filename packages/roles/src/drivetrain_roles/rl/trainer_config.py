@@ -69,3 +69,13 @@ def generation_lag(trainer: TrainerConfig) -> int | None:
     """How many versions ahead the rollout generates: ``None`` in ``sync`` (no rollout thread; generated in
     the step), 1 in ``one_step_off``, ``max_staleness`` in ``async``."""
     return {"sync": None, "one_step_off": 1}.get(trainer.mode, trainer.max_staleness)
+
+
+def versions_in_flight(trainer: TrainerConfig) -> tuple[int, str]:
+    """How many weight versions the rollout may sample from at once (one more than :func:`generation_lag`: the
+    requests of older versions finish under theirs), and the setting that says so, for messages."""
+    lag = generation_lag(trainer)
+    why = f"trainer.mode={trainer.mode}" + (
+        f" with trainer.max_staleness={lag}" if trainer.mode == "async" else ""
+    )
+    return 1 + (lag or 0), why

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
+from drivetrain_engine_core.rollout import Rollout, RolloutOptions, RolloutOutput, SamplingConfig
 
 from .dispatch import WorkerTopology
 from .spec import WorkerSpec
@@ -31,14 +31,14 @@ class RolloutSpec:
         weights_from: the part whose engine hands its weights to the rollout.
         bucket_mb: most MiB per weight bucket of a hand-off.
         options: the rollout's own options by key (a job's ``rollout.options``), built and checked by core's
-            ``create_rollout`` against the rollout's declared options.
+            ``create_rollout`` against the rollout's declared options, or already built.
     """
 
     name: str = "hf"
     model_path: str
     weights_from: str = "actor"
     bucket_mb: float = 64.0
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] | RolloutOptions = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
