@@ -17,6 +17,7 @@ import click
 
 from ..runtime.command_config import config_options
 from ..runtime.command_config.options import resolve_target
+from .ray_config import ray_placement
 from .run_options import RunOptions, run_options
 
 
@@ -45,6 +46,11 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
 
         loaded = _load_config(config, config_file, overrides)
         check_model_path(loaded.model.path)  # once, before any rank starts or any folder is made
+        placement = ray_placement(loaded)
+        if placement is not None:
+            from .ray_launch import launch_on_ray
+
+            raise SystemExit(launch_on_ray(placement, loaded, resolve_target(job), run))
         run_dir = run.launch(config_file, overrides)
         run_here(loaded, resolve_target(job), str(run_dir), run)
 
@@ -54,6 +60,14 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
 def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
     """Run this process's rank of ``job`` and print (rank 0) where the results are, or, when Ctrl-C stopped
     it, the checkpoint it saved."""
+    report = run_rank(config, job, output_dir, run)
+    if report is not None:
+        click.echo(report)
+
+
+def run_rank(config: Any, job: type, output_dir: str, run: RunOptions) -> str | None:
+    """Run this process's rank of ``job``; returns (rank 0) the lines saying where the results are, else
+    ``None``. Ctrl-C's saved checkpoint ends it with its one line (status 130)."""
     from drivetrain_engine_core import distributed
     from transformers.utils import logging as hf_logging
 
@@ -69,8 +83,7 @@ def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
         result = instance.run()
     except RunInterrupted as e:  # Ctrl-C, with the checkpoint saved: its one line, status 130
         raise SystemExit(hand_over(instance.command, e)) from None
-    if distributed.rank() == 0:
-        click.echo(instance.report(result))
+    return instance.report(result) if distributed.rank() == 0 else None
 
 
 def _load_config(config: str | type, config_file: str | None, overrides: tuple[str, ...]) -> Any:
@@ -79,4 +92,4 @@ def _load_config(config: str | type, config_file: str | None, overrides: tuple[s
     return load_config(resolve_target(config), config_file, overrides)
 
 
-__all__ = ["job_command", "run_here"]
+__all__ = ["job_command", "run_here", "run_rank"]
