@@ -10,6 +10,7 @@ within a bound, and every rank stops.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.jobs.default_assets import write_model_dir
 
 DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
@@ -87,6 +92,35 @@ def _drivetrain(cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(DRIVETRAIN), "grpo", *arguments], cwd=cwd, capture_output=True, text=True, timeout=300
     )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.placement=rayy", "trainer.placement='rayy' is not known; did you mean 'ray'?"),
+        (
+            "trainer.ray.strategy=spread",
+            "trainer.ray.strategy='spread' is not known; choose one of SPREAD, PACK, STRICT_SPREAD, STRICT_PACK.",
+        ),
+        ("trainer.ray.workers=0", "trainer.ray.workers must be >= 1, got 0."),
+    ],
+)
+def test_placement_settings_are_checked_with_the_fix(override, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [override])
+
+
+def test_each_rank_reserves_a_gpu_on_cuda_and_other_launch_flags_are_refused(tmp_path) -> None:
+    ray = load_config(None, ["trainer.ray.cpus_per_worker=0.5"]).trainer.ray
+    assert ray.bundle("cuda") == {"CPU": 0.5, "GPU": 1.0} and ray.bundle("cpu") == {"CPU": 0.5}
+    result = CliRunner().invoke(
+        drivetrain_cli, ["grpo", "--nproc", "2", "--output-dir", str(tmp_path / "run"), *_ray("auto")]
+    )
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "Error: trainer.placement=ray places the ranks itself: drop --nproc/--nnodes and set trainer.ray.workers."
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def _steps(run: Path) -> list[dict[str, float]]:

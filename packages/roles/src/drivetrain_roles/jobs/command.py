@@ -10,13 +10,13 @@ and the config are named ``"module:attr"`` so that torch and the job are importe
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from ..runtime.command_config import config_options
 from ..runtime.command_config.options import resolve_target
+from .rank_job import run_rank
 from .ray_config import ray_placement
 from .run_options import RunOptions, run_options
 
@@ -65,31 +65,10 @@ def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
         click.echo(report)
 
 
-def run_rank(config: Any, job: type, output_dir: str, run: RunOptions) -> str | None:
-    """Run this process's rank of ``job``; returns (rank 0) the lines saying where the results are, else
-    ``None``. Ctrl-C's saved checkpoint ends it with its one line (status 130)."""
-    from drivetrain_engine_core import distributed
-    from transformers.utils import logging as hf_logging
-
-    from .interrupt import RunInterrupted, hand_over
-    from .launch import agreed_output_dir
-    from .shared_folder import check_shared_run_dir
-
-    hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
-    output_dir = agreed_output_dir(output_dir, config.engine)  # one timestamp under an outer torchrun
-    check_shared_run_dir(Path(output_dir))  # before anything is written: one folder every rank sees
-    instance = job(config, output_dir, resume=run.resume, overwrite=run.overwrite)
-    try:
-        result = instance.run()
-    except RunInterrupted as e:  # Ctrl-C, with the checkpoint saved: its one line, status 130
-        raise SystemExit(hand_over(instance.command, e)) from None
-    return instance.report(result) if distributed.rank() == 0 else None
-
-
 def _load_config(config: str | type, config_file: str | None, overrides: tuple[str, ...]) -> Any:
     from ..runtime.command_config import load_config
 
     return load_config(resolve_target(config), config_file, overrides)
 
 
-__all__ = ["job_command", "run_here", "run_rank"]
+__all__ = ["job_command", "run_here"]

@@ -1,7 +1,7 @@
 """One rank of a job placed by Ray: the process behind each Ray actor of ``trainer.placement=ray``.
 
 The actor joins the job's world through the environment torchrun would give it (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ...) and runs the command's own rank (:func:`~.command.run_rank`), so the run folder, the
+``MASTER_ADDR``, ...) and runs the command's own rank (:func:`~.rank_job.run_rank`), so the run folder, the
 checkpoints and every number are the torchrun path's. A user error comes back as its one line, a crash as a
 one-line summary with the traceback in ``<run>/logs/rank<R>.log``. The class is plain Python; the launcher wraps
 it with ``ray.remote`` (:mod:`.ray_launch`), so this module imports without Ray.
@@ -56,7 +56,7 @@ class RayRank:
         """
         from drivetrain_engine_core.config import ConfigError
 
-        from .command import run_rank
+        from .rank_job import run_rank
 
         os.environ.update(environment)
         try:
