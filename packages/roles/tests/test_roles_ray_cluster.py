@@ -123,6 +123,13 @@ def test_each_rank_reserves_a_gpu_on_cuda_and_other_launch_flags_are_refused(tmp
     assert not (tmp_path / "run").exists()
 
 
+def _placed(stderr: str) -> dict[int, str]:
+    """Rank -> the node id (first 12 characters) the launch's placement line names."""
+    [line] = [line for line in stderr.splitlines() if "ranks placed by Ray" in line]
+    found = re.findall(r"rank (\d+) on node (\w+) \(", line)
+    return {int(rank): node for rank, node in found}
+
+
 def _steps(run: Path) -> list[dict[str, float]]:
     records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
     return [r for r in records if "train/reward" in r]
@@ -136,10 +143,9 @@ def _tree(run: Path) -> set[str]:
 def test_ranks_on_two_nodes_equal_the_torchrun_path(cluster, job, tmp_path) -> None:
     on_ray = _drivetrain(tmp_path, "--output-dir", str(tmp_path / "ray"), *job, *_ray(cluster.address))
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
-    placed = [line for line in on_ray.stderr.splitlines() if "ranks placed by Ray" in line]
     nodes = {cluster.head_node.node_id[:12], next(iter(cluster.worker_nodes)).node_id[:12]}
-    assert len(placed) == 1 and {f"rank {r} on node" in placed[0] for r in (0, 1)} == {True}
-    assert {part.split(" on node ")[1][:12] for part in placed[0].split(": ", 1)[1].split(", ")} == nodes
+    placed = _placed(on_ray.stderr)
+    assert sorted(placed) == [0, 1] and set(placed.values()) == nodes
     local = _drivetrain(tmp_path, "--nproc", "2", "--output-dir", str(tmp_path / "torchrun"), *job)
     assert local.returncode == 0, local.stderr[-3000:]
     got, expected = _steps(tmp_path / "ray"), _steps(tmp_path / "torchrun")
@@ -188,7 +194,8 @@ def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, job, tmp_p
     assert killed, result.stderr[-3000:]
     assert result.returncode == 1
     [line] = [line for line in result.stderr.splitlines() if "died while running" in line]
-    assert line.startswith(f"drivetrain grpo: Ray node {worker.node_id} (") and "ranks [1]" in line
+    on_worker = [r for r, node in _placed(result.stderr).items() if worker.node_id.startswith(node)]
+    assert line.startswith(f"drivetrain grpo: Ray node {worker.node_id} (") and f"ranks {on_worker}" in line
     assert f"--resume --output-dir {run}" in line
     print(f"the node's death was reported {ended - killed[0]:.1f} s after it was killed")
     assert ended - killed[0] < NODE_DEATH_BOUND_S

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.errors import DrivetrainError
 
 from ..losses.names import choose
 
@@ -18,6 +19,10 @@ PLACEMENTS = ("local", "ray")
 """``trainer.placement``'s values: ranks started by this command (``--nproc``, ``--nnodes``) or by Ray."""
 STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 """Ray's placement-group strategies, as ``trainer.ray.strategy`` takes them."""
+
+
+class RayPlacementError(DrivetrainError):
+    """The Ray cluster cannot run the job as placed; the message names the setting and the fix."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -83,4 +88,4 @@ def ray_placement(config: Any) -> RayConfig | None:
     return ray
 
 
-__all__ = ["PLACEMENTS", "STRATEGIES", "RayConfig", "choose_placement", "ray_placement"]
+__all__ = ["PLACEMENTS", "STRATEGIES", "RayConfig", "RayPlacementError", "choose_placement", "ray_placement"]
