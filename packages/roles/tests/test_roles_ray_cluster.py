@@ -193,7 +193,9 @@ def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, job, tmp_p
     ended = time.monotonic()
     assert killed, result.stderr[-3000:]
     assert result.returncode == 1
-    [line] = [line for line in result.stderr.splitlines() if "died while running" in line]
+    lines = [line for line in result.stderr.splitlines() if "died while running" in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    line = lines[0]
     on_worker = [r for r, node in _placed(result.stderr).items() if worker.node_id.startswith(node)]
     assert line.startswith(f"drivetrain grpo: Ray node {worker.node_id} (") and f"ranks {on_worker}" in line
     assert f"--resume --output-dir {run}" in line
