@@ -9,8 +9,9 @@ numbers are the torchrun path's; the run folder must be on storage every node sh
 
 Every wait is bounded: a cluster that does not answer, a placement the cluster cannot make and ranks that do not
 start end in one line within ``trainer.ray.timeout_s``, with nothing written. While the ranks run, the driver
-polls every :data:`~.ray_ranks.POLL_S` s; a node the cluster marks dead (Ray's health checks: about 15 s by default) is named
-with the ranks it ran, and every rank is stopped (exit 1; ``--resume`` continues from the last checkpoint).
+polls every :data:`~.ray_ranks.POLL_S` s; a node the cluster marks dead (Ray's health checks: about 15 s by
+default) is named with the ranks it ran, and every rank is stopped (exit 1; ``--resume`` continues from the last
+checkpoint).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from .launch import check_run_dir, resolve_output_dir, under_launcher
 from .ray_config import RayConfig, RayPlacementError
 from .ray_ranks import PlacedRanks
 from .run_options import RunOptions
-
-RAY_INSTALL_HINT = "pip install 'drivetrain-roles[ray]'"
 
 
 def launch_on_ray(placement: RayConfig, config: Any, job: type, run: RunOptions) -> int:
@@ -69,6 +68,8 @@ def _refuse_other_launches(run: RunOptions) -> None:
 
 
 def _require_ray() -> Any:
+    from ..workers.actors import RAY_INSTALL_HINT
+
     try:
         import ray
     except ImportError as e:
@@ -137,4 +138,4 @@ def _unreachable(address: str, reason: str) -> RayPlacementError:
     )
 
 
-__all__ = ["RAY_INSTALL_HINT", "connect", "launch_on_ray"]
+__all__ = ["connect", "launch_on_ray"]

@@ -85,7 +85,13 @@ class PlacedRanks:
                 f"ranks {late} did not {what} within trainer.ray.timeout_s={self.placement.timeout_s:g} s; check "
                 "that every node of the cluster has drivetrain installed (ray status, the Ray logs)."
             )
-        return list(self.ray.get(refs))
+        try:
+            return list(self.ray.get(refs))
+        except self.ray.exceptions.RayError as e:  # an actor that died starting, or failed to import
+            raise RayPlacementError(
+                f"a rank did not {what}: {' '.join(str(e).split())[:300]}. Check that every node of the cluster "
+                "has drivetrain installed (ray status, the Ray logs)."
+            ) from e
 
     def describe(self) -> str:
         """One line: the node (id, IP) of each rank."""
@@ -120,7 +126,7 @@ class PlacedRanks:
     def run(self, config: Any, job: type, run: RunOptions) -> int:
         """Run every rank; returns 0 (rank 0's closing lines printed), 1 (one line printed for the failure)
         or 130 (Ctrl-C: every rank stopped)."""
-        master = (self.nodes[0][1], self.ray.get(self.actors[0].free_port.remote()))
+        master = (self.nodes[0][1], self._wait([self.actors[0].free_port.remote()], "pick a port")[0])
         refs = [
             actor.run.remote(self.command, config, job, run, environment)
             for actor, environment in zip(self.actors, self.environments(master), strict=True)
