@@ -3,8 +3,8 @@
 One cluster for the module: a head node and a worker node of one CPU each. ``STRICT_SPREAD`` puts the two ranks on
 different nodes (the node ids the launch names are the cluster's two); the run's per-step losses, rewards and KL
 equal the torchrun path's two ranks (``--nproc 2``) within 1e-6, with the same run folder. A Ray address nobody
-answers is one line within the timeout, with nothing written; a node killed mid-run is named, with its ranks,
-within a bound, and every rank stops.
+answers and a placement the cluster cannot make are one line each within the timeout, with nothing written; a node
+killed mid-run is named, with its ranks, within a bound, and every rank stops.
 """
 
 from __future__ import annotations
@@ -156,6 +156,24 @@ def test_ranks_on_two_nodes_equal_the_torchrun_path(cluster, job, tmp_path) -> N
     assert max(gaps.values()) <= 1e-6, gaps
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "torchrun")
     assert (tmp_path / "ray" / "checkpoints" / "latest").exists()
+
+
+@pytest.mark.slow
+def test_a_placement_the_cluster_cannot_make_is_one_line_in_time_with_nothing_written(
+    cluster, job, tmp_path
+) -> None:
+    started = time.monotonic()
+    result = _drivetrain(
+        tmp_path, *job, *_ray(cluster.address, "trainer.ray.workers=3", "trainer.ray.timeout_s=3")
+    )
+    assert time.monotonic() - started < 60 and result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: the Ray cluster could not place trainer.ray.workers=3 ranks of {'CPU': 1.0} each with "
+        "trainer.ray.strategy=STRICT_SPREAD within trainer.ray.timeout_s=3 s; it has 2 alive node(s) and "
+        "{'CPU': 2.0} in all. Lower trainer.ray.workers or the per-worker resources, choose a strategy that is "
+        "not STRICT_, or add nodes."
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
