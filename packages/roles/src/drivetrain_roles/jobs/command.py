@@ -10,13 +10,14 @@ and the config are named ``"module:attr"`` so that torch and the job are importe
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 from ..runtime.command_config import config_options
 from ..runtime.command_config.options import resolve_target
+from .rank_job import run_rank
+from .ray_config import ray_placement
 from .run_options import RunOptions, run_options
 
 
@@ -45,6 +46,11 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
 
         loaded = _load_config(config, config_file, overrides)
         check_model_path(loaded.model.path)  # once, before any rank starts or any folder is made
+        placement = ray_placement(loaded)
+        if placement is not None:
+            from .ray_launch import launch_on_ray
+
+            raise SystemExit(launch_on_ray(placement, loaded, resolve_target(job), run))
         run_dir = run.launch(config_file, overrides)
         run_here(loaded, resolve_target(job), str(run_dir), run)
 
@@ -54,23 +60,9 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
 def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
     """Run this process's rank of ``job`` and print (rank 0) where the results are, or, when Ctrl-C stopped
     it, the checkpoint it saved."""
-    from drivetrain_engine_core import distributed
-    from transformers.utils import logging as hf_logging
-
-    from .interrupt import RunInterrupted, hand_over
-    from .launch import agreed_output_dir
-    from .shared_folder import check_shared_run_dir
-
-    hf_logging.disable_progress_bar()  # one progress bar (ours) on the console
-    output_dir = agreed_output_dir(output_dir, config.engine)  # one timestamp under an outer torchrun
-    check_shared_run_dir(Path(output_dir))  # before anything is written: one folder every rank sees
-    instance = job(config, output_dir, resume=run.resume, overwrite=run.overwrite)
-    try:
-        result = instance.run()
-    except RunInterrupted as e:  # Ctrl-C, with the checkpoint saved: its one line, status 130
-        raise SystemExit(hand_over(instance.command, e)) from None
-    if distributed.rank() == 0:
-        click.echo(instance.report(result))
+    report = run_rank(config, job, output_dir, run)
+    if report is not None:
+        click.echo(report)
 
 
 def _load_config(config: str | type, config_file: str | None, overrides: tuple[str, ...]) -> Any:

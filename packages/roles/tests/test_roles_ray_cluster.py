@@ -1,0 +1,221 @@
+"""``drivetrain grpo trainer.placement=ray`` on Ray's multi-node test cluster (two raylets on one machine).
+
+One cluster for the module: a head node and a worker node of one CPU each. ``STRICT_SPREAD`` puts the two ranks on
+different nodes (the node ids the launch names are the cluster's two); the run's per-step losses, rewards and KL
+equal the torchrun path's two ranks (``--nproc 2``) within 1e-6, with the same run folder. A Ray address nobody
+answers and a placement the cluster cannot make are one line each within the timeout, with nothing written; a node
+killed mid-run is named, with its ranks, within a bound, and every rank stops.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core.config import ConfigError
+from drivetrain_roles.grpo.config import load_config
+from drivetrain_roles.jobs.default_assets import write_model_dir
+
+DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
+REWARDS = (
+    "def length(*, prompts, completions, references):\n    return [float(len(c)) for c in completions]\n"
+)
+HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+"""The test cluster marks a dead node within about a second (Ray's default: about 15 s)."""
+NODE_DEATH_BOUND_S = 30
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and one worker node (one CPU each), with fast health checks."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("RAY_ADDRESS", raising=False)
+        cluster = cluster_utils.Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH},
+        )
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        try:
+            yield cluster
+        finally:
+            cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The overrides of a 2-step GRPO run of a tiny model with graded (length) rewards."""
+    folder = tmp_path_factory.mktemp("job")
+    write_model_dir(folder / "model", seed=3)
+    (folder / "rewards.py").write_text(REWARDS)
+    return [
+        f"model.path={folder / 'model'}",
+        "engine.micro_batch.micro_batch_size=4",
+        "engine.micro_batch.max_tokens=null",
+        "rollout.n=4",
+        "rollout.max_new_tokens=4",
+        f"algorithm.reward_function={folder / 'rewards.py'}:length",
+        "algorithm.kl_loss_coef=0.1",
+        "optimizer.lr=1e-3",
+        "trainer.prompts_per_step=4",
+        "trainer.total_steps=2",
+        "trainer.save_every=1",
+        "trainer.eval_every=0",
+        "trainer.progress_bar=false",
+        "trainer.cpu_threads=1",
+    ]
+
+
+def _ray(address: str, *extra: str) -> list[str]:
+    return [
+        "trainer.placement=ray",
+        f"trainer.ray.address={address}",
+        "trainer.ray.workers=2",
+        "trainer.ray.cpus_per_worker=1",
+        "trainer.ray.strategy=STRICT_SPREAD",
+        *extra,
+    ]
+
+
+def _drivetrain(cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(DRIVETRAIN), "grpo", *arguments], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.placement=rayy", "trainer.placement='rayy' is not known; did you mean 'ray'?"),
+        (
+            "trainer.ray.strategy=spread",
+            "trainer.ray.strategy='spread' is not known; choose one of SPREAD, PACK, STRICT_SPREAD, STRICT_PACK.",
+        ),
+        ("trainer.ray.workers=0", "trainer.ray.workers must be >= 1, got 0."),
+    ],
+)
+def test_placement_settings_are_checked_with_the_fix(override, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [override])
+
+
+def test_each_rank_reserves_a_gpu_on_cuda_and_other_launch_flags_are_refused(tmp_path) -> None:
+    ray = load_config(None, ["trainer.ray.cpus_per_worker=0.5"]).trainer.ray
+    assert ray.bundle("cuda") == {"CPU": 0.5, "GPU": 1.0} and ray.bundle("cpu") == {"CPU": 0.5}
+    result = CliRunner().invoke(
+        drivetrain_cli, ["grpo", "--nproc", "2", "--output-dir", str(tmp_path / "run"), *_ray("auto")]
+    )
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "Error: trainer.placement=ray places the ranks itself: drop --nproc/--nnodes and set trainer.ray.workers."
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def _placed(stderr: str) -> dict[int, str]:
+    """Rank -> the node id (first 12 characters) the launch's placement line names."""
+    [line] = [line for line in stderr.splitlines() if "ranks placed by Ray" in line]
+    found = re.findall(r"rank (\d+) on node (\w+) \(", line)
+    return {int(rank): node for rank, node in found}
+
+
+def _steps(run: Path) -> list[dict[str, float]]:
+    records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [r for r in records if "train/reward" in r]
+
+
+def _tree(run: Path) -> set[str]:
+    return {str(p.relative_to(run)) for p in run.rglob("*") if "heartbeat" not in p.parts}
+
+
+@pytest.mark.slow
+def test_ranks_on_two_nodes_equal_the_torchrun_path(cluster, job, tmp_path) -> None:
+    on_ray = _drivetrain(tmp_path, "--output-dir", str(tmp_path / "ray"), *job, *_ray(cluster.address))
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    nodes = {cluster.head_node.node_id[:12], next(iter(cluster.worker_nodes)).node_id[:12]}
+    placed = _placed(on_ray.stderr)
+    assert sorted(placed) == [0, 1] and set(placed.values()) == nodes
+    local = _drivetrain(tmp_path, "--nproc", "2", "--output-dir", str(tmp_path / "torchrun"), *job)
+    assert local.returncode == 0, local.stderr[-3000:]
+    got, expected = _steps(tmp_path / "ray"), _steps(tmp_path / "torchrun")
+    assert len(got) == 2 and expected[0]["train/reward"] > 0
+    keys = ("train/reward", "train/pg_loss", "train/kl", "train/grad_norm")
+    gaps = {key: max(abs(a[key] - b[key]) for a, b in zip(got, expected, strict=True)) for key in keys}
+    print(f"Ray vs torchrun, largest gap per metric over 2 steps: {gaps}")
+    assert max(gaps.values()) <= 1e-6, gaps
+    assert _tree(tmp_path / "ray") == _tree(tmp_path / "torchrun")
+    assert (tmp_path / "ray" / "checkpoints" / "latest").exists()
+
+
+@pytest.mark.slow
+def test_a_placement_the_cluster_cannot_make_is_one_line_in_time_with_nothing_written(
+    cluster, job, tmp_path
+) -> None:
+    started = time.monotonic()
+    result = _drivetrain(
+        tmp_path, *job, *_ray(cluster.address, "trainer.ray.workers=3", "trainer.ray.timeout_s=3")
+    )
+    assert time.monotonic() - started < 60 and result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: the Ray cluster could not place trainer.ray.workers=3 ranks of {'CPU': 1.0} each with "
+        "trainer.ray.strategy=STRICT_SPREAD within trainer.ray.timeout_s=3 s; it has 2 alive node(s) and "
+        "{'CPU': 2.0} in all. Lower trainer.ray.workers or the per-worker resources, choose a strategy that is "
+        "not STRICT_, or add nodes."
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_ray_address_nobody_answers_is_one_line_in_time_with_nothing_written(job, tmp_path) -> None:
+    started = time.monotonic()
+    result = _drivetrain(tmp_path, *job, *_ray("127.0.0.1:1", "trainer.ray.timeout_s=5"))
+    assert time.monotonic() - started < 60
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines() == [result.stderr.strip().splitlines()[0]]
+        and "trainer.ray.address=127.0.0.1:1: no Ray cluster answered: nothing answers at 127.0.0.1:1"
+        in result.stderr
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, job, tmp_path) -> None:
+    """Runs last: it takes the worker node away."""
+    run = tmp_path / "run"
+    worker = next(iter(cluster.worker_nodes))
+    killed: list[float] = []
+
+    def kill_after_first_checkpoint() -> None:
+        while not (run / "checkpoints" / "latest").exists():
+            time.sleep(0.2)
+        cluster.remove_node(worker, allow_graceful=False)
+        killed.append(time.monotonic())
+
+    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer.start()
+    result = _drivetrain(
+        tmp_path, "--output-dir", str(run), *job, "trainer.total_steps=50", *_ray(cluster.address)
+    )
+    ended = time.monotonic()
+    assert killed, result.stderr[-3000:]
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if "died while running" in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    line = lines[0]
+    on_worker = [r for r, node in _placed(result.stderr).items() if worker.node_id.startswith(node)]
+    assert line.startswith(f"drivetrain grpo: Ray node {worker.node_id} (") and f"ranks {on_worker}" in line
+    assert f"--resume --output-dir {run}" in line
+    print(f"the node's death was reported {ended - killed[0]:.1f} s after it was killed")
+    assert ended - killed[0] < NODE_DEATH_BOUND_S
