@@ -28,7 +28,11 @@ def test_the_options_are_vllms_arguments_with_the_cpu_kv_cache_unless_memory_is_
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert CPU_KV_CACHE_BYTES == GIB
     whole = {"enable_chunked_prefill": False}
-    assert VLLMOptions().engine_arguments("cpu") == {"enforce_eager": True, **whole, "kv_cache_memory_bytes": GIB}
+    assert VLLMOptions().engine_arguments("cpu") == {
+        "enforce_eager": True,
+        **whole,
+        "kv_cache_memory_bytes": GIB,
+    }
     assert VLLMOptions().engine_arguments("cuda") == {"enforce_eager": True}
     set_ = VLLMOptions(gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=64, enforce_eager=False)
     expected = {
