@@ -128,11 +128,12 @@ def test_vllms_log_probs_of_every_turn_are_a_plain_forwards_and_the_actors(episo
         sum(len(model_turns(m)) - 1 for m in first["loss_mask"].unbind()),
     )
     moved = max_gap(model, second)
-    print(f"gap {gap:.3g}, step 2 from the saved model {moved:.3g}; {later_turns} turns after a tool message")
+    actor = [record["rollout/log_prob_diff_max"] for record in episodes_run.records]
+    print(f"gap {gap:.3g}, actor {actor}, step 2 from the saved model {moved:.3g}; {later_turns} later turns")
     assert gap < 1e-5 and later_turns >= 8
     assert moved > 1e-3  # step 2's log-probs are the changed weights'
     assert len(episodes_run.records) == 2
-    assert all(record["rollout/log_prob_diff_max"] < 1e-5 for record in episodes_run.records)
+    assert max(actor) < 1e-5
     assert episodes_run.records[1]["rollout/sync_fraction_changed"] > 0
 
 

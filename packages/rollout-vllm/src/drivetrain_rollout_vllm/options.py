@@ -30,7 +30,7 @@ def cpu_scheduling(device: str) -> dict[str, Any]:
 
     NOTE: vLLM cuts a prefill that does not fit a step's token budget (4,096 tokens on CPU) across steps and
     drops the token sampled after each partial one, rewinding a seeded request's generator by its offset; a CPU
-    generator has no offset, so the first call whose prompts pass the budget (64 episodes of 120 tokens, 40
+    generator has no offset, so the first call whose prompts pass the budget (64 episodes of 110 tokens, 40
     prompts of 150) stopped the engine with "CPU Generator does not use offset". Every request drivetrain sends
     is seeded (:mod:`.sampling`). Without chunked prefill vLLM schedules each prompt whole, in a later step when
     the budget is spent (the budget grows to ``max_model_len`` so that any prompt fits one step).
