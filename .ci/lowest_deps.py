@@ -46,6 +46,7 @@ KITS = {
     ],
     "drivetrain-ckpt-tools": ["packages/ckpt-tools/tests/test_ckpt_merge_synthetic.py"],
     "drivetrain-toy-engine": ["examples/drivetrain-toy-engine/tests/test_toy_conformance.py"],
+    "drivetrain-toy-environment": ["examples/drivetrain-toy-environment/tests/test_toy_environment_game.py"],
     # Its kit needs vLLM, which pins its own torch (the vLLM lane of .ci/run); its floors are installed here.
     "drivetrain-rollout-vllm": [],
 }

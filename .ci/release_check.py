@@ -161,9 +161,10 @@ def resolved(ref: str, commit: str | None) -> str:
 
 
 def unrecorded_last_releases(ledger: Ledger, releases: list[Release], declared: Declared) -> list[str]:
-    """Rule 3: each distribution's last release in ``releases.toml`` is in the ledger at the same commit."""
+    """Rule 3: each distribution's last release in ``releases.toml`` is in the ledger at the same commit (one
+    never cut has none)."""
     problems = []
-    for release in releases:
+    for release in filter(lambda release: release.released, releases):
         key = release_key(release.distribution, release.version)
         ref = ledger.released.get(key)
         if ref is None:

@@ -28,7 +28,8 @@ class Release:
         distribution: its name on the index, e.g. ``drivetrain-engine-core``.
         path: its folder, relative to the repository root.
         version: the last released version.
-        ref: the git ref that release was cut from (a commit or its tag).
+        ref: the git ref that release was cut from (a commit or its tag); empty for a distribution never cut
+            (``version = "0.0.0"``, ``ref = ""`` until ``.ci/release.py`` cuts its first version).
         api: modules whose public names are its Python API.
         hooks: what subclasses implement: classes (their abstract methods) and single overridable methods.
     """
@@ -39,6 +40,11 @@ class Release:
     ref: str
     api: tuple[str, ...]
     hooks: tuple[str, ...] = ()
+
+    @property
+    def released(self) -> bool:
+        """Whether a version of it was ever cut."""
+        return bool(self.ref)
 
 
 def load_releases(file: Path = RELEASES) -> list[Release]:

@@ -23,6 +23,7 @@ ref = "{ref}"
 api = []
 """
 
+OK = "ok   {count} releases in .ci/released.toml: none changed, each at its release commit\n"
 NEVER_CHANGES = "A released version never changes: cut a new patch version for what changed."
 
 
@@ -168,3 +169,23 @@ def test_an_entry_removed_or_an_exception_added_later_fails(repo):
         f".ci/released.toml's first version ({first_ledger[:12]}) did not; only releases cut before the ledger "
         f"may be there: remove it. {NEVER_CHANGES}",
     ]
+
+
+def test_a_distribution_never_cut_has_no_last_release_until_its_first_cut(repo):
+    """``version = "0.0.0"``, ``ref = ""``: a new distribution (an example at 0.1.0, unreleased) is listed with no
+    last release to hold to; ``.ci/release.py`` cuts its first version like any other, and the check holds it."""
+    releases = repo.root / ".ci" / "releases.toml"
+    releases.write_text(
+        releases.read_text() + '\n[new-dist]\npath = "new"\nversion = "0.0.0"\nref = ""\napi = []\n'
+    )
+    (repo.root / "new").mkdir()
+    (repo.root / "new" / "pyproject.toml").write_text('[project]\nname = "new-dist"\nversion = "0.1.0"\n')
+    (repo.root / "new" / "CHANGELOG.md").write_text("# Changelog\n\n## Unreleased\n\n- First.\n")
+    repo.commit("new-dist, not released")
+    done = repo.check()
+    assert (done.returncode, done.stdout) == (0, OK.format(count=2))
+    assert repo.run(".ci/release.py", "new", "0.1.0", "--date", "2026-11-29").returncode == 0
+    repo.commit("release: new-dist 0.1.0")
+    assert 'version = "0.1.0"\nref = "new-dist-v0.1.0"' in releases.read_text()
+    done = repo.check()
+    assert (done.returncode, done.stdout) == (0, OK.format(count=3))

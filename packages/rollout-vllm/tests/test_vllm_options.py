@@ -24,9 +24,15 @@ VLLM_ACCEPTS = (
 
 
 def test_the_options_are_vllms_arguments_with_the_cpu_kv_cache_unless_memory_is_set(monkeypatch):
+    """On CPU also whole prefills (test_vllm_rollout.py shows why)."""
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert CPU_KV_CACHE_BYTES == GIB
-    assert VLLMOptions().engine_arguments("cpu") == {"enforce_eager": True, "kv_cache_memory_bytes": GIB}
+    whole = {"enable_chunked_prefill": False}
+    assert VLLMOptions().engine_arguments("cpu") == {
+        "enforce_eager": True,
+        **whole,
+        "kv_cache_memory_bytes": GIB,
+    }
     assert VLLMOptions().engine_arguments("cuda") == {"enforce_eager": True}
     set_ = VLLMOptions(gpu_memory_utilization=0.5, max_model_len=4096, max_num_seqs=64, enforce_eager=False)
     expected = {
@@ -35,13 +41,13 @@ def test_the_options_are_vllms_arguments_with_the_cpu_kv_cache_unless_memory_is_
         "max_model_len": 4096,
         "max_num_seqs": 64,
     }
-    assert set_.engine_arguments("cpu") == set_.engine_arguments("cuda") == expected
+    assert set_.engine_arguments("cpu") == {**set_.engine_arguments("cuda"), **whole} == {**expected, **whole}
     assert VLLMOptions(kv_cache_memory_bytes=GIB // 4).engine_arguments("cuda") == {
         "enforce_eager": True,
         "kv_cache_memory_bytes": GIB // 4,
     }
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")  # vLLM's own variable sizes the CPU cache then
-    assert VLLMOptions().engine_arguments("cpu") == {"enforce_eager": True}
+    assert VLLMOptions().engine_arguments("cpu") == {"enforce_eager": True, **whole}
 
 
 def test_core_builds_each_rollouts_options_from_plain_values():

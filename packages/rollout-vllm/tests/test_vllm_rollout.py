@@ -5,6 +5,7 @@ vLLM on CPU is heavy, so the tests share it and hand off increasing weight versi
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
 from drivetrain_engine_core.testing.policies import base_state, moved, stream
 from drivetrain_rollout_vllm import VLLMRollout
+from drivetrain_rollout_vllm.sampling import PROMPT_SEED_STRIDE
 
 PROMPTS = [[1, 5, 6, 7], [1, 9], [1, 12, 13]]
 SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=5, seed=3)
@@ -125,6 +127,21 @@ def test_initial_log_probs_equal_a_plain_hf_forward(rollout, model_dir):
     assert_close_per_token(output, reference_log_probs(hf_model(model_dir), PROMPTS, output, 0.7))
     again = rollout.generate(PROMPTS, SAMPLED)
     assert all(torch.equal(a, b) for a, b in zip(output.responses, again.responses, strict=True))
+
+
+def test_a_call_past_the_cpu_schedulers_step_budget_samples_each_prompt_as_alone(rollout, model_dir):
+    """70 prompts of 60 tokens sharing their first 40 are 4,200 tokens, past the 4,096 vLLM's CPU scheduler takes
+    in one step (a multi-turn step's 64 episodes pass it every turn): each prompt samples what it samples alone
+    under its seed, at a plain HF forward's log-probs. vLLM used to cut the last prefill across two steps and then
+    stop on rewinding its seeded generator ("CPU Generator does not use offset")."""
+    shared = [1] + [(7 * j) % 50 + 2 for j in range(39)]
+    prompts = [shared + [(11 * i + j) % 50 + 2 for j in range(20)] for i in range(70)]
+    sampling = SamplingConfig(temperature=0.9, max_new_tokens=3, seed=5)
+    output = rollout.generate(prompts, sampling)
+    assert_close_per_token(output, reference_log_probs(hf_model(model_dir), prompts, output, 0.9))
+    for i in (0, 68, 69):
+        alone = rollout.generate([prompts[i]], replace(sampling, seed=5 + i * PROMPT_SEED_STRIDE))
+        assert torch.equal(alone.responses[0], output.responses[i]), i
 
 
 def test_after_a_weight_stream_log_probs_follow_the_trained_model(rollout, engine, model_dir):

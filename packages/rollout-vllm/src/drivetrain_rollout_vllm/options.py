@@ -30,6 +30,19 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The adapter ranks vLLM sizes its LoRA buffers for (``max_lora_rank``)."""
 
 
+def cpu_scheduling(device: str) -> dict[str, Any]:
+    """How vLLM schedules prompts on CPU: whole, never a prefill cut across engine steps.
+
+    NOTE: vLLM cuts a prefill that does not fit a step's token budget (4,096 tokens on CPU) across steps and
+    drops the token sampled after each partial one, rewinding a seeded request's generator by its offset; a CPU
+    generator has no offset, so the first call whose prompts pass the budget (64 episodes of 110 tokens, 40
+    prompts of 150) stopped the engine with "CPU Generator does not use offset". Every request drivetrain sends
+    is seeded (:mod:`.sampling`). Without chunked prefill vLLM schedules each prompt whole, in a later step when
+    the budget is spent (the budget grows to ``max_model_len`` so that any prompt fits one step).
+    """
+    return {"enable_chunked_prefill": False} if device == "cpu" else {}
+
+
 def memory_options(device: str) -> dict[str, Any]:
     """How much memory vLLM takes beside the training engine in the same process when no option says.
 
@@ -136,8 +149,9 @@ class VLLMOptions(RolloutOptions):
         return None if self.max_model_len is None else ("max_model_len", self.max_model_len)
 
     def engine_arguments(self, device: str) -> dict[str, Any]:
-        """The ``vllm.LLM`` arguments these options set (unset ones left out), with the CPU memory default
-        (:func:`memory_options`) when neither memory option is set."""
+        """The ``vllm.LLM`` arguments these options set (unset ones left out), with, on CPU, whole prefills
+        (:func:`cpu_scheduling`) and the memory default (:func:`memory_options`) when neither memory option is
+        set."""
         names = ("gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs")
         given = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         memory = (
@@ -152,7 +166,7 @@ class VLLMOptions(RolloutOptions):
         transfer = (
             {"weight_transfer_config": {"backend": "drivetrain"}} if self.weight_transfer == "vllm" else {}
         )
-        return {"enforce_eager": self.enforce_eager, **memory, **given, **lora, **transfer}
+        return {"enforce_eager": self.enforce_eager, **cpu_scheduling(device), **memory, **given, **lora, **transfer}
 
     def vllm_fields(self) -> dict[str, Any]:
         """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes), with
