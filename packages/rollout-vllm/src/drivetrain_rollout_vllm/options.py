@@ -166,7 +166,14 @@ class VLLMOptions(RolloutOptions):
         transfer = (
             {"weight_transfer_config": {"backend": "drivetrain"}} if self.weight_transfer == "vllm" else {}
         )
-        return {"enforce_eager": self.enforce_eager, **cpu_scheduling(device), **memory, **given, **lora, **transfer}
+        return {
+            "enforce_eager": self.enforce_eager,
+            **cpu_scheduling(device),
+            **memory,
+            **given,
+            **lora,
+            **transfer,
+        }
 
     def vllm_fields(self) -> dict[str, Any]:
         """The :class:`VLLMOptions` part of these options as plain values (what the server's vLLM takes), with
