@@ -82,7 +82,7 @@ def test_core_alone_imports_and_lists(core_venv):
     no_torch = (
         "import sys\n"
         "import drivetrain_engine_core\n"
-        "from drivetrain_engine_core.cli import main\n"
+        "from drivetrain_engine_core._cli import main\n"
         "main(['engines', '--json'], standalone_mode=False)\n"
         "assert 'torch' not in sys.modules, 'listing engines must not import torch'\n"
     )

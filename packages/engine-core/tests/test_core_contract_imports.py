@@ -17,7 +17,7 @@ PROBE = f"""
 import importlib, json, sys
 for name in {SURFACE!r}:
     importlib.import_module(f"drivetrain_engine_core.{{name}}")
-from drivetrain_engine_core.config import ModelConfig, config_from_dict
+from drivetrain_engine_core._config import ModelConfig, config_from_dict
 config_from_dict(ModelConfig, {{"path": "/m", "lora": {{"rank": 4}}}})
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {RUNTIME_LIBRARIES!r} + ("drivetrain_roles",))))
 """

@@ -8,10 +8,9 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError, ConfigError
+from drivetrain_engine_core.job import agreed_checks
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import ForwardOptions, LossContext, MicroBatch, RoundTrip
+from drivetrain_engine_core._round_trip import RoundTrip
+from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
+from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing import random_batch
 from drivetrain_engine_megatron.inputs import model_kwargs
 

@@ -6,13 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from drivetrain_engine_core.config import (
-    ConfigError,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-    config_from_dict,
-)
+from drivetrain_engine_core.backend import ConfigError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, config_from_dict
 from drivetrain_roles.runtime.command_config import build_config
 
 CASES: list[tuple[type, dict[str, Any]]] = [

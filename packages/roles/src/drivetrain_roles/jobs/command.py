@@ -54,7 +54,7 @@ def job_command(name: str, *, job: str | type, config: str | type, help: str) ->
 def run_here(config: Any, job: type, output_dir: str, run: RunOptions) -> None:
     """Run this process's rank of ``job`` and print (rank 0) where the results are, or, when Ctrl-C stopped
     it, the checkpoint it saved."""
-    from drivetrain_engine_core import distributed
+    from drivetrain_engine_core.kit import distributed
     from transformers.utils import logging as hf_logging
 
     from .interrupt import RunInterrupted, hand_over

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from drivetrain_engine_core.environment import Environment, Message, ModelTurn, StepResult
-from drivetrain_engine_core.errors import EngineStateError
+from drivetrain_engine_core.backend import EngineStateError
+from drivetrain_engine_core.job import Environment, Message, ModelTurn, StepResult
 
 from .chat_rendering import ChatRenderer
 from .trajectory import Trajectory

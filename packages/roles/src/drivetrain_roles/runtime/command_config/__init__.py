@@ -15,7 +15,7 @@ print(to_yaml(config))
 
 from __future__ import annotations
 
-from drivetrain_engine_core.config_build import check_keys
+from drivetrain_engine_core.job import check_keys
 
 from .build import Derive, build_config
 from .layers import parse_override, read_yaml

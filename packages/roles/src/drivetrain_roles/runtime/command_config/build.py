@@ -17,16 +17,22 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from drivetrain_engine_core.config import ConfigError, EngineConfig
-from drivetrain_engine_core.config_build import check_keys, exclusive_limits
-from drivetrain_engine_core.config_fields import field_types, how_to_write, nested_dataclass, type_name
+from drivetrain_engine_core.backend import ConfigError, EngineConfig
+from drivetrain_engine_core.job import (
+    check_keys,
+    exclusive_limits,
+    field_types,
+    how_to_write,
+    nested_dataclass,
+    type_name,
+)
 
 from .foreign_names import check_foreign_names
 from .layers import lookup
 from .machine import machine_device
 
 if TYPE_CHECKING:
-    from drivetrain_engine_core.plugins import DrivetrainPlugins
+    from drivetrain_engine_core.job import DrivetrainPlugins
     from omegaconf import DictConfig
 
 logger = logging.getLogger(__name__)
@@ -122,7 +128,7 @@ def _backend_classes(
     """``{section: (backend, its config class)}`` for each section of ``cls`` typed as an engine config."""
     if issubclass(cls, EngineConfig):
         return {}
-    from drivetrain_engine_core.plugins import plugins as default_plugins
+    from drivetrain_engine_core.job import plugins as default_plugins
 
     found = {}
     for name, annotation in field_types(cls).items():
@@ -153,8 +159,8 @@ def _for_backend(
         ConfigError: the section sets an option of its backend, away from its default, that the chosen
             backend does not have; the message names it.
     """
-    from drivetrain_engine_core.errors import PluginError
-    from drivetrain_engine_core.plugins import plugins as default_plugins
+    from drivetrain_engine_core.backend import PluginError
+    from drivetrain_engine_core.job import plugins as default_plugins
 
     changed = dict(layer)
     for name, (backend, backend_cls) in backends.items():

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.errors import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

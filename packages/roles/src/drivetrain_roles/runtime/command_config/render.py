@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from drivetrain_engine_core.config_fields import field_docs, field_types, nested_dataclass, type_name
+from drivetrain_engine_core.job import field_docs, field_types, nested_dataclass, type_name
 
 
 def to_plain(config: Any) -> dict[str, Any]:
