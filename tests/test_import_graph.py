@@ -116,10 +116,13 @@ def full_graph() -> grimp.ImportGraph:
 def test_plugins_import_core_only_through_its_faces(full_graph: grimp.ImportGraph, package: str) -> None:
     offenders = _non_face_imports(full_graph, package)
     assert offenders == [], (
-        f"{package} imports private core modules; import from {sorted(FACES)} instead:\n" + "\n".join(offenders)
+        f"{package} imports private core modules; import from {sorted(FACES)} instead:\n"
+        + "\n".join(offenders)
     )
 
 
 def test_the_face_check_sees_a_private_import(full_graph: grimp.ImportGraph) -> None:
     """Core's own conformance kit imports private modules: the check above would name it."""
-    assert f"{CORE}.testing.reference -> {CORE}._data.batch" in _non_face_imports(full_graph, f"{CORE}.testing")
+    assert f"{CORE}.testing.reference -> {CORE}._data.batch" in _non_face_imports(
+        full_graph, f"{CORE}.testing"
+    )

@@ -1,4 +1,4 @@
-"""Core is the engine contract: its backend surface loads no job-runtime library (OmegaConf, psutil).
+"""Core is the engine contract: its faces load no job-runtime library (OmegaConf, psutil).
 
 A backend author installs core and a backend; the command config layer, trackers and process plumbing live in
 drivetrain-roles. Checked in a fresh interpreter, where ``sys.modules`` shows every module the imports pulled in.
@@ -10,20 +10,23 @@ import json
 import subprocess
 import sys
 
-SURFACE = ("backend", "engine", "data", "handoff", "rollout", "factory", "cli")
+FACES = ("backend", "kit", "rollout", "job")
 RUNTIME_LIBRARIES = ("omegaconf", "psutil")
 
 PROBE = f"""
 import importlib, json, sys
-for name in {SURFACE!r}:
-    importlib.import_module(f"drivetrain_engine_core.{{name}}")
-from drivetrain_engine_core._config import ModelConfig, config_from_dict
+for face in {FACES!r}:
+    module = importlib.import_module(f"drivetrain_engine_core.{{face}}")
+    for name in module.__all__:
+        getattr(module, name)
+from drivetrain_engine_core.backend import ModelConfig
+from drivetrain_engine_core.job import config_from_dict
 config_from_dict(ModelConfig, {{"path": "/m", "lora": {{"rank": 4}}}})
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {RUNTIME_LIBRARIES!r} + ("drivetrain_roles",))))
 """
 
 
-def test_backend_surface_and_config_building_import_no_runtime_library() -> None:
+def test_the_faces_and_config_building_import_no_runtime_library() -> None:
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == []

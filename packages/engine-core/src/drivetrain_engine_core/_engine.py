@@ -22,6 +22,7 @@ from . import _distributed as distributed
 from . import _state_checks as checks
 from ._agreement import agreed_checks
 from ._capabilities import refuse_missing_capabilities
+from ._checkpoint.hf_state import MergerLookup
 from ._checkpoint.orchestration import load_engine_checkpoint, save_engine_checkpoint
 from ._config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
 from ._data.micro_batch import split_micro_batches
@@ -54,6 +55,8 @@ class Engine(BackendHooks):
         engine_config: backend settings (a backend's own subclass of :class:`EngineConfig`).
         optimizer_config: AdamW + LR schedule; ``None`` builds an inference-only engine.
         checkpoint_config: checkpoint contents and retention.
+        mergers: backend name -> that backend's checkpoint merger class, to load another backend's steps
+            (``hf_state_resume``); ``create_engine`` passes the installed plugins'.
     """
 
     def __init__(
@@ -63,12 +66,14 @@ class Engine(BackendHooks):
         engine_config: EngineConfig,
         optimizer_config: OptimizerConfig | None = None,
         checkpoint_config: CheckpointConfig | None = None,
+        mergers: MergerLookup | None = None,
     ) -> None:
         checks.check_config_class(type(self).__name__, self.config_class, engine_config)
         self.model_config = model_config
         self.engine_config = engine_config
         self.optimizer_config = optimizer_config
         self.checkpoint_config = checkpoint_config or CheckpointConfig()
+        self._mergers = mergers
         self._initialized = False
         offload = self.capabilities.offload
         self._modes = ModeStack(
@@ -402,7 +407,9 @@ class Engine(BackendHooks):
         """
         checks.require_initialized(self._initialized, "load_checkpoint()")
         hooks = (self._load_checkpoint, self._load_hf_state if self.capabilities.hf_state_resume else None)
-        return load_engine_checkpoint(self, path, *hooks, load_optimizer=load_optimizer, verify=verify)
+        return load_engine_checkpoint(
+            self, path, *hooks, mergers=self._mergers, load_optimizer=load_optimizer, verify=verify
+        )
 
     @property
     def token_limits(self) -> TokenLimits:

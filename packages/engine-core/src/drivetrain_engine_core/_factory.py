@@ -49,7 +49,8 @@ def create_engine(
         ConfigError: ``engine_config`` is not the backend's config class, or the configs ask for a capability
             the backend does not declare (one error naming the backend, each capability and its option).
     """
-    registry = (plugins or default_plugins()).engines
+    loaded = plugins or default_plugins()
+    registry = loaded.engines
     engine_cls = registry.get(model_config.model_type, engine_config.backend, engine_config.device)
     if engine_cls.backend_name != engine_config.backend:
         # NOTE: checkpoints record backend_name, and ckpt merge/verify find the backend's merger by it: an engine
@@ -74,6 +75,7 @@ def create_engine(
         engine_config=engine_config,
         optimizer_config=optimizer_config,
         checkpoint_config=checkpoint_config,
+        mergers=loaded.mergers.get,
     )
 
 

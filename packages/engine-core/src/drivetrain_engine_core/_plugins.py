@@ -20,7 +20,6 @@ import pluggy
 
 from . import _hookspecs as hookspecs
 from ._errors import PluginError
-from ._merger_lookup import use_merger_lookup
 from ._plugin_loading import (
     DISABLE_ENV,
     EntryPointLike,
@@ -283,11 +282,6 @@ def plugins(factory: Callable[[], DrivetrainPlugins] = get_plugin_manager) -> Dr
             finally:
                 _loading = False
         return _cached
-
-
-# The engine's checkpoint loading reads another backend's steps through that backend's merger (below the
-# registry in the import floors, so it is handed the lookup).
-use_merger_lookup(lambda backend: plugins().mergers.get(backend))
 
 
 def reset_plugins() -> None:

@@ -15,13 +15,12 @@ rows get zero moments, as they had (their gradient is zero).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
 from .._errors import CheckpointError
-from .._merger_lookup import MergerLookup, merger_lookup, use_merger_lookup
 from .manifest import Manifest
 from .merger import CheckpointMerger
 
@@ -29,6 +28,10 @@ WEIGHT = "weight"
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 """The per-parameter AdamW state that moves with the weights (the step count moves as one number)."""
 _SHOWN = 5
+
+MergerLookup = Callable[[str], type[CheckpointMerger]]
+"""How a step of another backend finds that backend's merger: the plugin registry's ``mergers.get``, which the
+engine factory hands each engine (the registry sits above the engine, which sits above the checkpoint code)."""
 
 
 class HFTrainingState:
@@ -48,19 +51,24 @@ class HFTrainingState:
         self._parts: dict[str, dict[str, torch.Tensor]] = {}
 
     @classmethod
-    def from_step(cls, step_dir: Path, manifest: Manifest) -> HFTrainingState:
+    def from_step(cls, step_dir: Path, manifest: Manifest, mergers: MergerLookup | None) -> HFTrainingState:
         """The state of ``step_dir``, read by the merger its manifest's backend registers.
+
+        Args:
+            step_dir: the step folder.
+            manifest: its manifest (``manifest.backend`` names the backend that wrote it).
+            mergers: backend name -> its merger class; ``None`` where the engine was built without one.
 
         Raises:
             CheckpointError: the step holds LoRA adapters (they do not move across backends yet).
             PluginError: no merger is installed for the step's backend.
         """
-        lookup = merger_lookup()
-        if lookup is None:
+        if mergers is None:
             raise CheckpointError(
-                f"{step_dir} was written by the {manifest.backend!r} backend, and no checkpoint merger registry "
-                "is loaded to read it: build the engine with drivetrain_engine_core._factory.create_engine (or call "
-                "drivetrain_engine_core._plugins.plugins() first), which loads the installed backends' mergers."
+                f"{step_dir} was written by the {manifest.backend!r} backend, and this engine was built without "
+                "a way to find that backend's checkpoint merger: build it with drivetrain_engine_core.job."
+                "create_engine, which hands it the installed backends' mergers (or pass "
+                "mergers=plugins().mergers.get to the engine's constructor)."
             )
         if manifest.lora is not None:
             raise CheckpointError(
@@ -70,7 +78,7 @@ class HFTrainingState:
                 f"layout that wrote it, or merge it (`drivetrain ckpt merge {step_dir} OUT --lora merged`) and "
                 "start a new run from OUT."
             )
-        return cls(lookup(manifest.backend)(step_dir, manifest))
+        return cls(mergers(manifest.backend)(step_dir, manifest))
 
     def tensors(self, part: str) -> dict[str, torch.Tensor]:
         """``hf_name -> full tensor`` of ``part``: ``"weight"`` or an Adam moment (``"exp_avg"``, ...).
@@ -138,4 +146,4 @@ def _names(names: list[str]) -> str:
     return f"{names[:_SHOWN]}{more}"
 
 
-__all__ = ["ADAM_MOMENTS", "WEIGHT", "HFTrainingState", "MergerLookup", "use_merger_lookup"]
+__all__ = ["ADAM_MOMENTS", "WEIGHT", "HFTrainingState", "MergerLookup"]
