@@ -9,6 +9,9 @@ The floor check counts them too: core does not even name a sibling's types, and 
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import grimp
 import pytest
 
@@ -91,9 +94,12 @@ def test_rl_commands_do_not_import_each_other(
 
 # NOTE: core's API is its faces (docs/versioning.md); every other core module is private and may change in any
 # release, so a plugin that imported one would break on a patch release of core.
-FACES = frozenset(
-    f"{CORE}.{face}" for face in ("backend", "kit", "rollout", "job", "testing", "testing.conformance")
-)
+FACES = frozenset(f"{CORE}.{face}" for face in ("backend", "kit", "rollout", "job", "testing"))
+CORE_SOURCES = Path(__file__).resolve().parents[1] / "packages" / "engine-core" / "src" / CORE
+
+
+def _is_face(module: str) -> bool:
+    return module in FACES or _inside(module, f"{CORE}.testing")
 
 
 def _non_face_imports(graph: grimp.ImportGraph, package: str) -> list[str]:
@@ -102,7 +108,7 @@ def _non_face_imports(graph: grimp.ImportGraph, package: str) -> list[str]:
         f"{importer} -> {imported}"
         for importer in graph.find_descendants(package) | {package}
         for imported in graph.find_modules_directly_imported_by(importer)
-        if _inside(imported, CORE) and imported not in FACES
+        if _inside(imported, CORE) and not _is_face(imported)
     )
 
 
@@ -126,3 +132,14 @@ def test_the_face_check_sees_a_private_import(full_graph: grimp.ImportGraph) -> 
     assert f"{CORE}.testing.reference -> {CORE}._data.batch" in _non_face_imports(
         full_graph, f"{CORE}.testing"
     )
+
+
+def test_core_api_is_exactly_its_faces() -> None:
+    """The API check covers the faces (``.ci/releases.toml``), and every other core module is ``_``-private."""
+    releases = tomllib.loads((CORE_SOURCES.parents[3] / ".ci" / "releases.toml").read_text())
+    public = {
+        f"{CORE}.{path.name.removesuffix('.py')}"
+        for path in CORE_SOURCES.iterdir()
+        if not path.name.startswith("_") and (path.suffix == ".py" or (path / "__init__.py").exists())
+    }
+    assert public == set(releases["drivetrain-engine-core"]["api"]) == FACES

@@ -128,7 +128,7 @@ def check_group_backends(device: str) -> None:
             f"the default process group was created with backend {config!r}, which has no {missing[0].upper()} "
             f"backend; drivetrain reduces host scalars over the CPU and engine.device={device!r} tensors on its "
             "own: create it with init_process_group(backend='cpu:gloo,cuda:nccl') or let drivetrain create it "
-            "(drivetrain_engine_core._distributed.init_distributed)."
+            "(drivetrain_engine_core.job.init_distributed)."
         )
 
 

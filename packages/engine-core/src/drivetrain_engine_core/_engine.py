@@ -44,8 +44,6 @@ from ._usage import ResourceUsage, measure_usage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Engine", "Mode"]
-
 
 class Engine(BackendHooks):
     """A model, its optimizer and its sharding, behind one interface.
@@ -55,8 +53,7 @@ class Engine(BackendHooks):
         engine_config: backend settings (a backend's own subclass of :class:`EngineConfig`).
         optimizer_config: AdamW + LR schedule; ``None`` builds an inference-only engine.
         checkpoint_config: checkpoint contents and retention.
-        mergers: backend name -> that backend's checkpoint merger class, to load another backend's steps
-            (``hf_state_resume``); ``create_engine`` passes the installed plugins'.
+        mergers: backend -> its merger class, to load other backends' steps (``create_engine`` passes them).
     """
 
     def __init__(
@@ -73,7 +70,7 @@ class Engine(BackendHooks):
         self.engine_config = engine_config
         self.optimizer_config = optimizer_config
         self.checkpoint_config = checkpoint_config or CheckpointConfig()
-        self._mergers = mergers
+        self.mergers = mergers
         self._initialized = False
         offload = self.capabilities.offload
         self._modes = ModeStack(
@@ -85,8 +82,7 @@ class Engine(BackendHooks):
         """The LR schedule (``None`` before ``initialize`` and on inference-only engines); checkpoints save it."""
         self.skips = SkipPolicy(optimizer_config.max_consecutive_skips if optimizer_config else None)
         """Skipped optimizer updates (non-finite grad norms) and the divergence limit (:mod:`.skips`)."""
-        # Wall time and this rank's peak memory of initialize() (None before it).
-        self.init_usage: ResourceUsage | None = None
+        self.init_usage: ResourceUsage | None = None  # wall time and peak memory of initialize()
         self._meter = StepMeter(engine_config)
         self._sent_versions = SentVersions()  # digests of the last weight streams: bases of delta streams
 
@@ -390,9 +386,7 @@ class Engine(BackendHooks):
         """
         checks.require_initialized(self._initialized, "save_checkpoint()")
         write = self._save_checkpoint  # with save_optimizer from the checkpoint config
-        return save_engine_checkpoint(
-            self, Path(path), global_step, max_ckpt_to_keep, extra_state, write=write
-        )
+        return save_engine_checkpoint(self, path, global_step, max_ckpt_to_keep, extra_state, write=write)
 
     def load_checkpoint(
         self, path: str | Path, *, load_optimizer: bool = True, verify: bool = True
@@ -407,9 +401,7 @@ class Engine(BackendHooks):
         """
         checks.require_initialized(self._initialized, "load_checkpoint()")
         hooks = (self._load_checkpoint, self._load_hf_state if self.capabilities.hf_state_resume else None)
-        return load_engine_checkpoint(
-            self, path, *hooks, mergers=self._mergers, load_optimizer=load_optimizer, verify=verify
-        )
+        return load_engine_checkpoint(self, path, *hooks, load_optimizer=load_optimizer, verify=verify)
 
     @property
     def token_limits(self) -> TokenLimits:

@@ -95,7 +95,7 @@ class Environment(ABC):
         if not isinstance(result, StepResult):
             raise TypeError(
                 f"{type(self).__name__}._step returned {type(result).__name__}; return a "
-                "drivetrain_engine_core._environment.StepResult(observation=[...], reward=..., done=...)."
+                "drivetrain_engine_core.job.StepResult(observation=[...], reward=..., done=...)."
             )
         check_messages(result.observation, f"{type(self).__name__}._step's observation", allow_empty=True)
         return result

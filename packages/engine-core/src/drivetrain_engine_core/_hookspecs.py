@@ -74,7 +74,7 @@ def register_rollouts(registry: RolloutRegistry) -> None:
 
     Args:
         registry: call ``registry.register(name, rollout)``; ``rollout`` is a subclass of
-            :class:`drivetrain_engine_core._rollout.Rollout` or a ``"module:attr"`` string naming one, imported
+            :class:`drivetrain_engine_core.rollout.Rollout` or a ``"module:attr"`` string naming one, imported
             only when a rollout of that name is created.
     """
 
@@ -85,7 +85,7 @@ def register_environments(registry: EnvironmentRegistry) -> None:
 
     Args:
         registry: call ``registry.register(name, environment)``; ``environment`` is a subclass of
-            :class:`drivetrain_engine_core._environment.Environment` or a ``"module:attr"`` string naming one,
+            :class:`drivetrain_engine_core.job.Environment` or a ``"module:attr"`` string naming one,
             imported only when an environment of that name is created (one instance per episode).
     """
 

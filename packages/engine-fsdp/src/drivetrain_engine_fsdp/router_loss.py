@@ -1,6 +1,6 @@
 """The router's load-balancing loss on the FSDP engine: transformers' router logits into core's per-sequence term.
 
-The formula, its normalisation and the reasons for them are core's (``drivetrain_engine_core._router_balance``,
+The formula, its normalisation and the reasons for them are core's (``drivetrain_engine_core.kit.RouterLoss``,
 shared with the Megatron engine); this module asks transformers for the router logits and refuses what FSDP
 cannot split (Ulysses spreads a sequence over ranks).
 """

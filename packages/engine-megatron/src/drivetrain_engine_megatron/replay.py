@@ -4,7 +4,7 @@ megatron-core 0.16 gives every ``TopKRouter`` a ``router_replay`` slot (filled w
 ``moe.router_replay.RouterReplay`` when ``TransformerConfig.moe_enable_routing_replay`` is set) that its
 top-k routing asks for the indices: in ``REPLAY_FORWARD`` it takes the slot's target indices and gathers the
 router's scores there, so the gating weights still come from the live router (the formula of core's
-``drivetrain_engine_core._router_replay``: for Qwen3-MoE, ``moe_router_pre_softmax=False``, a softmax over the
+``drivetrain_engine_core.kit``'s router replay: for Qwen3-MoE, ``moe_router_pre_softmax=False``, a softmax over the
 logits at the chosen experts, the renormalised top-k probabilities). drivetrain fills the slot with
 :class:`PartialRouterReplay`, megatron's class that also routes the positions the rollout did not record
 (each sequence's last token, padding: ``NOT_RECORDED``) live, as the FSDP engine does, where megatron's own

@@ -20,7 +20,7 @@ from .. import _distributed as distributed
 from .._errors import CheckpointError
 from .extra_state import load_extra_state, require_json, save_extra_state
 from .file_shares import attempt, describe_on_every_rank, raise_any, verify_on_every_rank
-from .hf_state import HFTrainingState, MergerLookup
+from .hf_state import HFTrainingState
 from .layout import OPTIMIZER_DIR, prepare_temporary_step_dir, resolve_step_dir, temporary_step_dir
 from .manifest import Manifest, read_manifest
 from .publish import prune_old_steps, publish_step
@@ -31,19 +31,20 @@ if TYPE_CHECKING:
 
 def save_engine_checkpoint(
     engine: Engine,
-    root: Path,
+    path: str | Path,
     global_step: int,
     max_ckpt_to_keep: int | None,
     extra_state: dict[str, Any] | None,
     *,
     write: Callable[..., None],
 ) -> Path:
-    """Write ``<root>/global_step_<N>/`` atomically (collective); see ``Engine.save_checkpoint``.
+    """Write ``<path>/global_step_<N>/`` atomically (collective); see ``Engine.save_checkpoint``.
 
     ``write(step_dir, save_optimizer=...)`` is the backend's share (its ``_save_checkpoint`` hook, handed in by
     the engine).
     """
     require_json("extra_state", extra_state)
+    root = Path(path)
     temporary = temporary_step_dir(root, global_step)
     is_writer = distributed.rank() == 0
     if is_writer:
@@ -68,7 +69,6 @@ def load_engine_checkpoint(
     read: Callable[..., None],
     read_hf_state: Callable[..., None] | None,
     *,
-    mergers: MergerLookup | None,
     load_optimizer: bool,
     verify: bool,
 ) -> dict[str, Any]:
@@ -77,8 +77,8 @@ def load_engine_checkpoint(
     ``read(step_dir, load_optimizer=...)`` is the backend's read of its own steps (its ``_load_checkpoint``
     hook, handed in by the engine); a step of another backend goes through
     ``read_hf_state(state, load_optimizer=...)`` (``_load_hf_state``, for backends with ``hf_state_resume``)
-    with the step's :class:`.hf_state.HFTrainingState`, read by the merger ``mergers`` finds for its backend
-    (the engine's, handed in). Either runs with offloaded state held on the device.
+    with the step's :class:`.hf_state.HFTrainingState`, read by the merger the engine's ``mergers`` finds for
+    its backend. Either runs with offloaded state held on the device.
 
     Raises:
         CheckpointError: incomplete step, missing or corrupt file, another backend's checkpoint that this
@@ -105,7 +105,7 @@ def load_engine_checkpoint(
         if foreign:
             assert read_hf_state is not None  # refused above
             read_hf_state(
-                HFTrainingState.from_step(step_dir, manifest, mergers), load_optimizer=load_optimizer
+                HFTrainingState.from_step(step_dir, manifest, engine.mergers), load_optimizer=load_optimizer
             )
         else:
             read(step_dir, load_optimizer=load_optimizer)

@@ -293,7 +293,7 @@ def require_tensordict(batch: object) -> None:
     if not isinstance(batch, TensorDict):
         raise BatchError(
             f"batch must be a tensordict.TensorDict, got {type(batch).__name__}; build it with "
-            "drivetrain_engine_core._data.batch.make_batch(sequences, **fields) or padded_to_nopad(...)."
+            "drivetrain_engine_core.job.make_batch(sequences, **fields) or padded_to_nopad(...)."
         )
 
 

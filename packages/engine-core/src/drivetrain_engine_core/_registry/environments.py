@@ -13,7 +13,7 @@ class EnvironmentRegistry(NamedRegistry):
 
     kind = "environment"
     install_hint = "pip install drivetrain-roles (the `http` environment) or the package of the environment"
-    required_base = "drivetrain_engine_core._environment:Environment"
+    required_base = "drivetrain_engine_core.job:Environment"
 
     def register(self, name: str, environment: type | str) -> None:
         """Register ``environment`` (a class or ``"module:attr"``) under ``name``.

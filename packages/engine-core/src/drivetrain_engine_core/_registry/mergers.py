@@ -11,7 +11,7 @@ class CheckpointMergerRegistry(NamedRegistry):
 
     kind = "checkpoint merger"
     install_hint = "pip install drivetrain-ckpt-tools"
-    required_base = "drivetrain_engine_core._checkpoint.merger:CheckpointMerger"
+    required_base = "drivetrain_engine_core.backend:CheckpointMerger"
 
     def register(self, backend: str, merger: type | str) -> None:
         """Register ``merger`` (a class or ``"module:attr"``) for checkpoints written by ``backend``.

@@ -11,7 +11,7 @@ class RolloutRegistry(NamedRegistry):
 
     kind = "rollout"
     install_hint = "pip install drivetrain-roles (the Hugging Face `hf` rollout)"
-    required_base = "drivetrain_engine_core._rollout:Rollout"
+    required_base = "drivetrain_engine_core.rollout:Rollout"
 
     def register(self, name: str, rollout: type | str) -> None:
         """Register ``rollout`` (a class or ``"module:attr"``) under ``name``.

@@ -2,7 +2,7 @@
 
 A preference batch holds the chosen and the rejected response of each prompt as two sequences sharing a
 ``uid``, with a dense per-sequence bool ``chosen``; core's group-aware micro-batching keeps both in one
-micro-batch (:mod:`drivetrain_engine_core._data.groups`). Each pair contributes ``loss / global_pairs``, where
+micro-batch (:func:`drivetrain_engine_core.job.sequence_groups`). Each pair contributes ``loss / global_pairs``, where
 ``global_pairs = LossContext.global_sequence_count / 2``, so the sum over micro-batches and ranks is the mean
 over every pair of the mini-batch, whatever the micro-batching or data-parallel size. Metrics are
 contributions that sum to mini-batch means too, under the names TRL uses (``rewards/chosen``, ...).

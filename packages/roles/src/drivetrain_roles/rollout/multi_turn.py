@@ -46,8 +46,8 @@ def run_episodes(
         rollout: samples every turn (``sampling.max_new_tokens`` is one turn's limit; its ``stop_token_ids``
             should hold the chat template's end-of-turn token, e.g. ``<|im_end|>``).
         tokenizer: the model's tokenizer, with the chat template observations are rendered by.
-        environment: builds one environment per episode (:func:`drivetrain_engine_core._environment.
-            environment_factory` for a registered one).
+        environment: builds one environment per episode (:func:`drivetrain_engine_core.job.environment_factory`
+            for a registered one).
         examples: data set rows, handed to ``Environment.reset``.
         sampling: how each turn samples.
         limits: turns, tokens and step time per episode (default :class:`TurnLimits`).
