@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 from drivetrain_engine_core._lr_schedule import lr_at_step
-from drivetrain_engine_core._round_trip import RoundTrip
 from drivetrain_engine_core.backend import (
     BatchError,
     ConfigError,
@@ -18,6 +17,7 @@ from drivetrain_engine_core.backend import (
     MicroBatch,
     ModelConfig,
     OptimizerConfig,
+    RoundTrip,
 )
 from drivetrain_engine_core.job import DivergenceError, LossContext, MicroBatchConfig
 from drivetrain_engine_core.testing.batches import random_batch

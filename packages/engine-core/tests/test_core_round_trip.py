@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 from drivetrain_engine_core._data.packing import pad_micro_batch
-from drivetrain_engine_core._round_trip import RoundTrip
 from drivetrain_engine_core.backend import (
     ForwardOptions,
     MicroBatch,
     PackedRow,
     PaddedRows,
+    RoundTrip,
     RowPadding,
     SequenceSplit,
     pad_packed_row,

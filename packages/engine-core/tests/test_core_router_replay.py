@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core._round_trip import RoundTrip
-from drivetrain_engine_core.backend import BatchError, ForwardOptions, MicroBatch
+from drivetrain_engine_core.backend import BatchError, ForwardOptions, MicroBatch, RoundTrip
 from drivetrain_engine_core.job import LossContext, make_batch
 from drivetrain_engine_core.kit import NOT_RECORDED, ROUTED_EXPERTS, micro_batch_routes, refuse_routes
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core._round_trip import RoundTrip
-from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
+from drivetrain_engine_core.backend import ForwardOptions, MicroBatch, RoundTrip
 from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing import random_batch
 from drivetrain_engine_megatron.inputs import model_kwargs

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core._round_trip import RoundTrip
 from drivetrain_engine_core.backend import (
     BatchError,
     ForwardOptions,
     MicroBatch,
     ModelConfig,
     OptimizerConfig,
+    RoundTrip,
 )
 from drivetrain_engine_core.job import LossContext, MicroBatchConfig
 from drivetrain_engine_core.kit import NOT_RECORDED

@@ -6,7 +6,8 @@ A backend subclasses :class:`Engine`, sets ``backend_name`` to the backend it re
 those of its capabilities, and overrides ``_token_limits()`` (:class:`TokenLimits`) and ``_hf_config()``. Its
 config subclasses :class:`EngineConfig` (validation raising :class:`ConfigError`). Per micro-batch it runs its
 model on :attr:`MicroBatch.inputs` and hands its per-position fields to :meth:`MicroBatch.finish`, which
-returns the :class:`MicroBatchResult`. It may ship a :class:`CheckpointMerger`::
+returns the :class:`MicroBatchResult` (a :class:`RoundTrip` is what core builds them from, one per
+batch). It may ship a :class:`CheckpointMerger`::
 
     from drivetrain_engine_core.backend import Engine, MicroBatch, MicroBatchResult
 
@@ -43,6 +44,6 @@ if TYPE_CHECKING:
     from ._hookspecs import hookimpl
     from ._modes import Mode
     from ._outputs import MicroBatchResult, host_floats
-    from ._round_trip import InputLayout, MicroBatch, RowPadding, SequenceSplit
+    from ._round_trip import InputLayout, MicroBatch, RoundTrip, RowPadding, SequenceSplit
 
 __all__, __getattr__ = face(__name__)

@@ -4,12 +4,13 @@ A command registers through ``hookimpl`` (:mod:`drivetrain_engine_core.backend`,
 drives, the configs and the error family) and runs inside core's CLI (:func:`build_cli`, exit status
 :data:`INTERRUPTED` on Ctrl-C). By topic:
 
-- configs: :class:`CheckpointConfig`, :class:`MicroBatchConfig`, :func:`config_from_dict` and the helpers a
-  command's own config sections use (:func:`check_keys`, :func:`exclusive_limits`, :func:`field_docs`,
-  :func:`field_types`, :func:`how_to_write`, :func:`nested_dataclass`, :func:`type_name`);
+- configs: :class:`CheckpointConfig`, :class:`MicroBatchConfig`, :data:`ModelType`, :func:`config_from_dict`
+  and the helpers a command's own config sections use (:func:`check_keys`, :func:`exclusive_limits`,
+  :func:`field_docs`, :func:`field_types`, :func:`how_to_write`, :func:`nested_dataclass`, :func:`type_name`);
 - plugins and engines: :func:`plugins` (:class:`DrivetrainPlugins`), :func:`create_engine`,
   :func:`engine_config_from_dict`, :func:`create_rollout`, :func:`rollout_options` (under :data:`SECTION`),
-  :func:`environment_factory` (:class:`Environment`, :class:`ModelTurn`, :class:`StepResult`);
+  :func:`environment_factory` (:class:`Environment`, :data:`Message`, :class:`ModelTurn`,
+  :class:`StepResult`);
 - the batch an Engine takes: :func:`make_batch`, :func:`jagged`, :func:`is_jagged`, :func:`validate_batch`,
   the fields :data:`LOSS_MASK`, :data:`ATTENTION_MASK` and :data:`UID` (:func:`sequence_groups`), padded
   rows (:func:`padded_to_nopad`, :func:`nopad_to_padded`) and data-parallel shards (:func:`shard_indices`,

@@ -6,7 +6,8 @@ weights as a numbered stream of buckets it checks and loads.
 - generating: subclass :class:`Rollout` (its template methods check inputs and state; a plugin implements the
   ``_``-prefixed hooks), take :class:`SamplingConfig` per call, return :class:`RolloutOutput`, declare
   :class:`RecordsRoutedExperts` where routed experts are recorded, stop on :func:`end_of_sequence_ids`, and
-  read the plugin's own settings as :class:`RolloutOptions`;
+  read the plugin's own settings as :class:`RolloutOptions` (built and checked as users' values would be by
+  :func:`build_rollout_options`);
 - receiving weights: each :class:`WeightBucket` carries tensors (:class:`TensorSpec`, their bytes via
   :func:`as_bytes`) with digests (:class:`TensorDigest`); check a bucket's tensors with :func:`check_arrived`,
   what is served as :class:`VerifyConfig` asks, and an adapter's binding with :func:`check_adapter_binding`
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     )
     from ._handoff.bucket import as_bytes
     from ._rollout import RecordsRoutedExperts, Rollout, RolloutOutput, end_of_sequence_ids
-    from ._rollout_options import RolloutOptions
+    from ._rollout_options import RolloutOptions, build_rollout_options
     from ._sampling import SamplingConfig
 
 __all__, __getattr__ = face(__name__)
