@@ -40,7 +40,8 @@ def write_step(work: Path) -> dict:
     """Build the model, save its weights as a DCP step with a manifest; returns its size facts."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from drivetrain_engine_core.checkpoint import Manifest, write_manifest
+    from drivetrain_engine_core._checkpoint import write_manifest
+    from drivetrain_engine_core.job import Manifest
     from drivetrain_engine_core.testing.models import make_tiny_model_dir
     from transformers import AutoModelForCausalLM
 
@@ -65,7 +66,7 @@ def measure_merge(work: Path, queue: multiprocessing.Queue) -> None:
     import drivetrain_engine_fsdp.merger  # noqa: F401
     import transformers  # noqa: F401
     from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
-    from drivetrain_engine_core.plugins import plugins
+    from drivetrain_engine_core.job import plugins
 
     plugins()
     reset_peak_rss()

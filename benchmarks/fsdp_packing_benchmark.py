@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.data.packing import next_token_labels, pack_micro_batch
+from drivetrain_engine_core._data.packing import next_token_labels, pack_micro_batch
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, make_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll
 from drivetrain_engine_core.testing.models import make_tiny_model_dir
 from drivetrain_engine_fsdp.attention import register_varlen_attention

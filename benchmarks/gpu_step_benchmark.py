@@ -26,7 +26,7 @@ response tokens; AdamW; bf16 compute with float32 master weights. Variants:
 - ``fsdp_infer`` / ``fsdp_infer_fused`` / ``bare_infer``: forward-only per-token log-probs of the same batch.
 
 Per variant: seconds per step (median of ``--steps`` after ``--warmup``), tokens/s, achieved TFLOP/s and MFU from
-core's FLOP counter (:mod:`drivetrain_engine_core.throughput`, model FLOPs, attention included) and peak table,
+core's FLOP counter (:mod:`drivetrain_engine_core._throughput`, model FLOPs, attention included) and peak table,
 and peak device memory (the largest ``torch.cuda.max_memory_allocated`` of one step, warm-up included, the counter
 reset before each: engines reset it at the start of every step too, so a longer window would hold the engine's
 last step against the bare loops' whole run, initialisation included), plus the
@@ -63,13 +63,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from drivetrain_engine_core.config import EngineConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import LOSS_MASK, make_batch, move_batch
-from drivetrain_engine_core.data.micro_batch import split_micro_batches
-from drivetrain_engine_core.data.packing import pack_micro_batch, pad_micro_batch
-from drivetrain_engine_core.distributed import init_distributed
+from drivetrain_engine_core._data.batch import move_batch
+from drivetrain_engine_core._data.micro_batch import split_micro_batches
+from drivetrain_engine_core._data.packing import pack_micro_batch, pad_micro_batch
+from drivetrain_engine_core._throughput import TransformerShape, peak_tflops
+from drivetrain_engine_core.backend import EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import LOSS_MASK, MicroBatchConfig, init_distributed, make_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll
-from drivetrain_engine_core.throughput import TransformerShape, peak_tflops
 from drivetrain_engine_fsdp.attention import register_varlen_attention
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine

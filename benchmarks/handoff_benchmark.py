@@ -57,8 +57,8 @@ def build_model(name: str, directory: Path) -> Path:
 
 
 def make_engine(model_dir: Path, device: str) -> Any:
-    from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-    from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+    from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.job import MicroBatchConfig, create_engine, engine_config_from_dict
 
     engine = create_engine(
         model_config=ModelConfig(path=str(model_dir)),
@@ -94,8 +94,8 @@ def sync(engine: Any, rollout: Any, version: int, mode: str, dtype: Any) -> dict
 
 def measure(name: str, root: Path, device: str, steps: int) -> dict[str, Any]:
     import torch
-    from drivetrain_engine_core.handoff import VerifyConfig
-    from drivetrain_engine_core.rollout import create_rollout
+    from drivetrain_engine_core.job import create_rollout
+    from drivetrain_engine_core.rollout import VerifyConfig
 
     model_dir = build_model(name, root / name)
     engine = make_engine(model_dir, device)

@@ -124,8 +124,8 @@ def sample(rollout: Any, seed: int) -> None:
 def run_case(model_dir: str, rollout_name: str, verify: str, queue: multiprocessing.Queue) -> None:
     """In a fresh process: the trainer and the rollout; before each measured hand-off, a GRPO step's sampling and a
     training step."""
-    from drivetrain_engine_core.handoff import VerifyConfig
-    from drivetrain_engine_core.rollout import create_rollout
+    from drivetrain_engine_core.job import create_rollout
+    from drivetrain_engine_core.rollout import VerifyConfig
     from handoff_benchmark import make_engine, train_step
 
     engine = make_engine(Path(model_dir), "cpu")

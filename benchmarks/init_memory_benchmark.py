@@ -76,7 +76,7 @@ def write_model(rank: int, world_size: int, directory: Path, shard_size: str) ->
 
 def initialize_worker(rank: int, world_size: int, model_dir: str, meta_init: bool, device: str) -> dict:
     """One rank: build an inference-only engine and report what ``initialize()`` cost it."""
-    from drivetrain_engine_core.config import ModelConfig
+    from drivetrain_engine_core.backend import ModelConfig
     from drivetrain_engine_fsdp.config import FSDPEngineConfig
     from drivetrain_engine_fsdp.engine import FSDPEngine
 

@@ -15,9 +15,8 @@ import json
 import time
 
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig
-from drivetrain_engine_core.data import make_batch, split_micro_batches
-from drivetrain_engine_core.data.batch import jagged
+from drivetrain_engine_core._data import split_micro_batches
+from drivetrain_engine_core.job import MicroBatchConfig, jagged, make_batch
 from partition_benchmark import make_lengths
 from tensordict import TensorDict
 

@@ -15,7 +15,7 @@ import json
 import time
 
 import torch
-from drivetrain_engine_core.data import (
+from drivetrain_engine_core._data import (
     estimate_workload,
     karmarkar_karp,
     partition_micro_batches,

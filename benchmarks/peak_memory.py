@@ -4,7 +4,7 @@ reset) and a measurement run in a fresh process.
 ``VmHWM`` is the kernel's high-water mark of a process's resident set; writing ``5`` to ``/proc/<pid>/clear_refs``
 resets it to the current size, so a peak read after a stretch of work is that stretch's own. Both take any pid
 of this user, so a benchmark can watch a server process beside its own (the product's meter of a stretch in its
-own process is ``drivetrain_engine_core.usage``).
+own process is ``drivetrain_engine_core._usage``).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def tokens_per_second(rollout: Any, prompts: list[list[int]], sampling: Any, rep
 def update_seconds(rollout: Any, model_dir: Path, versions: int) -> dict[str, float]:
     """Seconds of a full fp32 hand-off, by whether it was verified (version 1 is, and each one after when
     the rollout verifies every version)."""
-    from drivetrain_engine_core.handoff import SentVersions
+    from drivetrain_engine_core._handoff import SentVersions
     from drivetrain_engine_core.testing.policies import base_state, moved
 
     state, sender, seconds = base_state(model_dir), SentVersions(), {}
@@ -104,8 +104,8 @@ def sleep_frees(rollout: Any) -> int:
 
 
 def measure(name: str, rollout_name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from drivetrain_engine_core.handoff import VerifyConfig
-    from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+    from drivetrain_engine_core.job import create_rollout
+    from drivetrain_engine_core.rollout import SamplingConfig, VerifyConfig
     from drivetrain_engine_core.testing import make_tiny_model_dir
 
     model_dir = root / name

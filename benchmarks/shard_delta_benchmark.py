@@ -40,7 +40,7 @@ def timed_stream(engine: Any, **options: Any) -> dict[str, Any]:
 
 
 def measure(engine: Any, rank: int, world_size: int) -> dict[str, Any]:
-    from drivetrain_engine_core.data.dp import shard_data
+    from drivetrain_engine_core.job import shard_data
     from drivetrain_engine_core.testing import random_batch, token_mean_nll
 
     timed_stream(engine, version=0)
@@ -60,7 +60,8 @@ def measure(engine: Any, rank: int, world_size: int) -> dict[str, Any]:
 
 
 def two_ranks(rank: int, world_size: int, model_dir: str) -> dict[str, Any]:
-    from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.backend import LoraConfig, ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.job import MicroBatchConfig
     from drivetrain_engine_fsdp.config import FSDPEngineConfig
     from drivetrain_engine_fsdp.engine import FSDPEngine
 

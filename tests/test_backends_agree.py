@@ -4,8 +4,8 @@ same losses and grad norms on the same batches (single process)."""
 from __future__ import annotations
 
 import pytest
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll, train_history
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.checkpoint import PUBLISH_POINTS, resolve_step_dir
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
+from drivetrain_engine_core._checkpoint import PUBLISH_POINTS
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import resolve_step_dir
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 
 pytestmark = pytest.mark.slow
@@ -23,8 +24,8 @@ CHILD = """
 import os, sys
 from pathlib import Path
 import torch
-from drivetrain_engine_core.checkpoint import set_fault_hook
-from drivetrain_engine_core.config import CheckpointConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core._checkpoint import set_fault_hook
+from drivetrain_engine_core._config import CheckpointConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 

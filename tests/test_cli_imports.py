@@ -21,8 +21,8 @@ PROBE = f"""
 import json, sys, tempfile
 from pathlib import Path
 from click.testing import CliRunner
-from drivetrain_engine_core.checkpoint import Manifest, step_dir_name, write_manifest
-from drivetrain_engine_core.cli import build_cli
+from drivetrain_engine_core._checkpoint import Manifest, step_dir_name, write_manifest
+from drivetrain_engine_core._cli import build_cli
 
 root = Path(tempfile.mkdtemp())
 for step, backend in enumerate(("fsdp", "megatron"), start=1):

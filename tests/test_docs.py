@@ -107,7 +107,7 @@ def _decorated_functions(path: Path, decorator: str) -> list[str]:
 
 
 def test_the_architecture_lists_every_plugin_hook() -> None:
-    hooks = _decorated_functions(CORE / "hookspecs.py", "hookspec")
+    hooks = _decorated_functions(CORE / "_hookspecs.py", "hookspec")
     assert "register_rollouts" in hooks and len(hooks) >= 5
     text = ARCHITECTURE.read_text()
     missing = [hook for hook in hooks if f"`{hook}(" not in text]
@@ -116,7 +116,7 @@ def test_the_architecture_lists_every_plugin_hook() -> None:
 
 def test_the_architecture_lists_every_backend_hook() -> None:
     """The §3 table names every member ``BackendHooks`` declares for a backend to implement."""
-    tree = ast.parse((CORE / "hooks.py").read_text())
+    tree = ast.parse((CORE / "_hooks.py").read_text())
     backend_hooks = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BackendHooks")
     members = [
         node.name

@@ -9,6 +9,9 @@ The floor check counts them too: core does not even name a sibling's types, and 
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import grimp
 import pytest
 
@@ -87,3 +90,56 @@ def test_rl_commands_do_not_import_each_other(
     assert not chains, (
         f"{importer} must not import {imported} (share it through drivetrain_roles.rl): {sorted(chains)}"
     )
+
+
+# NOTE: core's API is its faces (docs/versioning.md); every other core module is private and may change in any
+# release, so a plugin that imported one would break on a patch release of core.
+FACES = frozenset(f"{CORE}.{face}" for face in ("backend", "kit", "rollout", "job", "testing"))
+CORE_SOURCES = Path(__file__).resolve().parents[1] / "packages" / "engine-core" / "src" / CORE
+
+
+def _is_face(module: str) -> bool:
+    return module in FACES or _inside(module, f"{CORE}.testing")
+
+
+def _non_face_imports(graph: grimp.ImportGraph, package: str) -> list[str]:
+    """``importer -> core module`` for each import of a core module that is not a face, under ``package``."""
+    return sorted(
+        f"{importer} -> {imported}"
+        for importer in graph.find_descendants(package) | {package}
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if _inside(imported, CORE) and not _is_face(imported)
+    )
+
+
+@pytest.fixture(scope="module")
+def full_graph() -> grimp.ImportGraph:
+    """Every import of every package, those under ``if TYPE_CHECKING:`` included."""
+    return grimp.build_graph(*PACKAGES, cache_dir=None)
+
+
+@pytest.mark.parametrize("package", [p for p in PACKAGES if p != CORE])
+def test_plugins_import_core_only_through_its_faces(full_graph: grimp.ImportGraph, package: str) -> None:
+    offenders = _non_face_imports(full_graph, package)
+    assert offenders == [], (
+        f"{package} imports private core modules; import from {sorted(FACES)} instead:\n"
+        + "\n".join(offenders)
+    )
+
+
+def test_the_face_check_sees_a_private_import(full_graph: grimp.ImportGraph) -> None:
+    """Core's own conformance kit imports private modules: the check above would name it."""
+    assert f"{CORE}.testing.reference -> {CORE}._data.batch" in _non_face_imports(
+        full_graph, f"{CORE}.testing"
+    )
+
+
+def test_core_api_is_exactly_its_faces() -> None:
+    """The API check covers the faces (``.ci/releases.toml``), and every other core module is ``_``-private."""
+    releases = tomllib.loads((CORE_SOURCES.parents[3] / ".ci" / "releases.toml").read_text())
+    public = {
+        f"{CORE}.{path.name.removesuffix('.py')}"
+        for path in CORE_SOURCES.iterdir()
+        if not path.name.startswith("_") and (path.suffix == ".py" or (path / "__init__.py").exists())
+    }
+    assert public == set(releases["drivetrain-engine-core"]["api"]) == FACES

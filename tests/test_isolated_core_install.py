@@ -82,12 +82,12 @@ def test_core_alone_imports_and_lists(core_venv):
     no_torch = (
         "import sys\n"
         "import drivetrain_engine_core\n"
-        "from drivetrain_engine_core.cli import main\n"
+        "from drivetrain_engine_core._cli import main\n"
         "main(['engines', '--json'], standalone_mode=False)\n"
         "assert 'torch' not in sys.modules, 'listing engines must not import torch'\n"
     )
     assert _run(core_venv / "python", "-c", no_torch).strip() == "[]"
-    build = "from drivetrain_engine_core.config import ModelConfig, config_from_dict as b; print(b(ModelConfig, {'path': 5}).path)"
+    build = "from drivetrain_engine_core._config import ModelConfig, config_from_dict as b; print(b(ModelConfig, {'path': 5}).path)"
     assert _run(core_venv / "python", "-c", build).strip() == "5"
 
 

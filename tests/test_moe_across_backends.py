@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.backend import ROUTER_AUX_METRIC
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict
+from drivetrain_engine_core.kit import ROUTER_AUX_METRIC
 from drivetrain_engine_core.testing import (
     forced_log_probs,
     formula_routes,

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import CheckpointError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import CheckpointError, LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,

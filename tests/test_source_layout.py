@@ -1,5 +1,5 @@
 """Layout rules of the sources, read with ``ast``: small files, backends that import only core's backend
-surface, and no code outside the Engine that reaches into an Engine's private members."""
+and kit faces, and no code outside the Engine that reaches into an Engine's private members."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ BACKENDS = [
     REPO / "examples" / "drivetrain-toy-engine" / "src",
     CORE / "testing" / "tiny_engine.py",
 ]
-ENGINE_CLASS_FILES = (CORE / "engine.py", CORE / "hooks.py")
+ENGINE_CLASS_FILES = (CORE / "_engine.py", CORE / "_hooks.py")
 
 
 def _relative(path: Path) -> str:
@@ -60,21 +60,23 @@ def _core_imports(tree: ast.Module) -> Iterator[tuple[int, str]]:
                 yield node.lineno, name
 
 
-def test_backends_import_only_the_backend_surface_of_core() -> None:
-    """``drivetrain_engine_core.backend`` is the contract a backend builds on; core's inner modules may move."""
+def test_backends_import_only_the_backend_and_kit_faces_of_core() -> None:
+    """``drivetrain_engine_core.backend`` is the contract a backend builds on and ``kit`` what backends share;
+    core's private modules may move."""
+    faces = {"drivetrain_engine_core.backend", "drivetrain_engine_core.kit"}
     offenders = [
         f"{_relative(path)}:{line} imports {module}"
         for root in BACKENDS
         for path in _python_files(root)
         for line, module in _core_imports(_tree(path))
-        if module != "drivetrain_engine_core.backend"
+        if module not in faces
     ]
-    assert not offenders, "import these from drivetrain_engine_core.backend:\n" + "\n".join(offenders)
+    assert not offenders, "import these from drivetrain_engine_core.backend or .kit:\n" + "\n".join(offenders)
 
 
 def test_the_import_check_sees_a_deep_import() -> None:
-    tree = ast.parse("def f():\n    from drivetrain_engine_core.config import ModelConfig\n")
-    assert list(_core_imports(tree)) == [(2, "drivetrain_engine_core.config")]
+    tree = ast.parse("def f():\n    from drivetrain_engine_core._config import ModelConfig\n")
+    assert list(_core_imports(tree)) == [(2, "drivetrain_engine_core._config")]
 
 
 def _engine_private_names() -> set[str]:

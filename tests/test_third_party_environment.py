@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 

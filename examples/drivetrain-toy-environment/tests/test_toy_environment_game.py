@@ -2,7 +2,7 @@
 
 import asyncio
 
-from drivetrain_engine_core.environment import ModelTurn
+from drivetrain_engine_core.job import ModelTurn
 from drivetrain_toy_environment.game import AGAIN, SayTheWord
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.checkpoint import Manifest, write_manifest
+from drivetrain_engine_core._checkpoint import write_manifest
+from drivetrain_engine_core.job import Manifest
 from drivetrain_engine_core.testing.models import make_tiny_model_dir
 
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"], "dropout": 0.0}

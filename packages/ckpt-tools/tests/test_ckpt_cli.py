@@ -6,7 +6,7 @@ import json
 import shutil
 
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import build_cli
+from drivetrain_engine_core.job import build_cli
 
 
 def _run(*args: str):

@@ -31,10 +31,8 @@ VARIANTS = {
 
 def _train_save_and_probe(rank: int, world_size: int, work: str, names: list[str]) -> dict | None:
     """In each rank: for every variant, train one step, save a checkpoint and score the probe batch."""
-    from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
-    from drivetrain_engine_core.data.batch import make_batch
-    from drivetrain_engine_core.data.options import ForwardOptions
-    from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+    from drivetrain_engine_core.backend import ForwardOptions, LoraConfig, ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.job import create_engine, engine_config_from_dict, make_batch
     from drivetrain_engine_core.testing.batches import random_batch
     from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
     from drivetrain_engine_core.testing.models import make_tiny_model_dir
@@ -122,7 +120,7 @@ def test_merged_outputs_match_the_engine(engine_steps, tmp_path, world_size, nam
 def _cli_verify(rank: int, world_size: int, runs: list[list[str]]) -> list[tuple[int, str]]:
     """Run ``drivetrain ckpt verify`` commands in a launched process (the engine needs its process group)."""
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import build_cli
+    from drivetrain_engine_core.job import build_cli
 
     runner = CliRunner()
     return [

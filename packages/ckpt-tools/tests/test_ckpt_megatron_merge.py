@@ -33,9 +33,8 @@ LAUNCHES = (["tp2", "tp2_critic"], ["pp2"])
 
 def _train_save_and_probe(rank: int, world_size: int, work: str, names: list[str]) -> dict:
     """In each rank: for every variant, train one step, save a checkpoint and score the probe batch."""
-    from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-    from drivetrain_engine_core.data.batch import make_batch
-    from drivetrain_engine_core.data.options import ForwardOptions
+    from drivetrain_engine_core.backend import ForwardOptions, ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.job import MicroBatchConfig, make_batch
     from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll, value_mse
     from drivetrain_engine_megatron.config import MegatronEngineConfig
     from drivetrain_engine_megatron.engine import MegatronEngine
@@ -110,8 +109,8 @@ def test_ls_shows_the_optimizer_and_whether_it_moves(megatron_steps, tmp_path):
     """``ckpt ls`` reports a distributed-optimizer step as moving exactly when its save wrote the layout record
     (the ``optimizer_layout/`` files), and one without the record (a save by an older version) as staying."""
     from click.testing import CliRunner
-    from drivetrain_engine_core.checkpoint import read_manifest
-    from drivetrain_engine_core.cli import build_cli
+    from drivetrain_engine_core.job import build_cli
+    from drivetrain_engine_core.kit import read_manifest
 
     work, _ = megatron_steps
     recorded = work / "tp2"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from drivetrain_ckpt_tools.hf_files import SIDE_FILES
 from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError
 
 
 def _largest_shard(step):
@@ -85,8 +85,10 @@ def test_failure_while_writing_removes_the_staging_directory(synthetic_step, tmp
 
 
 def test_unknown_backend_names_what_is_installed(synthetic_step, tmp_path):
-    from drivetrain_engine_core.checkpoint import Manifest, read_manifest, write_manifest
-    from drivetrain_engine_core.errors import PluginError
+    from drivetrain_engine_core._checkpoint import write_manifest
+    from drivetrain_engine_core.backend import PluginError
+    from drivetrain_engine_core.job import Manifest
+    from drivetrain_engine_core.kit import read_manifest
 
     manifest = read_manifest(synthetic_step)
     write_manifest(synthetic_step, Manifest(**{**manifest.__dict__, "backend": "deepspeed"}))

@@ -7,8 +7,8 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.checkpoint import DCPTensorReader, split_peft_name
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError
+from drivetrain_engine_core.kit import DCPTensorReader, split_peft_name
 
 
 @pytest.fixture

@@ -8,14 +8,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from drivetrain_engine_core.backend import BackendCapabilities
-from drivetrain_engine_core.config import ConfigError, LoraConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.factory import create_engine
-from drivetrain_engine_core.hooks import BackendHooks
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager
-from drivetrain_engine_core.state_checks import check_move
+from drivetrain_engine_core._plugins import get_plugin_manager
+from drivetrain_engine_core._state_checks import check_move
+from drivetrain_engine_core.backend import (
+    BackendCapabilities,
+    BackendHooks,
+    ConfigError,
+    EngineStateError,
+    LoraConfig,
+    ModelConfig,
+    OptimizerConfig,
+    hookimpl,
+)
+from drivetrain_engine_core.job import create_engine
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 

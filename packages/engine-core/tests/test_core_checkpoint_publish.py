@@ -10,15 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.checkpoint import (
-    MANIFEST_FILE,
-    complete_steps,
-    durable,
-    resolve_step_dir,
-    set_fault_hook,
-)
-from drivetrain_engine_core.config import CheckpointConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core._checkpoint import durable, set_fault_hook
+from drivetrain_engine_core.backend import CheckpointError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MANIFEST_FILE, CheckpointConfig, complete_steps, resolve_step_dir
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 
 
@@ -121,7 +115,7 @@ def test_a_prune_that_cannot_delete_keeps_training_and_retries_at_the_next_save(
     import errno
     import shutil
 
-    from drivetrain_engine_core.checkpoint import publish
+    from drivetrain_engine_core._checkpoint import publish
 
     real = shutil.rmtree
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.checkpoint.file_shares import share
-from drivetrain_engine_core.checkpoint.manifest import Manifest, describe_files, write_manifest
+from drivetrain_engine_core._checkpoint.file_shares import share
+from drivetrain_engine_core._checkpoint.manifest import describe_files, write_manifest
+from drivetrain_engine_core.job import Manifest
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 SIZES = {"model/__0_0.distcp": 900, "model/__1_0.distcp": 880, "optimizer/__0_0.distcp": 1700,
@@ -26,14 +27,14 @@ def _step(root: Path) -> Path:
 
 
 def _describe_and_verify(rank: int, world_size: int, step: str, altered: str | None) -> dict:
-    from drivetrain_engine_core.checkpoint.file_shares import describe_on_every_rank, verify_on_every_rank
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core._checkpoint.file_shares import describe_on_every_rank, verify_on_every_rank
+    from drivetrain_engine_core.backend import CheckpointError
 
     files = describe_on_every_rank(Path(step))
     if altered and rank == 0:
         path = Path(step) / altered
         path.write_bytes(b"x" + path.read_bytes()[1:])  # same size, other digest
-    from drivetrain_engine_core import distributed
+    from drivetrain_engine_core.kit import distributed
 
     distributed.barrier()
     manifest = Manifest(backend="fsdp", global_step=1, world_size=2, model_type="language_model",
@@ -67,8 +68,8 @@ def test_every_rank_describes_and_checks_its_share(tmp_path, alter_in_share_of_r
 
 
 def _agreed(rank: int, world_size: int, root: str) -> str:
-    from drivetrain_engine_core.checkpoint import orchestration
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core._checkpoint import orchestration
+    from drivetrain_engine_core.backend import CheckpointError
 
     if rank == 1:  # a node whose view of the filesystem lags: it would resolve another step
         orchestration.resolve_step_dir = lambda path: Path(root) / "global_step_2"  # type: ignore[assignment]
@@ -96,8 +97,8 @@ def test_every_rank_loads_the_step_rank_0_resolved(tmp_path):
 
 def _describe_unshared(rank: int, world_size: int, root: str) -> str:
     """Rank 1 has its own, empty disk where rank 0 wrote the step (a root that is not shared)."""
-    from drivetrain_engine_core.checkpoint.file_shares import describe_on_every_rank
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core._checkpoint.file_shares import describe_on_every_rank
+    from drivetrain_engine_core.backend import CheckpointError
 
     step = Path(root) / ("step" if rank == 0 else "other-node-disk")
     step.mkdir(exist_ok=True)
@@ -119,8 +120,8 @@ def test_a_root_that_not_every_rank_sees_is_refused_on_every_rank(tmp_path):
 def _failing_rank(rank: int, world_size: int, root: str, where: str) -> str:
     """An error that is not a CheckpointError on one rank: an unreadable manifest on rank 0, or a permission
     error on rank 1 while it checks its share."""
-    from drivetrain_engine_core.checkpoint import file_shares, orchestration
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core._checkpoint import file_shares, orchestration
+    from drivetrain_engine_core.backend import CheckpointError
 
     if where == "verify" and rank == 1:
 

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 import click
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import build_cli
-from drivetrain_engine_core.errors import PluginError
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import PluginError, hookimpl
+from drivetrain_engine_core.job import build_cli, plugins
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 PLUGIN_DISTRIBUTIONS = {

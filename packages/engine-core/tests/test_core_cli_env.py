@@ -7,9 +7,10 @@ import logging
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import build_cli, missing_command_message
-from drivetrain_engine_core.plugins import reset_plugins
-from drivetrain_engine_core.upstream_noise import silence_upstream_noise
+from drivetrain_engine_core._cli import missing_command_message
+from drivetrain_engine_core._plugins import reset_plugins
+from drivetrain_engine_core._upstream_noise import silence_upstream_noise
+from drivetrain_engine_core.job import build_cli
 
 
 def test_missing_first_party_command_names_the_distribution(monkeypatch) -> None:

@@ -7,16 +7,9 @@ builder, so there is no second builder to agree with)."""
 from __future__ import annotations
 
 import pytest
-from drivetrain_engine_core.config import (
-    ConfigError,
-    EngineConfig,
-    LoraConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-    config_from_dict,
-)
-from drivetrain_engine_core.config_build import build_layers
+from drivetrain_engine_core._config_build import build_layers
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, config_from_dict
 
 
 @pytest.mark.parametrize(

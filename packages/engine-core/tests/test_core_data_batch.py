@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.data import (
+from drivetrain_engine_core._data import (
     LOSS_MASK_DTYPE,
     expand_to_tokens,
     global_token_count,
-    make_batch,
     sequence_lengths,
-    validate_batch,
 )
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import jagged, make_batch, validate_batch
 from tensordict import TensorDict
 
 LENGTHS = (3, 5, 2)

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data import (
+from drivetrain_engine_core._data import sequence_lengths, split_micro_batches
+from drivetrain_engine_core._data.options import refuse_batch_options
+from drivetrain_engine_core.backend import BatchError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import (
+    MicroBatchConfig,
     make_batch,
-    sequence_lengths,
+    sequence_groups,
     shard_data,
     shard_indices,
-    split_micro_batches,
     unshard_data,
 )
-from drivetrain_engine_core.data.groups import sequence_groups
-from drivetrain_engine_core.data.options import refuse_batch_options
-from drivetrain_engine_core.errors import BatchError
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.losses import token_mean_nll

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig
-from drivetrain_engine_core.data import (
-    MicroBatchCountRule,
-    make_batch,
+from drivetrain_engine_core._data import (
     micro_batch_count,
     pad_micro_batch,
     partition_micro_batches,
     sequence_lengths,
+    split_micro_batches,
+)
+from drivetrain_engine_core.backend import BatchError, MicroBatchCountRule
+from drivetrain_engine_core.job import (
+    MicroBatchConfig,
+    jagged,
+    make_batch,
     shard_data,
     shard_indices,
-    split_micro_batches,
     unshard_data,
 )
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.errors import BatchError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -187,7 +188,7 @@ def test_shard_errors():
 @given(lengths=st.lists(st.integers(1, BUDGET), min_size=1, max_size=30), extra=st.integers(0, 3))
 def test_bin_packing_fallback_fills_every_micro_batch_within_cap(lengths, extra):
     # The fallback used when no balanced partition fits: first-fit decreasing at any count from its own up.
-    from drivetrain_engine_core.data.micro_batch import _first_fit_decreasing_count, _packed
+    from drivetrain_engine_core._data.micro_batch import _first_fit_decreasing_count, _packed
 
     count = min(len(lengths), _first_fit_decreasing_count(lengths, BUDGET) + extra)
     assert count >= -(-sum(lengths) // BUDGET)

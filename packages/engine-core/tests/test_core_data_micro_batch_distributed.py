@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig
-from drivetrain_engine_core.data import (
-    MicroBatchCountRule,
+from drivetrain_engine_core._data import (
     global_token_count,
-    make_batch,
     micro_batch_count,
     sequence_lengths,
-    shard_data,
     split_micro_batches,
 )
+from drivetrain_engine_core.backend import MicroBatchCountRule
+from drivetrain_engine_core.job import MicroBatchConfig, make_batch, shard_data
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 BUDGET = 32

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.data import (
-    make_batch,
+from drivetrain_engine_core._data import (
     next_token_labels,
     pack_micro_batch,
     shift_right_per_sequence,
     unpack_to_jagged,
 )
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import make_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.data import (
-    make_batch,
-    nopad_to_padded,
-    padded_to_nopad,
-    padded_to_response,
-    response_to_padded,
-    response_view,
-)
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core._data import padded_to_response, response_to_padded, response_view
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import make_batch, nopad_to_padded, padded_to_nopad
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

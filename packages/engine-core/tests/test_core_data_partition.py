@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.data import estimate_workload, karmarkar_karp
-from drivetrain_engine_core.data.cap_repair import repair_to_cap
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core._data import estimate_workload, karmarkar_karp
+from drivetrain_engine_core._data.cap_repair import repair_to_cap
+from drivetrain_engine_core.backend import BatchError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig
-from drivetrain_engine_core.data import (
-    make_batch,
-    move_batch,
-    select_rows,
-    split_micro_batches,
-    unshard_data,
-    validate_batch,
-)
-from drivetrain_engine_core.data.batch import jagged, token_keys
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core._data import move_batch, select_rows, split_micro_batches
+from drivetrain_engine_core._data.batch import token_keys
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import MicroBatchConfig, jagged, make_batch, unshard_data, validate_batch
 from tensordict import TensorDict
 
 LENGTHS = (5, 3, 7, 2, 4, 6)

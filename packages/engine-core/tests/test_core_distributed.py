@@ -8,10 +8,9 @@ import datetime
 import pytest
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError, ConfigError
+from drivetrain_engine_core.job import agreed_checks
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 
@@ -143,7 +142,7 @@ def test_the_group_is_destroyed_before_the_interpreter_exits() -> None:
     child = (
         "import atexit, torch.distributed as dist\n"
         "atexit.register(lambda: print('initialized at exit:', dist.is_initialized()))\n"
-        "from drivetrain_engine_core import distributed\n"
+        "from drivetrain_engine_core import _distributed as distributed\n"
         "distributed.init_distributed('cpu')\n"
     )
     result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.dropout import disable_dropout_in_config, disable_dropout_modules
+from drivetrain_engine_core.kit import disable_dropout_in_config, disable_dropout_modules
 from transformers import AutoConfig
 
 

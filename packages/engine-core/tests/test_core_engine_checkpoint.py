@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.checkpoint import MANIFEST_FILE, resolve_step_dir
-from drivetrain_engine_core.config import CheckpointConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MANIFEST_FILE, CheckpointConfig, resolve_step_dir
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
@@ -200,7 +199,7 @@ def test_a_step_without_optimizer_state_cannot_resume_training_and_says_so(tmp_p
 
 
 def test_the_manifest_records_that_the_model_needs_its_own_code(tmp_path: Path) -> None:
-    from drivetrain_engine_core.checkpoint import read_manifest
+    from drivetrain_engine_core.kit import read_manifest
 
     engine = RecordingEngine(
         model_config=ModelConfig(path="tiny-model", trust_remote_code=True),

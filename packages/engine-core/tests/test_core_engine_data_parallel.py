@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import BatchError, CheckpointError
+from drivetrain_engine_core.backend import BatchError, CheckpointError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.losses import token_mean_nll
@@ -52,7 +52,7 @@ def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[st
 
 def test_a_batch_that_needs_no_filler_builds_none(monkeypatch) -> None:
     """The filler (a one-row slice of the first micro-batch) was built on every call, filler or not."""
-    from drivetrain_engine_core.data.micro_batch import MicroBatches
+    from drivetrain_engine_core._data.micro_batch import MicroBatches
 
     def no_filler_wanted(self):
         raise AssertionError(f"a filler was built for a split with {self.fillers} filler passes")

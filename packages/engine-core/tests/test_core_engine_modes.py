@@ -8,12 +8,18 @@ import math
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.errors import BatchError, DivergenceError, EngineStateError
-from drivetrain_engine_core.lr_schedule import lr_at_step
-from drivetrain_engine_core.outputs import LossContext
-from drivetrain_engine_core.round_trip import MicroBatch, RoundTrip
+from drivetrain_engine_core._lr_schedule import lr_at_step
+from drivetrain_engine_core.backend import (
+    BatchError,
+    ConfigError,
+    EngineStateError,
+    ForwardOptions,
+    MicroBatch,
+    ModelConfig,
+    OptimizerConfig,
+    RoundTrip,
+)
+from drivetrain_engine_core.job import DivergenceError, LossContext, MicroBatchConfig
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine

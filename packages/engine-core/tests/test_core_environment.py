@@ -12,11 +12,9 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult, environment_factory
-from drivetrain_engine_core.errors import PluginError
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import ConfigError, PluginError, hookimpl
+from drivetrain_engine_core.job import Environment, ModelTurn, StepResult, environment_factory, plugins
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 TURN = ModelTurn(text="7", token_ids=(22,), turn=0)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import drivetrain_engine_core
 import pytest
-from drivetrain_engine_core import config, errors
-from drivetrain_engine_core.config import LoraConfig, ModelConfig, config_from_dict
-from drivetrain_engine_core.errors import ConfigError, DrivetrainError
+from drivetrain_engine_core import _config as config
+from drivetrain_engine_core import _errors as errors
+from drivetrain_engine_core.backend import ConfigError, DrivetrainError, LoraConfig, ModelConfig
+from drivetrain_engine_core.job import config_from_dict
 
 
 def test_a_config_error_is_a_drivetrain_error_and_still_a_value_error() -> None:
@@ -14,4 +14,4 @@ def test_a_config_error_is_a_drivetrain_error_and_still_a_value_error() -> None:
         config_from_dict(ModelConfig, {"path": "/m", "lora": {"rank": 0}})
     with pytest.raises(ValueError, match=r"lora\.rank must be positive"):  # callers that caught ValueError
         LoraConfig(rank=0)
-    assert drivetrain_engine_core.ConfigError is config.ConfigError is errors.ConfigError is ConfigError
+    assert config.ConfigError is errors.ConfigError is ConfigError

@@ -7,10 +7,10 @@ import weakref
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ModelConfig
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.handoff import BucketReceiver, HandoffError, WeightBucket, bucket_tensors
-from drivetrain_engine_core.handoff.bucket import ALIGNMENT
+from drivetrain_engine_core._handoff import BucketReceiver, bucket_tensors
+from drivetrain_engine_core._handoff.bucket import ALIGNMENT
+from drivetrain_engine_core.backend import EngineStateError, ModelConfig
+from drivetrain_engine_core.rollout import HandoffError, WeightBucket
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 
 MIXED = {

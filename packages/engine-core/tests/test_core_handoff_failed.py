@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.handoff import HandoffError, SentVersions
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core._handoff import SentVersions
+from drivetrain_engine_core.backend import EngineStateError
+from drivetrain_engine_core.rollout import HandoffError, Rollout, SamplingConfig
 
 NAMES = [f"layer.{i}.weight" for i in range(6)]
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=1)

@@ -4,7 +4,8 @@ when its local shards changed since the base version, and the stream equals the 
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.handoff import ExportBytes, SentShards, ShardedWeight, digest_of
+from drivetrain_engine_core._handoff import ExportBytes, SentShards, digest_of
+from drivetrain_engine_core.backend import ShardedWeight
 
 
 class Model:

@@ -12,17 +12,14 @@ import dataclasses
 import pytest
 import torch
 import xxhash
-from drivetrain_engine_core.config import ConfigError, ModelConfig
-from drivetrain_engine_core.handoff import (
-    BucketReceiver,
+from drivetrain_engine_core._handoff import BucketReceiver, SentVersions, bucket_tensors, verify_served
+from drivetrain_engine_core.backend import ConfigError, ModelConfig
+from drivetrain_engine_core.rollout import (
     DeltaBaseError,
     HandoffError,
-    SentVersions,
     VerifyConfig,
-    bucket_tensors,
     check_adapter_binding,
     check_arrived,
-    verify_served,
 )
 from drivetrain_engine_core.testing.tiny_engine import TinyEngineConfig, TinyTorchEngine
 

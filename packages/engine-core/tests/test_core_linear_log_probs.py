@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core.backend import linear_log_probs
+from drivetrain_engine_core.kit import linear_log_probs
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 TOKENS, HIDDEN, VOCAB = 37, 16, 101

@@ -12,8 +12,9 @@ import itertools
 
 import pytest
 import torch
-from drivetrain_engine_core import packed_attention
-from drivetrain_engine_core.packed_attention import SequenceLengths, packed_causal_attention, padded_batches
+from drivetrain_engine_core import _packed_attention as packed_attention
+from drivetrain_engine_core._packed_attention import padded_batches
+from drivetrain_engine_core.kit import SequenceLengths, packed_causal_attention
 from drivetrain_engine_core.testing.device import requires_cuda
 
 LENGTHS = (5, 130, 1, 64)

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import build_cli
-from drivetrain_engine_core.errors import PluginError
-from drivetrain_engine_core.plugin_compat import declared_core_range
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core._plugin_compat import declared_core_range
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import PluginError
+from drivetrain_engine_core.job import build_cli, plugins
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version

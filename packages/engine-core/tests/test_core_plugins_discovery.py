@@ -13,11 +13,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import build_cli
-from drivetrain_engine_core.config import ConfigError, EngineConfig, ModelConfig
-from drivetrain_engine_core.errors import PluginError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.plugins import DrivetrainPlugins, get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, PluginError
+from drivetrain_engine_core.job import (
+    DrivetrainPlugins,
+    build_cli,
+    create_engine,
+    engine_config_from_dict,
+    plugins,
+)
 
 
 @dataclass
@@ -64,8 +68,8 @@ def fake(tmp_path, monkeypatch):
 
 IMPL = """
     from dataclasses import dataclass
-    from drivetrain_engine_core.config import EngineConfig
-    from drivetrain_engine_core.engine import Engine
+    from drivetrain_engine_core._config import EngineConfig
+    from drivetrain_engine_core._engine import Engine
 
     @dataclass(kw_only=True, frozen=True)
     class FakeConfig(EngineConfig):
@@ -82,7 +86,7 @@ IMPL = """
 """
 
 BACKEND_PLUGIN = """
-    from drivetrain_engine_core.hookspecs import hookimpl
+    from drivetrain_engine_core._hookspecs import hookimpl
 
     @hookimpl
     def register_engines(registry):
@@ -97,7 +101,7 @@ BACKEND_PLUGIN = """
 """
 
 ROLES_PLUGIN = """
-    from drivetrain_engine_core.hookspecs import hookimpl
+    from drivetrain_engine_core._hookspecs import hookimpl
 
     class Actor:
         pass
@@ -143,7 +147,7 @@ def test_listing_and_lazy_loading(fake):
 
 
 WRAPPING_PLUGIN = """
-    from drivetrain_engine_core.hookspecs import hookimpl
+    from drivetrain_engine_core._hookspecs import hookimpl
 
     SEEN = []
 
@@ -181,7 +185,7 @@ def test_broken_plugins_are_reported_and_others_load(fake):
     broken_hook = fake.module(
         "broken_hook",
         """
-        from drivetrain_engine_core.hookspecs import hookimpl
+        from drivetrain_engine_core._hookspecs import hookimpl
 
         @hookimpl
         def register_engines(registry):
@@ -196,7 +200,7 @@ def test_broken_plugins_are_reported_and_others_load(fake):
     typo = fake.module(
         "typo",
         """
-        from drivetrain_engine_core.hookspecs import hookimpl
+        from drivetrain_engine_core._hookspecs import hookimpl
 
         @hookimpl
         def register_engine(registry):
@@ -250,7 +254,7 @@ def test_blocked_by_environment(fake, monkeypatch):
 
 
 HIJACK_PLUGIN = """
-    from drivetrain_engine_core.hookspecs import hookimpl
+    from drivetrain_engine_core._hookspecs import hookimpl
 
     @hookimpl
     def register_engines(registry):
@@ -347,7 +351,7 @@ def test_lazy_target_errors_name_the_distribution(fake):
     bad = fake.module(
         "bad_target",
         """
-        from drivetrain_engine_core.hookspecs import hookimpl
+        from drivetrain_engine_core._hookspecs import hookimpl
 
         @hookimpl
         def register_engines(registry):
@@ -415,7 +419,7 @@ def _engine_plugin(
     fake.module("fake_impl", IMPL)
     impl = f"fake_impl_{fake.suffix}"
     source = f"""
-        from drivetrain_engine_core.hookspecs import hookimpl
+        from drivetrain_engine_core._hookspecs import hookimpl
 
         @hookimpl
         def register_engines(registry):
@@ -497,8 +501,8 @@ def test_hook_calling_plugins_fails_instead_of_hanging(fake):
     greedy = fake.module(
         "greedy",
         """
-        from drivetrain_engine_core.hookspecs import hookimpl
-        from drivetrain_engine_core.plugins import plugins
+        from drivetrain_engine_core._hookspecs import hookimpl
+        from drivetrain_engine_core._plugins import plugins
 
         @hookimpl
         def register_roles(registry):
@@ -514,5 +518,5 @@ def test_hook_calling_plugins_fails_instead_of_hanging(fake):
     by_name = {p.name: p for p in loaded.plugins}
     assert by_name["fake"].status == "loaded"
     assert by_name["greedy"].error.startswith(
-        "register_roles: drivetrain_engine_core.errors.PluginError: plugins() was"
+        "register_roles: drivetrain_engine_core._errors.PluginError: plugins() was"
     )

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
-from drivetrain_engine_core.config import ConfigError, EngineConfig, LoraConfig, ModelConfig, config_from_dict
-from drivetrain_engine_core.factory import engine_config_from_dict
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager
+from drivetrain_engine_core._plugins import get_plugin_manager
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, LoraConfig, ModelConfig, hookimpl
+from drivetrain_engine_core.job import config_from_dict, engine_config_from_dict
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 

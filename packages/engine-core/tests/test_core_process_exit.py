@@ -43,7 +43,7 @@ def run_child(body: str) -> subprocess.CompletedProcess[str]:
 def test_exit_process_keeps_what_python_does_before_its_teardown_and_skips_the_teardown() -> None:
     result = run_child(
         """
-        from drivetrain_engine_core.process_exit import run_then_exit
+        from drivetrain_engine_core._process_exit import run_then_exit
         run_then_exit(lambda: sys.exit(3))
         """
     )
@@ -63,7 +63,7 @@ def test_exit_statuses_follow_python() -> None:
         "run_then_exit(lambda: 1 / 0)": (1, "ZeroDivisionError: division by zero"),
     }
     for call, (code, stderr) in cases.items():
-        result = run_child(f"from drivetrain_engine_core.process_exit import run_then_exit\n{call}\n")
+        result = run_child(f"from drivetrain_engine_core._process_exit import run_then_exit\n{call}\n")
         assert result.returncode == code, (call, result.stderr)
         assert stderr in result.stderr, call
         assert TEARDOWN_MARKER not in result.stdout
@@ -74,7 +74,7 @@ def test_the_drivetrain_console_script_ends_without_the_teardown() -> None:
     result = run_child(
         """
         sys.argv = ["drivetrain", "--version"]
-        from drivetrain_engine_core.cli import run
+        from drivetrain_engine_core._cli import run
         run()
         """
     )
@@ -84,4 +84,4 @@ def test_the_drivetrain_console_script_ends_without_the_teardown() -> None:
     from importlib.metadata import entry_points
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "drivetrain"]
-    assert script.value == "drivetrain_engine_core.cli:run"
+    assert script.value == "drivetrain_engine_core._cli:run"

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from typing import Literal
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
-from drivetrain_engine_core.rollout import Rollout, RolloutOptions, create_rollout, rollout_options
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import ConfigError, hookimpl
+from drivetrain_engine_core.job import create_rollout, plugins, rollout_options
+from drivetrain_engine_core.rollout import Rollout, RolloutOptions
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
+from drivetrain_engine_core._data.packing import pad_micro_batch
 from drivetrain_engine_core.backend import (
     ForwardOptions,
-    LossContext,
     MicroBatch,
     PackedRow,
     PaddedRows,
@@ -17,7 +17,7 @@ from drivetrain_engine_core.backend import (
     SequenceSplit,
     pad_packed_row,
 )
-from drivetrain_engine_core.data.packing import pad_micro_batch
+from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
 from drivetrain_engine_core.testing.device import requires_cuda
 

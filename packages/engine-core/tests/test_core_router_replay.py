@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.backend import LossContext, MicroBatch, RoundTrip
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.errors import BatchError
-from drivetrain_engine_core.router_replay import (
-    NOT_RECORDED,
-    ROUTED_EXPERTS,
-    micro_batch_routes,
-    refuse_routes,
-)
+from drivetrain_engine_core.backend import BatchError, ForwardOptions, MicroBatch, RoundTrip
+from drivetrain_engine_core.job import LossContext, make_batch
+from drivetrain_engine_core.kit import NOT_RECORDED, ROUTED_EXPERTS, micro_batch_routes, refuse_routes
 
 TRIP = RoundTrip(
     loss_fn=None,

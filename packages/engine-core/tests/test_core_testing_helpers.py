@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import OptimizerConfig
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.backend import ForwardOptions, OptimizerConfig
+from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
 from drivetrain_engine_core.testing.models import ARCHITECTURES, make_tiny_model_dir

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core import distributed
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 

@@ -7,15 +7,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from drivetrain_engine_core.outputs import host_floats
-from drivetrain_engine_core.testing.models import MOE_CONFIGS, TINY_CONFIG
-from drivetrain_engine_core.throughput import (
+from drivetrain_engine_core._throughput import (
     PEAK_TFLOPS_VARIABLE,
     TransformerShape,
     peak_tflops,
     speed_metrics,
     table_peak_tflops,
 )
+from drivetrain_engine_core.backend import host_floats
+from drivetrain_engine_core.testing.models import MOE_CONFIGS, TINY_CONFIG
 from transformers import AutoConfig, AutoModelForCausalLM
 
 TINY = SimpleNamespace(

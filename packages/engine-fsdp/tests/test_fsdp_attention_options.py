@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig
+from drivetrain_engine_core.backend import ConfigError, ModelConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, reference_log_probs
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.engine import FSDPEngine
@@ -90,7 +91,8 @@ def test_packed_row_lengths_reach_the_layers_as_one_value_fsdp_hooks_do_not_walk
     """FSDP2 walks every wrapped layer's forward keywords (input cast, backward-hook registration); with the
     lengths as a tuple it visited one integer per sequence, in every layer of every micro-batch, which cost the
     embedded SFT job more CPU than its attention. The walk must not grow with the number of sequences."""
-    from drivetrain_engine_core.backend import PackedRow, SequenceLengths
+    from drivetrain_engine_core.backend import PackedRow
+    from drivetrain_engine_core.kit import SequenceLengths
     from drivetrain_engine_fsdp.inputs import packed_row_kwargs
     from torch.distributed.fsdp import _common_utils
 

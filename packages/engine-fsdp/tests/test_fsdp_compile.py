@@ -7,7 +7,8 @@ of a shared 2-core CPU here, over the budget of a CPU test, so it runs in the GP
 from __future__ import annotations
 
 import pytest
-from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.backend import ConfigError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch
 from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_engine_core.testing.losses import token_mean_nll
@@ -54,7 +55,7 @@ def test_compiled_attention_is_not_specialised_on_the_number_of_sequences(monkey
     The flash kernel needs CUDA, so here it is replaced by a stand-in with the kernel's inputs (``cu_seqlens``
     and ``max_seqlen``, no host lengths); torch's ``eager`` backend counts the frames without compiling."""
     import torch
-    from drivetrain_engine_core import packed_attention
+    from drivetrain_engine_core import _packed_attention as packed_attention
     from drivetrain_engine_fsdp.attention import varlen_attention_forward
     from torch._dynamo.testing import CompileCounter
 

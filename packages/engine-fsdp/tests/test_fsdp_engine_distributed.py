@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.dp import shard_data, shard_indices
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.handoff import ExportBytes
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core._handoff import ExportBytes
+from drivetrain_engine_core.backend import ForwardOptions, LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import LossContext, MicroBatchConfig, shard_data, shard_indices
 from drivetrain_engine_core.testing import (
     load_reference_model,
     make_tiny_model_dir,

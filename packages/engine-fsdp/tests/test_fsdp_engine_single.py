@@ -10,14 +10,14 @@ import warnings
 
 import pytest
 import torch
-from drivetrain_engine_core.config import (
+from drivetrain_engine_core.backend import (
+    CheckpointError,
     ConfigError,
     LoraConfig,
-    MicroBatchConfig,
     ModelConfig,
     OptimizerConfig,
 )
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,

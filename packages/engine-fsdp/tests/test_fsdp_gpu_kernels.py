@@ -11,8 +11,8 @@ import importlib.util
 
 import pytest
 import torch
-from drivetrain_engine_core.backend import ForwardOptions, linear_log_probs
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError, ForwardOptions
+from drivetrain_engine_core.kit import linear_log_probs
 from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_engine_fsdp.config import FSDPEngineConfig
 from drivetrain_engine_fsdp.liger import liger_applies
@@ -56,8 +56,8 @@ def test_float32_weights_under_bf16_autocast_attend_with_the_flash_kernel(monkey
     """The GPU benchmark's bare loop: float32 weights, bf16 autocast, the varlen attention. Rotary gives float32
     query/key there; packed attention casts them to bf16, so every layer takes torch's varlen flash kernel and
     none SDPA (the H100 figures taken before that cast timed a bare loop whose attention ran the math kernel)."""
-    from drivetrain_engine_core import packed_attention
-    from drivetrain_engine_core.data.packing import pack_micro_batch
+    from drivetrain_engine_core import _packed_attention as packed_attention
+    from drivetrain_engine_core._data.packing import pack_micro_batch
     from drivetrain_engine_core.testing import random_batch
     from drivetrain_engine_fsdp.attention import register_varlen_attention
     from drivetrain_engine_fsdp.inputs import packed_row_kwargs

@@ -51,7 +51,7 @@ def test_attention_reads_no_lengths_from_the_device():
 
 @requires_cuda
 def test_packed_forward_makes_no_host_sync(tmp_path):
-    from drivetrain_engine_core.data.packing import pack_micro_batch
+    from drivetrain_engine_core._data.packing import pack_micro_batch
     from drivetrain_engine_core.testing import random_batch
     from drivetrain_engine_fsdp.attention import register_varlen_attention
     from drivetrain_engine_fsdp.inputs import packed_row_kwargs

@@ -13,8 +13,7 @@ import json
 
 import pytest
 import torch
-from drivetrain_engine_core.config import LoraConfig, ModelConfig
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError, LoraConfig, ModelConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, run_distributed
 from drivetrain_engine_core.testing.device import device_under_test
 from drivetrain_engine_fsdp.config import FSDPEngineConfig

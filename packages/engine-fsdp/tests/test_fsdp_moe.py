@@ -12,15 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
-from drivetrain_engine_core.config import (
-    ConfigError,
-    LoraConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-)
-from drivetrain_engine_core.data.tokens import local_token_count
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core._data.tokens import local_token_count
+from drivetrain_engine_core.backend import ConfigError, LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import LossContext, MicroBatchConfig
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.distributed import init_distributed
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, init_distributed
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch
 from drivetrain_engine_core.testing.device import device_under_test, requires_cuda
 from drivetrain_engine_core.testing.losses import token_mean_nll

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.dp import shard_data
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, shard_data
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, run_distributed, token_mean_nll
 from drivetrain_engine_core.testing.device import device_under_test
 from drivetrain_engine_fsdp import engine as fsdp_engine

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig
+from drivetrain_engine_core.backend import ModelConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, reference_log_probs
 
 pytestmark = pytest.mark.slow
@@ -46,7 +47,7 @@ def test_tied_then_untied_model_in_one_process(tmp_path):
 
 def test_sliding_window_models_are_refused(tmp_path):
     """mbridge maps no sliding window onto GPTModel: such a model would silently attend to every token."""
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     model_dir = make_tiny_model_dir(
         tmp_path / "windowed", arch="qwen2", use_sliding_window=True, sliding_window=3, max_window_layers=0

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from drivetrain_engine_core.backend import RowPadding
-from drivetrain_engine_core.config import ConfigError, ModelConfig, config_from_dict
+from drivetrain_engine_core.backend import ConfigError, ModelConfig, RowPadding
+from drivetrain_engine_core.job import config_from_dict
 from drivetrain_engine_megatron import MegatronEngineConfig, plugin
 
 

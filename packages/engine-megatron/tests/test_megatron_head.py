@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_engine_core.testing.launcher import run_distributed
 
 TOKENS, HIDDEN, VOCAB, SHARD = 8, 16, 11, 6  # 11 ids padded to 12 rows: rank 1's last row is padding
@@ -40,7 +40,7 @@ def _loss(log_probs: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
 
 
 def _rank_grads(rank: int, sequence_parallel: bool) -> dict:
-    from drivetrain_engine_core.backend import linear_log_probs
+    from drivetrain_engine_core.kit import linear_log_probs
     from drivetrain_engine_megatron.cpu_compat import apply_cpu_compat
     from drivetrain_engine_megatron.head import hidden_states_out, output_shard
 

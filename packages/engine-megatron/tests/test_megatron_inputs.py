@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import ForwardOptions, LossContext, MicroBatch, RoundTrip
+from drivetrain_engine_core.backend import ForwardOptions, MicroBatch, RoundTrip
+from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing import random_batch
 from drivetrain_engine_megatron.inputs import model_kwargs
 

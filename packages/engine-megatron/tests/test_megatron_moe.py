@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.backend import ConfigError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,
@@ -100,7 +101,7 @@ def test_layouts_not_verified_for_expert_parallelism_are_refused_naming_the_opti
 
 
 def test_router_balance_loss_settings_follow_the_model_and_refuse_what_splits_a_sequence():
-    from drivetrain_engine_core.backend import RouterLoss
+    from drivetrain_engine_core.kit import RouterLoss
     from drivetrain_engine_megatron import MegatronEngineConfig
     from drivetrain_engine_megatron.router_loss import router_loss_settings
 

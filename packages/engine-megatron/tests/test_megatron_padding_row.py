@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig, make_batch
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     reference_train_losses,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,
@@ -348,7 +349,7 @@ def _assert_resumes_on_one_rank(path: str, vocab_size: int, root: Path, continue
 
 def _assert_merged_equal_export(step_dir: Path, exported: dict[str, torch.Tensor]) -> None:
     """The checkpoint's model tensors, converted offline (no process group), equal the live export."""
-    from drivetrain_engine_core.checkpoint import read_manifest
+    from drivetrain_engine_core.kit import read_manifest
     from drivetrain_engine_megatron.hf_names import checkpoint_tensors_to_hf
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoConfig

@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.backend import NOT_RECORDED, BatchError, LossContext, MicroBatch, RoundTrip
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.options import ForwardOptions
+from drivetrain_engine_core.backend import (
+    BatchError,
+    ForwardOptions,
+    MicroBatch,
+    ModelConfig,
+    OptimizerConfig,
+    RoundTrip,
+)
+from drivetrain_engine_core.job import LossContext, MicroBatchConfig
+from drivetrain_engine_core.kit import NOT_RECORDED
 from drivetrain_engine_core.testing import (
     forced_log_probs,
     formula_routes,

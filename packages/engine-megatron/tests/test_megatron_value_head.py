@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import MicroBatchConfig, ModelConfig
+from drivetrain_engine_core.backend import ModelConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, reference_values
 from safetensors.torch import load_file, save_file
 

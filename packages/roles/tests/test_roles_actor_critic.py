@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError, LoraConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.data.padding import nopad_to_padded
-from drivetrain_engine_core.errors import BatchError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import BatchError, ConfigError, LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict, jagged, nopad_to_padded
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import jagged
 from drivetrain_roles.advantages import (
     AdaptiveKLController,
     apply_kl_penalty,

@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Environment, StepResult, environment_factory
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import Environment, StepResult, environment_factory
 from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_engine_core.testing.tokenizer import IM_END
 from drivetrain_roles.environments import (

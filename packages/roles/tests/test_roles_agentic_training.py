@@ -18,10 +18,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult
-from drivetrain_engine_core.hookspecs import PROJECT_NAME, hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core._cli import main as drivetrain_cli
+from drivetrain_engine_core._hookspecs import PROJECT_NAME
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import hookimpl
+from drivetrain_engine_core.job import Environment, ModelTurn, StepResult, plugins
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.environments import tool_schema
 from drivetrain_roles.grpo import trainer as grpo_trainer
@@ -292,7 +293,7 @@ def test_ppo_runs_gae_over_each_episodes_model_tokens_with_its_turn_rewards(tmp_
 
 
 def test_router_replay_and_unknown_stop_tokens_are_refused_with_an_environment(tokenizer):
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
     from drivetrain_roles.grpo.config import load_config
 
     with pytest.raises(ConfigError, match=r"set rollout\.router_replay=disabled"):

@@ -12,8 +12,8 @@ import json
 import re
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import ModelTurn, environment_factory
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import ModelTurn, environment_factory
 from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_roles.environments.calculator import CalculatorEnvironment, CalculatorError, calculator
 from drivetrain_roles.jobs.builtin_tasks import builtin_task

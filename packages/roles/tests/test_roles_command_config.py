@@ -10,9 +10,9 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager
+from drivetrain_engine_core._plugins import get_plugin_manager
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, hookimpl
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint
 from drivetrain_roles.runtime.command_config import (
     Preset,

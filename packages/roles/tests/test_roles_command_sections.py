@@ -6,7 +6,7 @@ import dataclasses
 import importlib
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.runtime.command_config import describe_fields
 
 COMMANDS = ["sft", "grpo", "ppo", "dpo", "rm"]

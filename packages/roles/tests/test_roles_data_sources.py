@@ -11,7 +11,7 @@ import datasets
 import huggingface_hub
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_engine_core.testing import build_tiny_tokenizer
 from drivetrain_roles.jobs.data import load_examples, read_rows
 from drivetrain_roles.jobs.dataset_rows import DatasetSourceError

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.jobs.config_reference import reference_page
 from drivetrain_roles.jobs.divergence import DivergenceConfig, DivergenceGuard, Trip
 from drivetrain_roles.jobs.metrics import read_records

@@ -6,8 +6,7 @@ import importlib.metadata
 import json
 
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import build_cli
-from drivetrain_engine_core.plugins import plugins
+from drivetrain_engine_core.job import build_cli, plugins
 
 
 def test_env_prints_torch_libraries_and_every_plugin() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.jobs.metrics import read_records
 from drivetrain_roles.rm.config import load_config as load_rm_config
 from drivetrain_roles.sft.config import load_config

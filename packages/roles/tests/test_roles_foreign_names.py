@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.runtime.command_config.foreign_names import FOREIGN_NAMES, has_field
 
 COMMANDS = ("sft", "dpo", "rm", "grpo", "ppo")

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
@@ -287,7 +287,7 @@ def test_first_step_matches_a_plain_hugging_face_grpo(tmp_path, config_for, arit
 def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front(tmp_path, config_for):
     """The longest prompt plus ``rollout.max_new_tokens`` over the model's positions or the micro-batch budget
     failed with a BatchError at the first step whose sample grew that long, possibly hours in."""
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     config = config_for(model_dir, "rollout.max_new_tokens=100000")
@@ -302,7 +302,7 @@ def test_a_rollout_longer_than_the_model_or_the_token_budget_is_refused_up_front
 
 def test_a_rollout_that_is_not_installed_is_refused_before_the_warm_start(tmp_path, monkeypatch):
     """``rollout.name=vllm`` passed the config checks and failed only after the SFT warm start."""
-    from drivetrain_engine_core.errors import PluginError
+    from drivetrain_engine_core.backend import PluginError
     from drivetrain_roles.rl import policy_trainer
 
     monkeypatch.setattr(policy_trainer, "start_model", lambda *a, **k: pytest.fail("the warm start ran"))
@@ -392,7 +392,7 @@ def test_shipped_example_yaml_holds_the_defaults():
 
 
 def test_ppo_mini_batches_and_epochs_set_the_actor_update_schedule(tmp_path, config_for):
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)
     config = config_for(model_dir, "algorithm.ppo_mini_batches=2", "algorithm.ppo_epochs=3")
@@ -410,8 +410,7 @@ def test_layouts_that_cannot_make_the_configured_optimizer_steps_are_refused_up_
     """A rank sampling fewer sequences than ``ppo_mini_batches`` failed at the first update (after the warm
     start and a rollout); the colocated controller's mini-batches, sized for ``trainer.prompts_per_step``, made
     another number of optimizer steps for another prompt count; ``epsilon=0`` made equal-reward groups NaN."""
-    from drivetrain_engine_core.config import ConfigError
-    from drivetrain_engine_core.errors import BatchError
+    from drivetrain_engine_core.backend import BatchError, ConfigError
     from drivetrain_roles.grpo.config import check_mini_batch_share
     from drivetrain_roles.grpo.controller import ColocatedGRPO
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_roles.grpo import trainer as trainer_module
 from drivetrain_roles.grpo.config import load_config

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS
+from drivetrain_engine_core.kit import NOT_RECORDED, ROUTED_EXPERTS
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_roles.grpo import step as grpo_step
 from drivetrain_roles.grpo.config import load_config

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from drivetrain_engine_core.errors import CollectiveTimeoutError
+from drivetrain_engine_core.job import CollectiveTimeoutError
 from drivetrain_engine_core.testing.launcher import run_distributed
 from drivetrain_roles.runtime.heartbeat import Heartbeat
 

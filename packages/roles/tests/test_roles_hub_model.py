@@ -11,7 +11,7 @@ import json
 import huggingface_hub.constants
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_roles.jobs.default_assets import write_model_dir
 from drivetrain_roles.jobs.metrics import read_records
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import ForwardOptions, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict, jagged
 from drivetrain_engine_core.testing import (
     make_tiny_model_dir,
     random_batch,

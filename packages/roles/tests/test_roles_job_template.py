@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.checkpoint import complete_steps
-from drivetrain_engine_core.config import EngineConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import complete_steps
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_roles.command_sections import BatchLoopConfig
 from drivetrain_roles.jobs.command import job_command
@@ -60,7 +59,7 @@ class ToyJob(TrainingJob[ToyResult]):
     result_type = ToyResult
 
     def _setup(self) -> Engine:
-        from drivetrain_engine_core.factory import create_engine
+        from drivetrain_engine_core.job import create_engine
 
         engine = create_engine(
             model_config=self.config.model,

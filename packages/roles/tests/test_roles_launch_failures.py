@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
-from drivetrain_engine_core.checkpoint import complete_steps
+from drivetrain_engine_core.job import complete_steps
 from drivetrain_roles.jobs.rank_failures import failure_report
 from drivetrain_roles.runtime.tracking import read_records
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_roles.losses import (
     PolicyLossConfig,

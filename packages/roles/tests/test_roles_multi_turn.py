@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from drivetrain_engine_core.environment import Environment, ModelTurn, StepResult
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.job import Environment, ModelTurn, StepResult, create_rollout
+from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_roles.environments import tool_schema
 from drivetrain_roles.rollout.multi_turn import run_episodes
 from drivetrain_roles.rollout.trajectory import trajectory_batch

@@ -13,7 +13,7 @@ from drivetrain_engine_core.testing.launcher import run_distributed
 
 
 def _check(rank: int, world_size: int, output_ranks: tuple[bool, ...]) -> str:
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
     from drivetrain_roles.output_ranks import require_outputs_on_every_rank
 
     engine = SimpleNamespace(is_output_rank=output_ranks[rank])

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_engine_core.testing.reference import grad_norm, load_reference_model
 from drivetrain_roles.jobs.default_assets import (
     build_arithmetic_tokenizer,
@@ -192,7 +192,7 @@ def test_grpo_refuses_gae_and_the_shipped_example_holds_the_defaults():
 
 def test_a_bad_setting_is_one_line_from_the_command(tmp_path):
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_engine_core._cli import main as drivetrain_cli
 
     result = CliRunner().invoke(
         drivetrain_cli, ["ppo", "--output-dir", str(tmp_path / "run"), "algorithm.adv_estimator=rloo"]
@@ -251,7 +251,7 @@ def test_a_refused_resume_writes_nothing_in_the_run_folder(tmp_path, folder_stat
     recorded start) had already rebuilt ``critic_start``, linking the run's critic start to the refused model; the
     critic is made once the checkpoint has loaded and matched the run, so the folder is as it was, entry for entry."""
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_engine_core._cli import main as drivetrain_cli
     from drivetrain_engine_core.testing import make_tiny_model_dir
 
     run = tmp_path / "run"

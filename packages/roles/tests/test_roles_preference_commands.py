@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_roles.dpo.config import load_config as load_dpo_config
 from drivetrain_roles.dpo.trainer import DPOTrainer
 from drivetrain_roles.jobs.config_reference import reference_page
@@ -61,7 +61,7 @@ def test_example_files_hold_the_defaults() -> None:
     ],
 )
 def test_bad_dpo_settings_name_the_field(override, message) -> None:
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         load_dpo_config(overrides=[override])
@@ -257,9 +257,8 @@ def test_a_margin_column_is_trained_as_trls_reward_trainer(tmp_path) -> None:
     """TRL's RewardTrainer trains ``-log sigmoid(r_chosen - r_rejected - margin)`` when the data has a margin;
     the column was dropped without a word. ``data.margin_key`` names it (reward models only)."""
     import torch.nn.functional as F
-    from drivetrain_engine_core.config import ConfigError
-    from drivetrain_engine_core.data.batch import jagged
-    from drivetrain_engine_core.outputs import LossContext
+    from drivetrain_engine_core.backend import ConfigError
+    from drivetrain_engine_core.job import LossContext, jagged
     from drivetrain_engine_core.testing import build_tiny_tokenizer
     from drivetrain_roles.losses.preference import RewardLossConfig, bradley_terry_loss_fn
     from drivetrain_roles.preference.batches import make_pair_batch
@@ -306,7 +305,7 @@ def test_a_margin_column_is_trained_as_trls_reward_trainer(tmp_path) -> None:
 def test_generated_pairs_give_training_questions_several_near_misses_and_hold_out_other_questions(
     tmp_path,
 ) -> None:
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
     from drivetrain_roles.preference.data import write_sft_rows
     from drivetrain_roles.preference.default_pairs import write_arithmetic_pairs
 
@@ -418,7 +417,7 @@ def test_a_resumed_reward_models_start_is_checked_not_rewritten(tmp_path, folder
     run folder); keeping it unchecked would train the run's model under another ``model.path``. A resumed start
     is left as it is when it is the asked model's (in a run folder moved whole too: its links into the run are
     relative), else one error names both models."""
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core.backend import CheckpointError
     from drivetrain_roles.rm.export import write_value_model_start
 
     old, run = tmp_path / "old", tmp_path / "run"
@@ -530,7 +529,7 @@ def test_a_batch_the_ranks_cannot_split_is_refused_before_the_warm_start(
     command, tmp_path, monkeypatch
 ) -> None:
     """Regression: ``drivetrain rm --nproc 2 trainer.batch_size=3`` ran the whole SFT warm start, then failed."""
-    from drivetrain_engine_core import distributed
+    from drivetrain_engine_core.kit import distributed
     from drivetrain_roles.preference import trainer as pair_trainer
 
     monkeypatch.setattr(distributed, "world_size", lambda group=None: 2)
@@ -546,7 +545,7 @@ def test_pair_data_the_steps_cannot_use_is_refused_before_the_warm_start(tmp_pat
     """A file without the rejected column, or one pair per micro-batch impossible (``micro_batch_size=1``), was
     refused only after the SFT warm start (250 steps by default); the missing column even as a bare KeyError on
     rank 0 alone, while the other ranks waited for it to write the warm start's rows."""
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
     from drivetrain_roles.preference import trainer as pair_trainer
 
     monkeypatch.setattr(pair_trainer, "run_warm_start", lambda *a, **k: pytest.fail("the warm start ran"))
@@ -608,7 +607,7 @@ def test_a_rank_without_pairs_in_the_last_precompute_chunk_still_joins_the_forwa
 def test_a_warm_start_batch_larger_than_the_data_names_the_commands_own_setting(tmp_path) -> None:
     """The warm start is an SFT run, whose error named ``trainer.batch_size=64``: DPO's trainer.batch_size is 32
     and the 64 was ``warm_start.batch_size`` (GRPO's warm-start batch could not be set at all)."""
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
     from drivetrain_roles.grpo.config import load_config as load_grpo_config
     from drivetrain_roles.grpo.trainer import GRPOTrainer
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data import shard_data
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict, shard_data
 from drivetrain_engine_core.testing import make_tiny_model_dir, run_distributed
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.losses.preference import DPOLossConfig, bradley_terry_loss_fn, dpo_loss_fn

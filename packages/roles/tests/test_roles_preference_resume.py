@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core._cli import main as drivetrain_cli
+from drivetrain_engine_core.backend import CheckpointError
 from drivetrain_roles.dpo.config import load_config
 from drivetrain_roles.dpo.trainer import DPOTrainer
 from drivetrain_roles.runtime.tracking import read_records

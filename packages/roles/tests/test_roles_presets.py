@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core._cli import main as drivetrain_cli
 
 _LINE = re.compile(r"^(?P<indent>(?:  )*)(?P<key>\w+):(?: (?P<value>[^#]*?))?(?:  # (?P<source>.*))?$")
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.checkpoint import complete_steps
+from drivetrain_engine_core.job import complete_steps
 
 DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
 
@@ -32,7 +32,7 @@ my_sft = job_command(
 """
 
 PLUGIN = """
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core._hookspecs import hookimpl
 
 
 @hookimpl

@@ -22,7 +22,7 @@ CHILD = TEARDOWN_PROBE + textwrap.dedent(
     import sys
 
     import click
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core._config import ConfigError
     from drivetrain_roles.jobs.launch import rank_main
 
     @click.command()

@@ -10,7 +10,7 @@ from drivetrain_engine_core.testing.launcher import run_distributed
 
 
 def _failing_write(rank: int, world_size: int, target: str) -> str:
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core.backend import CheckpointError
     from drivetrain_roles.jobs.rank_zero_write import rank_zero_write
 
     try:

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core._cli import main as drivetrain_cli
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.jobs.default_assets import write_model_dir
 

@@ -11,10 +11,8 @@ import sys
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.errors import BatchError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import BatchError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict, jagged
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, reference_log_probs
 from drivetrain_roles.actor import Actor, ActorConfig
 from drivetrain_roles.losses import PolicyLossConfig

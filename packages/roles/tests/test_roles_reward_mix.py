@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.rl.reward_inputs import RewardInputs

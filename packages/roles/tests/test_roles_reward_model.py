@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig, ModelConfig
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_roles.command_sections import DataConfig
 from drivetrain_roles.grpo.config import load_config
@@ -176,7 +177,7 @@ def test_a_run_rewards_with_the_reward_model_as_hugging_face_scores(tmp_path, co
     prompts: each step's ``reward/<model>`` is the mean of a plain HF forward of ``tokenizer(prompt +
     completion)`` over the completions the recorder saw, and ``train/reward`` half of it."""
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_engine_core._cli import main as drivetrain_cli
     from drivetrain_roles.jobs.default_assets import write_model_dir
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -239,7 +240,7 @@ def test_two_jobs_in_one_process_score_with_their_own_reward_models(reward_model
     built model: scored in turn, A, B, A, each job's weighted sum is ``exact + 0.5 x its model`` (a process-wide
     slot gave A the model B built last). Without a built model (the Ray controllers) the entry raises one error
     naming the commands that build it; ``trainer.eval_metrics`` refuses a model folder before any work."""
-    from drivetrain_engine_core.errors import DrivetrainError
+    from drivetrain_engine_core.backend import DrivetrainError
     from drivetrain_roles.held_out_metrics import HeldOutMetrics
 
     spec = str(reward_model_dir)

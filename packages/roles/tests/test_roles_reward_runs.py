@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.command_sections import DataConfig
 from drivetrain_roles.jobs.data import tokenize_row
 
@@ -49,7 +49,7 @@ def write_rows(path, rows):
 @pytest.mark.parametrize("command", ["grpo", "ppo"])
 def test_a_prompt_only_data_set_trains_on_two_weighted_rewards(tmp_path, command, plotted):
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_engine_core._cli import main as drivetrain_cli
     from drivetrain_roles.jobs.default_assets import write_model_dir
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)

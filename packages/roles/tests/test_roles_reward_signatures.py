@@ -142,7 +142,7 @@ def test_a_function_asking_for_what_the_data_lacks_is_refused_when_the_data_load
 
 def test_drivetrain_grpo_refuses_it_before_any_engine_starts(tmp_path, peers):
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_engine_core._cli import main as drivetrain_cli
     from drivetrain_roles.jobs.default_assets import write_model_dir
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)

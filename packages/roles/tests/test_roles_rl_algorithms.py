@@ -13,9 +13,8 @@ import math
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import LossContext, jagged
 from drivetrain_engine_core.rollout import RolloutOutput
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.grpo.step import rollout_batch
@@ -450,7 +449,7 @@ def test_drivetrain_grpo_runs_a_non_default_combination(tmp_path):
     """``drivetrain grpo algorithm.adv_estimator=rloo algorithm.loss_mode=gspo ...`` for two steps on a tiny model:
     the response length as reward (the untrained model is never right), so that groups differ."""
     from click.testing import CliRunner
-    from drivetrain_engine_core.cli import main as drivetrain_cli
+    from drivetrain_engine_core._cli import main as drivetrain_cli
     from drivetrain_roles.jobs.default_assets import write_model_dir
 
     model_dir = write_model_dir(tmp_path / "model", seed=3)

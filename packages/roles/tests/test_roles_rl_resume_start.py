@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
+from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_roles.jobs.default_assets import write_model_dir
 
 FIRST = (

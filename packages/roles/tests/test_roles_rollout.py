@@ -11,12 +11,15 @@ import itertools
 
 import pytest
 import torch
-from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.errors import EngineStateError, PluginError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.handoff import HandoffError
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.backend import (
+    EngineStateError,
+    LoraConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PluginError,
+)
+from drivetrain_engine_core.job import create_engine, create_rollout, engine_config_from_dict, make_batch
+from drivetrain_engine_core.rollout import HandoffError, SamplingConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir, random_batch, token_mean_nll
 from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_roles.actor import Actor, ActorConfig

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.hookspecs import hookimpl
-from drivetrain_engine_core.plugins import get_plugin_manager, plugins, reset_plugins
+from drivetrain_engine_core._plugins import get_plugin_manager, reset_plugins
+from drivetrain_engine_core.backend import ConfigError, hookimpl
+from drivetrain_engine_core.job import plugins
 from drivetrain_engine_core.rollout import RolloutOptions
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_engine_core.testing.plugins import InMemoryEntryPoint

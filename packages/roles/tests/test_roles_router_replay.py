@@ -13,12 +13,10 @@ import dataclasses
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.errors import BatchError, ConfigError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core.backend import BatchError, ConfigError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, engine_config_from_dict, make_batch
+from drivetrain_engine_core.kit import NOT_RECORDED, ROUTED_EXPERTS
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
-from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS
 from drivetrain_engine_core.testing import (
     TinyTorchEngine,
     forced_log_probs,

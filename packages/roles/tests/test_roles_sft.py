@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import CheckpointError, DivergenceError, PluginError
+from drivetrain_engine_core._cli import main as drivetrain_cli
+from drivetrain_engine_core.backend import CheckpointError, ConfigError, PluginError
+from drivetrain_engine_core.job import DivergenceError
 from drivetrain_roles.jobs.assets import ModelPathError
 from drivetrain_roles.jobs.curves import LOSS_CURVES
 from drivetrain_roles.jobs.data import DataError
@@ -424,7 +424,7 @@ def test_a_resume_without_the_jsonl_tracker_reads_no_stale_metrics(tmp_path) -> 
 def test_a_held_out_set_smaller_than_the_data_parallel_ranks_is_refused(monkeypatch) -> None:
     """Each data-parallel rank scores a share of the held-out set: with 3 examples on 4 ranks one rank had
     none and failed while the others waited in a collective."""
-    from drivetrain_engine_core.config import EngineConfig
+    from drivetrain_engine_core.backend import EngineConfig
     from drivetrain_roles.jobs import batches
     from drivetrain_roles.jobs.batches import check_held_out_size
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from drivetrain_engine_core.cli import main as drivetrain_cli
-from drivetrain_engine_core.config import ConfigError, EngineConfig
+from drivetrain_engine_core._cli import main as drivetrain_cli
+from drivetrain_engine_core.backend import ConfigError, EngineConfig
 from drivetrain_roles.jobs.config_reference import reference_page
 from drivetrain_roles.runtime.command_config import describe_fields, to_plain
 from drivetrain_roles.sft.config import SFTConfig, load_config

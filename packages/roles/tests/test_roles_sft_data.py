@@ -155,7 +155,7 @@ def test_prompt_response_columns_can_be_rendered_with_the_chat_template(tmp_path
     """verl's SFT dataset and RL prompts render a prompt column with the chat template; its parquet files used
     on an instruct model trained without the chat format. ``data.apply_chat_template`` renders each row as a
     user turn and an assistant turn, exactly as the same conversation in a messages column."""
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     tokenizer = build_tiny_tokenizer()
     path = tmp_path / "rows.jsonl"
@@ -237,7 +237,7 @@ def test_a_model_directory_without_tokenizer_files_is_refused(tmp_path) -> None:
 def test_none_unsets_an_optional_field_as_its_help_says() -> None:
     """The fields' help says "``None`` disables clipping" and TRL users type None; it was refused with "write
     a number", and ``model.lora=None`` failed with an OmegaConf merge error."""
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     config = load_config(None, ["optimizer.clip_grad=None", "model.lora=None", "trainer.cpu_threads=null"])
     assert (

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from drivetrain_engine_core.factory import create_engine
+from drivetrain_engine_core.job import create_engine
 from drivetrain_engine_core.testing.reference import reference_log_probs
 from drivetrain_roles.jobs.batches import StepSampler, make_sft_batch
 from drivetrain_roles.jobs.data import load_examples

@@ -7,7 +7,7 @@ import sys
 import types
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_roles.runtime.tracking import RunInfo, check_report_to, open_trackers, read_records
 
 

@@ -13,7 +13,7 @@ import json
 import re
 
 import pytest
-from drivetrain_engine_core.handoff import VerifyConfig
+from drivetrain_engine_core.rollout import VerifyConfig
 from drivetrain_roles.rl.reward_signatures import RewardError
 
 PLAYS = {

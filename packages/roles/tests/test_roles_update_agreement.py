@@ -13,7 +13,7 @@ from drivetrain_engine_core.testing.launcher import run_distributed
 
 
 def _mini_batch_count(rank: int, world_size: int) -> str:
-    from drivetrain_engine_core.errors import BatchError
+    from drivetrain_engine_core.backend import BatchError
     from drivetrain_roles.mini_batches import count_mini_batches
 
     try:
@@ -23,8 +23,8 @@ def _mini_batch_count(rank: int, world_size: int) -> str:
 
 
 def _actor_update(rank: int, world_size: int) -> str:
-    from drivetrain_engine_core.data.batch import make_batch
-    from drivetrain_engine_core.errors import BatchError
+    from drivetrain_engine_core.backend import BatchError
+    from drivetrain_engine_core.job import make_batch
     from drivetrain_roles.actor import Actor
 
     ids = [torch.tensor([1, 2, 3])]

@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from drivetrain_engine_core.handoff import HandoffError, SentVersions
-from drivetrain_engine_core.rollout import create_rollout
+from drivetrain_engine_core._handoff import SentVersions
+from drivetrain_engine_core.job import create_rollout
+from drivetrain_engine_core.rollout import HandoffError
 from drivetrain_engine_core.testing.policies import lora_adapters
 from drivetrain_engine_core.testing.rollout_conformance import RolloutConformanceTests
 

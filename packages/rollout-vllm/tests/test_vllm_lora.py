@@ -13,10 +13,9 @@ pytest.importorskip("vllm")
 pytest.importorskip("peft")
 
 import peft
-from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.handoff import HandoffError
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core.backend import LoraConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, create_rollout, engine_config_from_dict
+from drivetrain_engine_core.rollout import HandoffError, SamplingConfig
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
 
 # alpha / rank = 3: not a power of two, so vLLM's lora_B (scaled in place) cannot be undone by a division.

@@ -9,8 +9,8 @@ import importlib.util
 import sys
 
 import pytest
-from drivetrain_engine_core.errors import PluginError
-from drivetrain_engine_core.rollout import create_rollout
+from drivetrain_engine_core.backend import PluginError
+from drivetrain_engine_core.job import create_rollout
 from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
 
 
@@ -46,7 +46,7 @@ def test_a_missing_vllm_names_the_install_command(monkeypatch, tmp_path):
 
 
 def test_the_separate_placement_without_a_vllm_python_names_the_variable(monkeypatch, tmp_path):
-    from drivetrain_engine_core.config import ConfigError
+    from drivetrain_engine_core.backend import ConfigError
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     monkeypatch.delenv(PYTHON_VARIABLE, raising=False)

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from drivetrain_engine_core.handoff import HandoffError
+from drivetrain_engine_core.rollout import HandoffError
 from drivetrain_rollout_vllm import VLLMServerRollout
 from drivetrain_rollout_vllm.process import ServerProcess
 from drivetrain_rollout_vllm.wire import PROTOCOL

@@ -9,8 +9,9 @@ import logging
 from importlib.metadata import version
 
 import pytest
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.rollout import SamplingConfig, rollout_options
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import rollout_options
+from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_rollout_vllm import RequestDeadline, VLLMOptions, VLLMServerOptions, VLLMServerRollout
 from drivetrain_rollout_vllm.deadline import REQUEST_SECONDS_VARIABLE
 from drivetrain_rollout_vllm.options import CPU_KV_CACHE_BYTES

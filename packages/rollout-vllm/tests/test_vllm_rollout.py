@@ -12,11 +12,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from drivetrain_engine_core.config import ModelConfig, OptimizerConfig
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.handoff import HandoffError, SentVersions
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core._handoff import SentVersions
+from drivetrain_engine_core.backend import EngineStateError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import create_engine, create_rollout, engine_config_from_dict
+from drivetrain_engine_core.rollout import HandoffError, SamplingConfig
 from drivetrain_engine_core.testing import random_batch, token_mean_nll
 from drivetrain_engine_core.testing.policies import base_state, moved, stream
 from drivetrain_rollout_vllm import VLLMRollout

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.handoff import HandoffError, SentVersions
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core._handoff import SentVersions
+from drivetrain_engine_core.backend import ConfigError, EngineStateError
+from drivetrain_engine_core.job import create_rollout
+from drivetrain_engine_core.rollout import HandoffError, SamplingConfig
 from drivetrain_engine_core.testing.policies import (
     actor_log_probs,
     base_state,
@@ -252,9 +252,9 @@ def test_an_adapter_version_is_served_on_the_server_as_peft_does(servers, servab
     (lora_B against what arrived times alpha / rank = 3, bit for bit), sampled as transformers + PEFT sample with
     the base model and the engine's adapters."""
     peft = pytest.importorskip("peft")
-    from drivetrain_engine_core.config import LoraConfig, ModelConfig, OptimizerConfig
-    from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-    from drivetrain_engine_core.handoff import VerifyConfig
+    from drivetrain_engine_core.backend import LoraConfig, ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.job import create_engine, engine_config_from_dict
+    from drivetrain_engine_core.rollout import VerifyConfig
     from drivetrain_engine_core.testing import random_batch, token_mean_nll
     from transformers import AutoModelForCausalLM
 

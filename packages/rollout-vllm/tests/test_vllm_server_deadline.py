@@ -15,8 +15,8 @@ import time
 
 import pytest
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.handoff import SentVersions
+from drivetrain_engine_core._handoff import SentVersions
+from drivetrain_engine_core.backend import ConfigError
 from drivetrain_engine_core.rollout import SamplingConfig
 from drivetrain_engine_core.testing.policies import stream
 from drivetrain_rollout_vllm.deadline import (

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.rollout import create_rollout
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import create_rollout
 from drivetrain_engine_core.testing import make_tiny_model_dir
 
 

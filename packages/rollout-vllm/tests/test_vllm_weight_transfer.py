@@ -12,9 +12,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.handoff import HandoffError, SentVersions, verify_served
-from drivetrain_engine_core.rollout import SamplingConfig, create_rollout
+from drivetrain_engine_core._handoff import SentVersions, verify_served
+from drivetrain_engine_core.backend import EngineStateError
+from drivetrain_engine_core.job import create_rollout
+from drivetrain_engine_core.rollout import HandoffError, SamplingConfig
 from drivetrain_engine_core.testing.policies import actor_log_probs, base_state, moved, save_policy, stream
 from drivetrain_rollout_vllm.transfer import DrivetrainTrainerInitInfo, LLMClient
 from drivetrain_rollout_vllm.transfer_engine import DrivetrainWeightTransferEngine

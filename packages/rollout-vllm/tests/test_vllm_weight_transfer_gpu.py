@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from drivetrain_engine_core.handoff import SentVersions, verify_served
+from drivetrain_engine_core._handoff import SentVersions, verify_served
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 from drivetrain_engine_core.testing.device import requires_cuda
 from drivetrain_engine_core.testing.policies import actor_log_probs, base_state, moved, save_policy, stream

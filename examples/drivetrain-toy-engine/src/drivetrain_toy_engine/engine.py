@@ -23,10 +23,8 @@ from drivetrain_engine_core.backend import (
     Mode,
     PaddedRows,
     TokenLimits,
-    disable_dropout_in_config,
-    disable_dropout_modules,
-    distributed,
 )
+from drivetrain_engine_core.kit import disable_dropout_in_config, disable_dropout_modules, distributed
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 

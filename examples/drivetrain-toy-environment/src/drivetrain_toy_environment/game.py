@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Environment, Message, ModelTurn, StepResult
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import Environment, Message, ModelTurn, StepResult
 
 AGAIN = "Again."
 """What the game says after every turn but the last."""

@@ -1,6 +1,6 @@
 """The ``toy-environment`` entry point: registers the game by name, imported only when an episode needs it."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 
 @hookimpl

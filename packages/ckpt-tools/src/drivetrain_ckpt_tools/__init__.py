@@ -6,7 +6,7 @@ which imports this package first, and listing plugins must not pull in torch or 
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "MergeOptions": "merge",

@@ -30,7 +30,7 @@ def ls_command(root: str, check: bool, as_json: bool) -> None:
 
     With ``--check`` the exit status is 1 when a published step fails the file check, so a script can rely on it.
     """
-    from drivetrain_engine_core.errors import DrivetrainError
+    from drivetrain_engine_core.backend import DrivetrainError
 
     from .inspect import format_steps, list_steps
 
@@ -83,7 +83,7 @@ def merge_command(
     model_path: str | None,
 ):
     """Merge checkpoint step SRC (or the latest step of a root) into a Hugging Face directory DST."""
-    from drivetrain_engine_core.errors import DrivetrainError
+    from drivetrain_engine_core.backend import DrivetrainError
 
     from .merge import MergeOptions, merge_checkpoint
     from .writer import parse_size
@@ -122,7 +122,7 @@ def merge_command(
 )
 def verify_command(dst: str, src: str, tolerance: float, device: str, model_path: str | None) -> None:
     """Compare DST (loaded by transformers) with the engine's own outputs from checkpoint SRC."""
-    from drivetrain_engine_core.errors import DrivetrainError
+    from drivetrain_engine_core.backend import DrivetrainError
 
     from .verify import verify_merged
 

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from drivetrain_engine_core.checkpoint import CheckpointMerger
+from drivetrain_engine_core.backend import CheckpointMerger
 
 logger = logging.getLogger(__name__)
 

@@ -6,18 +6,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.checkpoint import (
+from drivetrain_engine_core.backend import CheckpointError, PluginError
+from drivetrain_engine_core.job import (
     MANIFEST_FILE,
     Manifest,
     StepEntry,
     complete_steps,
+    plugins,
     read_latest,
-    read_manifest,
     step_entries,
     verify_files,
 )
-from drivetrain_engine_core.errors import CheckpointError, PluginError
-from drivetrain_engine_core.plugins import plugins
+from drivetrain_engine_core.kit import read_manifest
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from drivetrain_engine_core.checkpoint import PEFT_PREFIX, CheckpointMerger
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError, CheckpointMerger
+from drivetrain_engine_core.kit import PEFT_PREFIX
 from safetensors.torch import save_file
 
 ADAPTER_CONFIG = "adapter_config.json"

@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from drivetrain_engine_core.checkpoint import (
-    CheckpointMerger,
-    read_manifest,
+from drivetrain_engine_core.backend import CheckpointError, CheckpointMerger
+from drivetrain_engine_core.job import (
+    DrivetrainPlugins,
+    fsync_dir,
+    fsync_tree,
     resolve_step_dir,
     verify_files,
 )
-from drivetrain_engine_core.checkpoint.durable import fsync_dir, fsync_tree
-from drivetrain_engine_core.errors import CheckpointError
-from drivetrain_engine_core.plugins import DrivetrainPlugins
-from drivetrain_engine_core.plugins import plugins as default_plugins
+from drivetrain_engine_core.job import plugins as default_plugins
+from drivetrain_engine_core.kit import read_manifest
 
 from .hf_files import copy_side_files, write_model_config
 from .lora import merged_base_tensors, write_adapter_dir

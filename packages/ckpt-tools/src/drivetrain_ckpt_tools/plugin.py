@@ -1,6 +1,6 @@
 """The ``ckpt`` entry point: adds ``drivetrain ckpt ...`` to the command line (nothing heavy imported)."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 
 @hookimpl

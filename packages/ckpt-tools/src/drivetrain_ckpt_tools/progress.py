@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.checkpoint import CheckpointMerger
-from drivetrain_engine_core.checkpoint.peft import split_peft_name
+from drivetrain_engine_core.backend import CheckpointMerger
+from drivetrain_engine_core.kit import split_peft_name
 
 
 def base_tensor_count(merger: CheckpointMerger) -> int:

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from drivetrain_engine_core.checkpoint import CheckpointMerger
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError, CheckpointMerger
 
 from .lora import ADAPTER_CONFIG
 

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from drivetrain_engine_core.checkpoint import CheckpointMerger
-from drivetrain_engine_core.config import LoraConfig, ModelConfig, ModelType
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.errors import CheckpointError
-from drivetrain_engine_core.plugins import DrivetrainPlugins
+from drivetrain_engine_core.backend import (
+    CheckpointError,
+    CheckpointMerger,
+    ForwardOptions,
+    LoraConfig,
+    ModelConfig,
+)
+from drivetrain_engine_core.job import DrivetrainPlugins, ModelType, make_batch
 
 from .lora import ADAPTER_CONFIG
 from .merge import open_merger
@@ -109,7 +111,7 @@ def engine_outputs(
     merger: CheckpointMerger, sequences, *, device: str, plugins: DrivetrainPlugins | None
 ) -> dict[str, list[torch.Tensor]]:
     """Per-sequence outputs of the engine that wrote the step, loaded from it (world size 1, no optimizer)."""
-    from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
+    from drivetrain_engine_core.job import create_engine, engine_config_from_dict
 
     manifest = merger.manifest
     lora = manifest.lora

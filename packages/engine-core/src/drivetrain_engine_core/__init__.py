@@ -1,71 +1,21 @@
 """drivetrain-engine-core: the backend-agnostic Engine contract, data format, plugins and CLI.
 
-Importing the package is cheap: configs and errors load eagerly, everything that needs torch (the Engine,
-outputs, the factory) loads on first attribute access, so listing plugins never imports torch.
+Plugins import core through its faces, each a page to read, and nothing else (every other module is private):
+
+- :mod:`drivetrain_engine_core.backend`: the Engine contract a backend implements;
+- :mod:`drivetrain_engine_core.kit`: what backends share by choice (attention, log-probs, router replay and
+  balance, checkpoint readers);
+- :mod:`drivetrain_engine_core.rollout`: the Rollout contract and the weight hand-off a rollout receives;
+- :mod:`drivetrain_engine_core.job`: what command plugins (training jobs, checkpoint tools) build on;
+- :mod:`drivetrain_engine_core.testing`: the conformance kits.
+
+Importing the package is cheap: the faces load each name on first use, so listing plugins never imports torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from ._upstream_noise import silence_upstream_noise
 
-from .config import (
-    CheckpointConfig,
-    ConfigError,
-    EngineConfig,
-    LoraConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-    config_from_dict,
-)
-from .errors import BatchError, CheckpointError, DrivetrainError, EngineStateError, PluginError
-from .lazy import lazy_getattr
-from .upstream_noise import silence_upstream_noise
+silence_upstream_noise()  # one known upstream log record, dropped at its logger (see _upstream_noise)
 
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .factory import create_engine, engine_config_from_dict
-    from .outputs import ForwardBackwardOutput, LossContext, LossFn, MicroBatchResult
-    from .plugins import get_plugin_manager
-
-_LAZY = {
-    "Engine": "engine",
-    "ForwardBackwardOutput": "outputs",
-    "LossContext": "outputs",
-    "LossFn": "outputs",
-    "MicroBatchResult": "outputs",
-    "create_engine": "factory",
-    "engine_config_from_dict": "factory",
-    "get_plugin_manager": "plugins",
-}
-
-__version__ = "0.1.0"
-
-silence_upstream_noise()  # one known upstream log record, dropped at its logger (see upstream_noise)
-
-__all__ = [
-    "BatchError",
-    "CheckpointConfig",
-    "CheckpointError",
-    "ConfigError",
-    "DrivetrainError",
-    "Engine",
-    "EngineConfig",
-    "EngineStateError",
-    "ForwardBackwardOutput",
-    "LoraConfig",
-    "LossContext",
-    "LossFn",
-    "MicroBatchConfig",
-    "MicroBatchResult",
-    "ModelConfig",
-    "OptimizerConfig",
-    "PluginError",
-    "config_from_dict",
-    "create_engine",
-    "engine_config_from_dict",
-    "get_plugin_manager",
-]
-
-
-__getattr__ = lazy_getattr(__name__, _LAZY)
+__all__: list[str] = []

@@ -2,7 +2,7 @@
 
 A packed row ``(1, T)`` holds several sequences back to back. transformers' SDPA path turns restarting
 ``position_ids`` into a ``T x T`` block mask, which costs what the *row* costs. This function hands the
-layer's query/key/value to core's :func:`~drivetrain_engine_core.packed_attention.packed_causal_attention`
+layer's query/key/value to core's :func:`~drivetrain_engine_core.kit.packed_causal_attention`
 (torch's variable-length flash kernel on CUDA in half precision, SDPA per sequence elsewhere), so attention
 costs what the sequences cost.
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 
 import torch
-from drivetrain_engine_core.backend import (
-    ConfigError,
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.kit import (
     SequenceLengths,
     distributed,
     flash_kernel_applies,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.backend import (
+from drivetrain_engine_core.kit import (
     ADAM_MOMENTS,
     MODEL_DIR,
     OPTIMIZER_DIR,

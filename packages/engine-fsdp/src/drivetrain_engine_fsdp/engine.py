@@ -20,13 +20,13 @@ from drivetrain_engine_core.backend import (
     BackendCapabilities,
     ConfigError,
     Engine,
-    HFTrainingState,
     MicroBatch,
     MicroBatchResult,
     Mode,
     ShardedWeight,
     TokenLimits,
 )
+from drivetrain_engine_core.kit import HFTrainingState
 from torch.distributed.fsdp import FSDPModule
 
 from . import checkpoint

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 
 import torch
-from drivetrain_engine_core.backend import PEFT_PREFIX, LoraConfig, ShardedWeight, split_peft_name
+from drivetrain_engine_core.backend import LoraConfig, ShardedWeight
+from drivetrain_engine_core.kit import PEFT_PREFIX, split_peft_name
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -92,7 +93,7 @@ def export_adapter_weights(module: nn.Module) -> Iterator[tuple[str, torch.Tenso
     """Yield ``(peft_name, full tensor)`` for every LoRA adapter and ``modules_to_save`` weight (collective).
 
     Names are those of a PEFT ``adapter_model.safetensors`` (``...q_proj.lora_A.weight``), as
-    :func:`~drivetrain_engine_core.checkpoint.split_peft_name` writes them; base weights are not gathered.
+    :func:`~drivetrain_engine_core.kit.split_peft_name` writes them; base weights are not gathered.
     """
     for name, tensor in module.state_dict().items():
         kind, renamed = split_peft_name(name)

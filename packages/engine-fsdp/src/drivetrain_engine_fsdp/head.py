@@ -3,7 +3,7 @@
 A causal LM ends ``logits = lm_head(hidden)``. When the head is a plain bias-free ``nn.Linear`` (tied to the
 embeddings or not) and the model applies nothing after it (no logit soft-capping or scale), the engine skips
 it in the model's forward (:func:`hidden_states_out`) and computes the token fields from the hidden states
-and ``lm_head.weight`` in chunks (core's :mod:`drivetrain_engine_core.linear_log_probs`). Other heads (LoRA
+and ``lm_head.weight`` in chunks (core's :func:`drivetrain_engine_core.kit.linear_log_probs`). Other heads (LoRA
 on the head, value heads, soft-capped logits) keep the full-logits path.
 """
 

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed.checkpoint as dcp
-from drivetrain_engine_core.backend import CheckpointError, CheckpointIndex
+from drivetrain_engine_core.backend import CheckpointError
+from drivetrain_engine_core.kit import CheckpointIndex
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 
 _SHOWN = 5  # names listed in an error message before "... and N more"

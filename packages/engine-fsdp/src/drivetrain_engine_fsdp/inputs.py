@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.backend import MicroBatch, PackedRow, PaddedRows, SequenceLengths
+from drivetrain_engine_core.backend import MicroBatch, PackedRow, PaddedRows
+from drivetrain_engine_core.kit import SequenceLengths
 
 
 def model_kwargs(micro_batch: MicroBatch) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Liger's kernel computes each chunk's logits, takes its log-softmax in one fused 
 ``reduction="none"`` it recomputes the chunk in backward, where the per-token upstream gradient is known, so
 the gradients are exact for any loss over the log-probs. It has no entropy output, and no temperature:
 calls that ask for entropy, or for a temperature other than 1 in half precision, take the chunked torch path
-(core's :mod:`drivetrain_engine_core.linear_log_probs`) instead (:func:`liger_applies`).
+(core's :func:`drivetrain_engine_core.kit.linear_log_probs`) instead (:func:`liger_applies`).
 
 NOTE: the temperature could be folded into the hidden states (``softmax((h @ W.T) / T) == softmax((h / T) @
 W.T)``), but ``h / T`` rounded to bf16 moves the log-probs by up to 2e-2 (measured on an H100: 3,000 tokens, a

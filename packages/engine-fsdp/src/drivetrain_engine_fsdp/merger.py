@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, CheckpointMerger
+from drivetrain_engine_core.backend import CheckpointMerger
+from drivetrain_engine_core.kit import MODEL_DIR, OPTIMIZER_DIR
 
 if TYPE_CHECKING:
     import torch
-    from drivetrain_engine_core.backend import DCPTensorReader
+    from drivetrain_engine_core.kit import DCPTensorReader
 
 _STATE = (
     "state."  # get_optimizer_state_dict's flattened keys: state.<parameter name>.<exp_avg|exp_avg_sq|step>
@@ -34,7 +35,7 @@ class FSDPCheckpointMerger(CheckpointMerger):
 
     @cached_property
     def _reader(self) -> DCPTensorReader:
-        from drivetrain_engine_core.backend import DCPTensorReader
+        from drivetrain_engine_core.kit import DCPTensorReader
 
         return DCPTensorReader(self.step_dir / MODEL_DIR)
 
@@ -53,7 +54,7 @@ class FSDPCheckpointMerger(CheckpointMerger):
 
     @cached_property
     def _optimizer_reader(self) -> DCPTensorReader:
-        from drivetrain_engine_core.backend import DCPTensorReader
+        from drivetrain_engine_core.kit import DCPTensorReader
 
         return DCPTensorReader(self.step_dir / OPTIMIZER_DIR)
 

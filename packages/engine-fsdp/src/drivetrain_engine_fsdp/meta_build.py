@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import CheckpointIndex, ModelConfig, read_checkpoint_index
+from drivetrain_engine_core.backend import ModelConfig
+from drivetrain_engine_core.kit import CheckpointIndex, read_checkpoint_index
 from torch import nn
 
 from .conversion import FusedWeight, base_model, checkpoint_layout, fused_weights

@@ -12,15 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import (
-    ALL_LINEAR,
-    ConfigError,
-    LoraConfig,
-    ModelConfig,
-    disable_dropout_in_config,
-    disable_dropout_modules,
-    peft_target_modules,
-)
+from drivetrain_engine_core.backend import ALL_LINEAR, ConfigError, LoraConfig, ModelConfig
+from drivetrain_engine_core.kit import disable_dropout_in_config, disable_dropout_modules, peft_target_modules
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 

@@ -1,7 +1,7 @@
 """``token_fields``: model output -> per-position ``log_probs`` / ``entropy`` / ``values`` of a micro-batch.
 
 The model output is the last hidden state when the engine ran the output projection itself (:mod:`.head`):
-log-probs and entropy then come from core's :func:`~drivetrain_engine_core.backend.linear_log_probs`, which
+log-probs and entropy then come from core's :func:`~drivetrain_engine_core.kit.linear_log_probs`, which
 never holds more than one chunk of logits (or, with ``log_prob_kernel="liger"`` and no entropy asked for, from
 Liger's fused kernel, :mod:`.liger`). Otherwise it is the logits (value models, heads the hidden-state path
 cannot take), and log-probs and entropy are computed ``entropy_chunk_size`` positions at a time. Under
@@ -14,7 +14,8 @@ slices, shifts and unpacks them.
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import ForwardOptions, MicroBatch, linear_log_probs
+from drivetrain_engine_core.backend import ForwardOptions, MicroBatch
+from drivetrain_engine_core.kit import linear_log_probs
 from torch.utils.checkpoint import checkpoint
 
 from .liger import liger_applies, liger_log_probs

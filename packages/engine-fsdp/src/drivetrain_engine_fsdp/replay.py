@@ -1,6 +1,6 @@
 """Router replay on the FSDP engine: core's replay hooks around a micro-batch that carries recorded routes.
 
-The formula and the record's layout are core's (``drivetrain_engine_core.router_replay``); this module finds
+The formula and the record's layout are core's (``drivetrain_engine_core.kit``'s router replay); this module finds
 the routers once and refuses what FSDP cannot replay (Ulysses gives each rank a slice of a sequence's tokens,
 which the record's token layout does not follow).
 """
@@ -10,14 +10,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from drivetrain_engine_core.backend import (
-    ROUTED_EXPERTS,
-    BatchError,
-    MicroBatch,
-    hf_routers,
-    micro_batch_routes,
-    replaying_routes,
-)
+from drivetrain_engine_core.backend import BatchError, MicroBatch
+from drivetrain_engine_core.kit import ROUTED_EXPERTS, hf_routers, micro_batch_routes, replaying_routes
 
 
 class RouterReplay:

@@ -1,6 +1,6 @@
 """The router's load-balancing loss on the FSDP engine: transformers' router logits into core's per-sequence term.
 
-The formula, its normalisation and the reasons for them are core's (``drivetrain_engine_core.router_balance``,
+The formula, its normalisation and the reasons for them are core's (``drivetrain_engine_core.kit.RouterLoss``,
 shared with the Megatron engine); this module asks transformers for the router logits and refuses what FSDP
 cannot split (Ulysses spreads a sequence over ranks).
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.backend import ROUTER_AUX_METRIC as METRIC
-from drivetrain_engine_core.backend import ConfigError, RouterLoss, router_loss_of
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.kit import ROUTER_AUX_METRIC as METRIC
+from drivetrain_engine_core.kit import RouterLoss, router_loss_of
 
 from .config import FSDPEngineConfig
 

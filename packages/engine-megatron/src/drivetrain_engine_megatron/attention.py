@@ -3,7 +3,7 @@
 Transformer Engine's fused attention handles packed (``thd``) rows on GPUs; megatron's own
 ``DotProductAttention`` refuses them. Where Transformer Engine is absent, this module takes its place in the
 layer spec. A packed row goes to core's
-:func:`~drivetrain_engine_core.packed_attention.packed_causal_attention` (the backends share it: torch's
+:func:`~drivetrain_engine_core.kit.packed_causal_attention` (the backends share it: torch's
 variable-length flash kernel on CUDA in half precision, causal SDPA per sequence elsewhere), with the host
 lengths ``inputs.PackedRowParams`` carries, so no token sees another sequence, no total-by-total mask is
 built and no layer reads ``cu_seqlens`` back from the device. Padded rows (``sbhd``, right-padded) use one
@@ -16,7 +16,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from drivetrain_engine_core.backend import ConfigError, packed_causal_attention
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.kit import packed_causal_attention
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule

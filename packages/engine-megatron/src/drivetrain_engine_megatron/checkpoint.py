@@ -12,12 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import (
-    MODEL_DIR,
-    OPTIMIZER_DIR,
-    check_saved_shapes,
-    read_manifest,
-)
+from drivetrain_engine_core.kit import MODEL_DIR, OPTIMIZER_DIR, check_saved_shapes, read_manifest
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.dict_utils import nested_values
 from megatron.core.dist_checkpointing.mapping import ShardedTensor

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from drivetrain_engine_core.backend import DCPTensorReader
+    from drivetrain_engine_core.kit import DCPTensorReader
 
 LAYOUT_DIR = "optimizer_layout"
 

@@ -21,17 +21,14 @@ from drivetrain_engine_core.backend import (
     ConfigError,
     Engine,
     EngineStateError,
-    HFTrainingState,
     MicroBatch,
     MicroBatchCountRule,
     MicroBatchResult,
     Mode,
-    RouterLoss,
     RowPadding,
     TokenLimits,
-    flash_kernel_missing,
-    read_manifest,
 )
+from drivetrain_engine_core.kit import HFTrainingState, RouterLoss, flash_kernel_missing, read_manifest
 
 from . import parallel_state
 from .config import MegatronEngineConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import ADAM_MOMENTS, WEIGHT, HFTrainingState, read_checkpoint_index
+from drivetrain_engine_core.kit import ADAM_MOMENTS, WEIGHT, HFTrainingState, read_checkpoint_index
 from megatron.core.optimizer import MegatronOptimizer
 
 from .model import BuiltModel

@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from drivetrain_engine_core.backend import MODEL_DIR, OPTIMIZER_DIR, CheckpointError, CheckpointMerger
+from drivetrain_engine_core.backend import CheckpointError, CheckpointMerger
+from drivetrain_engine_core.kit import MODEL_DIR, OPTIMIZER_DIR
 
 from .dist_opt_record import has_layout, read_adam_step, read_moments
 
 if TYPE_CHECKING:
     import torch
-    from drivetrain_engine_core.backend import DCPTensorReader
+    from drivetrain_engine_core.kit import DCPTensorReader
 
 _STACKED_PREFIX = "decoder.layers."
 _OPTIMIZER_STATE = "optimizer.state"
@@ -36,13 +37,13 @@ class MegatronCheckpointMerger(CheckpointMerger):
 
     @cached_property
     def _reader(self) -> DCPTensorReader:
-        from drivetrain_engine_core.backend import DCPTensorReader
+        from drivetrain_engine_core.kit import DCPTensorReader
 
         return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("model_dir", MODEL_DIR))
 
     @cached_property
     def _optimizer_reader(self) -> DCPTensorReader:
-        from drivetrain_engine_core.backend import DCPTensorReader
+        from drivetrain_engine_core.kit import DCPTensorReader
 
         return DCPTensorReader(self.step_dir / self.manifest.backend_info.get("optimizer_dir", OPTIMIZER_DIR))
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import ModelConfig, disable_dropout_in_config, read_checkpoint_index
+from drivetrain_engine_core.backend import ModelConfig
+from drivetrain_engine_core.kit import disable_dropout_in_config, read_checkpoint_index
 from mbridge.core.bridge import Bridge
 from megatron.core import parallel_state as mpu
 from megatron.core import tensor_parallel

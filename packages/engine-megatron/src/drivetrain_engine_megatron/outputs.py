@@ -10,7 +10,8 @@ predicts token p + 1"); core's ``MicroBatch.finish`` shifts and unpacks them (do
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.backend import MicroBatch, linear_log_probs
+from drivetrain_engine_core.backend import MicroBatch
+from drivetrain_engine_core.kit import linear_log_probs
 
 from .head import OutputShard
 

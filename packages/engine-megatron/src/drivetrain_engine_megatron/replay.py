@@ -4,7 +4,7 @@ megatron-core 0.16 gives every ``TopKRouter`` a ``router_replay`` slot (filled w
 ``moe.router_replay.RouterReplay`` when ``TransformerConfig.moe_enable_routing_replay`` is set) that its
 top-k routing asks for the indices: in ``REPLAY_FORWARD`` it takes the slot's target indices and gathers the
 router's scores there, so the gating weights still come from the live router (the formula of core's
-``drivetrain_engine_core.router_replay``: for Qwen3-MoE, ``moe_router_pre_softmax=False``, a softmax over the
+``drivetrain_engine_core.kit``'s router replay: for Qwen3-MoE, ``moe_router_pre_softmax=False``, a softmax over the
 logits at the chosen experts, the renormalised top-k probabilities). drivetrain fills the slot with
 :class:`PartialRouterReplay`, megatron's class that also routes the positions the rollout did not record
 (each sequence's last token, padding: ``NOT_RECORDED``) live, as the FSDP engine does, where megatron's own
@@ -24,14 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from drivetrain_engine_core.backend import (
-    NOT_RECORDED,
-    ROUTED_EXPERTS,
-    BatchError,
-    MicroBatch,
-    check_routes_shape,
-    micro_batch_routes,
-)
+from drivetrain_engine_core.backend import BatchError, MicroBatch
+from drivetrain_engine_core.kit import NOT_RECORDED, ROUTED_EXPERTS, check_routes_shape, micro_batch_routes
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
 _TopK = Callable[..., tuple[torch.Tensor, torch.Tensor]]

@@ -1,6 +1,6 @@
 """The router's load-balancing loss on the Megatron engine: each router's logits into core's per-sequence term.
 
-The formula, its normalisation and the reasons for them are core's (``drivetrain_engine_core.router_balance``,
+The formula, its normalisation and the reasons for them are core's (``drivetrain_engine_core.kit.RouterLoss``,
 shared with the FSDP engine), so both backends add the same number for the same batch. megatron's own balance
 losses stay off (mbridge sets ``moe_router_load_balancing_type="none"``): they pool a micro-batch's tokens.
 
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import ConfigError, RouterLoss, router_loss_of
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.kit import RouterLoss, router_loss_of
 
 from .config import MegatronEngineConfig
 

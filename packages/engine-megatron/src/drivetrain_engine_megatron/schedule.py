@@ -20,7 +20,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, RouterLoss, distributed, host_floats
+from drivetrain_engine_core.backend import MicroBatch, MicroBatchResult, host_floats
+from drivetrain_engine_core.kit import RouterLoss, distributed
 from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import unwrap_model

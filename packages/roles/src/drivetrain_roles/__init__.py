@@ -1,12 +1,12 @@
 """drivetrain-roles: engine-agnostic RL roles (actor, critic, reference), their losses and the SFT trainer.
 
-Everything here talks to :class:`drivetrain_engine_core.engine.Engine` only, so it runs unchanged on every
+Everything here talks to :class:`drivetrain_engine_core.backend.Engine` only, so it runs unchanged on every
 installed backend. Importing this package is cheap; the roles import torch when their modules load.
 """
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "Actor": "actor",

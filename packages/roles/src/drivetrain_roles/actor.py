@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.data.batch import validate_batch
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.outputs import LossFn
+from drivetrain_engine_core.backend import Engine, ForwardOptions
+from drivetrain_engine_core.job import LossFn, agreed_checks, validate_batch
 from tensordict import TensorDict
 
 from .batch_inputs import RoleBatch
@@ -63,7 +60,7 @@ class ActorConfig:
 
 
 class Actor(UpdatingRole):
-    """Policy role over any :class:`~drivetrain_engine_core.engine.Engine` with an optimizer.
+    """Policy role over any :class:`~drivetrain_engine_core.backend.Engine` with an optimizer.
 
     Batches may be no-padding (jagged) or left-right padded; outputs come back in the same form.
 

@@ -26,9 +26,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import jagged
+from drivetrain_engine_core.kit import distributed
 from torch.distributed import ProcessGroup
 
 from .losses.aggregation import FlatTokens, flat_values

@@ -5,7 +5,7 @@ left-padded and the responses right-padded, ``attention_mask`` at real tokens, `
 loss applies, other per-token fields (``old_log_probs``, ``advantages``, ...) of the same ``(B, L)`` width
 (verl keeps these response-wide, ``(B, R)``: widen them to the whole row), and per-sequence ``(B,)`` fields
 (``uid``, scores) kept as they are. Core converts it exactly
-(:func:`drivetrain_engine_core.data.padding.padded_to_nopad`); the roles compute on the no-padding form only
+(:func:`drivetrain_engine_core.job.padded_to_nopad`); the roles compute on the no-padding form only
 and scatter per-token outputs back to the real-token positions.
 """
 
@@ -14,9 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core.data.batch import LOSS_MASK, is_jagged
-from drivetrain_engine_core.data.padding import ATTENTION_MASK, padded_to_nopad
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import ATTENTION_MASK, LOSS_MASK, is_jagged, padded_to_nopad
 from tensordict import TensorDict
 
 PADDED_KEYS: tuple[str, ...] = ("input_ids", ATTENTION_MASK, "position_ids", "response_mask")

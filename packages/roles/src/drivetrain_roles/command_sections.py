@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from drivetrain_engine_core.config import ConfigError, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.backend import ConfigError, ModelConfig, OptimizerConfig
 
 from .jobs.builtin_tasks import BUILTIN_TASKS
 from .jobs.default_assets import BUILTIN_MODEL

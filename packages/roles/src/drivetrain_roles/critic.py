@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.data.batch import validate_batch
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import agreed_checks, validate_batch
 from tensordict import TensorDict
 
 from .batch_inputs import RoleBatch
@@ -32,7 +31,7 @@ class CriticConfig:
 
 
 class Critic(UpdatingRole):
-    """Value role over any value-model :class:`~drivetrain_engine_core.engine.Engine`.
+    """Value role over any value-model :class:`~drivetrain_engine_core.backend.Engine`.
 
     Args:
         engine: an initialised value-model engine with an optimizer.

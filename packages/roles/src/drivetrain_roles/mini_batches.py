@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.distributed import ProcessGroup
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import ProcessGroup, agreed_checks
+from drivetrain_engine_core.kit import distributed
 from tensordict import TensorDict
 
 

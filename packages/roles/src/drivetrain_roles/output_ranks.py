@@ -8,9 +8,8 @@ the first step, after collectives on inputs the group's ranks did not share.
 
 from __future__ import annotations
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import ConfigError, Engine
+from drivetrain_engine_core.kit import distributed
 
 
 def require_outputs_on_every_rank(engine: Engine, needed_by: str) -> None:

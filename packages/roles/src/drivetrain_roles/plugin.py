@@ -1,7 +1,7 @@
 """drivetrain plugin of drivetrain-roles: the roles, the ``hf`` rollout, the ``http`` and ``calculator``
 environments, the ``sft``/``dpo``/``rm``/``grpo``/``ppo`` commands and ``env``."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 
 @hookimpl

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import ConfigError, Engine, ForwardOptions
 from tensordict import TensorDict
 
 from .batch_inputs import RoleBatch

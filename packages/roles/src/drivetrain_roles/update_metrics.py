@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.distributed import ProcessGroup
-from drivetrain_engine_core.outputs import ForwardBackwardOutput
-from drivetrain_engine_core.router_balance import ROUTER_AUX_METRIC
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import ForwardBackwardOutput, ProcessGroup
+from drivetrain_engine_core.kit import ROUTER_AUX_METRIC, distributed
 
 ENGINE_METRICS: tuple[str, ...] = ("grad_norm", "lr")
 """Metrics the engine itself reports once per step (not per micro-batch)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine
 
 UPDATES_DONE_KEY = "updates_done"
 

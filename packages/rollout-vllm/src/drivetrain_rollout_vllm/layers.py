@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core.handoff import HandoffError
+from drivetrain_engine_core.rollout import HandoffError
 
 
 @dataclass(frozen=True)

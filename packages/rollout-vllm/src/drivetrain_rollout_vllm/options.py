@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.rollout_options import RolloutOptions
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.rollout import RolloutOptions
 
 from .deadline import RequestDeadline
 

@@ -2,7 +2,7 @@
 process; vLLM is imported only when it is looked up, so this loads where vLLM is not installed and the rollout
 then names the install command) and ``vllm-server`` (separate: vLLM in its own process and Python)."""
 
-from drivetrain_engine_core.hookspecs import hookimpl
+from drivetrain_engine_core.backend import hookimpl
 
 
 @hookimpl

@@ -28,8 +28,7 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import PluginError
+from drivetrain_engine_core.backend import ConfigError, PluginError
 
 from .deadline import REQUEST_SECONDS_OPTION
 from .install import INSTALL

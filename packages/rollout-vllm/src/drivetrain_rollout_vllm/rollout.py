@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from drivetrain_engine_core.handoff import HandoffError, VerifyConfig, WeightBucket
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig, end_of_sequence_ids
+from drivetrain_engine_core.rollout import (
+    HandoffError,
+    Rollout,
+    SamplingConfig,
+    VerifyConfig,
+    WeightBucket,
+    end_of_sequence_ids,
+)
 
 from . import worker
 from .adapters import AdapterVersions, served_adapter_tensor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 FIX = "use a model vLLM serves, or the `hf` rollout (rollout.name=hf) for this one"
 

@@ -21,10 +21,8 @@ from importlib.metadata import version as installed_version
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.handoff import HandoffError, VerifyConfig
-from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.backend import ConfigError, EngineStateError
+from drivetrain_engine_core.rollout import HandoffError, SamplingConfig, VerifyConfig
 
 from .options import VLLMOptions
 from .wire import (

@@ -13,7 +13,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, cast
 
-from drivetrain_engine_core.handoff import HandoffError, WeightBucket
+from drivetrain_engine_core.rollout import HandoffError, WeightBucket
 from vllm.distributed.weight_transfer.base import (
     TrainerInitInfo,
     TrainerWeightTransferEngine,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import HandoffError, digest_of
+from drivetrain_engine_core.rollout import HandoffError, digest_of
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
-from drivetrain_engine_core.handoff import BucketReceiver, HandoffError, TensorDigest, WeightBucket
+from drivetrain_engine_core.rollout import BucketReceiver, HandoffError, TensorDigest, WeightBucket
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
 

@@ -12,18 +12,17 @@ import dataclasses
 from typing import Any
 
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import DrivetrainError, EngineStateError, PluginError
-from drivetrain_engine_core.handoff import (
+from drivetrain_engine_core.backend import ConfigError, DrivetrainError, EngineStateError, PluginError
+from drivetrain_engine_core.rollout import (
     DeltaBaseError,
     HandoffError,
+    SamplingConfig,
     TensorDigest,
     TensorSpec,
     WeightBucket,
+    as_bytes,
 )
-from drivetrain_engine_core.handoff import check_arrived as check_arrived_in_core
-from drivetrain_engine_core.handoff.bucket import as_bytes
-from drivetrain_engine_core.rollout import SamplingConfig
+from drivetrain_engine_core.rollout import check_arrived as check_arrived_in_core
 
 DISTRIBUTION = "drivetrain-rollout-vllm"
 
@@ -113,7 +112,7 @@ def bucket_from(header: dict[str, Any], payload: bytearray) -> WeightBucket:
 
 
 def check_arrived(bucket: WeightBucket) -> None:
-    """Core's arrival check (:func:`drivetrain_engine_core.handoff.check_arrived`) on the server's side of the
+    """Core's arrival check (:func:`drivetrain_engine_core.rollout.check_arrived`) on the server's side of the
     socket, before anything is applied: a mismatch there is the transport's, so it is raised as the error the
     client answers by sending that bucket again.
 

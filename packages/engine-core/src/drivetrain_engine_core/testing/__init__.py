@@ -6,7 +6,7 @@ that a launcher child, which imports this package to find its entry point, does 
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core._lazy import lazy_getattr
 
 _EXPORTS = {
     "build_tiny_tokenizer": "tokenizer",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from tensordict import TensorDict
 
-from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core._data.batch import make_batch
 
 
 def random_batch(

@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drivetrain_engine_core.processes import die_with_parent, kill_process_group
+from drivetrain_engine_core._processes import die_with_parent, kill_process_group
 
 _JOIN_GRACE_S = 10.0
 _EXIT_GRACE_S = 5.0  # ranks that reported get this long to exit normally before they are killed
@@ -85,8 +85,8 @@ def _child(
     """Entry point of one rank: set the torchrun environment, init the group, run, report, clean up.
 
     The rank leads its own process group, so the parent can kill whatever it starts, and dies with the parent
-    if the parent is killed outright (see :mod:`drivetrain_engine_core.processes`). The default process group is created exactly as engines create
-    it in a real launch (:func:`~drivetrain_engine_core.distributed.init_distributed`). The report goes on the
+    if the parent is killed outright (see :mod:`drivetrain_engine_core._processes`). The default process group is created exactly as engines create
+    it in a real launch (:func:`~drivetrain_engine_core._distributed.init_distributed`). The report goes on the
     queue before the process group is torn down: tearing it down makes the other ranks' collectives fail, and
     the parent should hear about the cause before the consequences.
     """
@@ -97,7 +97,7 @@ def _child(
     import torch
     import torch.distributed as dist
 
-    from drivetrain_engine_core.distributed import init_distributed
+    from drivetrain_engine_core._distributed import init_distributed
 
     try:
         # Two shared cores: one intra-op thread per rank keeps ranks from starving each other.

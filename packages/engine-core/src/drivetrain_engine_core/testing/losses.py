@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core._outputs import LossContext
 
 
 def _masked(values: torch.Tensor, batch: TensorDict) -> torch.Tensor:

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from drivetrain_engine_core.checkpoint import PEFT_PREFIX
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.handoff import LoraMode, SentVersions, WeightBucket
-from drivetrain_engine_core.rollout import RolloutOutput
+from drivetrain_engine_core._checkpoint import PEFT_PREFIX
+from drivetrain_engine_core._data.batch import make_batch
+from drivetrain_engine_core._handoff import LoraMode, SentVersions, WeightBucket
+from drivetrain_engine_core._rollout import RolloutOutput
 from drivetrain_engine_core.testing.reference import load_reference_model, reference_log_probs
 
 State = dict[str, torch.Tensor]
@@ -94,7 +94,7 @@ def stream(
     spans many)."""
     config = None
     if lora == "adapter":
-        from drivetrain_engine_core.checkpoint.peft import peft_adapter_config
+        from drivetrain_engine_core._checkpoint.peft import peft_adapter_config
 
         config = peft_adapter_config(
             {"rank": LORA_RANK, "alpha": LORA_ALPHA, "target_modules": list(LORA_TARGETS)},

@@ -16,12 +16,12 @@ import torch
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from drivetrain_engine_core.config import OptimizerConfig
-from drivetrain_engine_core.data.batch import jagged
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.tokens import local_token_count
-from drivetrain_engine_core.lr_schedule import lr_at_step
-from drivetrain_engine_core.outputs import LossContext, LossFn
+from drivetrain_engine_core._config import OptimizerConfig
+from drivetrain_engine_core._data.batch import jagged
+from drivetrain_engine_core._data.options import ForwardOptions
+from drivetrain_engine_core._data.tokens import local_token_count
+from drivetrain_engine_core._lr_schedule import lr_at_step
+from drivetrain_engine_core._outputs import LossContext, LossFn
 
 _AUTO_CLASSES = {"language_model": AutoModelForCausalLM, "value_model": AutoModelForTokenClassification}
 

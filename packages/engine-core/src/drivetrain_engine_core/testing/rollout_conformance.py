@@ -23,15 +23,15 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from drivetrain_engine_core.errors import EngineStateError
-from drivetrain_engine_core.handoff import (
+from drivetrain_engine_core._errors import EngineStateError
+from drivetrain_engine_core._handoff import (
     DeltaBaseError,
     HandoffError,
     SentVersions,
     VerifyConfig,
     WeightBucket,
 )
-from drivetrain_engine_core.rollout import (
+from drivetrain_engine_core._rollout import (
     FAILED_KEEPS,
     FAILED_REFUSES,
     Rollout,

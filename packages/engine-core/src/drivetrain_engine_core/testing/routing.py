@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.router_replay import NOT_RECORDED, ROUTED_EXPERTS, ROUTES_DTYPE
+from drivetrain_engine_core._data.batch import make_batch
+from drivetrain_engine_core._router_replay import NOT_RECORDED, ROUTED_EXPERTS, ROUTES_DTYPE
 
 __all__ = ["forced_log_probs", "forced_routing", "formula_routes", "plain_hf_top_k", "with_routes"]
 

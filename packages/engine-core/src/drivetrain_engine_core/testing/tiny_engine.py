@@ -27,8 +27,8 @@ from drivetrain_engine_core.backend import (
     MicroBatchResult,
     Mode,
     TokenLimits,
-    distributed,
 )
+from drivetrain_engine_core.kit import distributed
 
 MODEL_FILE = "model/model.pt"
 OPTIMIZER_FILE = "optimizer/optimizer.pt"

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from tensordict import TensorDict
 
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.outputs import LossFn
+from drivetrain_engine_core._engine import Engine
+from drivetrain_engine_core._outputs import LossFn
 
 
 def train_history(

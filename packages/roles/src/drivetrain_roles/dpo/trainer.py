@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.outputs import LossFn
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import LossFn
+from drivetrain_engine_core.kit import distributed
 from tensordict import TensorDict
 
 from ..held_out_metrics import HeldOutMetrics

@@ -1,5 +1,5 @@
 """Environments that multi-turn rollouts act in: Python functions as tools, and any environment served over
-HTTP (the contract is :mod:`drivetrain_engine_core.environment`)."""
+HTTP (the contract is :class:`drivetrain_engine_core.job.Environment`)."""
 
 from .http import EnvironmentServerError, HTTPEnvironment
 from .tool_calls import HermesToolCallParser, ParsedTurn, ToolCall, ToolCallParser

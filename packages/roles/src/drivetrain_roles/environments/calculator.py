@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Message
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import Message
 
 from .tools import ToolEnvironment
 

@@ -20,8 +20,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from drivetrain_engine_core.environment import Environment, Message, ModelTurn, StepResult
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
+from drivetrain_engine_core.job import Environment, Message, ModelTurn, StepResult
 
 
 class EnvironmentServerError(DrivetrainError, RuntimeError):

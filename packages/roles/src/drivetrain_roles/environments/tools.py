@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Environment, Message, ModelTurn, StepResult
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import Environment, Message, ModelTurn, StepResult
 
 from .tool_calls import HermesToolCallParser, ToolCall, ToolCallParser
 from .tool_schemas import tool_schema

@@ -5,7 +5,7 @@ Names are imported lazily so that registering the ``grpo`` command stays cheap.
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 # Modules under ``drivetrain_roles``: GRPO's estimator lives in the RL layer, beside RLOO and REINFORCE++.
 _EXPORTS = {

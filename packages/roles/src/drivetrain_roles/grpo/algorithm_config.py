@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 from ..losses.config import PolicyLossConfig
 from ..rl.advantage_config import OUTCOME_ESTIMATORS, AdvantageConfig

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.backend import EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import CheckpointConfig
 
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,

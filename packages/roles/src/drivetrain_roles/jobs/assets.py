@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
+from drivetrain_engine_core.kit import distributed
 
 from ..command_sections import DataConfig
 from .builtin_tasks import ARITHMETIC, BUILTIN_TASKS, BuiltinTask, builtin_task

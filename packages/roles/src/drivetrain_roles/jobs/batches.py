@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import EngineConfig
+from drivetrain_engine_core.backend import EngineConfig
+from drivetrain_engine_core.kit import distributed
 from tensordict import TensorDict
 
 from .data import DataError, Example
@@ -76,7 +76,7 @@ def check_batch_size(name: str, batch_size: int, engine_config: EngineConfig) ->
 
 def make_sft_batch(examples: Sequence[Example]) -> TensorDict:
     """A no-padding batch whose ``loss_mask`` selects the response tokens."""
-    from drivetrain_engine_core.data.batch import make_batch
+    from drivetrain_engine_core.job import make_batch
 
     input_ids = [torch.tensor(e.token_ids, dtype=torch.long) for e in examples]
     loss_mask = [torch.tensor(response_mask(e), dtype=torch.bool) for e in examples]

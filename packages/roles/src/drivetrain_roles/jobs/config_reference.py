@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core.config_build import leaves
+from drivetrain_engine_core.job import leaves
 
 from ..runtime.command_config import PresetChoice, describe_fields, format_reference
 

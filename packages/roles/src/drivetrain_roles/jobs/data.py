@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
+from drivetrain_engine_core.kit import distributed
 
 from ..command_sections import DataConfig
 from .dataset_rows import SUPPORTED_SOURCES, dataset_rows, is_dataset_source

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
 
 SUPPORTED_SOURCES = (
     "data.train_files and data.val_files take .parquet or .jsonl files; folders written by datasets' save_to_disk "

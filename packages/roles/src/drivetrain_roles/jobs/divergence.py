@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 DivergenceAction = Literal["warn", "stop", "off"]
 TripKind = Literal["diverged", "collapsed", "stalled"]

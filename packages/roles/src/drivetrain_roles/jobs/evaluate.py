@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.outputs import LossFn
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import LossFn
+from drivetrain_engine_core.kit import distributed
 
 from .batches import make_sft_batch
 from .data import Example

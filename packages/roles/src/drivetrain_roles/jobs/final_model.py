@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.kit import distributed
 
 from ..hf_layout import CheckpointLayout
 from .rank_zero_write import rank_zero_write

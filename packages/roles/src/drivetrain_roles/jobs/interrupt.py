@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 import click
-from drivetrain_engine_core.cli import INTERRUPTED
+from drivetrain_engine_core.job import INTERRUPTED
 
 from .rank_failures import ERROR_DIR_ENV, launch_rank
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.checkpoint.durable import write_durably
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import write_durably
+from drivetrain_engine_core.kit import distributed
 
 from ..runtime.command_config import to_plain
 from ..runtime.tracking.jsonl import dumps

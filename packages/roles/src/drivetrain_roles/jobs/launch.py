@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
-from drivetrain_engine_core.cli import INTERRUPTED
-from drivetrain_engine_core.config import EngineConfig
+from drivetrain_engine_core.backend import EngineConfig
+from drivetrain_engine_core.job import INTERRUPTED
 
 from ..runtime.descendants import owning_descendants
 from .interrupt import forwarding_ctrl_c, interrupt_report
@@ -78,7 +78,7 @@ def new_output_dir(command: str, root: Path = OUTPUTS_ROOT) -> Path:
 
 def latest_output_dir(command: str, root: Path = OUTPUTS_ROOT) -> Path | None:
     """The newest ``outputs/<command>-*`` run that holds a checkpoint (what ``--resume`` continues by default)."""
-    from drivetrain_engine_core.checkpoint import complete_steps
+    from drivetrain_engine_core.job import complete_steps
 
     runs = sorted(p for p in root.glob(f"{command}-*") if complete_steps(p / CHECKPOINT_DIR))
     return runs[-1] if runs else None
@@ -93,8 +93,8 @@ def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     Raises:
         CheckpointError: the run directory does not fit the request; the message names the flag to change.
     """
-    from drivetrain_engine_core.checkpoint import complete_steps
-    from drivetrain_engine_core.errors import CheckpointError
+    from drivetrain_engine_core.backend import CheckpointError
+    from drivetrain_engine_core.job import complete_steps
 
     root = run_dir / CHECKPOINT_DIR
     # NOTE: loadable steps only: a save cut short after its manifest leaves a complete temporary directory,
@@ -237,16 +237,14 @@ def rank_main(command: click.Command, name: str, arguments: Sequence[str]) -> No
     killed outright (kill -9, the OOM killer) left its ranks training, saving and pruning in the run folder,
     beside the ``--resume`` the user started next.
     """
-    from drivetrain_engine_core.process_exit import run_then_exit
-    from drivetrain_engine_core.processes import die_with_parent
+    from drivetrain_engine_core.job import die_with_parent, run_then_exit
 
     die_with_parent()
     run_then_exit(lambda: _run_rank(command, name, arguments))
 
 
 def _run_rank(command: click.Command, name: str, arguments: Sequence[str]) -> None:
-    from drivetrain_engine_core.config import ConfigError
-    from drivetrain_engine_core.errors import DrivetrainError
+    from drivetrain_engine_core.backend import ConfigError, DrivetrainError
 
     try:
         command.main(list(arguments), prog_name=f"drivetrain {name}", standalone_mode=False)
@@ -263,7 +261,7 @@ def _run_rank(command: click.Command, name: str, arguments: Sequence[str]) -> No
 
 def agreed_output_dir(output_dir: str, engine: EngineConfig) -> str:
     """Under an outer torchrun without ``--output-dir`` each rank made its own timestamp: use rank 0's."""
-    from drivetrain_engine_core import distributed
+    from drivetrain_engine_core.kit import distributed
 
     distributed.init_distributed(engine.device, engine.dist_timeout_s)
     return str(distributed.broadcast_object(output_dir))

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.outputs import ForwardBackwardOutput
+from drivetrain_engine_core.job import ForwardBackwardOutput
+from drivetrain_engine_core.kit import distributed
 
 from ..runtime.tracking import METRICS_FILE, RunInfo, open_trackers, read_records
 from .curves import CURVE_FILE as CURVE_FILE  # its home before 0.4.1 (curves.py)

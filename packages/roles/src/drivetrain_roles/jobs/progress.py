@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drivetrain_engine_core import distributed
+from drivetrain_engine_core.kit import distributed
 
 
 def progress_bar(command: str, total_steps: int, start_step: int, *, enabled: bool) -> Any:

@@ -27,8 +27,7 @@ def registered_commands() -> dict[str, click.Command]:
     already, so the plugins' ``register_commands`` hooks are called here directly (the same hooks, with the
     same rules for names several plugins claim), and a rank says nothing unless its command is missing.
     """
-    from drivetrain_engine_core.cli import build_cli
-    from drivetrain_engine_core.plugins import plugins
+    from drivetrain_engine_core.job import build_cli, plugins
 
     root = build_cli()
     plugins().register_commands(root)

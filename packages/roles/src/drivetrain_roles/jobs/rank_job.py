@@ -12,7 +12,7 @@ from .run_options import RunOptions
 def run_rank(config: Any, job: type, output_dir: str, run: RunOptions) -> str | None:
     """Run this process's rank of ``job``; returns (rank 0) the lines saying where the results are, else
     ``None``. Ctrl-C's saved checkpoint ends it with its one line (status 130)."""
-    from drivetrain_engine_core import distributed
+    from drivetrain_engine_core.kit import distributed
     from transformers.utils import logging as hf_logging
 
     from .interrupt import RunInterrupted, hand_over

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError
+from drivetrain_engine_core.job import agreed_checks
 
 
 @contextmanager

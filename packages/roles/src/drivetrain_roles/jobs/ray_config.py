@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import ConfigError, DrivetrainError
 
 from ..losses.names import choose
 

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
 
 from .launch import LOG_DIR
 from .run_options import RunOptions
@@ -54,7 +54,7 @@ class RayRank:
             RankFailed: the rank's user error (its one line).
             RankCrashed: a crash (the exception, where it was raised and the log holding its traceback).
         """
-        from drivetrain_engine_core.config import ConfigError
+        from drivetrain_engine_core.backend import ConfigError
 
         from .rank_job import run_rank
 

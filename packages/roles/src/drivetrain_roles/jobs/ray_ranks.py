@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 import click
-from drivetrain_engine_core.cli import INTERRUPTED
+from drivetrain_engine_core.job import INTERRUPTED
 
 from .nodes import TIMEOUT_ENV
 from .ray_config import RayConfig, RayPlacementError

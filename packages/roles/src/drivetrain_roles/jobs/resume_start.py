@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError
 
 from ..runtime.command_config import read_yaml
 from .assets import is_hub_id, local_model_directory, same_model_path

@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.checkpoint import complete_steps, step_dir_name
-from drivetrain_engine_core.checkpoint.durable import write_durably
-from drivetrain_engine_core.config import EngineConfig
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError, Engine, EngineConfig
+from drivetrain_engine_core.job import complete_steps, step_dir_name, write_durably
+from drivetrain_engine_core.kit import distributed
 
 from ..command_sections import LoopConfig
 from ..runtime.command_config import to_yaml

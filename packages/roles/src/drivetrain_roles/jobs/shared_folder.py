@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
+from drivetrain_engine_core.kit import distributed
 
 from .nodes import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
 

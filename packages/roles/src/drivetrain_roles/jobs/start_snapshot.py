@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.checkpoint.durable import write_durably
+from drivetrain_engine_core.job import write_durably
+from drivetrain_engine_core.kit import distributed
 
 from .assets import is_hub_id, local_model_directory
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import DivergenceError
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import DivergenceError
+from drivetrain_engine_core.kit import distributed
 
 from ..command_sections import LoopConfig
 from .divergence import DivergenceGuard, Trip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 from .config import PolicyLossConfig, ValueLossConfig
 from .names import (

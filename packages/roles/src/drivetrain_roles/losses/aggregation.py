@@ -1,7 +1,7 @@
 """Per-token tensors to one scalar, normalised by the *global* mini-batch counts.
 
 Every loss of this package is a sum over tokens (or sequences) of the micro-batch divided by a count of the
-whole mini-batch over every data-parallel rank (:class:`~drivetrain_engine_core.outputs.LossContext`). Summing
+whole mini-batch over every data-parallel rank (:class:`~drivetrain_engine_core.job.LossContext`). Summing
 the micro-batch results therefore gives the mini-batch loss exactly, whatever the micro-batching, dynamic
 batching or data-parallel size, and so does the gradient.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core.outputs import LossContext
+from drivetrain_engine_core.job import LossContext
 
 from .names import AGGREGATION_MODES as AGGREGATION_MODES  # importable from here since 0.1.0
 from .names import CONSTANT_LENGTH_MODE, check_aggregation_mode

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 from .names import POLICY_LOSS_MODES, canonical_estimator, check_aggregation_mode, choose
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping, Sequence
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 
 def choose(option: str, value: str, known: Sequence[str], aliases: Mapping[str, str] | None = None) -> str:

@@ -4,7 +4,7 @@ KL penalty and an entropy bonus, aggregated by ``loss_agg_mode``."""
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.outputs import LossContext, LossFn
+from drivetrain_engine_core.job import LossContext, LossFn
 from tensordict import TensorDict
 
 from .aggregation import FlatTokens, aggregate, flat_values, masked_fraction

@@ -2,7 +2,7 @@
 
 A preference batch holds the chosen and the rejected response of each prompt as two sequences sharing a
 ``uid``, with a dense per-sequence bool ``chosen``; core's group-aware micro-batching keeps both in one
-micro-batch (:mod:`drivetrain_engine_core.data.groups`). Each pair contributes ``loss / global_pairs``, where
+micro-batch (:func:`drivetrain_engine_core.job.sequence_groups`). Each pair contributes ``loss / global_pairs``, where
 ``global_pairs = LossContext.global_sequence_count / 2``, so the sum over micro-batches and ranks is the mean
 over every pair of the mini-batch, whatever the micro-batching or data-parallel size. Metrics are
 contributions that sum to mini-batch means too, under the names TRL uses (``rewards/chosen``, ...).
@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from drivetrain_engine_core.data.groups import UID, sequence_groups
-from drivetrain_engine_core.errors import BatchError
-from drivetrain_engine_core.outputs import LossContext, LossFn
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import UID, LossContext, LossFn, sequence_groups
 from tensordict import TensorDict
 
 from .aggregation import FlatTokens, flat_values

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.outputs import LossContext, LossFn
+from drivetrain_engine_core.job import LossContext, LossFn
 from tensordict import TensorDict
 
 from .aggregation import FlatTokens, aggregate, check_aggregation_mode, flat_values

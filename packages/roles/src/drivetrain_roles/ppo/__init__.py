@@ -5,7 +5,7 @@ Names are imported lazily so that registering the ``ppo`` command stays cheap.
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "ColocatedPPO": "controller",

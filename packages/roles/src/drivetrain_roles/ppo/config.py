@@ -14,13 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from drivetrain_engine_core.config import (
-    CheckpointConfig,
-    ConfigError,
-    EngineConfig,
-    ModelConfig,
-    OptimizerConfig,
-)
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import CheckpointConfig
 
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,

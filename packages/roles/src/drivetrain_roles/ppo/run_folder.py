@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from drivetrain_engine_core.checkpoint import step_dir_name
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import step_dir_name
 
 from ..advantages import AdaptiveKLController, FixedKLController
 from ..critic import Critic

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from drivetrain_engine_core import distributed
+from drivetrain_engine_core.kit import distributed
 from torch.distributed import ProcessGroup
 
 from ..losses.aggregation import FlatTokens, flat_values

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core.agreement import agreed_checks
+from drivetrain_engine_core.job import agreed_checks
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput
 from tensordict import TensorDict
 from torch.distributed import ProcessGroup

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import Engine
 
 from ..critic import Critic, CriticConfig
 from ..jobs.curves import Panel, Series
@@ -65,7 +65,7 @@ class PPOTrainer(PolicyTrainer[PPOConfig]):
     def make_critic(self, model_path: str) -> Critic:
         """The critic: a value model of ``model_path``'s trunk with a fresh head, on its own training engine,
         with the actor's mini-batches and epochs and the clipped value loss."""
-        from drivetrain_engine_core.factory import create_engine
+        from drivetrain_engine_core.job import create_engine
 
         config = self.config
         start = write_value_model_start(model_path, self.output_dir / CRITIC_START_DIR)

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from drivetrain_engine_core.config import ConfigError, MicroBatchConfig
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.data.groups import UID
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import UID, MicroBatchConfig, make_batch
 from tensordict import TensorDict
 
 from ..jobs.batches import response_mask

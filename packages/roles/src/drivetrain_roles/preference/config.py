@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError, ModelConfig
+from drivetrain_engine_core.backend import ConfigError, ModelConfig
 
 from ..command_sections import (
     BatchLoopConfig,

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.outputs import ForwardBackwardOutput, LossFn
+from drivetrain_engine_core.backend import Engine, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import CheckpointConfig, ForwardBackwardOutput, LossFn
+from drivetrain_engine_core.kit import distributed
 from tensordict import TensorDict
 
 from ..jobs.assets import load_tokenizer, resolve_model_path
@@ -192,7 +191,7 @@ class PairTrainer(TrainingJob[PairResult]):
     def _build_engine(
         self, model_path: str, optimizer: OptimizerConfig | None, checkpoint: CheckpointConfig | None = None
     ) -> Engine:
-        from drivetrain_engine_core.factory import create_engine
+        from drivetrain_engine_core.job import create_engine
 
         engine = create_engine(
             model_config=dataclasses.replace(self.config.model, path=model_path, model_type=self.model_type),

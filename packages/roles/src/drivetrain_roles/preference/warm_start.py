@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig
+from drivetrain_engine_core.backend import EngineConfig, ModelConfig
+from drivetrain_engine_core.job import CheckpointConfig
 
 from ..command_sections import DataConfig, RunOptimizerConfig
 from ..sft.config import SFTConfig, warm_start_trainer

@@ -6,7 +6,7 @@ Names are imported lazily so that the config checks (which read :mod:`.spec`) st
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "RewardModel": "scorer",

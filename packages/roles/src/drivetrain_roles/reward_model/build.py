@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError, EngineConfig, ModelConfig
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig
 
 from .config import RewardModelConfig
 from .render import PromptColumns
@@ -65,8 +65,7 @@ def build_reward_models(
     Raises:
         ConfigError: a folder that is not a one-label sequence-classification model.
     """
-    from drivetrain_engine_core.factory import create_engine
-    from drivetrain_engine_core.plugins import plugins
+    from drivetrain_engine_core.job import create_engine, plugins
     from transformers import AutoTokenizer
 
     from ..output_ranks import require_outputs_on_every_rank

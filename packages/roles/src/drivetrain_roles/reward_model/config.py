@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from drivetrain_engine_core.config import ConfigError, EngineConfig, MicroBatchConfig
+from drivetrain_engine_core.backend import ConfigError, EngineConfig
+from drivetrain_engine_core.job import MicroBatchConfig
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError, Engine
+from drivetrain_engine_core.job import make_batch
 
 from .render import PromptColumns, prompt_messages, scored_ids
 

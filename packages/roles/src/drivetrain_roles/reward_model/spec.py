@@ -15,7 +15,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 SCORE_WEIGHT = "score.weight"
 """The sequence-classification head both engines load as a value head (``*ForTokenClassification``'s names)."""

@@ -18,8 +18,8 @@ group, so that every rank uses the statistics of the global batch, as verl's sin
 from __future__ import annotations
 
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.batch import jagged
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import jagged
 from torch.distributed import ProcessGroup
 
 from ..advantages import whiten

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 from ..losses.config import PolicyLossConfig
 from ..losses.names import CONSTANT_LENGTH_MODE

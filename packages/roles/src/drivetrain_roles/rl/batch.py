@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from drivetrain_engine_core.data.batch import make_batch
+from drivetrain_engine_core.job import make_batch
+from drivetrain_engine_core.kit import ROUTED_EXPERTS
 from drivetrain_engine_core.rollout import RolloutOutput
-from drivetrain_engine_core.router_replay import ROUTED_EXPERTS
 from tensordict import TensorDict
 
 from ..jobs.data import Example

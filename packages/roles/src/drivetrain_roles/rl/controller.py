@@ -13,8 +13,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Self
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError, ConfigError
 from drivetrain_engine_core.rollout import RolloutOutput
 
 from ..jobs.assets import model_directory

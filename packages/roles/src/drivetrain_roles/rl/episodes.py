@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.environment import Environment, environment_factory
+from drivetrain_engine_core.job import Environment, environment_factory
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 
 from ..rollout.multi_turn import run_episodes

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.agreement import agreed_checks
+from drivetrain_engine_core.job import agreed_checks
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 
 from ..jobs.data import Example

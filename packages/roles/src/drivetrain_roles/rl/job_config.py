@@ -6,14 +6,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from drivetrain_engine_core.config import (
-    CheckpointConfig,
-    ConfigError,
-    EngineConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-)
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import CheckpointConfig, MicroBatchConfig
 
 from ..command_sections import DataConfig
 from ..jobs.builtin_tasks import builtin_task

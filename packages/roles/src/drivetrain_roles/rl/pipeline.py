@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 
 T = TypeVar("T")

@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.agreement import agreed_checks
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.environment import environment_factory
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import agreed_checks, environment_factory
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.rollout import SamplingConfig
 
 from ..actor import Actor
@@ -179,7 +178,7 @@ class PolicyTrainer(TrainingJob[PolicyJobResult], Generic[ConfigT]):
         self.folder = self.folder.for_data(e.token_ids for e in self.train)
 
     def _engine(self, model_path: str, *, train: bool) -> Engine:
-        from drivetrain_engine_core.factory import create_engine
+        from drivetrain_engine_core.job import create_engine
 
         engine = create_engine(
             model_config=dataclasses.replace(self.config.model, path=model_path),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
+from drivetrain_engine_core.kit import distributed
 from tensordict import TensorDict
 
 from ..actor import Actor

@@ -6,11 +6,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.data.values import TokenLimits
-from drivetrain_engine_core.rollout import rollout_options
-from drivetrain_engine_core.rollout_options import SECTION
+from drivetrain_engine_core.backend import ConfigError, TokenLimits
+from drivetrain_engine_core.job import SECTION, rollout_options
+from drivetrain_engine_core.kit import distributed
 
 if TYPE_CHECKING:
     from ..jobs.data import Example

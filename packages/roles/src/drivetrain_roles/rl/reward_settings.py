@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 from ..reward_model.spec import check_model_folder, is_model_spec, model_name
 from .builtin_rewards import BUILTIN_REWARDS

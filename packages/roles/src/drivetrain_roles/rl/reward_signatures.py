@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
 
 from .reward_inputs import RewardInputs
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.errors import DrivetrainError
+from drivetrain_engine_core.backend import DrivetrainError
+from drivetrain_engine_core.kit import distributed
 from torch.distributed import ProcessGroup
 
 from ..jobs.data import Example

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.sampling import SamplingConfig
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.rollout import SamplingConfig
 
 from .router_replay import RouterReplayOption
 

@@ -2,7 +2,7 @@
 
 ``rollout.options`` are plain values in the config (``rollout.options.<key>=<value>``, a YAML mapping) because
 which keys exist depends on ``rollout.name``: each rollout plugin declares its own as a dataclass
-(:class:`~drivetrain_engine_core.rollout_options.RolloutOptions`), and core builds them against it. That is
+(:class:`~drivetrain_engine_core.rollout.RolloutOptions`), and core builds them against it. That is
 checked up front, before the warm start, on every rank: a misspelt key would otherwise surface after minutes.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from drivetrain_engine_core.rollout import Rollout, RolloutOptions, create_rollout, rollout_options
+from drivetrain_engine_core.job import create_rollout, rollout_options
+from drivetrain_engine_core.rollout import Rollout, RolloutOptions
 
 from . import router_replay
 from .trainer_config import versions_in_flight
 
 if TYPE_CHECKING:
-    from drivetrain_engine_core.config import EngineConfig
+    from drivetrain_engine_core.backend import EngineConfig
 
     from .trainer_config import TrainerConfig
 
@@ -38,7 +39,7 @@ def require_rollout(section: RolloutSection, engine: EngineConfig, trainer: Trai
 
     Raises:
         PluginError: no such rollout or engine. ConfigError: an option it does not take or of the wrong type (as
-            :func:`~drivetrain_engine_core.rollout.rollout_options`), one keeping fewer versions than the trainer
+            :func:`~drivetrain_engine_core.job.rollout_options`), one keeping fewer versions than the trainer
             samples from, router replay it cannot serve (as :func:`.router_replay.require_rollout`).
     """
     job_rollout_options(section, trainer)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from drivetrain_engine_core.config import ConfigError, EngineConfig
-from drivetrain_engine_core.plugins import plugins
+from drivetrain_engine_core.backend import ConfigError, EngineConfig
+from drivetrain_engine_core.job import plugins
 
 if TYPE_CHECKING:
-    from drivetrain_engine_core.engine import Engine
+    from drivetrain_engine_core.backend import Engine
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from drivetrain_engine_core.handoff import LoraMode
-from drivetrain_engine_core.rollout import Rollout, SamplingConfig
+from drivetrain_engine_core.rollout import LoraMode, Rollout, SamplingConfig
 
 from ..actor import Actor
 from .job_config import RolloutJobConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from drivetrain_engine_core import distributed
+from drivetrain_engine_core.kit import distributed
 from torch.distributed import ProcessGroup
 
 from .batch import RolloutBatch

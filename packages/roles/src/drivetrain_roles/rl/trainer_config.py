@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from drivetrain_engine_core.config import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 from ..command_sections import LoopConfig
 from ..jobs.ray_config import RayConfig, choose_placement

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from drivetrain_engine_core import distributed
+from drivetrain_engine_core.kit import distributed
 from drivetrain_engine_core.rollout import RolloutOutput
 
 

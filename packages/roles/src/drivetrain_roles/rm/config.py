@@ -11,14 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from drivetrain_engine_core.config import (
-    CheckpointConfig,
-    ConfigError,
-    EngineConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-)
+from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import CheckpointConfig, MicroBatchConfig
 
 from ..command_sections import (
     USER_MODEL_MAX_NEW_TOKENS,

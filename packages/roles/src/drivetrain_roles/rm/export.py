@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from drivetrain_engine_core import distributed
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import CheckpointError, DrivetrainError
+from drivetrain_engine_core.backend import CheckpointError, DrivetrainError, Engine
+from drivetrain_engine_core.kit import distributed
 
 from ..jobs.final_model import gather_weights
 from ..jobs.rank_zero_write import rank_zero_write

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.outputs import LossFn
+from drivetrain_engine_core.backend import Engine
+from drivetrain_engine_core.job import LossFn
 from tensordict import TensorDict
 
 from ..jobs.curves import Curves, Panel, train_and_held_out

@@ -7,7 +7,7 @@ separate plugins; this package registers ``hf`` through ``register_rollouts``.
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "HFRollout": "hf",

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Message
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import Message
 
 STAND_IN: tuple[Message, ...] = (
     {"role": "user", "content": "question"},

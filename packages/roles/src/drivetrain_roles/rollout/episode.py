@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from drivetrain_engine_core.environment import Environment, Message, ModelTurn, StepResult
-from drivetrain_engine_core.errors import EngineStateError
+from drivetrain_engine_core.backend import EngineStateError
+from drivetrain_engine_core.job import Environment, Message, ModelTurn, StepResult
 
 from .chat_rendering import ChatRenderer
 from .trajectory import Trajectory

@@ -17,14 +17,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from drivetrain_engine_core.handoff import VerifyConfig, WeightBucket
+from drivetrain_engine_core.kit import recording_routes, routers_of
 from drivetrain_engine_core.rollout import (
     RecordsRoutedExperts,
     Rollout,
     SamplingConfig,
+    VerifyConfig,
+    WeightBucket,
     end_of_sequence_ids,
 )
-from drivetrain_engine_core.router_replay import recording_routes, routers_of
 
 from .routes import sequence_routes
 from .weights import ServedWeights

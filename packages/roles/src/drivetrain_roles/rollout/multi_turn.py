@@ -17,8 +17,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.environment import Environment
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import Environment
 from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
 
 from .episode import Episode
@@ -47,8 +47,8 @@ def run_episodes(
         rollout: samples every turn (``sampling.max_new_tokens`` is one turn's limit; its ``stop_token_ids``
             should hold the chat template's end-of-turn token, e.g. ``<|im_end|>``).
         tokenizer: the model's tokenizer, with the chat template observations are rendered by.
-        environment: builds one environment per episode (:func:`drivetrain_engine_core.environment.
-            environment_factory` for a registered one).
+        environment: builds one environment per episode (:func:`drivetrain_engine_core.job.environment_factory`
+            for a registered one).
         examples: data set rows, handed to ``Environment.reset``.
         sampling: how each turn samples.
         limits: turns, tokens and step time per episode (default :class:`TurnLimits`).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from drivetrain_engine_core.router_replay import NOT_RECORDED
+from drivetrain_engine_core.kit import NOT_RECORDED
 
 
 def sequence_routes(

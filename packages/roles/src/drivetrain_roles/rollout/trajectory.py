@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from drivetrain_engine_core.data.batch import make_batch
-from drivetrain_engine_core.environment import Message
+from drivetrain_engine_core.job import Message, make_batch
 from tensordict import TensorDict
 
 

@@ -29,7 +29,7 @@ LIBRARIES = (
 
 def environment_report() -> dict[str, Any]:
     """The report as plain values (imports torch to read its CUDA, cuDNN and NCCL versions)."""
-    from drivetrain_engine_core.plugins import plugins
+    from drivetrain_engine_core.job import plugins
 
     return {
         "python": sys.version.split()[0],

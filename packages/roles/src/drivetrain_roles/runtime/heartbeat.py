@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
-from drivetrain_engine_core.errors import CollectiveTimeoutError
+from drivetrain_engine_core.job import CollectiveTimeoutError
 
 
 @dataclass(frozen=True)

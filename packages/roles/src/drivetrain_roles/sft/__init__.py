@@ -6,7 +6,7 @@ Names are imported lazily so that registering the ``sft`` command (which imports
 
 from __future__ import annotations
 
-from drivetrain_engine_core.lazy import lazy_getattr
+from drivetrain_engine_core.kit import lazy_getattr
 
 _EXPORTS = {
     "DataConfig": "config",

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core.backend import ConfigError, Engine
 
 from ..held_out_metrics import HeldOutMetrics
 from ..jobs.assets import load_splits, resolve_model_path
@@ -134,7 +133,7 @@ class SFTTrainer(TrainingJob[SFTResult]):
         return tokenizer, train, val
 
     def _build_engine(self, model_path: str) -> Engine:
-        from drivetrain_engine_core.factory import create_engine
+        from drivetrain_engine_core.job import create_engine
 
         engine = create_engine(
             model_config=dataclasses.replace(self.config.model, path=model_path),

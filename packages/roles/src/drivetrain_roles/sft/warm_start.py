@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from drivetrain_engine_core.errors import CheckpointError
+from drivetrain_engine_core.backend import CheckpointError
 
 from ..jobs.assets import same_model_path
 from ..jobs.final_model import FINAL_MODEL_DIR

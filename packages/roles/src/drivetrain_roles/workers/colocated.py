@@ -111,7 +111,7 @@ class ColocatedWorker(RoleWorker):
         Returns:
             Each part's place in the data-parallel layout.
         """
-        from drivetrain_engine_core.rollout import create_rollout
+        from drivetrain_engine_core.job import create_rollout
 
         join_world(spec.world_spec(), rank=rank, world_size=world_size, master=master)
         self.rank, self.spec = rank, spec

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.data.dp import shard_indices, unshard_data
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
+from drivetrain_engine_core.job import shard_indices, unshard_data
 from tensordict import TensorDict
 from torch import Tensor
 

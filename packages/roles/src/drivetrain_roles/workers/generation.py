@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from drivetrain_engine_core.errors import BatchError
+from drivetrain_engine_core.backend import BatchError
 from drivetrain_engine_core.rollout import RolloutOutput, SamplingConfig
 
 from .actors import WorkerGroupError

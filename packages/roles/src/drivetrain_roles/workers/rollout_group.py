@@ -19,8 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.handoff import WeightBucket
-from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig
+from drivetrain_engine_core.rollout import Rollout, RolloutOutput, SamplingConfig, WeightBucket
 
 from .actors import RayActors
 from .colocated import RolloutSpec
@@ -56,7 +55,7 @@ class RolloutWorker(RoleWorker):
         self, spec: RolloutGroupSpec, *, rank: int, world_size: int, master: tuple[str, int]
     ) -> WorkerTopology:
         """Build the rollout (no process group: it samples alone). Returns its place among the rollouts."""
-        from drivetrain_engine_core.rollout import create_rollout
+        from drivetrain_engine_core.job import create_rollout
 
         del master  # nothing to join
         self.rank = rank

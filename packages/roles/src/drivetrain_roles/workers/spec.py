@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drivetrain_engine_core.config import CheckpointConfig, EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.backend import EngineConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core.job import CheckpointConfig
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -25,7 +25,7 @@ def _free_port() -> int:
 def join_world(spec: WorkerSpec, *, rank: int, world_size: int, master: tuple[str, int]) -> None:
     """Join the group's torch.distributed world as ``rank`` (the device and timeouts come from ``spec``)."""
     import torch
-    from drivetrain_engine_core.distributed import init_distributed
+    from drivetrain_engine_core.job import init_distributed
 
     device = spec.engine_config.device
     os.environ.update(
@@ -43,8 +43,7 @@ def join_world(spec: WorkerSpec, *, rank: int, world_size: int, master: tuple[st
 
 def build_role(spec: WorkerSpec, rank: int) -> tuple[Any, WorkerTopology]:
     """Build ``spec``'s engine and role in the world this process joined; return the role and its layout."""
-    from drivetrain_engine_core.factory import create_engine
-    from drivetrain_engine_core.plugins import plugins
+    from drivetrain_engine_core.job import create_engine, plugins
 
     role_cls = plugins().roles.get(spec.role)
     engine = create_engine(

@@ -11,17 +11,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from drivetrain_engine_core.capabilities import BackendCapabilities
-from drivetrain_engine_core.config import (
-    LoraConfig,
-    MicroBatchConfig,
-    ModelConfig,
-    OptimizerConfig,
-)
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.factory import create_engine, engine_config_from_dict
-from drivetrain_engine_core.outputs import ForwardBackwardOutput
-from drivetrain_engine_core.plugins import plugins
+from drivetrain_engine_core._capabilities import BackendCapabilities
+from drivetrain_engine_core._config import LoraConfig, MicroBatchConfig, ModelConfig, OptimizerConfig
+from drivetrain_engine_core._engine import Engine
+from drivetrain_engine_core._factory import create_engine, engine_config_from_dict
+from drivetrain_engine_core._outputs import ForwardBackwardOutput
+from drivetrain_engine_core._plugins import plugins
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.kit import KitBase
 from drivetrain_engine_core.testing.models import make_tiny_model_dir

@@ -9,13 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from drivetrain_engine_core.checkpoint import PEFT_PREFIX
-from drivetrain_engine_core.config import (
-    ConfigError,
-    LoraConfig,
-    MicroBatchConfig,
-)
-from drivetrain_engine_core.engine import Engine
+from drivetrain_engine_core._checkpoint import PEFT_PREFIX
+from drivetrain_engine_core._config import ConfigError, LoraConfig, MicroBatchConfig
+from drivetrain_engine_core._engine import Engine
 from drivetrain_engine_core.testing.conformance.base import ConformanceBase, flat, outputs_of
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
 from drivetrain_engine_core.testing.reference import (

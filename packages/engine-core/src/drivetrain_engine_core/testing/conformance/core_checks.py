@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers.core_model_loading import revert_weight_conversion
 
-from drivetrain_engine_core.config import MicroBatchConfig
-from drivetrain_engine_core.data.options import ForwardOptions
-from drivetrain_engine_core.data.padding import nopad_to_padded, padded_to_nopad
-from drivetrain_engine_core.engine import Engine
-from drivetrain_engine_core.errors import BatchError, EngineStateError
-from drivetrain_engine_core.lr_schedule import lr_at_step
+from drivetrain_engine_core._config import MicroBatchConfig
+from drivetrain_engine_core._data.options import ForwardOptions
+from drivetrain_engine_core._data.padding import nopad_to_padded, padded_to_nopad
+from drivetrain_engine_core._engine import Engine
+from drivetrain_engine_core._errors import BatchError, EngineStateError
+from drivetrain_engine_core._lr_schedule import lr_at_step
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.conformance.base import (
     MICRO_BATCHINGS,

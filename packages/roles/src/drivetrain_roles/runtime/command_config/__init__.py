@@ -1,6 +1,6 @@
 """One config layer for every ``drivetrain`` command: YAML file + dotted overrides -> typed frozen dataclasses.
 
-Built by core's one config builder (:mod:`drivetrain_engine_core.config_build`, on OmegaConf structured
+Built by core's one config builder (:func:`drivetrain_engine_core.job.build_layers`, on OmegaConf structured
 configs, what Hydra and verl users already write): OmegaConf checks every value against its annotation and
 merges the layers. This layer adds the user's layers (the file, the overrides), engine sections typed by the
 chosen backend's own config class, presets (named values picked by ``model.path`` or ``trainer.mode`` and laid
@@ -17,7 +17,7 @@ print(to_yaml(config))
 
 from __future__ import annotations
 
-from drivetrain_engine_core.config_build import check_keys
+from drivetrain_engine_core.job import check_keys
 
 from .build import Derive, build_config, value_sources
 from .layers import parse_override, read_yaml

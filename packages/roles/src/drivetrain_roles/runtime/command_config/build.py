@@ -5,7 +5,7 @@ layers, lowest first: each engine section's backend and the command's engine def
 :class:`~..config.EngineConfig` becomes the class of the backend it names), the ``machine`` preset (each engine
 section's ``device``: :func:`~.machine.machine_device`), the presets the command picks (:mod:`.presets`), then
 the user's YAML file and overrides. TRL's and verl's names are refused first with the field to write
-(:mod:`.foreign_names`); core's :func:`~drivetrain_engine_core.config_build.build_layers` then checks every key
+(:mod:`.foreign_names`); core's :func:`~drivetrain_engine_core.job.build_layers` then checks every key
 (with the close match) and value and builds the dataclasses (their ``__post_init__`` checks ranges and
 combinations).
 """
@@ -18,16 +18,22 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from drivetrain_engine_core.config import ConfigError, EngineConfig
-from drivetrain_engine_core.config_build import build_layers, exclusive_limits, leaves, lookup
-from drivetrain_engine_core.config_fields import field_types, nested_dataclass
+from drivetrain_engine_core.backend import ConfigError, EngineConfig
+from drivetrain_engine_core.job import (
+    build_layers,
+    exclusive_limits,
+    field_types,
+    leaves,
+    lookup,
+    nested_dataclass,
+)
 
 from .foreign_names import check_foreign_names
 from .machine import machine_device
 from .presets import chosen_presets
 
 if TYPE_CHECKING:
-    from drivetrain_engine_core.plugins import DrivetrainPlugins
+    from drivetrain_engine_core.job import DrivetrainPlugins
     from omegaconf import DictConfig
 
 logger = logging.getLogger(__name__)
@@ -161,7 +167,7 @@ def _backend_classes(
     """``{section: (backend, its config class)}`` for each section of ``cls`` typed as an engine config."""
     if issubclass(cls, EngineConfig):
         return {}
-    from drivetrain_engine_core.plugins import plugins as default_plugins
+    from drivetrain_engine_core.job import plugins as default_plugins
 
     found = {}
     for name, annotation in field_types(cls).items():
@@ -192,8 +198,8 @@ def _for_backend(
         ConfigError: the section sets an option of its backend, away from its default, that the chosen
             backend does not have; the message names it.
     """
-    from drivetrain_engine_core.errors import PluginError
-    from drivetrain_engine_core.plugins import plugins as default_plugins
+    from drivetrain_engine_core.backend import PluginError
+    from drivetrain_engine_core.job import plugins as default_plugins
 
     changed = dict(layer)
     for name, (backend, backend_cls) in backends.items():

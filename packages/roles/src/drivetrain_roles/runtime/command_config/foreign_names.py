@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from drivetrain_engine_core.config import ConfigError
-from drivetrain_engine_core.config_fields import field_types, nested_dataclass
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import field_types, nested_dataclass
 
 
 class Foreign(NamedTuple):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from drivetrain_engine_core.config_build import lookup
-from drivetrain_engine_core.errors import ConfigError
+from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import lookup
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

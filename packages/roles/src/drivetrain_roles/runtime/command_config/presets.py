@@ -16,7 +16,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from drivetrain_engine_core.config_build import lookup
+from drivetrain_engine_core.job import lookup
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from drivetrain_engine_core.config_fields import field_docs, field_types, nested_dataclass, type_name
+from drivetrain_engine_core.job import field_docs, field_types, nested_dataclass, type_name
 
 
 def to_plain(config: Any) -> dict[str, Any]:

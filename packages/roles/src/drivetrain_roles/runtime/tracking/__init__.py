@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 
-from drivetrain_engine_core.errors import ConfigError
+from drivetrain_engine_core.backend import ConfigError
 
 from .base import RunInfo, Tracker
 from .jsonl import METRICS_FILE, read_records

@@ -34,7 +34,7 @@ class JsonlTracker(Tracker):
         )
         # NOTE: imported here: the checkpoint package imports torch, which the trackers do not need until a
         # run opens them.
-        from drivetrain_engine_core.checkpoint.durable import write_durably
+        from drivetrain_engine_core.job import write_durably
 
         write_durably(self.path, "".join(dumps(r) + "\n" for r in kept))
 
