@@ -8,6 +8,12 @@ as the assistant's turn, through the reward model's chat template. A plain-text 
 ``tokenizer(prompt)`` followed by the completion's tokens, as ``drivetrain rm`` builds a plain prompt/response
 pair. Trailing padding tokens are left off: a Hugging Face sequence-classification model reads its score at
 the last token that is not its ``pad_token_id``.
+
+In a multi-turn job (``environment.name``) the reward model scores the whole episode, not its last turn: the
+episode's chat messages (``Trajectory.messages``: the first prompt, each model turn as an ``assistant`` message
+with its ``tool_calls``, each observation such as a ``tool`` message) through the reward model's template, which
+renders tool calls and results its own way. The tool schemas the policy was shown are not: the reward model
+judges the conversation, as verl's reward model is shown the prompt and the response alone.
 """
 
 from __future__ import annotations
@@ -60,15 +66,29 @@ def scored_ids(
     if messages is None:
         completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
         ids = prompt_token_ids(prompt, tokenizer, "the reward model's prompt") + list(completion_ids)
-    elif getattr(tokenizer, "chat_template", None) is None:
+        return _unpadded(ids, pad_token_id)
+    conversation = [*messages, {"role": "assistant", "content": completion}]
+    return chat_ids(tokenizer, conversation, pad_token_id=pad_token_id)
+
+
+def chat_ids(tokenizer: Any, conversation: Sequence[Message], *, pad_token_id: int | None) -> list[int]:
+    """The reward model's tokens of a whole conversation (a prompt and its answer, or a multi-turn episode's
+    messages) under its chat template, without a generation prompt.
+
+    Raises:
+        DataError: a tokenizer without a chat template.
+    """
+    if getattr(tokenizer, "chat_template", None) is None:
         raise DataError(
-            "the prompts are chat messages, but the reward model's tokenizer has no chat template to render them "
-            "with; give the reward model's folder one (tokenizer_config.json chat_template) or use a reward model "
-            "trained on chats."
+            "the conversations are chat messages (chat prompts, or a multi-turn job's episodes), but the reward "
+            "model's tokenizer has no chat template to render them with; give the reward model's folder one "
+            "(tokenizer_config.json chat_template) or use a reward model trained on chats."
         )
-    else:
-        conversation = [*messages, {"role": "assistant", "content": completion}]
-        ids = template_ids(tokenizer, conversation, add_generation_prompt=False)
+    return _unpadded(template_ids(tokenizer, list(conversation), add_generation_prompt=False), pad_token_id)
+
+
+def _unpadded(ids: list[int], pad_token_id: int | None) -> list[int]:
+    """``ids`` without trailing ``pad_token_id`` tokens (at least one token kept)."""
     while pad_token_id is not None and len(ids) > 1 and ids[-1] == pad_token_id:
         ids.pop()
     return ids

@@ -5,7 +5,7 @@ a ``*ForSequenceClassification`` folder fills, both heads being ``score``), run 
 batch in the engine's micro-batches, like the reference and the critic. A sequence-classification model's
 score is its head at the last token; the value at a position is the head read at the position before
 (ARCHITECTURE §7.1), so each sequence gets one readout token appended and its value is the score, as
-``drivetrain rm`` trains it.
+``drivetrain rm`` trains it. In a multi-turn job each episode is scored whole (:mod:`.render`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import torch
 from drivetrain_engine_core.backend import DrivetrainError, Engine
 from drivetrain_engine_core.job import make_batch
 
-from .render import PromptColumns, prompt_messages, scored_ids
+from ..rl.reward_inputs import TRAJECTORY
+from ..rollout.trajectory import Trajectory
+from .render import PromptColumns, chat_ids, prompt_messages, scored_ids
 
 
 class RewardModel:
@@ -39,9 +41,20 @@ class RewardModel:
         self.readout_token = next((t for t in (pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
 
     def __call__(self, **keywords: Sequence[Any]) -> list[float]:
-        """The reward function: each completion's score, its conversation rendered for the reward model."""
+        """The reward function: each completion's score, its conversation rendered for the reward model (in a
+        multi-turn job its whole episode, :mod:`.render`)."""
+        return self.score_ids(self.sequences(keywords)).tolist()
+
+    def sequences(self, keywords: Mapping[str, Sequence[Any]]) -> list[list[int]]:
+        """The reward model's tokens of each completion's conversation: the episode's messages where
+        ``keywords`` hold a multi-turn job's episodes (``trajectory``), else the row's prompt and the completion.
+        """
+        episodes = keywords.get(TRAJECTORY)
+        if episodes is not None and all(isinstance(e, Trajectory) for e in episodes):
+            # NOTE: checked by type: in a single-turn job a data column may be named ``trajectory``.
+            return [chat_ids(self.tokenizer, e.messages, pad_token_id=self.pad_token_id) for e in episodes]
         prompts, completions = keywords["prompts"], keywords["completions"]
-        sequences = [
+        return [
             scored_ids(
                 self.tokenizer,
                 str(prompts[row]),
@@ -51,7 +64,6 @@ class RewardModel:
             )
             for row in range(len(completions))
         ]
-        return self.score_ids(sequences).tolist()
 
     def score_ids(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
         """``(len(sequences),)`` float32: the model's score of each token sequence.
