@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.handoff import VerifyConfig
+from drivetrain_engine_core.rollout import VerifyConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir
 
 PLAYS = {"6*7+8": (2, "49"), "4*5": (1, "20"), "9-3": (1, "7"), "2+2": (0, "5")}
