@@ -1,7 +1,8 @@
-"""Ctrl-C's two presses (``jobs.interrupt``): a rank's step loop and the ``--nproc`` launcher, without training.
+"""Ctrl-C's two presses (``jobs.interrupt``, ``jobs.ray_ctrl_c``): a rank's step loop, the ``--nproc`` launcher and
+the Ray driver, without training.
 
-The runs themselves: ``test_roles_sft`` (one process, then ``--resume``) and ``test_roles_launch_failures``
-(two ranks).
+The runs themselves: ``test_roles_sft`` (one process, then ``--resume``), ``test_roles_launch_failures`` (two
+ranks) and ``test_roles_ray_cluster`` (two ranks on two Ray nodes).
 """
 
 from __future__ import annotations
