@@ -1,7 +1,8 @@
-"""Ctrl-C's two presses (``jobs.interrupt``): a rank's step loop and the ``--nproc`` launcher, without training.
+"""Ctrl-C's two presses (``jobs.interrupt``, ``jobs.ray_ctrl_c``): a rank's step loop, the ``--nproc`` launcher and
+the Ray driver, without training.
 
-The runs themselves: ``test_roles_sft`` (one process, then ``--resume``) and ``test_roles_launch_failures``
-(two ranks).
+The runs themselves: ``test_roles_sft`` (one process, then ``--resume``), ``test_roles_launch_failures`` (two
+ranks) and ``test_roles_ray_cluster`` (two ranks on two Ray nodes).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from drivetrain_roles.jobs.interrupt import StopRequests, forwarding_ctrl_c
@@ -65,3 +67,39 @@ def test_before_any_rank_is_in_its_loop_ctrl_c_stops_the_launch_at_once(tmp_path
     with pytest.raises(KeyboardInterrupt), forwarding_ctrl_c(tmp_path, "sft"):
         ctrl_c()
         pytest.fail("Ctrl-C was held although no rank could save")
+
+
+def test_the_ray_driver_forwards_the_first_ctrl_c_once_and_stops_at_once_when_no_rank_can_save() -> None:
+    from drivetrain_roles.jobs.ray_ctrl_c import DriverCtrlC
+
+    sent: list[bool] = []
+    taking = DriverCtrlC("sft")
+    with taking.handled():
+        taking.forward(lambda: sent.append(True) or True)
+        assert sent == []  # nothing asked yet
+        ctrl_c()  # noted only: Ray's client is not called inside the handler
+        taking.forward(lambda: sent.append(True) or True)
+        taking.forward(lambda: sent.append(True) or True)
+        assert sent == [True]
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c()
+    nobody = DriverCtrlC("sft")
+    with pytest.raises(KeyboardInterrupt), nobody.handled():
+        ctrl_c()
+        nobody.forward(lambda: False)  # no rank in its step loop: nothing to save
+
+
+def test_a_rank_whose_process_blocks_sigint_takes_it_in_its_step_loop(tmp_path, monkeypatch) -> None:
+    """Ray's workers block SIGINT: a Ctrl-C sent on to a rank placed by Ray stayed pending and never stopped it."""
+    monkeypatch.setenv(ERROR_DIR_ENV, str(tmp_path))
+    stop = StopRequests("sft")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as Ray starts its workers
+    try:
+        with stop.handled():
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            assert stop.requested
+        assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # blocked again outside the loop
+    finally:
+        if signal.SIGINT in signal.sigpending():
+            signal.sigwait({signal.SIGINT})  # not left for pytest's own handler
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -1,16 +1,21 @@
-"""``drivetrain grpo trainer.placement=ray`` on Ray's multi-node test cluster (two raylets on one machine).
+"""``drivetrain grpo`` and ``sft`` with ``trainer.placement=ray`` on Ray's multi-node test cluster (two raylets on
+one machine).
 
 One cluster for the module: a head node and a worker node of one CPU each. ``STRICT_SPREAD`` puts the two ranks on
 different nodes (the node ids the launch names are the cluster's two); the run's per-step losses, rewards and KL
-equal the torchrun path's two ranks (``--nproc 2``) within 1e-6, with the same run folder. A Ray address nobody
-answers and a placement the cluster cannot make are one line each within the timeout, with nothing written; a node
-killed mid-run is named, with its ranks, within a bound, and every rank stops.
+equal the torchrun path's two ranks (``--nproc 2``) within 1e-6, with the same run folder, for GRPO and for SFT
+(the placement is every command's). Ctrl-C on the driver stops both ranks after the same step with its
+checkpoint, as under ``--nproc``. A Ray address nobody answers and a placement the cluster cannot make are one
+line each within the timeout, with nothing written; a node killed mid-run is named, with its ranks, within a
+bound, and every rank stops.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -23,8 +28,10 @@ import pytest
 from click.testing import CliRunner
 from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_engine_core.backend import ConfigError
+from drivetrain_engine_core.job import complete_steps
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.jobs.default_assets import write_model_dir
+from drivetrain_roles.runtime.tracking import read_records
 
 DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
 REWARDS = (
@@ -77,6 +84,18 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     ]
 
 
+SFT = [
+    "data.generated_train_size=32",
+    "data.generated_val_size=4",
+    "trainer.batch_size=8",
+    "trainer.eval_samples=4",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=2",
+    "trainer.progress_bar=false",
+]
+"""A tiny run of the embedded SFT job."""
+
+
 def _ray(address: str, *extra: str) -> list[str]:
     return [
         "trainer.placement=ray",
@@ -88,9 +107,9 @@ def _ray(address: str, *extra: str) -> list[str]:
     ]
 
 
-def _drivetrain(cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+def _drivetrain(cwd: Path, *arguments: str, command: str = "grpo") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(DRIVETRAIN), "grpo", *arguments], cwd=cwd, capture_output=True, text=True, timeout=300
+        [str(DRIVETRAIN), command, *arguments], cwd=cwd, capture_output=True, text=True, timeout=300
     )
 
 
@@ -99,8 +118,9 @@ def _drivetrain(cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
     [
         ("trainer.placement=rayy", "trainer.placement='rayy' is not known; did you mean 'ray'?"),
         (
-            "trainer.ray.strategy=spread",
-            "trainer.ray.strategy='spread' is not known; choose one of SPREAD, PACK, STRICT_SPREAD, STRICT_PACK.",
+            "trainer.ray.strategy=spred",
+            "trainer.ray.strategy='SPRED' is not known; did you mean 'SPREAD'? choose one of SPREAD, PACK, "
+            "STRICT_SPREAD, STRICT_PACK.",
         ),
         ("trainer.ray.workers=0", "trainer.ray.workers must be >= 1, got 0."),
     ],
@@ -108,6 +128,24 @@ def _drivetrain(cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
 def test_placement_settings_are_checked_with_the_fix(override, message) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm", "grpo", "ppo"])
+def test_every_command_takes_the_placement_in_any_case(command) -> None:
+    from drivetrain_roles.runtime.command_config import load_config as load
+    from drivetrain_roles.runtime.command_config.options import resolve_target
+
+    configs = {
+        "sft": "drivetrain_roles.sft.config:SFTConfig",
+        "dpo": "drivetrain_roles.dpo.config:DPOConfig",
+        "rm": "drivetrain_roles.rm.config:RMConfig",
+        "grpo": "drivetrain_roles.grpo.config:GRPOConfig",
+        "ppo": "drivetrain_roles.ppo.config:PPOConfig",
+    }
+    trainer = load(
+        resolve_target(configs[command]), None, ["trainer.placement=ray", "trainer.ray.strategy=spread"]
+    )
+    assert (trainer.trainer.placement, trainer.trainer.ray.strategy) == ("ray", "SPREAD")
 
 
 def test_each_rank_reserves_a_gpu_on_cuda_and_other_launch_flags_are_refused(tmp_path) -> None:
@@ -156,6 +194,83 @@ def test_ranks_on_two_nodes_equal_the_torchrun_path(cluster, job, tmp_path) -> N
     assert max(gaps.values()) <= 1e-6, gaps
     assert _tree(tmp_path / "ray") == _tree(tmp_path / "torchrun")
     assert (tmp_path / "ray" / "checkpoints" / "latest").exists()
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["train/loss"] for r in read_records(run / "metrics.jsonl") if "train/loss" in r]
+
+
+@pytest.mark.slow
+def test_sft_ranks_on_two_nodes_equal_the_torchrun_path(cluster, tmp_path) -> None:
+    job = [*SFT, "trainer.total_steps=2", "trainer.save_every=1"]
+    on_ray = _drivetrain(
+        tmp_path, "--output-dir", str(tmp_path / "ray"), *job, *_ray(cluster.address), command="sft"
+    )
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert len(set(_placed(on_ray.stderr).values())) == 2
+    local = _drivetrain(
+        tmp_path, "--nproc", "2", "--output-dir", str(tmp_path / "torchrun"), *job, command="sft"
+    )
+    assert local.returncode == 0, local.stderr[-3000:]
+    got, expected = _losses(tmp_path / "ray"), _losses(tmp_path / "torchrun")
+    gap = max(abs(a - b) for a, b in zip(got, expected, strict=True))
+    print(f"SFT on Ray vs torchrun, losses {got} vs {expected}: largest gap {gap:.1e}")
+    assert len(got) == 2 and gap <= 1e-6
+    assert _tree(tmp_path / "ray") == _tree(tmp_path / "torchrun")
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_the_driver_stops_the_ranks_after_one_step_and_saves_it(cluster, tmp_path) -> None:
+    """Ctrl-C on the Ray path stopped every rank at once, losing every step since the last save. The driver
+    sends it on to the ranks in their step loop: both stop after the same step and save it, as under --nproc."""
+    run = tmp_path / "run"
+    arguments = ["--output-dir", str(run), *SFT, "trainer.total_steps=1000", *_ray(cluster.address)]
+    driver = subprocess.Popen(
+        [str(DRIVETRAIN), "sft", *arguments],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _beats(run) < 1:  # both ranks in their step loop
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.05)
+        os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        _, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.communicate()
+    steps = [r["step"] for r in read_records(run / "metrics.jsonl") if "train/loss" in r]
+    done = steps[-1]
+    saved = run / "checkpoints" / f"global_step_{done}"
+    assert driver.returncode == 130, err[-3000:]
+    said = [
+        line
+        for line in err.splitlines()
+        if line.startswith("drivetrain sft:") and "placed by Ray" not in line
+    ]
+    assert said == [
+        "drivetrain sft: Ctrl-C: every rank stops after the current step and saves a checkpoint; Ctrl-C again "
+        "stops them at once.",
+        f"drivetrain sft: interrupted after step {done} of 1000; saved checkpoint {saved}. Continue with: "
+        f"drivetrain sft --resume --output-dir {run}",
+    ], err[-3000:]
+    assert steps == list(range(1, done + 1)) and [s for s, _ in complete_steps(saved.parent)] == [done]
+
+
+def _beats(run: Path) -> int:
+    """The lowest step both ranks' heartbeats report (-1 before both have one)."""
+    steps = []
+    for rank in (0, 1):
+        try:
+            steps.append(json.loads((run / "heartbeat" / f"rank{rank}.json").read_text())["step"])
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            return -1
+    return min(steps)
 
 
 @pytest.mark.slow

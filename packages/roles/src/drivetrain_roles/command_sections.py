@@ -20,6 +20,7 @@ from drivetrain_engine_core.backend import ConfigError, ModelConfig, OptimizerCo
 from .jobs.builtin_tasks import BUILTIN_TASKS
 from .jobs.default_assets import BUILTIN_MODEL
 from .jobs.divergence import DivergenceConfig
+from .jobs.ray_config import RayConfig, choose_placement
 from .runtime.command_config.presets import Preset, PresetChoice
 
 
@@ -110,6 +111,9 @@ class LoopConfig:
             ``mlflow`` (each needs its package installed).
         divergence: the divergence guard: a loss or grad norm far above its running median, or a learning rate
             of 0, for a few steps in a row warns (or stops the run).
+        placement: where the ranks run: ``local`` (this command starts them: ``--nproc``, ``--nnodes``) or
+            ``ray`` (Ray actors on an existing cluster, placed as ``ray`` says; the run is the same).
+        ray: the Ray cluster and the ranks' placement, read with ``placement=ray``.
     """
 
     total_steps: int
@@ -121,11 +125,14 @@ class LoopConfig:
     cpu_threads: int | None = 1
     report_to: tuple[str, ...] = ("jsonl",)
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    placement: str = "local"
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         from .runtime.tracking import check_report_to
 
         check_report_to(self.report_to)
+        choose_placement(self.placement)
         self._require_at_least(1, "total_steps")
         self._require_at_least(0, "eval_every", "save_every", "eval_samples")
         if self.cpu_threads is not None and self.cpu_threads < 1:

@@ -13,7 +13,8 @@ own). Each rank in its step loop leaves a file with its process id in the launch
 (:func:`forwarding_ctrl_c`: the step boundary's all-reduce tells the others), or stops every rank at once when
 none is in its loop. Rank 0, once saved, hands its message to the launcher, and every rank ends with status 0
 (a rank that ended with another makes torch's agent stop the others, perhaps mid-save); the launcher prints
-the message and exits 130.
+the message and exits 130. Under ``trainer.placement=ray`` the driver does the same through a small Ray task on
+each rank's node (:mod:`.ray_ctrl_c`).
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ class StopRequests:
             yield
             return
         previous = signal.signal(signal.SIGINT, self._handle)
+        # NOTE: Ray's workers block SIGINT; a rank placed by Ray takes the forwarded Ctrl-C inside its loop only.
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         ready = _announce_ready()
         try:
             yield
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             signal.signal(signal.SIGINT, previous)
             if ready is not None:
                 ready.unlink(missing_ok=True)
@@ -117,23 +121,36 @@ def forwarding_ctrl_c(directory: Path, command: str) -> Iterator[None]:
 
     def handle(signum: int, frame: FrameType | None) -> None:
         nonlocal forwarded
-        ready = sorted(directory.glob(_READY.replace("{:05d}", "*")))
-        if forwarded or not ready:
+        if forwarded or not send_ctrl_c(str(directory)):
             raise KeyboardInterrupt
         forwarded = True
-        # Gone since the glob, or the rank itself: it just left its loop, and the run is ending anyway.
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            os.kill(int(ready[0].read_text()), signal.SIGINT)
-        _say(
-            f"drivetrain {command}: Ctrl-C: every rank stops after the current step and saves a checkpoint; "
-            "Ctrl-C again stops them at once."
-        )
+        say_forwarded(command)
 
     previous = signal.signal(signal.SIGINT, handle)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def send_ctrl_c(directory: str) -> bool:
+    """Send Ctrl-C (SIGINT) to the lowest rank that announced in ``directory`` that it is in its step loop;
+    ``False`` when none is there."""
+    ready = sorted(Path(directory).glob(_READY.replace("{:05d}", "*")))
+    if not ready:
+        return False
+    # Gone since the glob, or the rank itself: it just left its loop, and the run is ending anyway.
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+        os.kill(int(ready[0].read_text()), signal.SIGINT)
+    return True
+
+
+def say_forwarded(command: str) -> None:
+    """The launcher's line for a Ctrl-C sent on to the ranks."""
+    _say(
+        f"drivetrain {command}: Ctrl-C: every rank stops after the current step and saves a checkpoint; "
+        "Ctrl-C again stops them at once."
+    )
 
 
 def interrupt_report(directory: Path) -> str | None:
@@ -160,4 +177,12 @@ def _say(message: str) -> None:
     os.write(2, f"\n{message}\n".encode())
 
 
-__all__ = ["RunInterrupted", "StopRequests", "forwarding_ctrl_c", "hand_over", "interrupt_report"]
+__all__ = [
+    "RunInterrupted",
+    "StopRequests",
+    "forwarding_ctrl_c",
+    "hand_over",
+    "interrupt_report",
+    "say_forwarded",
+    "send_ctrl_c",
+]

@@ -17,7 +17,7 @@ from ..losses.names import choose
 PLACEMENTS = ("local", "ray")
 """``trainer.placement``'s values: ranks started by this command (``--nproc``, ``--nnodes``) or by Ray."""
 STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
-"""Ray's placement-group strategies, as ``trainer.ray.strategy`` takes them."""
+"""Ray's placement-group strategies; ``trainer.ray.strategy`` takes them in any case (``spread``)."""
 
 
 class RayPlacementError(DrivetrainError):
@@ -34,8 +34,8 @@ class RayConfig:
         workers: ranks of the job (the torch.distributed world), one Ray actor each.
         cpus_per_worker: Ray CPUs each rank reserves.
         gpus_per_worker: Ray GPUs each rank reserves; default 1 with ``engine.device=cuda``, else 0.
-        strategy: the placement group's strategy: ``SPREAD`` (ranks on as many nodes as possible), ``PACK`` (as
-            few: suits nodes of several GPUs), or the ``STRICT_`` forms, which wait rather than bend.
+        strategy: the placement group's strategy, in any case: ``SPREAD`` (ranks on as many nodes as possible),
+            ``PACK`` (as few: suits nodes of several GPUs), or the ``STRICT_`` forms, which wait rather than bend.
         timeout_s: the bound on joining the cluster, placing the ranks and starting them; and, after a rank
             failed, on learning whether a node was lost (Ray marks a node dead after its health checks fail).
     """
@@ -58,6 +58,7 @@ class RayConfig:
             raise ConfigError(f"trainer.ray.gpus_per_worker must be >= 0, got {self.gpus_per_worker}.")
         if not self.timeout_s > 0:
             raise ConfigError(f"trainer.ray.timeout_s must be > 0, got {self.timeout_s}.")
+        object.__setattr__(self, "strategy", self.strategy.upper())  # Ray's own spelling, whatever was typed
         try:
             choose("strategy", self.strategy, STRATEGIES)
         except ConfigError as e:

@@ -1,6 +1,7 @@
 """``trainer.placement=ray``: a job's ranks as Ray actors on an existing cluster, placed by one placement group.
 
-``drivetrain grpo trainer.placement=ray trainer.ray.address=HOST:PORT trainer.ray.workers=N`` joins the cluster
+``drivetrain <command> trainer.placement=ray trainer.ray.address=HOST:PORT trainer.ray.workers=N`` (every job
+command: ``sft``, ``dpo``, ``rm``, ``grpo``, ``ppo``) joins the cluster
 (``ray.init(address=...)``), reserves one bundle per rank (``trainer.ray.cpus_per_worker``, ``gpus_per_worker``)
 in a placement group of ``trainer.ray.strategy`` (``SPREAD``: ranks on different nodes), starts one
 :class:`~.ray_rank.RayRank` actor in each bundle and runs the command's own rank there, with the environment
@@ -11,7 +12,8 @@ Every wait is bounded: a cluster that does not answer, a placement the cluster c
 start end in one line within ``trainer.ray.timeout_s``, with nothing written. While the ranks run, the driver
 polls every :data:`~.ray_ranks.POLL_S` s; a node the cluster marks dead (Ray's health checks: about 15 s by
 default) is named with the ranks it ran, and every rank is stopped (exit 1; ``--resume`` continues from the last
-checkpoint).
+checkpoint). The first Ctrl-C is sent on to the ranks, which stop after the current step with a checkpoint
+(exit 130, as under ``--nproc``; :mod:`.ray_ctrl_c`); a second stops every rank at once.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ it with ``ray.remote`` (:mod:`.ray_launch`), so this module imports without Ray.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from drivetrain_engine_core.backend import DrivetrainError
 
 from .launch import LOG_DIR
+from .rank_failures import ERROR_DIR_ENV
 from .run_options import RunOptions
 
 
@@ -29,8 +32,19 @@ class RankCrashed(RankFailed):
     """A rank placed by Ray crashed; the message names the rank, the exception and the log of its traceback."""
 
 
+class RankInterrupted(RankFailed):
+    """A rank placed by Ray stopped on Ctrl-C after a step, with its checkpoint; the message names both."""
+
+
 class RayRank:
-    """One rank of the job, in one Ray actor."""
+    """One rank of the job, in one Ray actor, with its inbox folder on its node (:mod:`.ray_ctrl_c`)."""
+
+    def __init__(self) -> None:
+        self.inbox = tempfile.mkdtemp(prefix="drivetrain-ray-rank-")
+
+    def where(self) -> tuple[str, str, str]:
+        """``(node id, node IP, inbox folder)`` of this rank."""
+        return (*self.node(), self.inbox)
 
     def node(self) -> tuple[str, str]:
         """``(node id, node IP)`` of the Ray node this rank runs on."""
@@ -53,18 +67,24 @@ class RayRank:
         Raises:
             RankFailed: the rank's user error (its one line).
             RankCrashed: a crash (the exception, where it was raised and the log holding its traceback).
+            RankInterrupted: Ctrl-C, sent on by the driver, stopped the run after a step and saved it.
         """
         from drivetrain_engine_core.backend import ConfigError
 
-        from .rank_job import run_rank
+        from .interrupt import RunInterrupted
+        from .rank_job import run_job
 
-        os.environ.update(environment)
+        os.environ.update(environment, **{ERROR_DIR_ENV: self.inbox})
         try:
-            return run_rank(config, job, str(run.output_dir), run)
+            return run_job(config, job, str(run.output_dir), run)
+        except RunInterrupted as e:
+            raise RankInterrupted(f"drivetrain {command}: {e}") from None
         except (DrivetrainError, ConfigError) as e:
             raise RankFailed(f"drivetrain {command}: error: {' '.join(str(e).split())}") from None
         except Exception as e:
             raise RankCrashed(_crash_line(command, e, Path(str(run.output_dir)))) from None
+        finally:
+            shutil.rmtree(self.inbox, ignore_errors=True)
 
 
 def _crash_line(command: str, error: Exception, run_dir: Path) -> str:
@@ -80,4 +100,4 @@ def _crash_line(command: str, error: Exception, run_dir: Path) -> str:
     )
 
 
-__all__ = ["RankCrashed", "RankFailed", "RayRank"]
+__all__ = ["RankCrashed", "RankFailed", "RankInterrupted", "RayRank"]

@@ -17,9 +17,11 @@ from typing import Any
 import click
 from drivetrain_engine_core.job import INTERRUPTED
 
+from .interrupt import send_ctrl_c
 from .nodes import TIMEOUT_ENV
 from .ray_config import RayConfig, RayPlacementError
-from .ray_rank import RankCrashed, RankFailed, RayRank
+from .ray_ctrl_c import DriverCtrlC
+from .ray_rank import RankCrashed, RankFailed, RankInterrupted, RayRank
 from .run_options import RunOptions
 
 POLL_S = 1.0
@@ -28,7 +30,8 @@ POLL_S = 1.0
 
 @dataclasses.dataclass
 class PlacedRanks:
-    """The ranks' actors in their placement group, and the Ray node (id, IP) each runs on, in rank order."""
+    """The ranks' actors in their placement group, the Ray node (id, IP) each runs on and each one's inbox
+    folder there (:mod:`.ray_ctrl_c`), in rank order."""
 
     ray: Any
     placement: RayConfig
@@ -37,6 +40,7 @@ class PlacedRanks:
     actors: list[Any]
     nodes: list[tuple[str, str]]
     gpus: bool
+    inboxes: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def place(cls, ray: Any, placement: RayConfig, device: str, command: str) -> PlacedRanks:
@@ -60,7 +64,9 @@ class PlacedRanks:
                 strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
                 options = {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0), "max_restarts": 0}
                 ranks.actors.append(actor.options(scheduling_strategy=strategy, **options).remote())
-            ranks.nodes = ranks._wait([a.node.remote() for a in ranks.actors], "start")
+            places = ranks._wait([a.where.remote() for a in ranks.actors], "start")
+            ranks.nodes = [(node, ip) for node, ip, _ in places]
+            ranks.inboxes = [inbox for _, _, inbox in places]
         except BaseException:
             ranks.stop()
             raise
@@ -125,19 +131,40 @@ class PlacedRanks:
 
     def run(self, config: Any, job: type, run: RunOptions) -> int:
         """Run every rank; returns 0 (rank 0's closing lines printed), 1 (one line printed for the failure)
-        or 130 (Ctrl-C: every rank stopped)."""
+        or 130 (Ctrl-C: the ranks stopped after a step and saved it, or, pressed twice or outside the step loop,
+        at once)."""
         master = (self.nodes[0][1], self._wait([self.actors[0].free_port.remote()], "pick a port")[0])
         refs = [
             actor.run.remote(self.command, config, job, run, environment)
             for actor, environment in zip(self.actors, self.environments(master), strict=True)
         ]
+        ctrl_c = DriverCtrlC(self.command)
         try:
-            outcome = RunWatch(self, refs, str(run.output_dir)).outcome()
+            with ctrl_c.handled():
+                outcome = RunWatch(self, refs, str(run.output_dir), ctrl_c).outcome()
         except KeyboardInterrupt:
             click.echo(f"drivetrain {self.command}: interrupted; every rank was stopped.", err=True)
             return INTERRUPTED
         click.echo(outcome.text, err=outcome.status != 0)
         return outcome.status
+
+    def send_ctrl_c(self) -> bool:
+        """Send Ctrl-C to every rank in its step loop, by one Ray task on each rank's node; whether one took it."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        send = self.ray.remote(num_cpus=0, max_retries=0)(send_ctrl_c)
+        refs = [
+            send.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(inbox)
+            for (node, _), inbox in zip(self.nodes, self.inboxes, strict=True)
+        ]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.placement.timeout_s)
+        taken = []
+        for ref in ready:
+            with contextlib.suppress(
+                self.ray.exceptions.RayError
+            ):  # a node gone meanwhile: the watch names it
+                taken.append(self.ray.get(ref))
+        return any(taken)
 
     def lost_node(self, run_dir: str) -> str | None:
         """The line naming a node of the ranks that the cluster lists as dead, or ``None``."""
@@ -180,17 +207,19 @@ class RunWatch:
     the other ranks or for the cluster to mark the node dead, and names the node when it does.
     """
 
-    def __init__(self, ranks: PlacedRanks, refs: list[Any], run_dir: str) -> None:
-        self.ranks, self.ray, self.run_dir = ranks, ranks.ray, run_dir
+    def __init__(self, ranks: PlacedRanks, refs: list[Any], run_dir: str, ctrl_c: DriverCtrlC) -> None:
+        self.ranks, self.ray, self.run_dir, self.ctrl_c = ranks, ranks.ray, run_dir, ctrl_c
         self.rank_of = {ref: rank for rank, ref in enumerate(refs)}
         self.pending = list(refs)
         self.results: dict[int, Any] = {}
         self.failures: list[str] = []
+        self.interrupted: dict[int, str] = {}
         self.actor_died = False
 
     def outcome(self) -> Outcome:
         settle_by = float("inf")
         while self.pending or (self.actor_died and time.monotonic() < settle_by):
+            self.ctrl_c.forward(self.ranks.send_ctrl_c)
             lost = self.ranks.lost_node(self.run_dir)
             if lost is not None:
                 return Outcome(1, lost)
@@ -205,6 +234,8 @@ class RunWatch:
                 settle_by = time.monotonic() + self.ranks.placement.timeout_s
         if self.failures:
             return Outcome(1, self.ranks.lost_node(self.run_dir) or self.failures[0])
+        if self.interrupted:  # every rank stopped after the same step and saved it
+            return Outcome(INTERRUPTED, self.interrupted[min(self.interrupted)])
         return Outcome(0, self.results.get(0) or "")
 
     def _wait_one(self) -> tuple[list[Any], list[Any]]:
@@ -221,9 +252,12 @@ class RunWatch:
             self.results[rank] = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as e:
             cause = e.cause
-            if isinstance(cause, RankFailed) and not isinstance(cause, RankCrashed):
+            if isinstance(cause, RankInterrupted):  # the others are saving the same step: wait for them
+                self.interrupted[rank] = str(cause)
+            elif isinstance(cause, RankFailed) and not isinstance(cause, RankCrashed):
                 return str(cause)
-            self.failures.append(str(cause) if isinstance(cause, RankFailed) else f"rank {rank}: {e}")
+            else:
+                self.failures.append(str(cause) if isinstance(cause, RankFailed) else f"rank {rank}: {e}")
         except self.ray.exceptions.RayActorError as e:
             detail = " ".join(str(e).split())[:300]
             self.failures.append(f"drivetrain {self.ranks.command}: rank {rank}'s Ray actor died: {detail}")

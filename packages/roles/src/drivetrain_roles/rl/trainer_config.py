@@ -3,12 +3,11 @@ modes: when responses are generated relative to training."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from drivetrain_engine_core.backend import ConfigError
 
 from ..command_sections import LoopConfig
-from ..jobs.ray_config import RayConfig, choose_placement
 from ..losses.names import choose
 
 
@@ -32,9 +31,6 @@ class TrainerConfig(LoopConfig):
         max_staleness: ``async`` only: how many weight versions the responses a step trains on may lag the
             policy (0 generates nothing ahead and reproduces ``sync``); a group with a token older than that is
             dropped from the loss and counted (``async/dropped_samples``).
-        placement: where the ranks run: ``local`` (this command starts them: ``--nproc``, ``--nnodes``) or
-            ``ray`` (Ray actors on an existing cluster, placed as ``ray`` says; the run is the same).
-        ray: the Ray cluster and the ranks' placement, read with ``placement=ray``.
     """
 
     total_steps: int = 120
@@ -45,13 +41,10 @@ class TrainerConfig(LoopConfig):
     save_every: int = 50
     mode: str = "sync"
     max_staleness: int = 1
-    placement: str = "local"
-    ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         choose_mode(self.mode)
-        choose_placement(self.placement)
         self._require_at_least(0, "max_staleness")
         self._require_at_least(1, "prompts_per_step")
         self._require_at_least(0, "warm_start_steps")
