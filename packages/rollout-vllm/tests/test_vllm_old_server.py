@@ -23,9 +23,10 @@ RELEASE_0_2_0 = "5ce0386e698f"
 
 @pytest.fixture
 def old_server(tmp_path):
-    source = "packages/rollout-vllm/src"
+    # The server of that release with the core it was released against (core's private modules move).
+    sources = ["packages/rollout-vllm/src", "packages/engine-core/src"]
     archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", RELEASE_0_2_0, source], capture_output=True, check=False
+        ["git", "-C", str(REPO), "archive", RELEASE_0_2_0, *sources], capture_output=True, check=False
     )
     if archive.returncode:
         pytest.skip(f"this clone lacks the 0.2.0 release commit {RELEASE_0_2_0}: {archive.stderr.decode()}")
@@ -33,7 +34,8 @@ def old_server(tmp_path):
         tar.extractall(tmp_path / "old", filter="data")
     # The server's environment drops PYTHONPATH (the trainer's), so a wrapper puts the old source first.
     python = tmp_path / "python-0.2.0"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{tmp_path / "old" / source}" exec "{sys.executable}" "$@"\n')
+    path = ":".join(str(tmp_path / "old" / source) for source in sources)
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{path}" exec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
     server = ServerProcess.start(python=str(python), model_path=str(tmp_path), device="cpu")
     yield server
