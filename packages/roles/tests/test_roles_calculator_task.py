@@ -105,6 +105,28 @@ def test_the_data_are_the_same_for_a_seed_and_answers_are_the_expressions_values
         assert row["messages"][3] == {"role": "tool", "name": "calculator", "content": str(total)}
 
 
+def test_the_mixed_rows_call_the_tool_in_a_third_and_answer_in_the_head_otherwise(tmp_path):
+    """``mixed`` (what the grpo/ppo warm start learns from) is the tool-use trajectory in every third row and, in
+    the others, the answer without a call under the same tool prompt: an episode's prompt (``messages``' turns
+    before the first answer) is the one the warm start saw, and a warm start on it calls the tool in about a
+    third of its samples, which GRPO raises."""
+    train, _ = write_calculator_data(tmp_path, train_size=30, val_size=3, seed=0)
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    calls = [any("tool_calls" in m for m in row["mixed"]) for row in rows]
+    assert calls == [i % 3 == 0 for i in range(30)]
+    for row, called in zip(rows, calls, strict=True):
+        assert row["mixed"][:2] == row["messages"][:2]
+        assert row["mixed"] == (row["messages"] if called else [*row["messages"][:2], row["messages"][-1]])
+
+
+def test_the_grpo_preset_warms_up_on_the_mixed_rows():
+    from drivetrain_roles.grpo.config import load_config
+
+    config = load_config(None, ["model.path=builtin:calculator"])
+    assert config.data.messages_key == "mixed" and config.trainer.warm_start_steps == 1000
+    assert config.environment.name == "calculator" and config.environment.options == {}
+
+
 def _product(term: str) -> int:
     product = 1
     for factor in term.split("*"):

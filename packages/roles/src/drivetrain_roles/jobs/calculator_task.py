@@ -5,7 +5,9 @@ with the ``calculator`` tool (:mod:`drivetrain_roles.environments.calculator`).
 messages: ``messages``, the tool-use trajectory (the assistant writes a ``<tool_call>``, the ``tool`` message
 returns the value, the assistant answers with it), and ``direct``, the same question answered without tools; and
 the ``answer``. ``drivetrain sft model.path=builtin:calculator`` teaches the call format from ``messages``;
-``data.messages_key=direct`` is the same job without tools.
+``data.messages_key=direct`` is the same job without tools. ``mixed`` is what ``grpo``'s warm start learns from:
+``messages`` in every third row, in the others the answer written without a call under the same tool prompt, so
+the warm start calls the tool in about a third of its samples and GRPO has a choice to learn (call, then copy).
 
 The tokenizer is the multi-step task's one token per character, with ``{}"_`` added and the call's markup and
 JSON keys (:data:`CALL_WORDS`) as one non-special token each: a call is learnt as markup rather than spelt out,
@@ -87,19 +89,22 @@ def calculator_problem(rng: random.Random) -> str:
     return form.format(a=rng.randint(317, 999), b=rng.randint(317, 999), c=rng.randint(100, 999))
 
 
-def calculator_example(expression: str) -> dict[str, Any]:
-    """The row of one question: its tool-use trajectory, its direct answer, and the answer."""
+def calculator_example(expression: str, *, in_head: bool = False) -> dict[str, Any]:
+    """The row of one question: its tool-use trajectory, its direct answer, the answer, and ``mixed``: the
+    tool-use trajectory, or with ``in_head`` the answer written without a call under the same tool prompt."""
     answer = calculator(expression)
     question = {"role": "user", "content": f"What is {expression}?"}
     call = {"type": "function", "function": {"name": NAME, "arguments": {"expression": expression}}}
+    messages = [
+        {"role": "system", "content": TOOL_PROMPT},
+        question,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": NAME, "content": answer},
+        {"role": "assistant", "content": answer},
+    ]
     return {
-        "messages": [
-            {"role": "system", "content": TOOL_PROMPT},
-            question,
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "name": NAME, "content": answer},
-            {"role": "assistant", "content": answer},
-        ],
+        "messages": messages,
+        "mixed": [*messages[:2], messages[-1]] if in_head else messages,
         "direct": [
             {"role": "system", "content": DIRECT_PROMPT},
             question,
@@ -116,7 +121,7 @@ def write_calculator_data(directory: Path, *, train_size: int, val_size: int, se
         expressions[calculator_problem(rng)] = None
         if len(expressions) == train_size + val_size:
             break
-    rows = [calculator_example(expression) for expression in expressions]
+    rows = [calculator_example(e, in_head=i % 3 != 0) for i, e in enumerate(expressions)]
     return write_splits(
         directory, rows, train_size=train_size, val_size=val_size, what="questions were drawn"
     )
