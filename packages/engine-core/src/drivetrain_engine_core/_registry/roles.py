@@ -30,6 +30,31 @@ class NamedRegistry(KeyedRegistry):
     required_base: str | None = None
     """``"module:attr"`` of the class every target must subclass, imported only on ``get``."""
 
+    example: str = ""
+    """A name of this kind, for the message refusing an empty one (``hf``)."""
+
+    def register(self, name: str, target: type | str) -> None:
+        """Register ``target`` (a class or ``"module:attr"``) under ``name`` (a role, rollout or environment
+        name; a merger's backend).
+
+        Raises:
+            PluginError: the name is empty or already registered, or ``target`` is malformed.
+        """
+        if not name:
+            raise PluginError(
+                f"{self.kind}: the name is empty; register it under a name such as {self.example!r}."
+            )
+        self._add((name,), target)
+
+    def get(self, name: str) -> type:
+        """The class registered under ``name``, imported on first use.
+
+        Raises:
+            PluginError: nothing registered under ``name`` (lists what is, with the install hint), or it cannot
+                be imported.
+        """
+        return self._get(name)
+
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(key[0] for key in self._entries)
@@ -72,19 +97,4 @@ class RoleRegistry(NamedRegistry):
 
     kind = "role"
     install_hint = "pip install drivetrain-roles"
-
-    def register(self, name: str, role: type | str) -> None:
-        """Register ``role`` (a class or ``"module:attr"``) under ``name``.
-
-        Raises:
-            PluginError: the name is already registered, or ``role`` is malformed.
-        """
-        self._add((name,), role)
-
-    def get(self, name: str) -> type:
-        """The role class registered under ``name``, imported on first use.
-
-        Raises:
-            PluginError: no such role (lists the registered ones), or it cannot be imported.
-        """
-        return self._get(name)
+    example = "actor"
