@@ -3,12 +3,21 @@ kernel for (the default tiny heads are 8 wide, the embedded GRPO model's 16: vll
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
 from drivetrain_engine_core.testing import make_tiny_model_dir
 
 SERVABLE = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _earlier_modules_vllm_shut_down():
+    """Collect what earlier modules left before this one starts a vLLM: an unreferenced vLLM engine shuts down
+    when collected, and its shutdown tears down vLLM's process-wide parallel groups, which a vLLM this module
+    already started would then lack ("pipeline model parallel group is not initialized")."""
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
