@@ -28,7 +28,7 @@ def test_the_example_environment_is_discovered_through_its_entry_point():
     found = listed["toy-environment"]
     assert (found["distribution"], found["version"], found["status"]) == (
         "drivetrain-toy-environment",
-        "0.1.0",
+        "0.1.1",
         "loaded",
     )
     assert found["registered"] == ["environment say-the-word -> drivetrain_toy_environment.game:SayTheWord"]
