@@ -19,6 +19,7 @@ from drivetrain_roles.jobs.rank_failures import ERROR_DIR_ENV
 
 CHILD = """
 import signal, sys, time
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as a rank's step loop does
 signal.signal(signal.SIGINT, lambda *_: (print("SIGINT", flush=True), sys.exit(0)))
 print("ready", flush=True)
 time.sleep(60)
@@ -61,6 +62,31 @@ def test_the_launcher_hands_the_first_ctrl_c_to_the_lowest_rank_in_its_loop(tmp_
         for process in ranks:
             process.kill()
             process.communicate()
+
+
+BLOCKED_AT_START = """
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as a supervisor that starts the launcher may
+from drivetrain_roles.jobs.interrupt import forwarding_ctrl_c
+from drivetrain_roles.jobs.ray_ctrl_c import DriverCtrlC
+for taking in (forwarding_ctrl_c(sys.argv[1], "sft"), DriverCtrlC("sft").handled()):
+    try:
+        with taking:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the driver's second press
+            sys.exit("Ctrl-C stayed pending")
+    except KeyboardInterrupt:
+        pass
+print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+"""
+
+
+def test_a_launcher_or_driver_started_with_sigint_blocked_still_takes_ctrl_c(tmp_path) -> None:
+    """A process that starts with SIGINT blocked (its supervisor's mask is inherited) kept a Ctrl-C pending."""
+    taken = subprocess.run(
+        [sys.executable, "-c", BLOCKED_AT_START, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert (taken.returncode, taken.stdout) == (0, "True\n"), taken.stderr  # and blocked again after
 
 
 def test_before_any_rank_is_in_its_loop_ctrl_c_stops_the_launch_at_once(tmp_path) -> None:

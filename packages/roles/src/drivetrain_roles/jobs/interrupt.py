@@ -23,7 +23,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -72,17 +72,13 @@ class StopRequests:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, self._handle)
-        # NOTE: Ray's workers block SIGINT; a rank placed by Ray takes the forwarded Ctrl-C inside its loop only.
-        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        ready = _announce_ready()
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            signal.signal(signal.SIGINT, previous)
-            if ready is not None:
-                ready.unlink(missing_ok=True)
+        with sigint_taken_by(self._handle):
+            ready = _announce_ready()
+            try:
+                yield
+            finally:
+                if ready is not None:
+                    ready.unlink(missing_ok=True)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
@@ -126,10 +122,24 @@ def forwarding_ctrl_c(directory: Path, command: str) -> Iterator[None]:
         forwarded = True
         say_forwarded(command)
 
-    previous = signal.signal(signal.SIGINT, handle)
+    with sigint_taken_by(handle):
+        yield
+
+
+@contextlib.contextmanager
+def sigint_taken_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Inside the block, SIGINT runs ``handler`` (call from the main thread) and is not blocked in this thread.
+
+    A process may start with SIGINT blocked, and children inherit the mask: Ray starts its workers so, and so
+    may a job scheduler's or CI's supervisor. A blocked Ctrl-C stays pending, and the rank or launcher never
+    stops; the block's own handler decides what it means instead.
+    """
+    previous = signal.signal(signal.SIGINT, handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, previous)
 
 
@@ -185,4 +195,5 @@ __all__ = [
     "interrupt_report",
     "say_forwarded",
     "send_ctrl_c",
+    "sigint_taken_by",
 ]

@@ -13,12 +13,11 @@ stopped at once.
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from .interrupt import say_forwarded
+from .interrupt import say_forwarded, sigint_taken_by
 
 
 class DriverCtrlC:
@@ -40,11 +39,8 @@ class DriverCtrlC:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, self._handle)
-        try:
+        with sigint_taken_by(self._handle):
             yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
