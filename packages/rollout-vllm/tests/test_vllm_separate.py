@@ -303,6 +303,38 @@ def grpo(run, model, *extra):
     )
 
 
+def test_an_update_through_vllms_protocol_on_the_server_serves_the_weights_sent(
+    servable_model_dir, states, tmp_path, monkeypatch
+):
+    """``weight_transfer=vllm`` on a server of its own: the server's vLLM takes each version through its own
+    update window (start/update/finish); the weights served equal those sent, byte for byte and in log-probs."""
+    monkeypatch.setenv(PYTHON_VARIABLE, VLLM_PYTHON)
+    options = VLLMServerOptions(max_model_len=448, request_timeout_s=300, weight_transfer="vllm")
+    rollout, sender = (
+        create_rollout("vllm-server", model_path=str(servable_model_dir), options=options),
+        SentVersions(),
+    )
+    try:
+        # vLLM's own factory built drivetrain's transfer engine in the server's worker (vLLM's log line).
+        assert (
+            "Creating weight transfer engine: DrivetrainWeightTransferEngine"
+            in rollout.server.log.read_text()
+        )
+        assert rollout.delta_base is None  # vLLM reloads the whole model each version
+        for version in (1, 2):
+            assert rollout.update_weights(stream(sender, states[version], version)) == version
+            policy = save_policy(servable_model_dir, states[version], tmp_path / f"v{version}")
+            assert assert_actor_log_probs(rollout, policy).version == version
+            served = rollout.served_weights(sorted(states[version]))
+            assert all(torch.equal(served[name], tensor) for name, tensor in states[version].items())
+        delta = stream(sender, states[3], 3, base_version=2)
+        with pytest.raises(HandoffError, match=r"as a delta on version 2.*weight_transfer=drivetrain"):
+            rollout.update_weights(delta)
+        assert rollout.weights_version == 2
+    finally:
+        rollout.close()
+
+
 def test_grpo_trains_on_a_vllm_server(tmp_path, chat_task_overrides, chat_task_steps):
     """Three steps of ``drivetrain grpo model.path=builtin:multistep rollout.name=vllm-server`` from this
     environment: the first hand-off is the whole model (verified against its digests, read back from the server's
