@@ -1,6 +1,7 @@
 """What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from, the small
-``grpo``/``ppo`` config their parity tests run on, a run folder's state entry for entry, and the multi-turn
-tests' tool-template tokenizer and the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>``.
+``grpo``/``ppo`` config their parity tests run on, the tiny ``drivetrain grpo`` job the launch tests compare
+with its run on one node of two ranks, a run folder's state entry for entry, and the multi-turn tests'
+tool-template tokenizer and the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>``.
 
 NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
 conftest nor a sibling module.
@@ -8,7 +9,10 @@ conftest nor a sibling module.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ from drivetrain_engine_core.rollout import Rollout
 from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
-from drivetrain_roles.jobs.default_assets import arithmetic_examples
+from drivetrain_roles.jobs.default_assets import arithmetic_examples, write_model_dir
 
 SMALL_RL = (
     "engine.micro_batch.micro_batch_size=3",
@@ -70,6 +74,83 @@ def small_rl_config() -> Callable[..., Any]:
     """``config(load_config, model_path, *overrides)``: the config of ``grpo`` or ``ppo`` (the command's
     ``load_config``) for ``model_path`` with :data:`SMALL_RL`'s sizes, ``overrides`` on top."""
     return _small_rl_config
+
+
+LENGTH_REWARD = """import os
+import socket
+
+
+def length(*, prompts, completions, references):
+    # Graded: the completion's length. With DRIVETRAIN_TEST_PLACES set, also leaves rank<RANK> there holding
+    # the rank's node in the rendezvous (GROUP_RANK) and its host name: where the rank ran.
+    places = os.environ.get("DRIVETRAIN_TEST_PLACES")
+    if places:
+        with open(os.path.join(places, "rank" + os.environ["RANK"]), "w") as f:
+            f.write(os.environ["GROUP_RANK"] + " " + socket.gethostname())
+    return [float(len(c)) for c in completions]
+"""
+GRPO_METRICS = ("train/reward", "train/pg_loss", "train/kl", "train/grad_norm")
+
+
+@pytest.fixture(scope="session")
+def tiny_grpo_job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The overrides of a 2-step ``drivetrain grpo`` run of the tiny embedded model with graded (length) rewards
+    and a KL loss, saved every step: what the launch tests run on two Ray nodes and two torchrun nodes."""
+    folder = tmp_path_factory.mktemp("grpo_job")
+    write_model_dir(folder / "model", seed=3)
+    (folder / "rewards.py").write_text(LENGTH_REWARD)
+    return [
+        f"model.path={folder / 'model'}",
+        "engine.micro_batch.micro_batch_size=4",
+        "engine.micro_batch.max_tokens=null",
+        "rollout.n=4",
+        "rollout.max_new_tokens=4",
+        f"algorithm.reward_function={folder / 'rewards.py'}:length",
+        "algorithm.kl_loss_coef=0.1",
+        "optimizer.lr=1e-3",
+        "trainer.prompts_per_step=4",
+        "trainer.total_steps=2",
+        "trainer.save_every=1",
+        "trainer.eval_every=0",
+        "trainer.progress_bar=false",
+        "trainer.cpu_threads=1",
+    ]
+
+
+@pytest.fixture(scope="session")
+def tiny_grpo_two_ranks(tiny_grpo_job: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run folder of :func:`tiny_grpo_job` on one node of two ranks (``--nproc 2``): the reference of the
+    launches over several nodes, run once for every test that compares with it."""
+    run = tmp_path_factory.mktemp("torchrun") / "run"
+    drivetrain = Path(sys.executable).parent / "drivetrain"
+    done = subprocess.run(
+        [str(drivetrain), "grpo", "--nproc", "2", "--output-dir", str(run), *tiny_grpo_job],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run
+
+
+def _grpo_steps(run: Path) -> list[dict[str, float]]:
+    records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [r for r in records if "train/reward" in r]
+
+
+def _grpo_gaps(run: Path, reference: Path) -> dict[str, float]:
+    got, expected = _grpo_steps(run), _grpo_steps(reference)
+    assert len(got) == len(expected) == 2 and expected[0]["train/reward"] > 0
+    return {
+        key: max(abs(a[key] - b[key]) for a, b in zip(got, expected, strict=True)) for key in GRPO_METRICS
+    }
+
+
+@pytest.fixture(scope="session")
+def grpo_gaps() -> Callable[[Path, Path], dict[str, float]]:
+    """``gaps(run, reference)``: the largest gap over both steps of :func:`tiny_grpo_job` between two runs'
+    reward, policy loss, KL and gradient norm, by metric."""
+    return _grpo_gaps
 
 
 FolderState = dict[str, tuple[int, int, int, bytes | str | None]]

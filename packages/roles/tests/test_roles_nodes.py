@@ -1,17 +1,27 @@
-"""``drivetrain sft --nnodes 2``: two "nodes" simulated on one machine (two launchers, one c10d rendezvous on
-loopback), equal to one node of two ranks; and the launches that cannot work end in one line on every node,
-within ``--rdzv-timeout``, with nothing written."""
+"""``drivetrain sft`` and ``grpo`` with ``--nnodes 2``: two "nodes" simulated on one machine (two launchers, one
+c10d rendezvous), equal to one node of two ranks; and the launches that cannot work end in one line on every
+node, within ``--rdzv-timeout``, with nothing written.
+
+Where the machine lets a user make network namespaces, GRPO's nodes run each in a network and host-name namespace
+of its own (``node0`` at 10.77.0.1, ``node1`` at 10.77.0.2, joined by veth links to a bridge), so the ranks find
+each other by host name over a real interface, as on a cluster; elsewhere on loopback, and the namespaced case is
+skipped with the command that failed.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -29,6 +39,49 @@ TINY = [
     "trainer.max_new_tokens=2",
     "trainer.progress_bar=false",
 ]
+IP = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
+NAMESPACED_NODES = 2
+HOLDER_NAMESPACES = ["unshare", "--user", "--map-root-user", "--net", "--mount"]
+HOLDER = (
+    "{ip} link set lo up && {ip} link add br0 type bridge && {ip} link set br0 up && "
+    "mount --bind {hosts} /etc/hosts && echo ready && exec sleep infinity"
+)
+"""Run in the holder's new user, network and mount namespaces: the bridge every node's link joins, and the
+nodes' host names in ``/etc/hosts`` (seen by every node, which shares the holder's mount namespace)."""
+NODE = (
+    "hostname node{node} && {ip} link set lo up && {ip} link add eth0 type veth peer name w$$ netns {holder} && "
+    "{ip} addr add 10.77.0.{address}/24 dev eth0 && {ip} link set eth0 up && "
+    'nsenter --target {holder} --net {ip} link set w$$ master br0 up && exec "$@"'
+)
+"""Run in a node's new network and host-name namespaces, then its command: its host name, and a veth link to the
+holder's bridge (named by the shell's pid there: a link outlives its node for a moment)."""
+
+
+@dataclass(frozen=True)
+class _Network:
+    """Where the simulated nodes run: this machine's network (node 0 at 127.0.0.1), or, given the pid of the
+    process that holds the namespaces, each node in namespaces of its own (``HOLDER``, ``NODE``)."""
+
+    holder: int | None = None
+
+    def host(self, node: int) -> str:
+        """The address the other nodes reach ``node`` at."""
+        return "127.0.0.1" if self.holder is None else f"node{node}"
+
+    def hostname(self, node: int) -> str:
+        """The host name ``node``'s ranks see."""
+        return socket.gethostname() if self.holder is None else f"node{node}"
+
+    def wrap(self, node: int, command: Sequence[str]) -> list[str]:
+        """``command`` run as ``node``."""
+        if self.holder is None:
+            return list(command)
+        setup = NODE.format(node=node, ip=IP, holder=self.holder, address=node + 1)
+        enter = ["nsenter", f"--target={self.holder}", "--user", "--net", "--mount", "--preserve-credentials"]
+        return [*enter, "unshare", "--net", "--uts", "sh", "-c", setup, f"node{node}", *command]
+
+
+LOOPBACK = _Network()
 
 
 def _free_port() -> int:
@@ -43,13 +96,73 @@ def _node(
     port: int,
     output_dir: str,
     cwd: Path,
+    *,
+    command: str = "sft",
+    arguments: Sequence[str] = TINY,
+    network: _Network = LOOPBACK,
     timeout: int = 60,
-    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    nodes = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    timeouts = ["--rdzv-timeout", str(timeout)]
-    command = [str(DRIVETRAIN), "sft", *nodes, *timeouts, "--output-dir", output_dir, *TINY, *overrides]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """The launcher of node ``rank`` of ``nnodes``: ``drivetrain <command>`` with one rank, the rendezvous at node
+    0's ``port``."""
+    endpoint = f"{network.host(0)}:{port}"
+    nodes = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint]
+    flags = [*nodes, "--rdzv-timeout", str(timeout), "--output-dir", output_dir]
+    return subprocess.Popen(
+        network.wrap(rank, [str(DRIVETRAIN), command, *flags, *arguments]),
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _start_nodes(nnodes: int, output_dir: str, cwd: Path, **options: Any) -> list[subprocess.Popen[str]]:
+    """The launchers of ``nnodes`` nodes of one launch (one rendezvous); ``options`` as :func:`_node`'s."""
+    port = _free_port()
+    return [_node(rank, nnodes, port, output_dir, cwd, **options) for rank in range(nnodes)]
+
+
+def _failed(args: Sequence[str], error: str) -> str:
+    return f"this machine cannot give each node a network of its own: `{shlex.join(args)}` failed: {error.strip()}"
+
+
+@pytest.fixture(scope="module")
+def namespaces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Network | str]:
+    """The namespaced network of :data:`NAMESPACED_NODES` nodes, proved by one node that sets itself up and
+    ends; or why this machine cannot make it: the command that failed and its error."""
+    if IP is None or not shutil.which("unshare") or not shutil.which("nsenter"):
+        yield "nodes in network namespaces of their own need the commands ip (iproute2), unshare and nsenter"
+        return
+    hosts = tmp_path_factory.mktemp("network") / "hosts"
+    names = "".join(f"10.77.0.{n + 1} node{n}\n" for n in range(NAMESPACED_NODES))
+    hosts.write_text(f"127.0.0.1 localhost\n{names}")
+    args = [*HOLDER_NAMESPACES, "sh", "-c", HOLDER.format(ip=IP, hosts=hosts)]
+    holder = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stderr is not None
+        if holder.stdout.readline() != "ready\n":
+            yield _failed(args, holder.stderr.read())
+            return
+        network = _Network(holder.pid)
+        probe = subprocess.run(network.wrap(0, ["true"]), capture_output=True, text=True, timeout=30)
+        yield _failed(probe.args, probe.stderr) if probe.returncode else network
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.fixture(params=["namespaces", "loopback"])
+def network(request: pytest.FixtureRequest, namespaces: _Network | str) -> _Network:
+    """The nodes' network for a launch the test makes once: namespaces of their own where the machine allows it
+    (else that case is skipped with what failed), loopback only where it does not (the namespaced case is the
+    same launch over a real interface)."""
+    if request.param == "namespaces" and isinstance(namespaces, str):
+        pytest.skip(namespaces)
+    if request.param == "loopback" and isinstance(namespaces, _Network):
+        pytest.skip("the nodes ran in network namespaces of their own; loopback would repeat that launch")
+    return namespaces if isinstance(namespaces, _Network) else LOOPBACK
 
 
 def _ends(*launchers: subprocess.Popen[str]) -> list[tuple[int, str]]:
@@ -71,11 +184,7 @@ def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(tmp_path)
     layout holds for any two ranks): losses and final weights equal an uninterrupted 3-step run of one node."""
     constant = ["optimizer.lr_schedule=constant", "optimizer.warmup_steps=0"]  # the same lr for 2 and 3 steps
     two_nodes, one_node = tmp_path / "two_nodes", tmp_path / "one_node"
-    port = _free_port()
-    nodes = [
-        _node(r, 2, port, str(two_nodes), tmp_path, overrides=[*constant, "trainer.total_steps=2"])
-        for r in (0, 1)
-    ]
+    nodes = _start_nodes(2, str(two_nodes), tmp_path, arguments=[*TINY, *constant, "trainer.total_steps=2"])
     assert [status for status, _ in _ends(*nodes)] == [0, 0]
     assert not (two_nodes / ".drivetrain-nodes").exists()
     resume = ["--nproc", "2", "--resume", "--output-dir", str(two_nodes), "trainer.total_steps=3"]
@@ -86,6 +195,28 @@ def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(tmp_path)
     assert len(resumed) == 3 and max(abs(a - b) for a, b in zip(resumed, expected, strict=True)) <= 1e-6
     weights, final = (load_file(run / "final_model" / "model.safetensors") for run in (two_nodes, one_node))
     assert max((weights[k] - final[k]).abs().max().item() for k in final) <= 1e-6
+
+
+@pytest.mark.slow
+def test_grpo_on_two_nodes_equals_one_node_of_two_ranks(
+    network, tiny_grpo_job, tiny_grpo_two_ranks, grpo_gaps, tmp_path
+) -> None:
+    """Two launchers of one rank each train GRPO 2 steps: per step the reward, policy loss, KL and gradient norm of
+    one node of two ranks within 1e-6, and each rank ran on a node of its own (its node in the rendezvous and
+    its host name, as the reward function saw them)."""
+    places, run = tmp_path / "places", tmp_path / "run"
+    places.mkdir()
+    env = {"DRIVETRAIN_TEST_PLACES": str(places)}
+    launchers = _start_nodes(
+        2, str(run), tmp_path, command="grpo", arguments=tiny_grpo_job, network=network, env=env
+    )
+    ends = _ends(*launchers)
+    assert [status for status, _ in ends] == [0, 0], ends
+    gaps = grpo_gaps(run, tiny_grpo_two_ranks)
+    print(f"two nodes ({network.host(0)}, {network.host(1)}) vs one node of two ranks, largest gap: {gaps}")
+    assert max(gaps.values()) <= 1e-6, gaps
+    ranks = {int(p.name.removeprefix("rank")): p.read_text().split() for p in places.iterdir()}
+    assert ranks == {rank: [str(rank), network.hostname(rank)] for rank in (0, 1)}
 
 
 @pytest.mark.slow

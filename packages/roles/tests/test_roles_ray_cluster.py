@@ -30,13 +30,9 @@ from drivetrain_engine_core._cli import main as drivetrain_cli
 from drivetrain_engine_core.backend import ConfigError
 from drivetrain_engine_core.job import complete_steps
 from drivetrain_roles.grpo.config import load_config
-from drivetrain_roles.jobs.default_assets import write_model_dir
 from drivetrain_roles.runtime.tracking import read_records
 
 DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
-REWARDS = (
-    "def length(*, prompts, completions, references):\n    return [float(len(c)) for c in completions]\n"
-)
 HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
 """The test cluster marks a dead node within about a second (Ray's default: about 15 s)."""
 NODE_DEATH_BOUND_S = 30
@@ -58,30 +54,6 @@ def cluster() -> Iterator[Any]:
             yield cluster
         finally:
             cluster.shutdown()
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The overrides of a 2-step GRPO run of a tiny model with graded (length) rewards."""
-    folder = tmp_path_factory.mktemp("job")
-    write_model_dir(folder / "model", seed=3)
-    (folder / "rewards.py").write_text(REWARDS)
-    return [
-        f"model.path={folder / 'model'}",
-        "engine.micro_batch.micro_batch_size=4",
-        "engine.micro_batch.max_tokens=null",
-        "rollout.n=4",
-        "rollout.max_new_tokens=4",
-        f"algorithm.reward_function={folder / 'rewards.py'}:length",
-        "algorithm.kl_loss_coef=0.1",
-        "optimizer.lr=1e-3",
-        "trainer.prompts_per_step=4",
-        "trainer.total_steps=2",
-        "trainer.save_every=1",
-        "trainer.eval_every=0",
-        "trainer.progress_bar=false",
-        "trainer.cpu_threads=1",
-    ]
 
 
 SFT = [
@@ -168,31 +140,25 @@ def _placed(stderr: str) -> dict[int, str]:
     return {int(rank): node for rank, node in found}
 
 
-def _steps(run: Path) -> list[dict[str, float]]:
-    records = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-    return [r for r in records if "train/reward" in r]
-
-
 def _tree(run: Path) -> set[str]:
     return {str(p.relative_to(run)) for p in run.rglob("*") if "heartbeat" not in p.parts}
 
 
 @pytest.mark.slow
-def test_ranks_on_two_nodes_equal_the_torchrun_path(cluster, job, tmp_path) -> None:
-    on_ray = _drivetrain(tmp_path, "--output-dir", str(tmp_path / "ray"), *job, *_ray(cluster.address))
+def test_ranks_on_two_nodes_equal_the_torchrun_path(
+    cluster, tiny_grpo_job, tiny_grpo_two_ranks, grpo_gaps, tmp_path
+) -> None:
+    on_ray = _drivetrain(
+        tmp_path, "--output-dir", str(tmp_path / "ray"), *tiny_grpo_job, *_ray(cluster.address)
+    )
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     nodes = {cluster.head_node.node_id[:12], next(iter(cluster.worker_nodes)).node_id[:12]}
     placed = _placed(on_ray.stderr)
     assert sorted(placed) == [0, 1] and set(placed.values()) == nodes
-    local = _drivetrain(tmp_path, "--nproc", "2", "--output-dir", str(tmp_path / "torchrun"), *job)
-    assert local.returncode == 0, local.stderr[-3000:]
-    got, expected = _steps(tmp_path / "ray"), _steps(tmp_path / "torchrun")
-    assert len(got) == 2 and expected[0]["train/reward"] > 0
-    keys = ("train/reward", "train/pg_loss", "train/kl", "train/grad_norm")
-    gaps = {key: max(abs(a[key] - b[key]) for a, b in zip(got, expected, strict=True)) for key in keys}
+    gaps = grpo_gaps(tmp_path / "ray", tiny_grpo_two_ranks)
     print(f"Ray vs torchrun, largest gap per metric over 2 steps: {gaps}")
     assert max(gaps.values()) <= 1e-6, gaps
-    assert _tree(tmp_path / "ray") == _tree(tmp_path / "torchrun")
+    assert _tree(tmp_path / "ray") == _tree(tiny_grpo_two_ranks)
     assert (tmp_path / "ray" / "checkpoints" / "latest").exists()
 
 
@@ -275,11 +241,11 @@ def _beats(run: Path) -> int:
 
 @pytest.mark.slow
 def test_a_placement_the_cluster_cannot_make_is_one_line_in_time_with_nothing_written(
-    cluster, job, tmp_path
+    cluster, tiny_grpo_job, tmp_path
 ) -> None:
     started = time.monotonic()
     result = _drivetrain(
-        tmp_path, *job, *_ray(cluster.address, "trainer.ray.workers=3", "trainer.ray.timeout_s=3")
+        tmp_path, *tiny_grpo_job, *_ray(cluster.address, "trainer.ray.workers=3", "trainer.ray.timeout_s=3")
     )
     assert time.monotonic() - started < 60 and result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -292,9 +258,11 @@ def test_a_placement_the_cluster_cannot_make_is_one_line_in_time_with_nothing_wr
 
 
 @pytest.mark.slow
-def test_a_ray_address_nobody_answers_is_one_line_in_time_with_nothing_written(job, tmp_path) -> None:
+def test_a_ray_address_nobody_answers_is_one_line_in_time_with_nothing_written(
+    tiny_grpo_job, tmp_path
+) -> None:
     started = time.monotonic()
-    result = _drivetrain(tmp_path, *job, *_ray("127.0.0.1:1", "trainer.ray.timeout_s=5"))
+    result = _drivetrain(tmp_path, *tiny_grpo_job, *_ray("127.0.0.1:1", "trainer.ray.timeout_s=5"))
     assert time.monotonic() - started < 60
     assert result.returncode == 1
     assert (
@@ -306,7 +274,7 @@ def test_a_ray_address_nobody_answers_is_one_line_in_time_with_nothing_written(j
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, job, tmp_path) -> None:
+def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, tiny_grpo_job, tmp_path) -> None:
     """Runs last: it takes the worker node away."""
     run = tmp_path / "run"
     worker = next(iter(cluster.worker_nodes))
@@ -321,7 +289,7 @@ def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, job, tmp_p
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
     result = _drivetrain(
-        tmp_path, "--output-dir", str(run), *job, "trainer.total_steps=50", *_ray(cluster.address)
+        tmp_path, "--output-dir", str(run), *tiny_grpo_job, "trainer.total_steps=50", *_ray(cluster.address)
     )
     ended = time.monotonic()
     assert killed, result.stderr[-3000:]
