@@ -73,7 +73,7 @@ def export_weight_shards(bridge: Bridge, chunks: list[nn.Module]) -> Iterator[Sh
 
 def _held_weights(bridge: Bridge, chunks: list[nn.Module]) -> dict[str, torch.Tensor]:
     """This rank's parameters under their megatron global names, chunk by chunk (what mbridge exports)."""
-    held = {}
+    held: dict[str, torch.Tensor] = {}
     for chunk in chunks:
         global_names = bridge._weight_name_mapping_mcore_local_to_global(chunk, consider_ep=False)
         held.update((global_names[name], param) for name, param in chunk.named_parameters())
