@@ -1,14 +1,17 @@
-"""Bytes a weight hand-off gathers and sends on two FSDP ranks, full vs delta, where whole tensors stay put (prints
-JSON).
+"""Bytes a weight hand-off gathers and sends on two ranks (FSDP, Megatron TP2), full vs delta, where whole tensors
+stay put (prints JSON).
 
 A delta stream decided on gathered tensors saves the wire's bytes but not the gather's; with the
-``sharded_export`` capability (FSDP) each rank digests its local shards, one all-reduce of flags agrees what
-changed, and only that is gathered (core's ``handoff.local_shards``). Two cases, each one training step after a
-full version 0, then version 1 as a delta on 0 and version 2 in full:
+``sharded_export`` capability (FSDP, Megatron) each rank digests its local shards, one all-reduce of flags agrees
+what changed, and only that is gathered (core's ``handoff.local_shards``). Three cases, each one training step
+after a full version 0, then version 1 as a delta on 0 and version 2 in full:
 
 - ``frozen_layers``: a full fine-tune with every decoder layer but the last frozen (embeddings, head, norms too);
 - ``lora_merged``: LoRA (rank 8) on ``q_proj``/``v_proj``, handed off merged (the base stays put, so only the
-  adapted weights change).
+  adapted weights change);
+- ``megatron_tp2_frozen_layers``: ``frozen_layers`` on Megatron at tensor-parallel size 2 (no weight decay:
+  megatron's optimizer steps the parameters frozen after it was built with zero gradients, which weight decay
+  alone would move).
 
 Per stream it reports the sender's ``engine.sent_weights.last`` (bytes of full tensors gathered, bytes packed
 into buckets) and rank 0's wall seconds; ``whole_gather_delta`` is what the delta cost before (every tensor
@@ -39,10 +42,11 @@ def timed_stream(engine: Any, **options: Any) -> dict[str, Any]:
     return {"gathered": cost.gathered, "sent": cost.sent, "seconds": round(time.perf_counter() - started, 4)}
 
 
-def measure(engine: Any, rank: int, world_size: int) -> dict[str, Any]:
+def measure(engine: Any) -> dict[str, Any]:
     from drivetrain_engine_core.job import shard_data
     from drivetrain_engine_core.testing import random_batch, token_mean_nll
 
+    rank, world_size = engine.data_parallel_rank, engine.data_parallel_size
     timed_stream(engine, version=0)
     batch = random_batch(
         vocab_size=MODEL["vocab_size"], prompt_lengths=[8] * 4, response_lengths=[8] * 4, seed=0
@@ -78,10 +82,28 @@ def two_ranks(rank: int, world_size: int, model_dir: str) -> dict[str, Any]:
     for name, parameter in frozen.module.named_parameters():
         parameter.requires_grad_(name.startswith(LAST_LAYER))
     lora = engine(LoraConfig(rank=8, alpha=16.0, target_modules=("q_proj", "v_proj")))
-    return {
-        "frozen_layers": measure(frozen, rank, world_size),
-        "lora_merged": measure(lora, rank, world_size),
-    }
+    return {"frozen_layers": measure(frozen), "lora_merged": measure(lora)}
+
+
+def megatron_tp2(rank: int, world_size: int, model_dir: str) -> dict[str, Any]:
+    from drivetrain_engine_core.backend import ModelConfig, OptimizerConfig
+    from drivetrain_engine_core.job import MicroBatchConfig
+    from drivetrain_engine_megatron import MegatronEngine, MegatronEngineConfig
+
+    del rank, world_size
+    engine = MegatronEngine(
+        model_config=ModelConfig(path=model_dir),
+        engine_config=MegatronEngineConfig(
+            micro_batch=MicroBatchConfig(micro_batch_size=2), tensor_model_parallel_size=2
+        ),
+        optimizer_config=OptimizerConfig(lr=1e-3, weight_decay=0.0),
+    )
+    engine.initialize()
+    for chunk in engine._model.unwrapped:
+        chunk.requires_grad_(False)
+        for layer in chunk.decoder.layers:
+            layer.requires_grad_(layer.layer_number == MODEL["num_hidden_layers"])
+    return {"megatron_tp2_frozen_layers": measure(engine)}
 
 
 def main() -> None:
@@ -91,7 +113,9 @@ def main() -> None:
         model_dir = make_tiny_model_dir(Path(folder) / "model", **MODEL)
         model_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
         ranks = run_distributed(two_ranks, str(model_dir), world_size=2, timeout_s=600)
-    print(json.dumps({"world_size": 2, "model_file_bytes": model_bytes, **ranks[0]}, indent=2))
+        megatron = run_distributed(megatron_tp2, str(model_dir), world_size=2, timeout_s=600)
+    report = {"world_size": 2, "model_file_bytes": model_bytes, **ranks[0], **megatron[0]}
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,7 @@ def _language_checks(path: str, layout: dict, vocab_size: int, checkpoint_root: 
         "base": base,
         "applied": {**base, **_received(delta)},
         "sent": [name for bucket in delta for name in bucket.names],
+        "bytes": (engine.sent_weights.last.gathered, engine.sent_weights.last.sent),
     }
     continued = train_history(engine, batches[SAVE_AT:], token_mean_nll)
     result["history"] += continued
@@ -185,12 +186,15 @@ def _assert_hand_off_equals_export(language: dict) -> None:
     assert [(index, last) for *_, index, last in buckets] == [
         (i, i == len(buckets) - 1) for i in range(len(buckets))
     ]
-    # The delta on the untrained version, applied to it, is the full stream bit for bit, and sends exactly the
-    # tensors the steps changed.
+    # The delta on the untrained version, applied to it, is the full stream bit for bit, and gathers and sends
+    # exactly the tensors the steps changed (decided from each rank's local shards).
     delta = language["delta"]
     assert list(delta["applied"]) == list(received)
     assert all(torch.equal(delta["applied"][name], tensor) for name, tensor in received.items())
-    assert delta["sent"] == [n for n, t in received.items() if not torch.equal(t, delta["base"][n])]
+    changed = [n for n, t in received.items() if not torch.equal(t, delta["base"][n])]
+    assert delta["sent"] == changed
+    changed_bytes = sum(received[n].numel() * received[n].element_size() for n in changed)
+    assert delta["bytes"] == (changed_bytes, changed_bytes)
 
 
 def _value_checks(path: str, layout: dict, vocab_size: int, root: str) -> dict:

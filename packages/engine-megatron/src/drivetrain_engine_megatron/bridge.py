@@ -1,4 +1,5 @@
-"""Build a megatron-core ``GPTModel`` from a Hugging Face config and weights through mbridge, and export back.
+"""Build a megatron-core ``GPTModel`` from a Hugging Face config and weights through mbridge (its export back:
+:mod:`.export`).
 
 mbridge 0.15.1 knows how Qwen2, Llama, ... map onto ``GPTModel``, but assumes Transformer Engine and
 transformers 4. Rather than patching it, :func:`make_bridge` subclasses the registered bridge class with
@@ -21,7 +22,7 @@ transformers 4. Rather than patching it, :func:`make_bridge` subclasses the regi
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -303,26 +304,3 @@ def load_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module], model_path: s
     # other ranks is one full tensor and its TP slices.
     with torch.no_grad():
         bridge.load_weights(chunks, model_path, memory_efficient=True)
-
-
-def export_hf_weights(bridge: Bridge, chunks: list[torch.nn.Module]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full tensor)`` for every weight, gathered over tensor and pipeline ranks (collective).
-
-    Each name once: with tied embeddings over several pipeline stages the last stage's copy of the embedding
-    (its output layer) maps to the embedding's name too, and a hand-off sent the largest tensor twice.
-    """
-    seen: set[str] = set()
-    weights = bridge.export_weights(chunks)
-    while True:
-        # NOTE: no_grad around each step only, never across a yield: grad mode is thread state, so a generator
-        # suspended inside ``torch.no_grad()`` that is closed late (a consumer that stops early, such as zip over
-        # two exports) restored the grad mode it saw when it entered: training silently lost its gradients.
-        with torch.no_grad():
-            item = next(weights, None)
-            if item is not None:
-                item = (item[0], item[1].detach().clone())
-        if item is None:
-            return
-        if item[0] not in seen:
-            seen.add(item[0])
-            yield item

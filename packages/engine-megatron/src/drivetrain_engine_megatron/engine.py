@@ -26,6 +26,7 @@ from drivetrain_engine_core.backend import (
     MicroBatchResult,
     Mode,
     RowPadding,
+    ShardedWeight,
     TokenLimits,
 )
 from drivetrain_engine_core.kit import HFTrainingState, RouterLoss, flash_kernel_missing, read_manifest
@@ -61,6 +62,7 @@ class MegatronEngine(Engine):
         padded_inputs=True,
         sequence_parallel=True,
         hf_state_resume=True,
+        sharded_export=True,
         router_replay=True,
         param_dtypes=frozenset(DTYPES),
         train_dtypes=frozenset(DTYPES),
@@ -272,9 +274,14 @@ class MegatronEngine(Engine):
     # ------------------------------------------------------------------ export
 
     def _export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        from .bridge import export_hf_weights
+        from .export import export_hf_weights
 
         yield from export_hf_weights(self._model.bridge, self._model.unwrapped)
+
+    def _export_weight_shards(self) -> Iterator[ShardedWeight]:
+        from .export import export_weight_shards
+
+        yield from export_weight_shards(self._model.bridge, self._model.unwrapped)
 
     # ------------------------------------------------------------------ checkpoints
 
