@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from drivetrain_engine_core.rollout import Rollout
-from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.testing import lean_model_dir, make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import arithmetic_examples
@@ -138,20 +138,11 @@ def tool_tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def leaning_model_dir(tmp_path_factory: pytest.TempPathFactory, tool_tokenizer: Any) -> Path:
-    """The tiny Qwen2 with :func:`tool_tokenizer` saved beside it: every hidden state carries a large constant in
-    dimension 0, and only ``i``, ``s`` and ``<|im_end|>`` read it, so they are the likely tokens whatever the
-    context (turns end, and hold ``i``, ``s`` that the tokenizer would re-encode as ``is``). 1024 positions hold
-    an episode of 700 tokens."""
-    from transformers import AutoModelForCausalLM
-
+    """The tiny Qwen2 with :func:`tool_tokenizer` saved beside it, leaning (:func:`lean_model_dir`) towards ``i``,
+    ``s`` and ``<|im_end|>`` whatever the context (turns end, and hold ``i``, ``s`` that the tokenizer would
+    re-encode as ``is``). 1024 positions hold an episode of 700 tokens."""
     path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2", max_position_embeddings=1024)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += 30.0
-        model.lm_head.weight[:, 0] = 0.0
-        for token, weight in {"i": 0.9, "s": 0.9, "<|im_end|>": 0.75}.items():
-            model.lm_head.weight[tool_tokenizer.convert_tokens_to_ids(token), 0] = weight
-    model.save_pretrained(path)
+    lean_model_dir(path, tool_tokenizer, {"i": 0.9, "s": 0.9, IM_END: 0.75})
     tool_tokenizer.save_pretrained(path)
     return path
 
