@@ -1,6 +1,7 @@
 """What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from, the small
 ``grpo``/``ppo`` config their parity tests run on, a run folder's state entry for entry, and the multi-turn
-tests' tool-template tokenizer and the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>``.
+tests' tool-template tokenizer, the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>`` and the
+scripted ``grpo`` job in the ``calculator`` environment that trains it.
 
 NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
 conftest nor a sibling module.
@@ -8,14 +9,16 @@ conftest nor a sibling module.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from drivetrain_engine_core.rollout import Rollout
+from drivetrain_engine_core.rollout import Rollout, VerifyConfig
 from drivetrain_engine_core.testing import lean_model_dir, make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
@@ -145,6 +148,63 @@ def leaning_model_dir(tmp_path_factory: pytest.TempPathFactory, tool_tokenizer: 
     lean_model_dir(path, tool_tokenizer, {"i": 0.9, "s": 0.9, IM_END: 0.75})
     tool_tokenizer.save_pretrained(path)
     return path
+
+
+CALCULATOR_GRPO = (
+    "algorithm.kl_loss_coef=0",
+    "algorithm.ppo_mini_batches=1",
+    "environment.name=calculator",
+    "environment.max_turns=3",
+    "environment.max_total_tokens=1000",
+    "rollout.n=2",
+    "rollout.max_new_tokens=120",
+    "trainer.total_steps=2",
+    "trainer.eval_every=0",
+    "trainer.eval_samples=2",
+    "trainer.save_every=0",
+    "trainer.progress_bar=false",
+)
+"""Two ``grpo`` steps in the ``calculator`` environment (3 turns of 120 tokens), each question played twice, two
+held-out questions evaluated before the first step and after the last; no KL term, one mini-batch, no saves."""
+
+Plays = Mapping[str, tuple[int, str]]
+"""Each question's expression: the calculator calls its episode makes before the answer, and the answer."""
+
+
+def _calculator_play(plays: Plays, context: str) -> str:
+    """Call the calculator until the question's number of calls is reached, then answer as ``plays`` says."""
+    expression = re.search(r"What is (\S+)\?", context).group(1)  # type: ignore[union-attr]
+    calls, answer = plays[expression]
+    if context.count("<tool_response>") < calls:
+        return (
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+        )
+    return answer
+
+
+@pytest.fixture(scope="module")
+def calculator_grpo(
+    leaning_model_dir: Path, tool_tokenizer: Any, scripted_rollout: Callable[..., Rollout]
+) -> Callable[..., list[dict[str, Any]]]:
+    """``records = calculator_grpo(folder, plays, *overrides)``: ``drivetrain grpo`` of :data:`CALCULATOR_GRPO`
+    (``overrides`` on top: the data and rewards) training :func:`leaning_model_dir` in ``folder / "run"``, every
+    turn played by a scripted rollout as :data:`Plays` ``plays`` says; the run's metric records."""
+
+    def run(folder: Path, plays: Plays, *overrides: str) -> list[dict[str, Any]]:
+        from drivetrain_roles.grpo.config import load_config
+        from drivetrain_roles.grpo.trainer import GRPOTrainer
+        from drivetrain_roles.jobs.metrics import read_records
+        from drivetrain_roles.rl import policy_trainer
+
+        config = load_config(None, [f"model.path={leaning_model_dir}", *CALCULATOR_GRPO, *overrides])
+        rollout = scripted_rollout(tool_tokenizer, functools.partial(_calculator_play, plays))
+        rollout.verify = VerifyConfig(mode="never")  # it serves no weights to read back
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(policy_trainer, "build_rollout", lambda *args: rollout)
+            GRPOTrainer(config, folder / "run").run()
+        return read_records(folder / "run" / "metrics.jsonl")
+
+    return run
 
 
 class _ScriptedRollout(Rollout):
