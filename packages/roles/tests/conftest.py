@@ -1,7 +1,7 @@
-"""What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from, the small
-``grpo``/``ppo`` config their parity tests run on, a run folder's state entry for entry, and the multi-turn
-tests' tool-template tokenizer, the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>`` and the
-scripted ``grpo`` job in the ``calculator`` environment that trains it.
+"""What the roles tests share: a local Ray cluster, real ``drivetrain`` launches, the arithmetic prompts the RL
+tests sample from, the small ``grpo``/``ppo`` config their parity tests run on, a run folder's state entry for
+entry, and the multi-turn tests' tool-template tokenizer, the tiny model that leans towards ``i``, ``s`` and
+``<|im_end|>`` and the scripted ``grpo`` job in the ``calculator`` environment that trains it.
 
 NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
 conftest nor a sibling module.
@@ -12,7 +12,11 @@ from __future__ import annotations
 import functools
 import os
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,91 @@ def small_rl_config() -> Callable[..., Any]:
     """``config(load_config, model_path, *overrides)``: the config of ``grpo`` or ``ppo`` (the command's
     ``load_config``) for ``model_path`` with :data:`SMALL_RL`'s sizes, ``overrides`` on top."""
     return _small_rl_config
+
+
+DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
+"""The ``drivetrain`` console script of the environment the tests run in."""
+
+TINY_SFT = (
+    "data.generated_train_size=32",
+    "data.generated_val_size=4",
+    "trainer.batch_size=8",
+    "trainer.eval_samples=4",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=2",
+    "trainer.progress_bar=false",
+)
+"""A tiny run of the embedded ``sft`` job: 32 generated examples in batches of 8, no held-out evaluation."""
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Real ``drivetrain`` launches in child processes (``--nproc`` ranks, ``--nnodes`` nodes on loopback,
+    ``trainer.placement=ray``): their command line, and the process that runs one."""
+
+    executable: Path = DRIVETRAIN
+    tiny_sft: tuple[str, ...] = TINY_SFT
+
+    def line(self, command: str, *arguments: str, nproc: int | None = None) -> list[str]:
+        """``drivetrain <command> [--nproc N] <arguments>`` (launch flags, ``--output-dir``, overrides)."""
+        ranks = ["--nproc", str(nproc)] if nproc is not None else []
+        return [str(self.executable), command, *ranks, *arguments]
+
+    def run(
+        self,
+        command: str,
+        *arguments: str,
+        nproc: int | None = None,
+        cwd: Path | None = None,
+        timeout_s: int = 300,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run :meth:`line` to its end: its status and its output as text."""
+        return subprocess.run(
+            self.line(command, *arguments, nproc=nproc),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    def start(
+        self,
+        command: str,
+        *arguments: str,
+        nproc: int | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[str]:
+        """Start :meth:`line` in a session of its own (as a terminal's foreground job is in its own process
+        group, what Ctrl-C reaches: ``os.killpg(process.pid, SIGINT)``), its output piped as text."""
+        return subprocess.Popen(
+            self.line(command, *arguments, nproc=nproc),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    @staticmethod
+    def finish(process: subprocess.Popen[str], timeout_s: int = 120) -> tuple[int, str]:
+        """The status and stderr of a :meth:`start` ed launch within ``timeout_s``; its process group is killed if
+        it has not ended by then (or the wait is interrupted), so that no launch outlives its test."""
+        try:
+            _, err = process.communicate(timeout=timeout_s)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        return process.returncode, err
+
+
+@pytest.fixture(scope="session")
+def launches() -> Launches:
+    """The :class:`Launches` helper: ``launches.line/run/start("sft", "--output-dir", run, *launches.tiny_sft,
+    nproc=2)``, ``launches.finish(process)``."""
+    return Launches()
 
 
 FolderState = dict[str, tuple[int, int, int, bytes | str | None]]
