@@ -232,7 +232,9 @@ def test_a_leaning_model_ranks_its_tokens_first_at_every_position_whatever_the_c
         [{"role": "user", "content": text}]
         for text in ("Say this: mist, kiss. " * 3, "What is 12*34+5? " * 4)
     ]
-    texts = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
+    texts = [
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats
+    ]
     contexts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     contexts.append(torch.randint(len(tokenizer), (80,), generator=torch.Generator().manual_seed(0)).tolist())
     ids = [tokenizer.convert_tokens_to_ids(t) for t in leans]

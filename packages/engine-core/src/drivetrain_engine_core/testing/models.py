@@ -141,7 +141,7 @@ def lean_model_dir(path: str | Path, tokenizer: Any, leans: Mapping[str, float])
             f"lean_model_dir: {unknown} are not tokens of the tokenizer; lean towards single tokens of its "
             "vocabulary (tokenizer.convert_tokens_to_ids(token) must find them)."
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if model.config.tie_word_embeddings:
         raise ValueError(
             f"lean_model_dir: the model at {path} ties its output layer to its embeddings, so the output layer "
