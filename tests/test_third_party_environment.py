@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from drivetrain_engine_core._cli import main as drivetrain_cli
-from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.testing import lean_model_dir, make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 
 WORDS = ["sit", "mist", "this", "kiss"]
@@ -36,20 +36,9 @@ def test_the_example_environment_is_discovered_through_its_entry_point():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """The tiny Qwen2 and its ChatML tokenizer, leaning towards :data:`LEANS` (a large constant in every hidden
-    state's dimension 0 that only those tokens read)."""
-    from transformers import AutoModelForCausalLM
-
+    """The tiny Qwen2 and its ChatML tokenizer, leaning towards :data:`LEANS` (:func:`lean_model_dir`)."""
     path = make_tiny_model_dir(tmp_path_factory.mktemp("model"), arch="qwen2")
-    tokenizer = build_tiny_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += 30.0
-        model.lm_head.weight[:, 0] = 0.0
-        for token, weight in LEANS.items():
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token), 0] = weight
-    model.save_pretrained(path)
-    return path
+    return lean_model_dir(path, build_tiny_tokenizer(), LEANS)
 
 
 @pytest.fixture(scope="module")

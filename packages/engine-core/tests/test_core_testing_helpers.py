@@ -13,7 +13,7 @@ from drivetrain_engine_core.backend import ForwardOptions, OptimizerConfig
 from drivetrain_engine_core.job import LossContext
 from drivetrain_engine_core.testing.batches import random_batch
 from drivetrain_engine_core.testing.losses import token_mean_nll, value_mse
-from drivetrain_engine_core.testing.models import ARCHITECTURES, make_tiny_model_dir
+from drivetrain_engine_core.testing.models import ARCHITECTURES, lean_model_dir, make_tiny_model_dir
 from drivetrain_engine_core.testing.reference import (
     reference_entropy,
     reference_log_probs,
@@ -21,7 +21,7 @@ from drivetrain_engine_core.testing.reference import (
     reference_train_losses,
     reference_values,
 )
-from drivetrain_engine_core.testing.tokenizer import build_tiny_tokenizer
+from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 PROMPTS, RESPONSES = [3, 1, 4], [2, 5, 3]
@@ -217,3 +217,32 @@ def _masks(batch, ids: torch.Tensor) -> list[torch.Tensor]:
     for row, m in enumerate(batch["loss_mask"].unbind()):
         rows[row, : len(m)] = m
     return list(rows)
+
+
+def test_a_leaning_model_ranks_its_tokens_first_at_every_position_whatever_the_context(
+    tmp_path: Path,
+) -> None:
+    """Two chat prompts of 60-100 tokens and random ids: at every position the three leaned-to tokens are the
+    top three logits, in the order of their weights (``i``, ``s`` tied at 0.9, then the turn end at 0.75)."""
+    tokenizer = build_tiny_tokenizer()
+    leans = {"i": 0.9, "s": 0.9, IM_END: 0.75}
+    path = lean_model_dir(make_tiny_model_dir(tmp_path / "m"), tokenizer, leans)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    chats = [
+        [{"role": "user", "content": text}]
+        for text in ("Say this: mist, kiss. " * 3, "What is 12*34+5? " * 4)
+    ]
+    texts = [
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats
+    ]
+    contexts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    contexts.append(torch.randint(len(tokenizer), (80,), generator=torch.Generator().manual_seed(0)).tolist())
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in leans]
+    for context in contexts:
+        assert len(context) >= 60
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([context])).logits[0]
+        assert (logits.topk(3).indices.sort().values == torch.tensor(sorted(ids))).all()
+        assert (logits[:, ids[:2]].min(-1).values > logits[:, ids[2]]).all()
+    with pytest.raises(ValueError, match=r"\['<nope>'\] are not tokens of the tokenizer"):
+        lean_model_dir(path, tokenizer, {"<nope>": 1.0})

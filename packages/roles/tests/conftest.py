@@ -1,7 +1,8 @@
-"""What the roles tests share: a local Ray cluster, the arithmetic prompts the RL tests sample from, the small
-``grpo``/``ppo`` config their parity tests run on, the tiny ``drivetrain grpo`` job the launch tests compare
-with its run on one node of two ranks, a run folder's state entry for entry, and the multi-turn tests'
-tool-template tokenizer and the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>``.
+"""What the roles tests share: a local Ray cluster, real ``drivetrain`` launches, the arithmetic prompts the RL
+tests sample from, the small ``grpo``/``ppo`` config their parity tests run on, the tiny ``drivetrain grpo`` job
+the launch tests compare with its run on one node of two ranks, a run folder's state entry for entry, and the
+multi-turn tests' tool-template tokenizer, the tiny model that leans towards ``i``, ``s`` and ``<|im_end|>``
+and the scripted ``grpo`` job in the ``calculator`` environment that trains it.
 
 NOTE: the helpers are fixtures because under ``--import-mode=importlib`` a test module can import neither
 conftest nor a sibling module.
@@ -9,18 +10,22 @@ conftest nor a sibling module.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from drivetrain_engine_core.rollout import Rollout
-from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_engine_core.rollout import Rollout, VerifyConfig
+from drivetrain_engine_core.testing import lean_model_dir, make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import arithmetic_examples, write_model_dir
@@ -153,6 +158,91 @@ def grpo_gaps() -> Callable[[Path, Path], dict[str, float]]:
     return _grpo_gaps
 
 
+DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
+"""The ``drivetrain`` console script of the environment the tests run in."""
+
+TINY_SFT = (
+    "data.generated_train_size=32",
+    "data.generated_val_size=4",
+    "trainer.batch_size=8",
+    "trainer.eval_samples=4",
+    "trainer.eval_every=0",
+    "trainer.max_new_tokens=2",
+    "trainer.progress_bar=false",
+)
+"""A tiny run of the embedded ``sft`` job: 32 generated examples in batches of 8, no held-out evaluation."""
+
+
+@dataclass(frozen=True)
+class Launches:
+    """Real ``drivetrain`` launches in child processes (``--nproc`` ranks, ``--nnodes`` nodes on loopback,
+    ``trainer.placement=ray``): their command line, and the process that runs one."""
+
+    executable: Path = DRIVETRAIN
+    tiny_sft: tuple[str, ...] = TINY_SFT
+
+    def line(self, command: str, *arguments: str, nproc: int | None = None) -> list[str]:
+        """``drivetrain <command> [--nproc N] <arguments>`` (launch flags, ``--output-dir``, overrides)."""
+        ranks = ["--nproc", str(nproc)] if nproc is not None else []
+        return [str(self.executable), command, *ranks, *arguments]
+
+    def run(
+        self,
+        command: str,
+        *arguments: str,
+        nproc: int | None = None,
+        cwd: Path | None = None,
+        timeout_s: int = 300,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run :meth:`line` to its end: its status and its output as text."""
+        return subprocess.run(
+            self.line(command, *arguments, nproc=nproc),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    def start(
+        self,
+        command: str,
+        *arguments: str,
+        nproc: int | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[str]:
+        """Start :meth:`line` in a session of its own (as a terminal's foreground job is in its own process
+        group, what Ctrl-C reaches: ``os.killpg(process.pid, SIGINT)``), its output piped as text."""
+        return subprocess.Popen(
+            self.line(command, *arguments, nproc=nproc),
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    @staticmethod
+    def finish(process: subprocess.Popen[str], timeout_s: int = 120) -> tuple[int, str]:
+        """The status and stderr of a :meth:`start` ed launch within ``timeout_s``; its process group is killed if
+        it has not ended by then (or the wait is interrupted), so that no launch outlives its test."""
+        try:
+            _, err = process.communicate(timeout=timeout_s)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        return process.returncode, err
+
+
+@pytest.fixture(scope="session")
+def launches() -> Launches:
+    """The :class:`Launches` helper: ``launches.line/run/start("sft", "--output-dir", run, *launches.tiny_sft,
+    nproc=2)``, ``launches.finish(process)``."""
+    return Launches()
+
+
 FolderState = dict[str, tuple[int, int, int, bytes | str | None]]
 
 
@@ -219,22 +309,70 @@ def tool_tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def leaning_model_dir(tmp_path_factory: pytest.TempPathFactory, tool_tokenizer: Any) -> Path:
-    """The tiny Qwen2 with :func:`tool_tokenizer` saved beside it: every hidden state carries a large constant in
-    dimension 0, and only ``i``, ``s`` and ``<|im_end|>`` read it, so they are the likely tokens whatever the
-    context (turns end, and hold ``i``, ``s`` that the tokenizer would re-encode as ``is``). 1024 positions hold
-    an episode of 700 tokens."""
-    from transformers import AutoModelForCausalLM
-
+    """The tiny Qwen2 with :func:`tool_tokenizer` saved beside it, leaning (:func:`lean_model_dir`) towards ``i``,
+    ``s`` and ``<|im_end|>`` whatever the context (turns end, and hold ``i``, ``s`` that the tokenizer would
+    re-encode as ``is``). 1024 positions hold an episode of 700 tokens."""
     path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2", max_position_embeddings=1024)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += 30.0
-        model.lm_head.weight[:, 0] = 0.0
-        for token, weight in {"i": 0.9, "s": 0.9, "<|im_end|>": 0.75}.items():
-            model.lm_head.weight[tool_tokenizer.convert_tokens_to_ids(token), 0] = weight
-    model.save_pretrained(path)
+    lean_model_dir(path, tool_tokenizer, {"i": 0.9, "s": 0.9, IM_END: 0.75})
     tool_tokenizer.save_pretrained(path)
     return path
+
+
+CALCULATOR_GRPO = (
+    "algorithm.kl_loss_coef=0",
+    "algorithm.ppo_mini_batches=1",
+    "environment.name=calculator",
+    "environment.max_turns=3",
+    "environment.max_total_tokens=1000",
+    "rollout.n=2",
+    "rollout.max_new_tokens=120",
+    "trainer.total_steps=2",
+    "trainer.eval_every=0",
+    "trainer.eval_samples=2",
+    "trainer.save_every=0",
+    "trainer.progress_bar=false",
+)
+"""Two ``grpo`` steps in the ``calculator`` environment (3 turns of 120 tokens), each question played twice, two
+held-out questions evaluated before the first step and after the last; no KL term, one mini-batch, no saves."""
+
+Plays = Mapping[str, tuple[int, str]]
+"""Each question's expression: the calculator calls its episode makes before the answer, and the answer."""
+
+
+def _calculator_play(plays: Plays, context: str) -> str:
+    """Call the calculator until the question's number of calls is reached, then answer as ``plays`` says."""
+    expression = re.search(r"What is (\S+)\?", context).group(1)  # type: ignore[union-attr]
+    calls, answer = plays[expression]
+    if context.count("<tool_response>") < calls:
+        return (
+            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+        )
+    return answer
+
+
+@pytest.fixture(scope="module")
+def calculator_grpo(
+    leaning_model_dir: Path, tool_tokenizer: Any, scripted_rollout: Callable[..., Rollout]
+) -> Callable[..., list[dict[str, Any]]]:
+    """``records = calculator_grpo(folder, plays, *overrides)``: ``drivetrain grpo`` of :data:`CALCULATOR_GRPO`
+    (``overrides`` on top: the data and rewards) training :func:`leaning_model_dir` in ``folder / "run"``, every
+    turn played by a scripted rollout as :data:`Plays` ``plays`` says; the run's metric records."""
+
+    def run(folder: Path, plays: Plays, *overrides: str) -> list[dict[str, Any]]:
+        from drivetrain_roles.grpo.config import load_config
+        from drivetrain_roles.grpo.trainer import GRPOTrainer
+        from drivetrain_roles.jobs.metrics import read_records
+        from drivetrain_roles.rl import policy_trainer
+
+        config = load_config(None, [f"model.path={leaning_model_dir}", *CALCULATOR_GRPO, *overrides])
+        rollout = scripted_rollout(tool_tokenizer, functools.partial(_calculator_play, plays))
+        rollout.verify = VerifyConfig(mode="never")  # it serves no weights to read back
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(policy_trainer, "build_rollout", lambda *args: rollout)
+            GRPOTrainer(config, folder / "run").run()
+        return read_records(folder / "run" / "metrics.jsonl")
+
+    return run
 
 
 class _ScriptedRollout(Rollout):

@@ -21,15 +21,7 @@ class Terminal(io.StringIO):
         return True
 
 
-@pytest.fixture(scope="module")
-def model_and_tokenizer(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = write_model_dir(tmp_path_factory.mktemp("model") / "m", seed=3)
-    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-
-
-@pytest.mark.parametrize(
+WHERE_SHOWN = pytest.mark.parametrize(
     ("stderr", "enabled", "rank", "shown"),
     [
         (Terminal, True, 0, True),
@@ -38,13 +30,37 @@ def model_and_tokenizer(tmp_path_factory):
         (Terminal, True, 1, False),
     ],
 )
+"""Where the bar is drawn: with progress on, on rank 0's stderr when it is a terminal; not on a file, not with
+progress off, not on another rank."""
+
+
+def on_stderr_of_rank(monkeypatch: pytest.MonkeyPatch, stderr: type[io.StringIO], rank: int) -> None:
+    """Make a new ``stderr()`` this process's stderr and ``rank`` its rank, as the bar sees them."""
+    monkeypatch.setattr(sys, "stderr", stderr())
+    monkeypatch.setattr(progress.distributed, "rank", lambda: rank)
+
+
+def _counts(output: str) -> list[tuple[int, int]]:
+    """The bar's (count, total) each time it was drawn, repeats left out."""
+    drawn = re.findall(r"evaluation: generating:\s+\d+%\|[^|]*\| (\d+)/(\d+)", output)
+    return list(dict.fromkeys((int(count), int(total)) for count, total in drawn))
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = write_model_dir(tmp_path_factory.mktemp("model") / "m", seed=3)
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@WHERE_SHOWN
 def test_generation_counts_its_new_tokens_on_the_output_ranks_terminal(
     model_and_tokenizer, arithmetic_prompts, monkeypatch, stderr, enabled, rank, shown
 ) -> None:
     model, tokenizer = model_and_tokenizer
     examples = arithmetic_prompts(tokenizer, 12)
-    monkeypatch.setattr(sys, "stderr", stderr())
-    monkeypatch.setattr(progress.distributed, "rank", lambda: rank)
+    on_stderr_of_rank(monkeypatch, stderr, rank)
     answers = generate_answers(model, examples, tokenizer, max_new_tokens=7, progress=enabled)
     output = sys.stderr.getvalue()
     if not shown:
@@ -55,8 +71,8 @@ def test_generation_counts_its_new_tokens_on_the_output_ranks_terminal(
     assert generate_answers(model, examples, tokenizer, max_new_tokens=7) == answers
     width = max(len(e.prompt_ids) for e in examples)
     generated = _new_tokens(model, tokenizer, examples, width)
-    counts = re.findall(r"evaluation: generating:\s+\d+%\|[^|]*\| (\d+)/(\d+)", output)
-    assert counts[-1] == (str(generated), "7") and counts[0] == ("0", "7")
+    counts = _counts(output)
+    assert counts[-1] == (generated, 7) and counts[0] == (0, 7)
 
 
 def _new_tokens(model, tokenizer, examples, width) -> int:
@@ -89,21 +105,7 @@ def answer(context: str) -> str:
     return "the answer is " + "1" * (len(context) % 7)
 
 
-def _counts(output: str) -> list[tuple[int, int]]:
-    """The bar's (count, total) each time it was drawn, repeats left out."""
-    drawn = re.findall(r"evaluation: generating:\s+\d+%\|[^|]*\| (\d+)/(\d+)", output)
-    return list(dict.fromkeys((int(count), int(total)) for count, total in drawn))
-
-
-@pytest.mark.parametrize(
-    ("stderr", "enabled", "rank", "shown"),
-    [
-        (Terminal, True, 0, True),
-        (io.StringIO, True, 0, False),
-        (Terminal, False, 0, False),
-        (Terminal, True, 1, False),
-    ],
-)
+@WHERE_SHOWN
 def test_grpo_and_ppo_held_out_answers_count_their_tokens_slice_by_slice(
     tool_tokenizer, arithmetic_prompts, scripted_rollout, monkeypatch, stderr, enabled, rank, shown
 ) -> None:
@@ -116,8 +118,7 @@ def test_grpo_and_ppo_held_out_answers_count_their_tokens_slice_by_slice(
     examples = arithmetic_prompts(tool_tokenizer, 12)
     rollout = scripted_rollout(tool_tokenizer, answer)
     pipeline = RolloutPipeline(rollout, None, version=0, first=0, last=1, lag=None)  # type: ignore[arg-type]
-    monkeypatch.setattr(sys, "stderr", stderr())
-    monkeypatch.setattr(progress.distributed, "rank", lambda: rank)
+    on_stderr_of_rank(monkeypatch, stderr, rank)
     output, trajectories = greedy_answers(examples, pipeline, config)
     assert trajectories is None and len(output.responses) == 12
     if not shown:

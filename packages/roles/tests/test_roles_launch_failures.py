@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,25 +21,19 @@ from drivetrain_engine_core.job import complete_steps
 from drivetrain_roles.jobs.rank_failures import failure_report
 from drivetrain_roles.runtime.tracking import read_records
 
-DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
-TINY = [
-    "data.generated_train_size=32",
-    "data.generated_val_size=4",
-    "trainer.batch_size=8",
-    "trainer.eval_samples=4",
-    "trainer.eval_every=0",
-    "trainer.max_new_tokens=2",
-    "trainer.progress_bar=false",
-]
 _WAIT_S = 120
 
 
-def _start(run_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """The launcher in a session of its own, as a terminal's foreground job is in its own process group."""
-    command = [str(DRIVETRAIN), "sft", "--nproc", "2", "--output-dir", str(run_dir), *TINY, *overrides]
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env
-    )
+@pytest.fixture
+def start_sft(launches):
+    """``start_sft(run_dir, *overrides, env=None)``: ``drivetrain sft --nproc 2`` of the tiny job in a session
+    of its own (``launches.start``)."""
+
+    def start(run_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        arguments = ["--output-dir", str(run_dir), *launches.tiny_sft, *overrides]
+        return launches.start("sft", *arguments, nproc=2, env=env)
+
+    return start
 
 
 def _wait_for(condition, launcher: subprocess.Popen[str]) -> None:
@@ -62,35 +55,27 @@ def _ranks_started(launcher_pid: int) -> bool:
     return False
 
 
-def _finish(launcher: subprocess.Popen[str]) -> tuple[int, str]:
-    try:
-        _, err = launcher.communicate(timeout=_WAIT_S)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
-    return launcher.returncode, err
-
-
 @pytest.mark.slow
-def test_ctrl_c_while_the_ranks_start_is_one_line_and_130(tmp_path) -> None:
+def test_ctrl_c_while_the_ranks_start_is_one_line_and_130(tmp_path, start_sft, launches) -> None:
     run_dir = tmp_path / "run"
-    launcher = _start(run_dir, "trainer.total_steps=1000")
+    launcher = start_sft(run_dir, "trainer.total_steps=1000")
     _wait_for(lambda: _ranks_started(launcher.pid), launcher)  # their interpreters still import site packages
     os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-    status, err = _finish(launcher)
+    status, err = launches.finish(launcher)
     assert (status, err) == (130, "drivetrain sft: interrupted; every rank was stopped.\n")
 
 
 @pytest.mark.slow
-def test_ctrl_c_while_the_ranks_train_stops_both_after_one_step_and_saves_it(tmp_path) -> None:
+def test_ctrl_c_while_the_ranks_train_stops_both_after_one_step_and_saves_it(
+    tmp_path, start_sft, launches
+) -> None:
     """Ctrl-C lost every step since the last save. The launcher hands it to rank 0 alone: rank 1 learns of it
     from the all-reduce at the step boundary, so both stop after the same step and save it together."""
     run_dir = tmp_path / "run"
-    launcher = _start(run_dir, "trainer.total_steps=1000")
+    launcher = start_sft(run_dir, "trainer.total_steps=1000")
     _wait_for(lambda: len(list((run_dir / "heartbeat").glob("rank*.json"))) == 2, launcher)
     os.killpg(launcher.pid, signal.SIGINT)
-    status, err = _finish(launcher)
+    status, err = launches.finish(launcher)
     steps = [r["step"] for r in read_records(run_dir / "metrics.jsonl") if "train/loss" in r]
     done = steps[-1]
     saved = run_dir / "checkpoints" / f"global_step_{done}"
@@ -121,14 +106,14 @@ def _beat(run_dir: Path, rank: int) -> tuple[int, str]:
 
 
 @pytest.mark.slow
-def test_a_rank_killed_outright_is_named_with_the_signal(tmp_path) -> None:
+def test_a_rank_killed_outright_is_named_with_the_signal(tmp_path, start_sft, launches) -> None:
     """Rank 1 killed by SIGKILL was reported as "rank 0 crashed with RuntimeError: ... Connection closed by
     peer" (the survivor's lost connection), never naming rank 1 or the signal."""
     run_dir = tmp_path / "run"
-    launcher = _start(run_dir, "trainer.total_steps=1000")
+    launcher = start_sft(run_dir, "trainer.total_steps=1000")
     _wait_for(lambda: min(_beat(run_dir, r)[0] for r in (0, 1)) >= 1, launcher)
     _rank_process(launcher.pid, 1).kill()
-    status, err = _finish(launcher)
+    status, err = launches.finish(launcher)
     assert (status, err) == (
         1,
         "drivetrain sft: rank 1 was killed by SIGKILL, from outside the run (kill, the out-of-memory killer or a "
@@ -137,16 +122,16 @@ def test_a_rank_killed_outright_is_named_with_the_signal(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_the_last_step_is_an_interrupt_not_a_finished_run(tmp_path) -> None:
+def test_ctrl_c_in_the_last_step_is_an_interrupt_not_a_finished_run(tmp_path, start_sft, launches) -> None:
     """A Ctrl-C during step 8 of 8 was announced as "every rank stops after the current step and saves" and the
     run then finished with status 0 (final model, summary): an interrupt reported as success."""
     run_dir = tmp_path / "run"
-    launcher = _start(run_dir, "trainer.total_steps=8")
+    launcher = start_sft(run_dir, "trainer.total_steps=8")
     _wait_for(
         lambda: _beat(run_dir, 0) == (8, "train"), launcher
     )  # after step 7's agreement: in the last step
     os.killpg(launcher.pid, signal.SIGINT)
-    status, err = _finish(launcher)
+    status, err = launches.finish(launcher)
     saved = run_dir / "checkpoints" / "global_step_8"
     assert (status, err.splitlines()[-1]) == (
         130,
@@ -169,12 +154,14 @@ if os.environ.get("RANK") == "1":
 
 
 @pytest.mark.slow
-def test_a_rank_crash_is_one_line_naming_the_rank_the_exception_and_the_log(tmp_path) -> None:
+def test_a_rank_crash_is_one_line_naming_the_rank_the_exception_and_the_log(
+    tmp_path, start_sft, launches
+) -> None:
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "inject")}
     run_dir = tmp_path / "run"
-    status, err = _finish(_start(run_dir, "trainer.total_steps=2", env=env))
+    status, err = launches.finish(start_sft(run_dir, "trainer.total_steps=2", env=env))
     log = run_dir / "logs" / "rank1.log"
     assert status == 1
     assert err == (

@@ -16,8 +16,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +30,6 @@ from drivetrain_engine_core.job import complete_steps
 from drivetrain_roles.grpo.config import load_config
 from drivetrain_roles.runtime.tracking import read_records
 
-DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
 HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
 """The test cluster marks a dead node within about a second (Ray's default: about 15 s)."""
 NODE_DEATH_BOUND_S = 30
@@ -56,18 +53,6 @@ def cluster() -> Iterator[Any]:
             cluster.shutdown()
 
 
-SFT = [
-    "data.generated_train_size=32",
-    "data.generated_val_size=4",
-    "trainer.batch_size=8",
-    "trainer.eval_samples=4",
-    "trainer.eval_every=0",
-    "trainer.max_new_tokens=2",
-    "trainer.progress_bar=false",
-]
-"""A tiny run of the embedded SFT job."""
-
-
 def _ray(address: str, *extra: str) -> list[str]:
     return [
         "trainer.placement=ray",
@@ -77,12 +62,6 @@ def _ray(address: str, *extra: str) -> list[str]:
         "trainer.ray.strategy=STRICT_SPREAD",
         *extra,
     ]
-
-
-def _drivetrain(cwd: Path, *arguments: str, command: str = "grpo") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(DRIVETRAIN), command, *arguments], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
 
 
 @pytest.mark.parametrize(
@@ -146,10 +125,10 @@ def _tree(run: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_ranks_on_two_nodes_equal_the_torchrun_path(
-    cluster, tiny_grpo_job, tiny_grpo_two_ranks, grpo_gaps, tmp_path
+    cluster, tiny_grpo_job, tiny_grpo_two_ranks, grpo_gaps, tmp_path, launches
 ) -> None:
-    on_ray = _drivetrain(
-        tmp_path, "--output-dir", str(tmp_path / "ray"), *tiny_grpo_job, *_ray(cluster.address)
+    on_ray = launches.run(
+        "grpo", "--output-dir", str(tmp_path / "ray"), *tiny_grpo_job, *_ray(cluster.address), cwd=tmp_path
     )
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     nodes = {cluster.head_node.node_id[:12], next(iter(cluster.worker_nodes)).node_id[:12]}
@@ -167,16 +146,14 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_sft_ranks_on_two_nodes_equal_the_torchrun_path(cluster, tmp_path) -> None:
-    job = [*SFT, "trainer.total_steps=2", "trainer.save_every=1"]
-    on_ray = _drivetrain(
-        tmp_path, "--output-dir", str(tmp_path / "ray"), *job, *_ray(cluster.address), command="sft"
+def test_sft_ranks_on_two_nodes_equal_the_torchrun_path(cluster, tmp_path, launches) -> None:
+    job = [*launches.tiny_sft, "trainer.total_steps=2", "trainer.save_every=1"]
+    on_ray = launches.run(
+        "sft", "--output-dir", str(tmp_path / "ray"), *job, *_ray(cluster.address), cwd=tmp_path
     )
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert len(set(_placed(on_ray.stderr).values())) == 2
-    local = _drivetrain(
-        tmp_path, "--nproc", "2", "--output-dir", str(tmp_path / "torchrun"), *job, command="sft"
-    )
+    local = launches.run("sft", "--output-dir", str(tmp_path / "torchrun"), *job, nproc=2, cwd=tmp_path)
     assert local.returncode == 0, local.stderr[-3000:]
     got, expected = _losses(tmp_path / "ray"), _losses(tmp_path / "torchrun")
     gap = max(abs(a - b) for a, b in zip(got, expected, strict=True))
@@ -186,30 +163,23 @@ def test_sft_ranks_on_two_nodes_equal_the_torchrun_path(cluster, tmp_path) -> No
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_the_driver_stops_the_ranks_after_one_step_and_saves_it(cluster, tmp_path) -> None:
+def test_ctrl_c_on_the_driver_stops_the_ranks_after_one_step_and_saves_it(
+    cluster, tmp_path, launches
+) -> None:
     """Ctrl-C on the Ray path stopped every rank at once, losing every step since the last save. The driver
     sends it on to the ranks in their step loop: both stop after the same step and save it, as under --nproc."""
     run = tmp_path / "run"
-    arguments = ["--output-dir", str(run), *SFT, "trainer.total_steps=1000", *_ray(cluster.address)]
-    driver = subprocess.Popen(
-        [str(DRIVETRAIN), "sft", *arguments],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    job = [*launches.tiny_sft, "trainer.total_steps=1000"]
+    arguments = ["--output-dir", str(run), *job, *_ray(cluster.address)]
+    driver = launches.start("sft", *arguments, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
         while _beats(run) < 1:  # both ranks in their step loop
             assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
             time.sleep(0.05)
         os.killpg(driver.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
-        _, err = driver.communicate(timeout=120)
     finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.communicate()
+        _, err = launches.finish(driver)
     steps = [r["step"] for r in read_records(run / "metrics.jsonl") if "train/loss" in r]
     done = steps[-1]
     saved = run / "checkpoints" / f"global_step_{done}"
@@ -241,12 +211,11 @@ def _beats(run: Path) -> int:
 
 @pytest.mark.slow
 def test_a_placement_the_cluster_cannot_make_is_one_line_in_time_with_nothing_written(
-    cluster, tiny_grpo_job, tmp_path
+    cluster, tiny_grpo_job, tmp_path, launches
 ) -> None:
     started = time.monotonic()
-    result = _drivetrain(
-        tmp_path, *tiny_grpo_job, *_ray(cluster.address, "trainer.ray.workers=3", "trainer.ray.timeout_s=3")
-    )
+    placement = _ray(cluster.address, "trainer.ray.workers=3", "trainer.ray.timeout_s=3")
+    result = launches.run("grpo", *tiny_grpo_job, *placement, cwd=tmp_path)
     assert time.monotonic() - started < 60 and result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
         "Error: the Ray cluster could not place trainer.ray.workers=3 ranks of {'CPU': 1.0} each with "
@@ -259,10 +228,12 @@ def test_a_placement_the_cluster_cannot_make_is_one_line_in_time_with_nothing_wr
 
 @pytest.mark.slow
 def test_a_ray_address_nobody_answers_is_one_line_in_time_with_nothing_written(
-    tiny_grpo_job, tmp_path
+    tiny_grpo_job, tmp_path, launches
 ) -> None:
     started = time.monotonic()
-    result = _drivetrain(tmp_path, *tiny_grpo_job, *_ray("127.0.0.1:1", "trainer.ray.timeout_s=5"))
+    result = launches.run(
+        "grpo", *tiny_grpo_job, *_ray("127.0.0.1:1", "trainer.ray.timeout_s=5"), cwd=tmp_path
+    )
     assert time.monotonic() - started < 60
     assert result.returncode == 1
     assert (
@@ -274,7 +245,9 @@ def test_a_ray_address_nobody_answers_is_one_line_in_time_with_nothing_written(
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, tiny_grpo_job, tmp_path) -> None:
+def test_a_node_killed_mid_run_is_named_and_every_rank_stops(
+    cluster, tiny_grpo_job, tmp_path, launches
+) -> None:
     """Runs last: it takes the worker node away."""
     run = tmp_path / "run"
     worker = next(iter(cluster.worker_nodes))
@@ -288,9 +261,8 @@ def test_a_node_killed_mid_run_is_named_and_every_rank_stops(cluster, tiny_grpo_
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
-    result = _drivetrain(
-        tmp_path, "--output-dir", str(run), *tiny_grpo_job, "trainer.total_steps=50", *_ray(cluster.address)
-    )
+    arguments = ["--output-dir", str(run), *tiny_grpo_job, "trainer.total_steps=50", *_ray(cluster.address)]
+    result = launches.run("grpo", *arguments, cwd=tmp_path)
     ended = time.monotonic()
     assert killed, result.stderr[-3000:]
     assert result.returncode == 1

@@ -2,11 +2,12 @@
 model turn with its tool calls, each tool result) rendered with the reward model's own chat template, not the
 question and the final turn alone.
 
-Two ``drivetrain grpo`` steps in the registered ``calculator`` environment, every turn played by a scripted
-rollout (each question's calls and answer are known here), the real actor training on the episodes, a tiny
-Qwen2 sequence classifier as the only weighted reward. The conversations are written out here from the script's
-table and scored by a plain Hugging Face ``AutoModelForSequenceClassification`` forward; each step's
-``reward/judge`` and each held-out ``val/reward/judge`` equal those scores within 1e-5.
+Two ``drivetrain grpo`` steps in the registered ``calculator`` environment (the ``calculator_grpo`` fixture),
+every turn played by a scripted rollout (each question's calls and answer are known here), the real actor
+training on the episodes, a tiny Qwen2 sequence classifier as the only weighted reward. The conversations are
+written out here from the script's table and scored by a plain Hugging Face
+``AutoModelForSequenceClassification`` forward; each step's ``reward/judge`` and each held-out
+``val/reward/judge`` equal those scores within 1e-5.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from drivetrain_engine_core.rollout import VerifyConfig
 from drivetrain_engine_core.testing import make_tiny_model_dir
 
 PLAYS = {"6*7+8": (2, "49"), "4*5": (1, "20"), "9-3": (1, "7"), "2+2": (0, "5")}
@@ -47,13 +47,6 @@ def question(prompts):
 
 def call_text(expression: str) -> str:
     return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
-
-
-def script(context: str) -> str:
-    """Call the calculator until the question's number of calls is reached, then answer as :data:`PLAYS` says."""
-    expression = re.search(r"What is (\S+)\?", context).group(1)
-    calls, answer = PLAYS[expression]
-    return call_text(expression) if context.count("<tool_response>") < calls else answer
 
 
 def conversation(expression: str) -> list[dict]:
@@ -110,58 +103,31 @@ def write_rows(path: Path, expressions: list[str]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def overrides(tmp_path: Path, policy: Path, judge: Path) -> list[str]:
-    """The job of ``policy``: the questions as chat data, the recorder and the reward model weighted 1 each,
-    two steps of one question played twice, two held-out questions evaluated before the first step and after
-    the last."""
+def overrides(tmp_path: Path, judge: Path) -> list[str]:
+    """The job's data and rewards: the questions as chat data, the recorder and the reward model weighted 1
+    each, one question a step (played twice)."""
     write_rows(tmp_path / "train.jsonl", TRAIN)
     write_rows(tmp_path / "val.jsonl", HELD_OUT)
     return [
-        f"model.path={policy}",
         f"data.train_files=[{tmp_path / 'train.jsonl'}]",
         f"data.val_files=[{tmp_path / 'val.jsonl'}]",
         "data.messages_key=messages",
         "data.response_key=null",
         f"algorithm.reward_functions=[{tmp_path / 'recorder.py'}:question,{judge}]",
         "algorithm.reward_weights=[1.0,1.0]",
-        "algorithm.kl_loss_coef=0",
-        "algorithm.ppo_mini_batches=1",
-        "environment.name=calculator",
-        "environment.max_turns=3",
-        "environment.max_total_tokens=1000",
-        "rollout.n=2",
-        "rollout.max_new_tokens=120",
         "trainer.prompts_per_step=1",
-        "trainer.total_steps=2",
-        "trainer.eval_every=0",
-        "trainer.eval_samples=2",
-        "trainer.save_every=0",
-        "trainer.progress_bar=false",
     ]
 
 
-def test_a_reward_model_scores_each_episodes_whole_conversation(
-    tmp_path, leaning_model_dir, tool_tokenizer, scripted_rollout
-):
+def test_a_reward_model_scores_each_episodes_whole_conversation(tmp_path, calculator_grpo):
     """One question per step (``rollout.n=2``, the same scripted episode twice): each step's ``reward/judge``
     is the HF score of that question's whole conversation (two calls and results, or one), and each held-out
     ``val/reward/judge`` the mean over its two episodes (one call; none); the question and final turn alone
     score otherwise (as they did before the episode was scored whole)."""
-    from drivetrain_roles.grpo.config import load_config
-    from drivetrain_roles.grpo.trainer import GRPOTrainer
-    from drivetrain_roles.jobs.metrics import read_records
-    from drivetrain_roles.rl import policy_trainer
-
     judge = reward_model(tmp_path / "rm")
     log = tmp_path / "seen.jsonl"
     (tmp_path / "recorder.py").write_text(RECORDER.format(log=str(log)))
-    config = load_config(None, overrides(tmp_path, leaning_model_dir, judge))
-    rollout = scripted_rollout(tool_tokenizer, script)
-    rollout.verify = VerifyConfig(mode="never")  # it serves no weights to read back
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(policy_trainer, "build_rollout", lambda *args: rollout)
-        GRPOTrainer(config, tmp_path / "run").run()
-    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    records = calculator_grpo(tmp_path, PLAYS, *overrides(tmp_path, judge))
 
     whole = hf_scores(judge, {e: conversation(e) for e in PLAYS})
     last_turn = hf_scores(judge, {e: [conversation(e)[0], conversation(e)[-1]] for e in PLAYS})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -97,6 +98,13 @@ def test_reference_page_is_generated_from_the_dataclasses() -> None:
         'python -c "from drivetrain_roles.jobs.config_reference import reference_page; '
         "open('docs/sft-config.md', 'w').write(reference_page())\""
     )
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm", "grpo", "ppo"])
+def test_reference_pages_name_no_private_module(command) -> None:
+    """The field help named ``drivetrain_engine_core._throughput``, a module users cannot rely on."""
+    names = re.findall(r"drivetrain_\w+(?:\.\w+)+", reference_page(command))
+    assert [n for n in names if any(part.startswith("_") for part in n.split("."))] == []
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])

@@ -1,19 +1,17 @@
 """A reward function reads a multi-turn episode: ``trajectory``, its messages (tool calls and observations) and
 the environment's per-turn rewards, so a job adds a function reward on top of the environment's.
 
-Two ``drivetrain grpo`` steps in the registered ``calculator`` environment, every turn played by a scripted
-rollout (no sampling: each question's calls and answer are known here), the real actor training on the
-episodes. The function writes down what it was given; each step's ``reward/tool_use``, ``train/reward`` and the
+Two ``drivetrain grpo`` steps in the registered ``calculator`` environment (the ``calculator_grpo`` fixture),
+every turn played by a scripted rollout (no sampling: each question's calls and answer are known here), the real
+actor training on the episodes. The function writes down what it was given; each step's ``reward/tool_use``, ``train/reward`` and the
 held-out ``val/reward/<name>`` are recomputed from the script's table.
 """
 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from drivetrain_engine_core.rollout import VerifyConfig
 from drivetrain_roles.rl.reward_signatures import RewardError
 
 PLAYS = {
@@ -44,17 +42,6 @@ def tool_use(trajectory, completions):
 """
 
 
-def script(context: str) -> str:
-    """Call the calculator until the question's number of calls is reached, then answer as :data:`PLAYS` says."""
-    expression = re.search(r"What is (\S+)\?", context).group(1)
-    calls, answer = PLAYS[expression]
-    if context.count("<tool_response>") < calls:
-        return (
-            f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
-        )
-    return answer
-
-
 def expected(expression: str) -> tuple[float, float, float]:
     """The environment's reward, ``tool_use`` and ``exact_match`` of a question's episode, from the table."""
     calls, answer = PLAYS[expression]
@@ -75,47 +62,20 @@ def write_rows(path, expressions):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_a_reward_function_reads_each_episodes_tool_calls_and_turn_rewards(
-    tmp_path, leaning_model_dir, tool_tokenizer, scripted_rollout
-):
-    from drivetrain_roles.grpo.config import load_config
-    from drivetrain_roles.grpo.trainer import GRPOTrainer
-    from drivetrain_roles.jobs.metrics import read_records
-    from drivetrain_roles.rl import policy_trainer
-
+def test_a_reward_function_reads_each_episodes_tool_calls_and_turn_rewards(tmp_path, calculator_grpo):
     log = tmp_path / "seen.jsonl"
     (tmp_path / "rewards.py").write_text(FUNCTION.format(log=str(log), cost=CALL_COST))
     write_rows(tmp_path / "train.jsonl", TRAIN)
     write_rows(tmp_path / "val.jsonl", HELD_OUT)
-    config = load_config(
-        None,
-        [
-            f"model.path={leaning_model_dir}",
-            f"data.train_files=[{tmp_path / 'train.jsonl'}]",
-            f"data.val_files=[{tmp_path / 'val.jsonl'}]",
-            f"algorithm.reward_functions=[{tmp_path / 'rewards.py'}:tool_use,exact_match]",
-            f"algorithm.reward_weights=[{WEIGHTS['tool_use']},{WEIGHTS['exact_match']}]",
-            "algorithm.kl_loss_coef=0",
-            "algorithm.ppo_mini_batches=1",
-            "environment.name=calculator",
-            "environment.max_turns=3",
-            "environment.max_total_tokens=1000",
-            "rollout.n=2",
-            "rollout.max_new_tokens=120",
-            "trainer.prompts_per_step=4",
-            "trainer.total_steps=2",
-            "trainer.eval_every=0",
-            "trainer.eval_samples=2",
-            "trainer.save_every=0",
-            "trainer.progress_bar=false",
-        ],
+    records = calculator_grpo(
+        tmp_path,
+        PLAYS,
+        f"data.train_files=[{tmp_path / 'train.jsonl'}]",
+        f"data.val_files=[{tmp_path / 'val.jsonl'}]",
+        f"algorithm.reward_functions=[{tmp_path / 'rewards.py'}:tool_use,exact_match]",
+        f"algorithm.reward_weights=[{WEIGHTS['tool_use']},{WEIGHTS['exact_match']}]",
+        "trainer.prompts_per_step=4",
     )
-    rollout = scripted_rollout(tool_tokenizer, script)
-    rollout.verify = VerifyConfig(mode="never")  # it serves no weights to read back
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(policy_trainer, "build_rollout", lambda *args: rollout)
-        GRPOTrainer(config, tmp_path / "run").run()
-    records = read_records(tmp_path / "run" / "metrics.jsonl")
 
     # Every step plays each training question twice (4 prompts x 2): the means over the table.
     table = [expected(e) for e in TRAIN]

@@ -23,25 +23,17 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.slow
 
 LEANS = {"<tool_call>": 1.0, "<|im_end|>": 0.75}
-"""What the model's output reads from the constant every hidden state carries: these tokens are the likely ones."""
+"""The tokens the model leans towards (:func:`~drivetrain_engine_core.testing.lean_model_dir`): the likely ones."""
 
 
 @pytest.fixture(scope="module")
 def calling_model_dir(tmp_path_factory):
     """The calculator task's untrained model (:data:`LEANS`) and tokenizer."""
+    from drivetrain_engine_core.testing import lean_model_dir
     from drivetrain_roles.jobs.calculator_task import build_calculator_tokenizer, write_calculator_model
-    from transformers import AutoModelForCausalLM
 
     path = write_calculator_model(tmp_path_factory.mktemp("calling"), seed=0)
-    tokenizer = build_calculator_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += 30.0
-        model.lm_head.weight[:, 0] = 0.0
-        for token, weight in LEANS.items():
-            model.lm_head.weight[tokenizer.convert_tokens_to_ids(token), 0] = weight
-    model.save_pretrained(path)
-    return path
+    return lean_model_dir(path, build_calculator_tokenizer(), LEANS)
 
 
 @pytest.fixture(scope="module")

@@ -148,8 +148,8 @@ class EngineConfig:
         seed: seed for model initialisation and dropout.
         dist_timeout_s: timeout of collective operations, so that a failed rank never hangs the others forever.
         peak_tflops: peak dense TFLOP/s of one device for ``perf/mfu``; ``None`` takes
-            ``DRIVETRAIN_PEAK_TFLOPS`` or the table of known GPUs for ``param_dtype`` (none for float32 at full
-            precision; :mod:`drivetrain_engine_core._throughput`).
+            ``DRIVETRAIN_PEAK_TFLOPS`` or core's table of known data-center GPUs for ``param_dtype`` (none for
+            float32 at full precision, none on CPU: no ``perf/mfu`` there).
         entropy_chunk_size: positions whose logits exist at once when a language model's log-probs and
             entropy are computed (from the last hidden states, or from logits where a backend needs them);
             recomputed in backward, so memory scales with ``entropy_chunk_size x vocab`` (per vocabulary

@@ -73,7 +73,7 @@ class BackendHooks(ABC):
         """How many ranks the backend's gradient reduction divides the summed gradients by.
 
         Averaging over N ranks: N; summing (or one process): 1. Core multiplies every micro-batch loss by it
-        before backward, the one loss-scaling rule (:mod:`drivetrain_engine_core._round_trip`).
+        before backward, the one loss-scaling rule (``drivetrain_engine_core.backend.MicroBatch.finish``).
         """
 
     @property

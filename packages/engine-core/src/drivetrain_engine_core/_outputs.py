@@ -16,7 +16,7 @@ class LossContext:
     Losses divide by ``global_token_count`` (loss-mask tokens in the whole mini-batch, summed over all
     data-parallel ranks) or ``global_sequence_count``, never by micro-batch sizes, so loss and gradient are the
     same whatever the micro-batching, dynamic batching or data-parallel size. How the engine scales the loss
-    for its gradient reduction is not the loss's concern (:mod:`drivetrain_engine_core._round_trip`).
+    for its gradient reduction is not the loss's concern (``drivetrain_engine_core.backend.MicroBatch`` does it).
 
     Attributes:
         global_token_count: loss-mask tokens of the mini-batch over every data-parallel rank.

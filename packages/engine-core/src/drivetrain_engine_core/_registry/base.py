@@ -26,17 +26,25 @@ class Registration:
         """``"module:attr"`` of the target, computed without importing it."""
         return target_path(self.target)
 
-    def resolve(self, what: str, base: type | None = None) -> type:
+    def resolve(self, what: str, base: str | None = None) -> type:
         """Import the target (on first use) and check that it subclasses ``base``.
+
+        Args:
+            what: What the target is, for messages (``"engine"``, ``"rollout"``).
+            base: ``"module:attr"`` of the class the target must subclass, as plugin authors import it (a face
+                of core, such as ``"drivetrain_engine_core.backend:Engine"``): the refusal names it so.
 
         Raises:
             PluginError: the target cannot be imported, or is not a subclass of ``base``; names the plugin.
         """
         cls = resolve_target(self.target, what=what, source=self.source)
-        if base is not None and not issubclass(cls, base):
+        if base is None:
+            return cls
+        if not issubclass(cls, resolve_target(base, what="base class", source=self.source)):
+            module, _, name = base.partition(":")
             raise PluginError(
                 f"{what} {self.path}, registered by {self.source.describe()}, does not subclass "
-                f"{base.__module__}.{base.__qualname__}."
+                f"{module}.{name}; subclass it (from {module} import {name})."
             )
         return cls
 

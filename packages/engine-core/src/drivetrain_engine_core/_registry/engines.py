@@ -90,9 +90,7 @@ class EngineRegistry(KeyedRegistry):
         )
         if registration is None:
             raise self._missing_error(model_type, backend, device)
-        from .._engine import Engine
-
-        return registration.resolve("engine", Engine)
+        return registration.resolve("engine", "drivetrain_engine_core.backend:Engine")
 
     def config_class(self, backend: str) -> type[EngineConfig]:
         """The ``EngineConfig`` subclass of a backend, importing it if registered lazily.
@@ -105,9 +103,7 @@ class EngineRegistry(KeyedRegistry):
         registration = self._configs.get(backend)
         if registration is None:
             raise self._missing_error(None, backend, None)
-        from .._config import EngineConfig
-
-        return registration.resolve("engine config", EngineConfig)
+        return registration.resolve("engine config", "drivetrain_engine_core.backend:EngineConfig")
 
     def backends(self) -> list[str]:
         """Registered backend names, sorted."""

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from .._errors import PluginError
 from .base import KeyedRegistry
-from .source import resolve_target
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -86,10 +85,7 @@ class NamedRegistry(KeyedRegistry):
                 f"{self._failure_hint()} "
                 f"Install the plugin that provides it, e.g. {self.install_hint}."
             )
-        base = None
-        if self.required_base is not None:
-            base = resolve_target(self.required_base, what="base class", source=registration.source)
-        return registration.resolve(self.kind, base)
+        return registration.resolve(self.kind, self.required_base)
 
 
 class RoleRegistry(NamedRegistry):

@@ -11,6 +11,7 @@ from drivetrain_engine_core._lazy import lazy_getattr
 _EXPORTS = {
     "build_tiny_tokenizer": "tokenizer",
     "make_tiny_model_dir": "models",
+    "lean_model_dir": "models",
     "run_distributed": "launcher",
     "free_port": "launcher",
     "random_batch": "batches",

@@ -1,6 +1,6 @@
 """Checking how a child Python process ends: a probe that reports the interpreter's teardown, and a runner.
 
-A drivetrain process ends without the interpreter's teardown (:mod:`drivetrain_engine_core._process_exit`);
+A drivetrain process ends without the interpreter's teardown (:func:`drivetrain_engine_core.job.run_then_exit`);
 a child whose code starts with :data:`TEARDOWN_PROBE` prints :data:`TEARDOWN_MARKER` only if that teardown
 runs (a module-level object's finalizer).
 """

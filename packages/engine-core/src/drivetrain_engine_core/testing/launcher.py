@@ -85,10 +85,11 @@ def _child(
     """Entry point of one rank: set the torchrun environment, init the group, run, report, clean up.
 
     The rank leads its own process group, so the parent can kill whatever it starts, and dies with the parent
-    if the parent is killed outright (see :mod:`drivetrain_engine_core._processes`). The default process group is created exactly as engines create
-    it in a real launch (:func:`~drivetrain_engine_core._distributed.init_distributed`). The report goes on the
-    queue before the process group is torn down: tearing it down makes the other ranks' collectives fail, and
-    the parent should hear about the cause before the consequences.
+    if the parent is killed outright (:func:`drivetrain_engine_core.job.die_with_parent`). The default process
+    group is created exactly as engines create it in a real launch
+    (:func:`drivetrain_engine_core.job.init_distributed`). The report goes on the queue before the process group
+    is torn down: tearing it down makes the other ranks' collectives fail, and the parent should hear about the
+    cause before the consequences.
     """
     if hasattr(os, "setsid"):
         os.setsid()

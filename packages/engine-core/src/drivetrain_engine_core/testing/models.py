@@ -1,11 +1,13 @@
 """Tiny Hugging Face model directories built from configs, for tests that must load models for real.
 
 The directory is written with ``save_pretrained`` (safetensors), so engines under test exercise their
-normal ``from_pretrained`` loading path.
+normal ``from_pretrained`` loading path. :func:`lean_model_dir` turns such a model into one whose sampled turns
+are predictable (the multi-turn and episode tests' model).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,4 +105,53 @@ def make_tiny_model_dir(
     model.save_pretrained(path, safe_serialization=True)
     if with_tokenizer:
         tokenizer.save_pretrained(path)
+    return path
+
+
+LEAN_CONSTANT = 30.0
+"""What :func:`lean_model_dir` adds to dimension 0 of every token embedding: large enough that, after the
+layers and the final norm, dimension 0 dominates every hidden state whatever the context."""
+
+
+def lean_model_dir(path: str | Path, tokenizer: Any, leans: Mapping[str, float]) -> Path:
+    """Make the causal language model saved at ``path`` lean towards the tokens of ``leans``, whatever the context.
+
+    Every token embedding gets :data:`LEAN_CONSTANT` added in dimension 0, and the output layer reads dimension
+    0 only for the tokens of ``leans`` (each with its weight; every other token's weight there is 0): those
+    tokens are the likely ones at every position, in the order of their weights, so a test knows what sampled
+    turns hold (e.g. a turn end, so that turns end; characters of the words a game scores) without training.
+    The model is written back to ``path`` (safetensors); a tokenizer saved there is left as it is.
+
+    Args:
+        path: A causal language model directory, e.g. from :func:`make_tiny_model_dir` (untied embeddings).
+        tokenizer: The tokenizer whose ids the tokens of ``leans`` are looked up with.
+        leans: Each token (as the tokenizer spells it, e.g. ``"<|im_end|>"``) and its weight, e.g. 0.75-1.0.
+
+    Returns:
+        ``path`` as a ``Path``.
+
+    Raises:
+        ValueError: a token of ``leans`` is not in the tokenizer's vocabulary, or the model ties its embeddings.
+    """
+    path = Path(path)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in leans}
+    unknown = sorted(t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id)
+    if unknown:
+        raise ValueError(
+            f"lean_model_dir: {unknown} are not tokens of the tokenizer; lean towards single tokens of its "
+            "vocabulary (tokenizer.convert_tokens_to_ids(token) must find them)."
+        )
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if model.config.tie_word_embeddings:
+        raise ValueError(
+            f"lean_model_dir: the model at {path} ties its output layer to its embeddings, so the output layer "
+            "cannot read dimension 0 apart; write it with tie_word_embeddings=False (make_tiny_model_dir's default)."
+        )
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] += LEAN_CONSTANT
+        head = model.get_output_embeddings().weight
+        head[:, 0] = 0.0
+        for token, weight in leans.items():
+            head[ids[token], 0] = weight
+    model.save_pretrained(path, safe_serialization=True)
     return path
