@@ -4,7 +4,8 @@ scripts/make-env); skipped where neither exists, and in the vLLM environment its
 it there). Two servers, started side by side, serve the module's tests in order: the function tests hand one
 increasing versions, core's rollout conformance kit then takes both in turn (each of its fresh rollouts a new
 trainer-side rollout on a server reset to the checkpoint: a reload, not a ten-second start), a three-step
-``drivetrain grpo`` of the embedded chat task runs on its own server, and the last two tests kill one server each."""
+``drivetrain grpo`` of the embedded chat task runs on its own server (as do vLLM's weight-transfer protocol and
+multi-turn calculator episodes, each on a server of its own), and the last two tests kill one server each."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -333,6 +335,68 @@ def test_an_update_through_vllms_protocol_on_the_server_serves_the_weights_sent(
         assert rollout.weights_version == 2
     finally:
         rollout.close()
+
+
+def test_episodes_on_a_server_keep_the_sampled_tokens_at_a_plain_forwards_log_probs(tmp_path, monkeypatch):
+    """Multi-turn episodes in the ``calculator`` environment sampled by a server (its own: another model): the
+    calculator task's model leaning towards ``<tool_call>`` and ``<|im_end|>`` calls the tool wrongly, so every
+    turn is answered by a tool message (context, loss mask 0) and episodes run several turns on prompts of about
+    110 tokens that four episodes share. Each model token's log-prob from the server equals a plain HF forward
+    of the whole episode, and the tokens between the turns are the chat template's rendering of the replies."""
+    import json
+
+    from drivetrain_engine_core.job import environment_factory
+    from drivetrain_engine_core.testing import lean_model_dir
+    from drivetrain_roles.jobs.calculator_task import (
+        build_calculator_tokenizer,
+        write_calculator_data,
+        write_calculator_model,
+    )
+    from drivetrain_roles.rollout.multi_turn import run_episodes
+    from drivetrain_roles.rollout.turn_limits import TurnLimits
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_calculator_tokenizer()
+    model_dir = lean_model_dir(
+        write_calculator_model(tmp_path / "model"), tokenizer, {"<tool_call>": 1.0, "<|im_end|>": 0.75}
+    )
+    train, _ = write_calculator_data(tmp_path / "data", train_size=2, val_size=2, seed=0)
+    examples = [json.loads(line) for line in train.read_text().splitlines()]
+    monkeypatch.setenv(PYTHON_VARIABLE, VLLM_PYTHON)
+    rollout = create_rollout(
+        "vllm-server", model_path=str(model_dir), options=VLLMServerOptions(max_model_len=448)
+    )
+    try:
+        sampling = SamplingConfig(
+            n=4,
+            temperature=1.0,
+            max_new_tokens=24,
+            seed=3,
+            stop_token_ids=(tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+        )
+        limits = TurnLimits(max_turns=3, max_total_tokens=400)
+        trajectories = run_episodes(
+            rollout, tokenizer, environment_factory("calculator"), examples, sampling, limits
+        )
+    finally:
+        rollout.close()
+    assert len(trajectories) == 8 and all(t.prompt_length > 100 for t in trajectories)
+    assert sum(t.num_turns - 1 for t in trajectories) >= 4  # turns sampled on grown prompts
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gap = 0.0
+    for trajectory in trajectories:
+        ids = trajectory.input_ids
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0, :-1].float()
+        forward = torch.log_softmax(logits, dim=-1).gather(-1, ids[1:, None]).squeeze(-1)
+        mask = trajectory.loss_mask[1:]
+        gap = max(gap, float((forward[mask] - trajectory.log_probs[1:][mask]).abs().max()))
+        assert int(trajectory.loss_mask.sum()) == sum(stop - start for start, stop in trajectory.turn_spans)
+        for (_, stop), (start, _) in pairwise(trajectory.turn_spans):
+            between = tokenizer.decode(ids[stop:start])
+            assert between.startswith("\n<|im_start|>") and "<|im_start|>assistant" in between, between
+    print(f"server episodes: {sum(t.num_turns for t in trajectories)} turns, largest log-prob gap {gap:.2g}")
+    assert gap <= 1e-5, gap
 
 
 def test_grpo_trains_on_a_vllm_server(tmp_path, chat_task_overrides, chat_task_steps):
