@@ -16,7 +16,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,20 +24,11 @@ from typing import Any
 
 import click
 import pytest
+from drivetrain_engine_core.testing import free_port
 from drivetrain_roles.jobs.nodes import Nodes
 from drivetrain_roles.jobs.run_options import RunOptions
 from safetensors.torch import load_file
 
-DRIVETRAIN = Path(sys.executable).parent / "drivetrain"
-TINY = [
-    "data.generated_train_size=32",
-    "data.generated_val_size=4",
-    "trainer.batch_size=8",
-    "trainer.eval_samples=4",
-    "trainer.eval_every=0",
-    "trainer.max_new_tokens=2",
-    "trainer.progress_bar=false",
-]
 IP = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin")
 NAMESPACED_NODES = 2
 HOLDER_NAMESPACES = ["unshare", "--user", "--map-root-user", "--net", "--mount"]
@@ -84,13 +74,8 @@ class _Network:
 LOOPBACK = _Network()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node(
+    launches: Any,
     rank: int,
     nnodes: int,
     port: int,
@@ -98,18 +83,18 @@ def _node(
     cwd: Path,
     *,
     command: str = "sft",
-    arguments: Sequence[str] = TINY,
+    arguments: Sequence[str] | None = None,
     network: _Network = LOOPBACK,
     timeout: int = 60,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[str]:
-    """The launcher of node ``rank`` of ``nnodes``: ``drivetrain <command>`` with one rank, the rendezvous at node
-    0's ``port``."""
+    """The launcher of node ``rank`` of ``nnodes``: ``drivetrain <command>`` with one rank (``arguments``: the
+    overrides, by default ``launches.tiny_sft``), the rendezvous at node 0's ``port``."""
     endpoint = f"{network.host(0)}:{port}"
     nodes = ["--nnodes", str(nnodes), "--node-rank", str(rank), "--rdzv-endpoint", endpoint]
     flags = [*nodes, "--rdzv-timeout", str(timeout), "--output-dir", output_dir]
     return subprocess.Popen(
-        network.wrap(rank, [str(DRIVETRAIN), command, *flags, *arguments]),
+        network.wrap(rank, launches.line(command, *flags, *(arguments or launches.tiny_sft))),
         cwd=cwd,
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
@@ -118,10 +103,12 @@ def _node(
     )
 
 
-def _start_nodes(nnodes: int, output_dir: str, cwd: Path, **options: Any) -> list[subprocess.Popen[str]]:
+def _start_nodes(
+    launches: Any, nnodes: int, output_dir: str, cwd: Path, **options: Any
+) -> list[subprocess.Popen[str]]:
     """The launchers of ``nnodes`` nodes of one launch (one rendezvous); ``options`` as :func:`_node`'s."""
-    port = _free_port()
-    return [_node(rank, nnodes, port, output_dir, cwd, **options) for rank in range(nnodes)]
+    port = free_port()
+    return [_node(launches, rank, nnodes, port, output_dir, cwd, **options) for rank in range(nnodes)]
 
 
 def _failed(args: Sequence[str], error: str) -> str:
@@ -179,18 +166,19 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(tmp_path) -> None:
+def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(launches, tmp_path) -> None:
     """Two nodes of one rank train 2 steps; one node of two ranks resumes that run to step 3 (the checkpoint's
     layout holds for any two ranks): losses and final weights equal an uninterrupted 3-step run of one node."""
     constant = ["optimizer.lr_schedule=constant", "optimizer.warmup_steps=0"]  # the same lr for 2 and 3 steps
     two_nodes, one_node = tmp_path / "two_nodes", tmp_path / "one_node"
-    nodes = _start_nodes(2, str(two_nodes), tmp_path, arguments=[*TINY, *constant, "trainer.total_steps=2"])
+    job = [*launches.tiny_sft, *constant]
+    nodes = _start_nodes(launches, 2, str(two_nodes), tmp_path, arguments=[*job, "trainer.total_steps=2"])
     assert [status for status, _ in _ends(*nodes)] == [0, 0]
     assert not (two_nodes / ".drivetrain-nodes").exists()
     resume = ["--nproc", "2", "--resume", "--output-dir", str(two_nodes), "trainer.total_steps=3"]
-    reference = ["--nproc", "2", "--output-dir", str(one_node), *TINY, *constant, "trainer.total_steps=3"]
+    reference = ["--nproc", "2", "--output-dir", str(one_node), *job, "trainer.total_steps=3"]
     for arguments in (resume, reference):
-        subprocess.run([str(DRIVETRAIN), "sft", *arguments], check=True, capture_output=True, timeout=240)
+        subprocess.run(launches.line("sft", *arguments), check=True, capture_output=True, timeout=240)
     resumed, expected = _losses(two_nodes), _losses(one_node)
     assert len(resumed) == 3 and max(abs(a - b) for a, b in zip(resumed, expected, strict=True)) <= 1e-6
     weights, final = (load_file(run / "final_model" / "model.safetensors") for run in (two_nodes, one_node))
@@ -199,7 +187,7 @@ def test_two_nodes_of_one_rank_equal_one_node_of_two_and_resume_as_one(tmp_path)
 
 @pytest.mark.slow
 def test_grpo_on_two_nodes_equals_one_node_of_two_ranks(
-    network, tiny_grpo_job, tiny_grpo_two_ranks, grpo_gaps, tmp_path
+    network, tiny_grpo_job, tiny_grpo_two_ranks, grpo_gaps, launches, tmp_path
 ) -> None:
     """Two launchers of one rank each train GRPO 2 steps: per step the reward, policy loss, KL and gradient norm of
     one node of two ranks within 1e-6, and each rank ran on a node of its own (its node in the rendezvous and
@@ -208,7 +196,7 @@ def test_grpo_on_two_nodes_equals_one_node_of_two_ranks(
     places.mkdir()
     env = {"DRIVETRAIN_TEST_PLACES": str(places)}
     launchers = _start_nodes(
-        2, str(run), tmp_path, command="grpo", arguments=tiny_grpo_job, network=network, env=env
+        launches, 2, str(run), tmp_path, command="grpo", arguments=tiny_grpo_job, network=network, env=env
     )
     ends = _ends(*launchers)
     assert [status for status, _ in ends] == [0, 0], ends
@@ -220,16 +208,18 @@ def test_grpo_on_two_nodes_equals_one_node_of_two_ranks(
 
 
 @pytest.mark.slow
-def test_launches_that_cannot_work_end_in_one_line_on_every_node_with_nothing_written(tmp_path) -> None:
+def test_launches_that_cannot_work_end_in_one_line_on_every_node_with_nothing_written(
+    launches, tmp_path
+) -> None:
     """An endpoint nobody answers, nodes started with different --nnodes, and a run folder each node has its own
     copy of (the same path, here relative to another working directory): one line each, within the timeout."""
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     start = time.monotonic()
-    alone = _node(1, 2, _free_port(), "run", tmp_path / "a", timeout=2)
-    port = _free_port()
+    alone = _node(launches, 1, 2, free_port(), "run", tmp_path / "a", timeout=2)
+    port = free_port()
     mismatched = [
-        _node(0, 2, port, "run", tmp_path / "a", timeout=3),
-        _node(1, 3, port, "run", tmp_path / "b", timeout=3),
+        _node(launches, 0, 2, port, "run", tmp_path / "a", timeout=3),
+        _node(launches, 1, 3, port, "run", tmp_path / "b", timeout=3),
     ]
     [(status, err)] = _ends(alone)
     assert status == 1 and err.startswith(
@@ -242,8 +232,8 @@ def test_launches_that_cannot_work_end_in_one_line_on_every_node_with_nothing_wr
             f"drivetrain sft: error: node {rank} of {nnodes} could not complete the rendezvous"
         )
     assert time.monotonic() - start < 90
-    port = _free_port()
-    unshared = [_node(r, 2, port, "run", tmp_path / d, timeout=3) for r, d in ((0, "a"), (1, "b"))]
+    port = free_port()
+    unshared = [_node(launches, r, 2, port, "run", tmp_path / d, timeout=3) for r, d in ((0, "a"), (1, "b"))]
     ends = _ends(*unshared)
     assert ends[0] == ends[1] and ends[0][0] == 1
     assert ends[0][1] == (
@@ -282,21 +272,15 @@ def test_several_nodes_need_an_endpoint_a_shared_folder_and_a_rank_in_range() ->
 
 
 @pytest.mark.slow
-def test_under_an_outside_launcher_the_command_is_one_rank_and_spawns_nothing(tmp_path) -> None:
+def test_under_an_outside_launcher_the_command_is_one_rank_and_spawns_nothing(launches, tmp_path) -> None:
     """torchrun or srun set RANK/WORLD_SIZE/MASTER_ADDR: the node flags are ignored (no rendezvous at the dead
     endpoint), the process is the rank; the shared-folder check passes for a world of one."""
     outside = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    env = {**os.environ, **outside, "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, **outside, "MASTER_PORT": str(free_port())}
     nodes = ["--nnodes", "2", "--node-rank", "1", "--nproc", "2", "--rdzv-endpoint", "127.0.0.1:1"]
-    command = [
-        str(DRIVETRAIN),
-        "sft",
-        *nodes,
-        "--output-dir",
-        str(tmp_path / "run"),
-        *TINY,
-        "trainer.total_steps=1",
-    ]
+    command = launches.line(
+        "sft", *nodes, "--output-dir", str(tmp_path / "run"), *launches.tiny_sft, "trainer.total_steps=1"
+    )
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert [
