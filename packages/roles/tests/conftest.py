@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 from drivetrain_engine_core.rollout import Rollout, VerifyConfig
-from drivetrain_engine_core.testing import lean_model_dir, make_tiny_model_dir
+from drivetrain_engine_core.testing import make_tiny_model_dir
 from drivetrain_engine_core.testing.tokenizer import IM_END, build_tiny_tokenizer
 from drivetrain_roles.jobs.data import Example
 from drivetrain_roles.jobs.default_assets import arithmetic_examples, write_model_dir
@@ -313,6 +313,10 @@ def leaning_model_dir(tmp_path_factory: pytest.TempPathFactory, tool_tokenizer: 
     ``s`` and ``<|im_end|>`` whatever the context (turns end, and hold ``i``, ``s`` that the tokenizer would
     re-encode as ``is``). 1024 positions hold an episode of 700 tokens."""
     path = make_tiny_model_dir(tmp_path_factory.mktemp("agent"), arch="qwen2", max_position_embeddings=1024)
+    # NOTE: imported here, not at the top: the conftest also serves the kits run against core's floor (0.3.1),
+    # which has no lean_model_dir.
+    from drivetrain_engine_core.testing import lean_model_dir
+
     lean_model_dir(path, tool_tokenizer, {"i": 0.9, "s": 0.9, IM_END: 0.75})
     tool_tokenizer.save_pretrained(path)
     return path
