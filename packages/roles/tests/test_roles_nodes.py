@@ -233,13 +233,15 @@ def test_launches_that_cannot_work_end_in_one_line_on_every_node_with_nothing_wr
         )
     assert time.monotonic() - start < 90
     port = free_port()
-    unshared = [_node(launches, r, 2, port, "run", tmp_path / d, timeout=3) for r, d in ((0, "a"), (1, "b"))]
+    # Node 1 started first: torch's rendezvous orders one host's nodes by process id, so rank 0 runs on node 1;
+    # the message names each rank's node as the launch does (--node-rank), not as the rendezvous numbered it.
+    unshared = [_node(launches, r, 2, port, "run", tmp_path / d, timeout=3) for r, d in ((1, "b"), (0, "a"))]
     ends = _ends(*unshared)
     assert ends[0] == ends[1] and ends[0][0] == 1
     assert ends[0][1] == (
-        "drivetrain sft: error: the run folder run is not shared by every node: rank 0 (node 0, host "
-        f"{socket.gethostname()}) cannot see the marker rank 1 (node 1, host {socket.gethostname()}) wrote there "
-        "(.drivetrain-nodes/rank1-node1) within 3 s. Put --output-dir on storage every node mounts at the same "
+        "drivetrain sft: error: the run folder run is not shared by every node: rank 0 (node 1, host "
+        f"{socket.gethostname()}) cannot see the marker rank 1 (node 0, host {socket.gethostname()}) wrote there "
+        "(.drivetrain-nodes/rank1-node0) within 3 s. Put --output-dir on storage every node mounts at the same "
         "path (NFS, Lustre, a shared volume), or raise --rdzv-timeout for storage that shows new files late.\n"
     )
     assert list((tmp_path / "a").iterdir()) == list((tmp_path / "b").iterdir()) == []

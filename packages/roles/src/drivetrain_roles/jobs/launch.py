@@ -32,7 +32,7 @@ from drivetrain_engine_core.job import INTERRUPTED
 
 from ..runtime.descendants import owning_descendants
 from .interrupt import forwarding_ctrl_c, interrupt_report
-from .nodes import TIMEOUT_ENV, Nodes
+from .nodes import NODE_RANK_ENV, TIMEOUT_ENV, Nodes
 from .rank_failures import ERROR_DIR_ENV, LOG_DIR_ENV, failure_report, report_rank_crash, report_rank_error
 
 OUTPUTS_ROOT = Path("outputs")
@@ -164,7 +164,7 @@ def spawn_ranks(
     config = nodes.launch_config(command, nproc, uuid.uuid4().hex, _TORCH_HANDLED_SIGNALS)
     with (
         tempfile.TemporaryDirectory(prefix=f"drivetrain-{command}-errors-") as errors,
-        _rank_environment(errors, run_dir / LOG_DIR, nodes.rdzv_timeout_s),
+        _rank_environment(errors, run_dir / LOG_DIR, nodes),
         owning_descendants(),  # no helper a rank started (megatron's checkpoint writer) outlives the command
     ):
         try:
@@ -187,14 +187,15 @@ def spawn_ranks(
 
 
 @contextlib.contextmanager
-def _rank_environment(error_dir: str, log_dir: Path, timeout_s: int) -> Iterator[None]:
+def _rank_environment(error_dir: str, log_dir: Path, nodes: Nodes) -> Iterator[None]:
     """Environment of the spawned ranks, restored afterwards: where to report failures, how long to wait for
-    the run folder's markers (:mod:`.shared_folder`), one thread per rank."""
+    the run folder's markers and which node to name (:mod:`.shared_folder`), one thread per rank."""
     # Two ranks on a small CPU machine: one intra-op thread each avoids oversubscribing the cores.
     values: dict[str, str | None] = {
         ERROR_DIR_ENV: error_dir,
         LOG_DIR_ENV: str(log_dir),
-        TIMEOUT_ENV: str(timeout_s),
+        TIMEOUT_ENV: str(nodes.rdzv_timeout_s),
+        NODE_RANK_ENV: str(nodes.node_rank),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         **({_CPP_LOG_LEVEL: None} if _quieted_cpp_logs else {}),  # the ranks log as the user asked
     }

@@ -22,7 +22,7 @@ from pathlib import Path
 from drivetrain_engine_core.backend import DrivetrainError
 from drivetrain_engine_core.kit import distributed
 
-from .nodes import DEFAULT_TIMEOUT_S, TIMEOUT_ENV
+from .nodes import DEFAULT_TIMEOUT_S, NODE_RANK_ENV, TIMEOUT_ENV
 
 MARKERS = ".drivetrain-nodes"
 """In the run folder while the check runs: ``rank<R>-node<N>`` per rank, holding the rank's host name."""
@@ -61,7 +61,7 @@ def check_shared_run_dir(run_dir: Path) -> None:
         return
     me = _Rank(
         distributed.rank(),
-        int(os.environ.get("GROUP_RANK", os.environ.get("SLURM_NODEID", "0"))),
+        _node_rank(),
         socket.gethostname(),
         str(run_dir),
     )
@@ -88,6 +88,15 @@ def check_shared_run_dir(run_dir: Path) -> None:
             with contextlib.suppress(OSError):
                 run_dir.rmdir()
         raise SharedFolderError(verdict)
+
+
+def _node_rank() -> int:
+    """This rank's node as its launch numbers it: drivetrain's ``--node-rank``, Slurm's node id, else torch's
+    group rank (an outer torchrun's own order)."""
+    for variable in (NODE_RANK_ENV, "SLURM_NODEID", "GROUP_RANK"):
+        if variable in os.environ:
+            return int(os.environ[variable])
+    return 0
 
 
 def _unseen(markers: Path, ranks: list[_Rank]) -> str | None:
