@@ -215,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             args.out.write_text(json.dumps(report, indent=1) + "\n")
 
-    records = rounds.run_rounds(variants, args.rounds, rounds.guard_from(args), on_run)
+    report["warmup_runs"] = args.warmup_runs
+    records = rounds.run_rounds(
+        variants, args.rounds, rounds.guard_from(args), on_run, warmup_runs=args.warmup_runs
+    )
     report["summary"] = rounds.summary(records)
     names = [v.name for v in variants]
     report["ratios"] = {f"{a} / {b}": rounds.ratio(records, a, b, "s_per_step") for a, b in _pairs(names)}

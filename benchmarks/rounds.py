@@ -86,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-other-load", type=float, default=0.5, help="flag runs while others keep this many cores busy"
     )
     parser.add_argument("--strict-load", action="store_true", help="refuse, not flag, runs above --max-load")
+    parser.add_argument(
+        "--warmup-runs",
+        type=int,
+        default=1,
+        help="untimed runs of each variant before round 0 (default 1: no round's first run pays cold caches)",
+    )
 
 
 def guard_from(args: argparse.Namespace) -> Guard:
@@ -154,9 +160,18 @@ def run_rounds(
     rounds: int = 3,
     guard: Guard | None = None,
     on_run: Callable[[dict[str, Any]], None] | None = None,
+    warmup_runs: int = 0,
 ) -> list[dict[str, Any]]:
-    """Every variant once per round in rotated order; one record per run (``on_run`` sees each as it ends)."""
+    """Every variant once per round in rotated order; one record per run (``on_run`` sees each as it ends).
+
+    ``warmup_runs`` untimed runs of each variant (as round 0) come first and are not recorded: the first run of a
+    benchmark reads its model, data and libraries cold, and was 1.0-2.5 CPU-s dearer than its repeats, charged to
+    whichever variant the schedule puts first.
+    """
     by_name = {v.name: v for v in variants}
+    for _ in range(warmup_runs):
+        for variant in variants:
+            variant.run(0)
     records = []
     for r, position, name in schedule(list(by_name), rounds):
         record = {

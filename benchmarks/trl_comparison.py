@@ -179,14 +179,16 @@ def run_case(
     end (``report`` writes it out): every run, each side's spread, the per-round ratios of drivetrain to each
     TRL variant, and the quality figures over the rounds' seeds."""
     prepare(plan, options.rounds)
-    result |= {"steps": list(plan.case.steps), "rounds": []}
+    result |= {"steps": list(plan.case.steps), "warmup_runs": options.warmup_runs, "rounds": []}
     guard = rounds.guard_from(options)
 
     def on_run(record: dict[str, Any]) -> None:
         result["rounds"].append(record)
         report()
 
-    records = rounds.run_rounds(variants(plan, trl_python), options.rounds, guard, on_run)
+    records = rounds.run_rounds(
+        variants(plan, trl_python), options.rounds, guard, on_run, warmup_runs=options.warmup_runs
+    )
     result["summary"] = rounds.summary(records)
     others = [name for name in result["summary"] if name != "drivetrain"]
     ratios = {n: rounds.ratio(records, "drivetrain", n, "cpu_s_per_step") for n in others}

@@ -132,3 +132,16 @@ def test_run_rounds_runs_every_variant_once_per_round_in_rotated_order() -> None
         ("b", 2, 1),
     ]
     assert [x["figures"]["round_seen"] for x in records] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_warmup_runs_come_first_untimed_and_unrecorded() -> None:
+    seen: list[tuple[str, int]] = []
+
+    def variant(name: str) -> Any:
+        return rounds.Variant(name, lambda r: seen.append((name, r)) or {})
+
+    records = rounds.run_rounds(
+        [variant("a"), variant("b")], 2, rounds.Guard(max_load_before=1e9), warmup_runs=1
+    )
+    assert seen == [("a", 0), ("b", 0), ("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+    assert [(x["variant"], x["round"]) for x in records] == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]
