@@ -20,7 +20,9 @@ DRIVETRAIN = """#!/bin/bash
 printf '%s\\n' "$*" >> "$CALLS.drivetrain"
 exec {real} "$@"
 """
-SCONTROL = "#!/bin/bash\nprintf 'gpu-a\\ngpu-b\\n'\n"
+SCONTROL = "#!/bin/bash\nprintf 'gpu-a\\n'\nsleep 0.2\nprintf 'gpu-b\\n'\n"
+"""Writes its lines one at a time, as a long node list is: a reader that stops after the first line makes the
+second write fail (SIGPIPE), which ``set -o pipefail`` turned into the job's failure (exit 141)."""
 
 
 def test_the_slurm_recipe_starts_one_launcher_per_node_with_its_node_rank(tmp_path) -> None:
