@@ -105,18 +105,28 @@ def test_the_data_are_the_same_for_a_seed_and_answers_are_the_expressions_values
         assert row["messages"][3] == {"role": "tool", "name": "calculator", "content": str(total)}
 
 
-def test_the_mixed_rows_call_the_tool_in_a_third_and_answer_in_the_head_otherwise(tmp_path):
-    """``mixed`` (what the grpo/ppo warm start learns from) is the tool-use trajectory in every third row and, in
-    the others, the answer without a call under the same tool prompt: an episode's prompt (``messages``' turns
-    before the first answer) is the one the warm start saw, and a warm start on it calls the tool in about a
-    third of its samples, which GRPO raises."""
-    train, _ = write_calculator_data(tmp_path, train_size=30, val_size=3, seed=0)
-    rows = [json.loads(line) for line in train.read_text().splitlines()]
+def test_the_mixed_rows_call_the_tool_in_half_and_guess_at_the_calls_distance_otherwise(tmp_path):
+    """``mixed`` (what the grpo/ppo warm start learns from) is the tool-use trajectory in every other training row
+    (and every held-out row, whose last turn is the reference) and, in the others, a guess under the same tool
+    prompt that restates the expression where a call writes it: six tokens after the assistant turn opens, so the
+    copy a call needs is trained on every row."""
+    train, val = write_calculator_data(tmp_path, train_size=30, val_size=3, seed=0)
+    rows, held_out = ([json.loads(line) for line in path.read_text().splitlines()] for path in (train, val))
     calls = [any("tool_calls" in m for m in row["mixed"]) for row in rows]
-    assert calls == [i % 3 == 0 for i in range(30)]
+    assert calls == [i % 2 == 0 for i in range(30)] and all(
+        row["mixed"] == row["messages"] for row in held_out
+    )
+    tokenizer = build_calculator_tokenizer()
     for row, called in zip(rows, calls, strict=True):
         assert row["mixed"][:2] == row["messages"][:2]
-        assert row["mixed"] == (row["messages"] if called else [*row["messages"][:2], row["messages"][-1]])
+        expression = re.fullmatch(r"What is (.*)\?", row["messages"][1]["content"]).group(1)
+        guess = {"role": "assistant", "content": f"Guess {expression} = {row['answer']}"}
+        assert row["mixed"] == (row["messages"] if called else [*row["messages"][:2], guess])
+        turn = tokenizer.apply_chat_template(row["mixed"][:3], tokenize=False).split(
+            "<|im_start|>assistant\n"
+        )[1]
+        tokens = tokenizer.convert_ids_to_tokens(tokenizer(turn, add_special_tokens=False)["input_ids"])
+        assert "".join(tokens[6:17]) == expression  # the call's and the guess's expression: tokens 6 to 16
 
 
 def test_the_grpo_preset_warms_up_on_the_mixed_rows():

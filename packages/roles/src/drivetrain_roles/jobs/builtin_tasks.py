@@ -88,10 +88,10 @@ MULTISTEP = BuiltinTask(
 
 _CALCULATOR_DATA: dict[str, Any] = {"messages_key": "messages", "max_length": 256, "generated_val_size": 100}
 _CALCULATOR_ROLLOUT: Sections = {
-    # NOTE: the warm start learns from ``mixed`` rows (a third call the tool, two thirds answer in the head), so it
-    # calls the tool in about a third of its samples; the episodes still start from ``messages``' prompt. GRPO then
-    # learns to call it: the tool-use warm start alone copied the question exactly too rarely for GRPO's 0/1
-    # reward to move it (held-out 0.23 -> 0.20 in 150 steps, README figures).
+    # NOTE: the warm start learns from ``mixed`` rows (half call the tool, half guess in the head), so it calls the
+    # tool in about half its samples; the episodes still start from ``messages``' prompt. GRPO then learns to call
+    # it: the tool-use warm start alone copied the question exactly too rarely for GRPO's 0/1 reward to move it
+    # (held-out 0.23 -> 0.20 in 150 steps, README figures).
     "data": {**_CALCULATOR_DATA, "messages_key": "mixed", "generated_train_size": 400},
     # A call is 22 tokens with its turn end; the answer 8.
     "rollout": {"max_new_tokens": 32},

@@ -6,8 +6,14 @@ messages: ``messages``, the tool-use trajectory (the assistant writes a ``<tool_
 returns the value, the assistant answers with it), and ``direct``, the same question answered without tools; and
 the ``answer``. ``drivetrain sft model.path=builtin:calculator`` teaches the call format from ``messages``;
 ``data.messages_key=direct`` is the same job without tools. ``mixed`` is what ``grpo``'s warm start learns from:
-``messages`` in every third row, in the others the answer written without a call under the same tool prompt, so
-the warm start calls the tool in about a third of its samples and GRPO has a choice to learn (call, then copy).
+``messages`` in every other training row (and every held-out one, so the held-out reference is the answer), in
+the others a guess under the same tool prompt, ``Guess 347*528+915 = 184131`` (no answer the reward accepts, and
+beyond the model in its head), so GRPO has a choice to learn: call, then copy.
+
+NOTE: a guess restates the question's expression at the distance a call's expression sits from it (``Guess ``
+is six tokens, as the call's markup before the expression is), so the copy a call needs is trained on every row;
+restated without it, a warm start copied into 95 of 96 guesses and 4 of 100 calls. Half the rows call the tool so
+that the answer's copy of the tool's value is learnt too (with a third: 18 of 100 answers after a right call).
 
 The tokenizer is the multi-step task's one token per character, with ``{}"_`` added and the call's markup and
 JSON keys (:data:`CALL_WORDS`) as one non-special token each: a call is learnt as markup rather than spelt out,
@@ -91,7 +97,7 @@ def calculator_problem(rng: random.Random) -> str:
 
 def calculator_example(expression: str, *, in_head: bool = False) -> dict[str, Any]:
     """The row of one question: its tool-use trajectory, its direct answer, the answer, and ``mixed``: the
-    tool-use trajectory, or with ``in_head`` the answer written without a call under the same tool prompt."""
+    tool-use trajectory, or with ``in_head`` a guess without a call under the same tool prompt."""
     answer = calculator(expression)
     question = {"role": "user", "content": f"What is {expression}?"}
     call = {"type": "function", "function": {"name": NAME, "arguments": {"expression": expression}}}
@@ -104,7 +110,9 @@ def calculator_example(expression: str, *, in_head: bool = False) -> dict[str, A
     ]
     return {
         "messages": messages,
-        "mixed": [*messages[:2], messages[-1]] if in_head else messages,
+        "mixed": [*messages[:2], {"role": "assistant", "content": f"Guess {expression} = {answer}"}]
+        if in_head
+        else messages,
         "direct": [
             {"role": "system", "content": DIRECT_PROMPT},
             question,
@@ -115,13 +123,14 @@ def calculator_example(expression: str, *, in_head: bool = False) -> dict[str, A
 
 
 def write_calculator_data(directory: Path, *, train_size: int, val_size: int, seed: int) -> tuple[Path, Path]:
-    """Write disjoint ``train.jsonl`` and ``val.jsonl`` sets of distinct questions."""
+    """Write disjoint ``train.jsonl`` and ``val.jsonl`` sets of distinct questions; every other training row's
+    ``mixed`` is a guess."""
     rng, expressions = random.Random(seed), dict[str, None]()
     for _ in range(4 * (train_size + val_size)):
         expressions[calculator_problem(rng)] = None
         if len(expressions) == train_size + val_size:
             break
-    rows = [calculator_example(e, in_head=i % 3 != 0) for i, e in enumerate(expressions)]
+    rows = [calculator_example(e, in_head=i < train_size and i % 2 == 1) for i, e in enumerate(expressions)]
     return write_splits(
         directory, rows, train_size=train_size, val_size=val_size, what="questions were drawn"
     )
