@@ -69,11 +69,8 @@ class StopRequests:
     def handled(self) -> Iterator[None]:
         """Handle SIGINT inside the block (in the main thread only: elsewhere Python cannot, and Ctrl-C
         interrupts as before) and tell the launcher that this rank takes a stop request."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        with sigint_taken_by(self._handle):
-            ready = _announce_ready()
+        with sigint_taken_by(self._handle) as taken:
+            ready = _announce_ready() if taken else None
             try:
                 yield
             finally:
@@ -110,9 +107,6 @@ def forwarding_ctrl_c(directory: Path, command: str) -> Iterator[None]:
     """The launcher's Ctrl-C while its ranks run: the first is sent on to the lowest rank in its step loop
     (the ranks agree on it at the next step boundary), or stops every rank at once when none is in its loop;
     a second stops every rank at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     forwarded = False
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -127,17 +121,21 @@ def forwarding_ctrl_c(directory: Path, command: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def sigint_taken_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    """Inside the block, SIGINT runs ``handler`` (call from the main thread) and is not blocked in this thread.
+def sigint_taken_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[bool]:
+    """Inside the block, SIGINT runs ``handler`` and is not blocked in this thread; yields whether it does (in
+    the main thread only: elsewhere Python cannot handle signals, and Ctrl-C interrupts as before).
 
     A process may start with SIGINT blocked, and children inherit the mask: Ray starts its workers so, and so
     may a job scheduler's or CI's supervisor. A blocked Ctrl-C stays pending, and the rank or launcher never
     stops; the block's own handler decides what it means instead.
     """
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
     previous = signal.signal(signal.SIGINT, handler)
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
-        yield
+        yield True
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, previous)

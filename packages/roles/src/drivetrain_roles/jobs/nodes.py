@@ -23,8 +23,9 @@ TIMEOUT_ENV = "DRIVETRAIN_RDZV_TIMEOUT_S"
 """Set by the launcher for its ranks from ``--rdzv-timeout``: how long rank 0 waits to see every rank's marker in
 the run folder (:mod:`.shared_folder`; 60 s under an outer launcher)."""
 NODE_RANK_ENV = "DRIVETRAIN_NODE_RANK"
-"""Set by the launcher for its ranks from ``--node-rank``: the node a rank's messages name. torch's ``GROUP_RANK``
-numbers the nodes in the rendezvous's own order (by host name, then process id), not by ``--node-rank``."""
+"""Set by the launcher for its ranks from ``--node-rank`` (by ``trainer.placement=ray``: the node's place among the
+ranks' nodes): the node a rank's messages name. torch's ``GROUP_RANK`` numbers the nodes in the rendezvous's own
+order (by host name, then process id), not by ``--node-rank``."""
 RUN_ID = "drivetrain-{command}-{nnodes}n"
 """The rendezvous id of a launch over several nodes: the same on every node without being passed (the endpoint
 names the launch); the node count in it keeps nodes started with different ``--nnodes`` apart, so they fail

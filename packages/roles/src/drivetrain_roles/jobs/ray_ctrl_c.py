@@ -13,7 +13,6 @@ stopped at once.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -36,9 +35,6 @@ class DriverCtrlC:
     @contextlib.contextmanager
     def handled(self) -> Iterator[None]:
         """Handle SIGINT inside the block (in the main thread only: elsewhere Python cannot)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
         with sigint_taken_by(self._handle):
             yield
 

@@ -18,7 +18,7 @@ import click
 from drivetrain_engine_core.job import INTERRUPTED
 
 from .interrupt import send_ctrl_c
-from .nodes import TIMEOUT_ENV
+from .nodes import NODE_RANK_ENV, TIMEOUT_ENV
 from .ray_config import RayConfig, RayPlacementError
 from .ray_ctrl_c import DriverCtrlC
 from .ray_rank import RankCrashed, RankFailed, RankInterrupted, RayRank
@@ -121,6 +121,7 @@ class PlacedRanks:
                     "LOCAL_RANK": "0" if self.gpus else str(local),
                     "LOCAL_WORLD_SIZE": str(per_node[node]),
                     "GROUP_RANK": str(node_ids.index(node)),
+                    NODE_RANK_ENV: str(node_ids.index(node)),  # the node its messages name
                     "MASTER_ADDR": master[0],
                     "MASTER_PORT": str(master[1]),
                     TIMEOUT_ENV: str(int(self.placement.timeout_s)),
