@@ -123,17 +123,13 @@ def tiny_grpo_job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def tiny_grpo_two_ranks(tiny_grpo_job: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_grpo_two_ranks(
+    tiny_grpo_job: list[str], launches: Launches, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The run folder of :func:`tiny_grpo_job` on one node of two ranks (``--nproc 2``): the reference of the
     launches over several nodes, run once for every test that compares with it."""
     run = tmp_path_factory.mktemp("torchrun") / "run"
-    drivetrain = Path(sys.executable).parent / "drivetrain"
-    done = subprocess.run(
-        [str(drivetrain), "grpo", "--nproc", "2", "--output-dir", str(run), *tiny_grpo_job],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = launches.run("grpo", "--output-dir", str(run), *tiny_grpo_job, nproc=2)
     assert done.returncode == 0, done.stderr[-3000:]
     return run
 
