@@ -7,6 +7,7 @@ import gc
 import json
 
 import pytest
+import torch
 from drivetrain_engine_core.testing import make_tiny_model_dir
 
 SERVABLE = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -69,3 +70,27 @@ def _chat_task_steps(run):
 def chat_task_steps():
     """``steps(run)``: :func:`_chat_task_steps` (a fixture: test modules cannot import conftest)."""
     return _chat_task_steps
+
+
+def _max_gap(model, batch) -> float:
+    """The largest gap between ``batch``'s rollout log-probs and a plain forward's of ``model`` at the model
+    tokens (loss mask 1; each whole sequence in one forward, temperature 1)."""
+    gap = 0.0
+    for ids, mask, rolled in zip(
+        batch["input_ids"].unbind(),
+        batch["loss_mask"].unbind(),
+        batch["rollout_log_probs"].unbind(),
+        strict=True,
+    ):
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0, :-1].float()
+        forward = torch.cat([torch.zeros(1), torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0]])
+        gap = max(gap, float((forward - rolled)[mask].abs().max()))
+    return gap
+
+
+@pytest.fixture(scope="session")
+def max_gap():
+    """``max_gap(model, batch)``: :func:`_max_gap` (a fixture: test modules cannot import conftest); ``batch``
+    holds episodes as sampled (``input_ids``, ``loss_mask``, ``rollout_log_probs``)."""
+    return _max_gap

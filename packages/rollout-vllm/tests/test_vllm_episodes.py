@@ -90,24 +90,9 @@ def model_turns(mask: torch.Tensor) -> list[tuple[int, int]]:
     return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
-def max_gap(model, batch) -> float:
-    """The largest gap between ``batch``'s rollout log-probs and a plain forward's of ``model`` at the model
-    tokens (each whole sequence in one forward, temperature 1)."""
-    gap = 0.0
-    for ids, mask, rolled in zip(
-        batch["input_ids"].unbind(),
-        batch["loss_mask"].unbind(),
-        batch["rollout_log_probs"].unbind(),
-        strict=True,
-    ):
-        with torch.no_grad():
-            logits = model(input_ids=ids[None]).logits[0, :-1].float()
-        forward = torch.cat([torch.zeros(1), torch.log_softmax(logits, -1).gather(-1, ids[1:, None])[:, 0]])
-        gap = max(gap, float((forward - rolled)[mask].abs().max()))
-    return gap
-
-
-def test_vllms_log_probs_of_every_turn_are_a_plain_forwards_and_the_actors(episodes_run, calling_model_dir):
+def test_vllms_log_probs_of_every_turn_are_a_plain_forwards_and_the_actors(
+    episodes_run, calling_model_dir, max_gap
+):
     """Step 1 samples from the saved model: each model token's vLLM log-prob is a plain HF forward's of the
     whole episode (the tool messages before it included); each step's actor recomputes them (step 2 after a
     hand-off that changed the weights)."""
