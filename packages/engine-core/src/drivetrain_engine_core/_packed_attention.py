@@ -195,9 +195,15 @@ def padded_batches(lengths: tuple[int, ...], device: torch.device) -> PaddedBatc
             gather.extend([total] * (width - length))
             scatter[start : start + length] = range(offset, offset + length)
             offset += width
-        gathers.append(torch.tensor(gather, device=device))
+        gathers.append(_to_device(gather, device))
         shapes.append((len(batch), width))
-    return PaddedBatches(tuple(gathers), tuple(shapes), torch.tensor(scatter, device=device))
+    return PaddedBatches(tuple(gathers), tuple(shapes), _to_device(scatter, device))
+
+
+def _to_device(indices: list[int], device: torch.device) -> torch.Tensor:
+    """``indices`` as an int64 tensor on ``device``, copied without waiting for the device: made on the host
+    first (``torch.tensor(..., device=cuda)`` copies synchronously, a host sync in every layer's first call)."""
+    return torch.tensor(indices, dtype=torch.int64).to(device, non_blocking=True)
 
 
 def _padded_sdpa(
