@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from drivetrain_engine_core._data.rows import select_rows
 from drivetrain_engine_core.backend import BatchError, CheckpointError, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import MicroBatchConfig
 from drivetrain_engine_core.kit import distributed
@@ -40,7 +41,7 @@ def train_once(rank_indices: list[int] | None, micro_batch_size: int) -> dict[st
     engine = make_engine(micro_batch_size)
     batch = random_batch(vocab_size=VOCAB, prompt_lengths=PROMPTS, response_lengths=RESPONSES, seed=3)
     if rank_indices is not None:
-        batch = batch[torch.tensor(rank_indices)]
+        batch = select_rows(batch, torch.tensor(rank_indices))
     with engine.train_mode():
         output = engine.train_batch(batch, token_mean_nll)
     return {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from drivetrain_engine_core._data.rows import select_rows
 from drivetrain_engine_core._handoff import ExportBytes
 from drivetrain_engine_core.backend import ForwardOptions, LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import LossContext, MicroBatchConfig, shard_data, shard_indices
@@ -71,7 +72,7 @@ def run_scenario(engine, batch, shares=None):
     if shares is None:
         local = shard_data(batch, rank, engine.data_parallel_size, balance=True)
     else:
-        local = batch[torch.tensor(shares[rank])]
+        local = select_rows(batch, torch.tensor(shares[rank]))
     with engine.eval_mode():
         outputs = engine.infer_batch(local, options=ForwardOptions(temperature=0.9)).outputs
     bases = {mode: received(engine.weight_buckets(version=0, lora=mode)) for mode in lora_modes(engine)}

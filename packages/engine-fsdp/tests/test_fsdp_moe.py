@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from drivetrain_ckpt_tools.merge import MergeOptions, merge_checkpoint
+from drivetrain_engine_core._data.rows import select_rows
 from drivetrain_engine_core._data.tokens import local_token_count
 from drivetrain_engine_core.backend import ConfigError, LoraConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import LossContext, MicroBatchConfig
@@ -145,7 +146,15 @@ def test_buckets_and_checkpoint_merge_write_the_trained_experts_in_checkpoint_la
     assert_bit_equal(buckets, expected)
     engine.save_checkpoint(tmp_path / "ckpt", global_step=1)
     merge_checkpoint(tmp_path / "ckpt", tmp_path / "merged", MergeOptions(merge_lora=lora is not None))
-    assert_bit_equal(load_file(tmp_path / "merged" / WEIGHTS), expected)
+    merged = load_file(tmp_path / "merged" / WEIGHTS)
+    if lora is not None and device_under_test() != "cpu":
+        # The merge folds B @ A on the CPU, the engine on its accelerator (other kernels, other rounding): the
+        # conformance kit's convention for merged adapters (`merge_tolerance`), bit for bit on cpu.
+        assert sorted(merged) == sorted(expected)
+        for name, tensor in expected.items():
+            torch.testing.assert_close(merged[name], tensor, rtol=1e-6, atol=1e-6, msg=name)
+    else:
+        assert_bit_equal(merged, expected)
     if lora is None:
         assert_bit_equal(full_state(engine.module), reference_state(tmp_path / "merged"))
 
@@ -219,7 +228,7 @@ def test_the_coefficient_follows_the_models_config_unless_set(model_dirs):
 
 def two_rank_worker(rank, world_size, path, device):
     """Each rank holds sequences ``rank`` and ``rank + 2`` of every batch."""
-    batches = [batch[torch.tensor([rank, rank + 2])] for batch in make_batches()]
+    batches = [select_rows(batch, torch.tensor([rank, rank + 2])) for batch in make_batches()]
     engine = make_engine(path, device=device)
     routed = make_engine(path, device=device, router_aux_loss_coef=COEFFICIENT)
     with routed.train_mode():
@@ -244,7 +253,9 @@ def test_two_ranks_load_shard_train_and_export_like_plain_hf(model_dirs):
     loss, aux, norm = reference_step_with_aux(path, batches[0], COEFFICIENT)
     # Rank 0 holds sequences 0 and 2, rank 1 sequences 1 and 3.
     produced_log_probs = torch.cat([results[0]["log_probs"], results[1]["log_probs"]])
-    expected_log_probs = reference_log_probs(path, batches[0][torch.tensor([0, 2, 1, 3])]).values()
+    expected_log_probs = reference_log_probs(
+        path, select_rows(batches[0], torch.tensor([0, 2, 1, 3]))
+    ).values()
     assert float((produced_log_probs - expected_log_probs).abs().max()) < 1e-5
     for result in results:
         assert_bit_equal(result["state"], reference)
