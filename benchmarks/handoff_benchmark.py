@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,9 @@ def sync(engine: Any, rollout: Any, version: int, mode: str, dtype: Any) -> dict
     }
 
 
-def measure(name: str, root: Path, device: str, steps: int) -> dict[str, Any]:
+def measure(
+    name: str, root: Path, device: str, steps: int, on_row: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
     import torch
     from drivetrain_engine_core.job import create_rollout
     from drivetrain_engine_core.rollout import VerifyConfig
@@ -117,6 +120,7 @@ def measure(name: str, root: Path, device: str, steps: int) -> dict[str, Any]:
         for (stream, mode, verify), rollout in receivers.items():
             row = {"step": step, "stream_dtype": stream, "mode": mode, "verify": verify}
             rows.append({**row, **sync(engine, rollout, step, mode, dtypes[stream])})
+            on_row({"model": name, "device": device, "syncs": rows})
     parameters = sum(t.numel() for _, t in engine.export_weights())
     return {"model": name, "parameters": parameters, "device": device, "syncs": rows}
 
@@ -128,11 +132,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tiny", action="store_true", help="dry run: the tiny model instead of the 0.5B shape"
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also rewrite the report here after every sync (a stopped run keeps what it measured)",
+    )
     args = parser.parse_args(argv)
+    results: list[dict[str, Any]] = []
+
+    def report(partial: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "benchmark": "handoff",
+            "tiny": args.tiny,
+            "results": results + ([partial] if partial else []),
+        }
+
+    def on_row(partial: dict[str, Any]) -> None:
+        if args.out:
+            args.out.write_text(json.dumps(report(partial), indent=1) + "\n")
+
     with tempfile.TemporaryDirectory() as tmp:
-        models = ("grpo-default", "tiny" if args.tiny else "qwen2.5-0.5b-shape")
-        results = [measure(name, Path(tmp), args.device, args.steps) for name in models]
-    json.dump({"benchmark": "handoff", "tiny": args.tiny, "results": results}, sys.stdout, indent=1)
+        for name in ("grpo-default", "tiny" if args.tiny else "qwen2.5-0.5b-shape"):
+            results.append(measure(name, Path(tmp), args.device, args.steps, on_row))
+            on_row({})
+    json.dump(report(), sys.stdout, indent=1)
     print()
     return 0
 
