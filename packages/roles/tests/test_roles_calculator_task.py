@@ -265,7 +265,9 @@ def test_the_grpo_preset_pays_the_environments_reward_alone(scripted_rollout):
     assert rows["721*364+250"][0]["mixed"][-1]["content"] == "Guess 721*364+250 = 262694"
     config, pipeline, examples, tokenizer = _preset_episodes(scripted_rollout, rows)
     generated = pipeline.take(0)
-    scores = RewardScorer(config.algorithm.rewards(), tokenizer)(examples, generated.output, generated.trajectories)
+    scores = RewardScorer(config.algorithm.rewards(), tokenizer)(
+        examples, generated.output, generated.trajectories
+    )
     rewards = episodes_batch(generated, scores, config, None, step=0).rewards
     # calls, guesses, answers, misses on the tool rows, then the guess rows; two episodes each
     assert rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0] * 2
@@ -275,7 +277,10 @@ def test_the_grpo_preset_pays_the_environments_reward_alone(scripted_rollout):
     _, pipeline, held_out, _ = _preset_episodes(
         scripted_rollout, {e: (calculator_example(e), rows[e][1]) for e in right}
     )
-    assert held_out_evaluation(held_out, pipeline, tokenizer, config) == {"val/accuracy": 1.0, "val/reward": 1.0}
+    assert held_out_evaluation(held_out, pipeline, tokenizer, config) == {
+        "val/accuracy": 1.0,
+        "val/reward": 1.0,
+    }
 
 
 def test_the_task_brings_chat_rows_and_sft_settings():

@@ -257,7 +257,9 @@ def test_one_setting_in_two_forms(tmp_path):
     assert load_config(
         None, ["model.path=builtin:calculator", "algorithm.reward_functions=[]"]
     ).algorithm.rewards() == RewardSettings(functions=(), weights=())
-    with pytest.raises(ConfigError, match=r"reward_functions=\[\] lists no reward function, and without an env"):
+    with pytest.raises(
+        ConfigError, match=r"reward_functions=\[\] lists no reward function, and without an env"
+    ):
         load_config(None, ["algorithm.reward_functions=[]"])
     # Two functions of one name are told apart by their files.
     names = (
