@@ -23,7 +23,7 @@ from drivetrain_roles.jobs.calculator_task import (
     calculator_example,
     write_calculator_data,
 )
-from drivetrain_roles.jobs.data import tokenize_messages
+from drivetrain_roles.jobs.data import tokenize_messages, tokenize_row
 from drivetrain_roles.jobs.multistep_task import TURN_END
 from drivetrain_roles.rollout.multi_turn import run_episodes
 from drivetrain_roles.rollout.turn_limits import TurnLimits
@@ -207,6 +207,82 @@ def test_episodes_through_the_registered_environment_earn_one_for_the_right_answ
     assert "<|im_start|>tool\n413<|im_end|>" in tokenizer.decode(trajectory.input_ids)
 
 
+CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
+PLAYERS = {
+    "calls": lambda expression, answer, called: answer if called else CALL.format(expression),
+    "guesses": lambda expression, answer, called: f"Guess {expression} = {answer}",  # the warm start's guess
+    "answers": lambda expression, answer, called: answer,  # right, in the head
+    "misses": lambda expression, answer, called: str(int(answer) + 1),
+}
+"""What a scripted player writes in a turn of ``expression`` (its value ``answer``), ``called``: after a call."""
+
+
+def _preset_episodes(scripted_rollout, rows: dict[str, tuple[dict, str]]):
+    """The ``grpo`` preset of ``builtin:calculator``, its episode pipeline over ``rows`` (expression -> row and
+    player; two episodes each, as a group), the rows' examples as the trainer reads them, and its tokenizer."""
+    from drivetrain_roles.grpo.config import load_config
+    from drivetrain_roles.rl.episodes import EpisodePipeline
+
+    config = load_config(None, ["model.path=builtin:calculator", "trainer.progress_bar=false"])
+    tokenizer = build_calculator_tokenizer()
+
+    def script(context: str) -> str:
+        expression = re.search(r"What is (\S+)\?", context).group(1)
+        row, player = rows[expression]
+        return PLAYERS[player](expression, row["answer"], "<|im_start|>tool" in context)
+
+    examples = [tokenize_row(row, tokenizer, config.data, where=e) for e, (row, _) in rows.items()]
+    sampling = SamplingConfig(n=2, max_new_tokens=config.rollout.max_new_tokens)
+    pipeline = EpisodePipeline.configured(
+        config.environment,
+        scripted_rollout(tokenizer, script),
+        lambda step: ([], sampling),
+        rows=lambda step: [e.columns for e in examples],
+        tokenizer=tokenizer,
+        version=0,
+        first=0,
+        last=1,
+        lag=None,
+    )
+    return config, pipeline, examples, tokenizer
+
+
+def test_the_grpo_preset_pays_the_environments_reward_alone(scripted_rollout):
+    """Each player on a tool-use row and on a guess row (whose ``mixed`` reference is the guess): the preset pays
+    1 for the right answer, after a call or not, and 0 for a wrong one or the guess restated, whatever the row
+    (with exact_match beside the environment's reward it paid 2, 0, 2, 0 on the tool row and 1, 1, 1, 0 on the
+    guess row); held-out, val/reward is val/accuracy's fraction, 1 when every answer is right (it read 2)."""
+    from drivetrain_roles.grpo.step import episodes_batch
+    from drivetrain_roles.rl.held_out import held_out_evaluation
+    from drivetrain_roles.rl.scoring import RewardScorer
+
+    expressions = ["347*528+915", "612*731+408", "905+318*477", "556*802+133"]
+    expressions += ["721*364+250", "488+913*645", "379*590+812", "834*427+666"]
+    rows = {
+        e: (calculator_example(e, in_head=i >= 4), player)
+        for i, (e, player) in enumerate(zip(expressions, [*PLAYERS, *PLAYERS], strict=True))
+    }
+    assert rows["721*364+250"][0]["mixed"][-1]["content"] == "Guess 721*364+250 = 262694"
+    config, pipeline, examples, tokenizer = _preset_episodes(scripted_rollout, rows)
+    generated = pipeline.take(0)
+    scores = RewardScorer(config.algorithm.rewards(), tokenizer)(
+        examples, generated.output, generated.trajectories
+    )
+    rewards = episodes_batch(generated, scores, config, None, step=0).rewards
+    # calls, guesses, answers, misses on the tool rows, then the guess rows; two episodes each
+    assert rewards.tolist() == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0] * 2
+    assert config.algorithm.rewards().label == "environment"
+
+    right = [e for e, (_, player) in rows.items() if player in ("calls", "answers")]
+    _, pipeline, held_out, _ = _preset_episodes(
+        scripted_rollout, {e: (calculator_example(e), rows[e][1]) for e in right}
+    )
+    assert held_out_evaluation(held_out, pipeline, tokenizer, config) == {
+        "val/accuracy": 1.0,
+        "val/reward": 1.0,
+    }
+
+
 def test_the_task_brings_chat_rows_and_sft_settings():
     task = builtin_task("builtin:calculator")
     assert task is not None and task.defaults["sft"]["data"]["messages_key"] == "messages"
@@ -244,7 +320,8 @@ def test_an_episode_limit_over_the_models_positions_is_refused_before_training(t
 def test_held_out_evaluation_plays_one_greedy_episode_per_prompt(tmp_path, monkeypatch):
     """In an environment, evaluation answers each held-out prompt with one greedy episode: the reward functions
     score its last model turn against the reference, and val/reward adds the environment's reward, as training
-    does (here a function that scores 0.25 each, and the environment's 1 for an exact final answer)."""
+    does (here a function that scores 0.25 each, set beside the preset's environment reward, and the
+    environment's 1 for an exact final answer)."""
     from drivetrain_roles.rl import rewards
 
     seen: list[tuple[list[str], list[str]]] = []
@@ -256,7 +333,7 @@ def test_held_out_evaluation_plays_one_greedy_episode_per_prompt(tmp_path, monke
     monkeypatch.setitem(rewards.BUILTIN_REWARDS, "exact_match", quarter)
     rewards.load_reward_function.cache_clear()
     try:
-        _calculator_job(tmp_path).run()
+        _calculator_job(tmp_path, "algorithm.reward_function=exact_match").run()
     finally:
         rewards.load_reward_function.cache_clear()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

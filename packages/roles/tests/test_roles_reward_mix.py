@@ -253,6 +253,14 @@ def test_one_setting_in_two_forms(tmp_path):
         load_config(tmp_path / "both.yaml")
     with pytest.raises(ConfigError, match=r"reward_weights=\[1\.0\] must hold one finite weight per reward"):
         load_config(tmp_path / "two.yaml", ["algorithm.reward_weights=[1.0]"])
+    # No function: an environment's episodes are paid by its reward alone, so a job without one is refused.
+    assert load_config(
+        None, ["model.path=builtin:calculator", "algorithm.reward_functions=[]"]
+    ).algorithm.rewards() == RewardSettings(functions=(), weights=())
+    with pytest.raises(
+        ConfigError, match=r"reward_functions=\[\] lists no reward function, and without an env"
+    ):
+        load_config(None, ["algorithm.reward_functions=[]"])
     # Two functions of one name are told apart by their files.
     names = (
         load_config(None, ["algorithm.reward_functions=[a/x.py:score,b/y.py:score]"])

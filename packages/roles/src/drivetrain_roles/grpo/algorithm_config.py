@@ -68,7 +68,7 @@ class AlgorithmConfig(AlgorithmSection):
             ``reward_functions=[it]``; setting one clears the other.
         reward_functions: several reward functions (TRL's ``reward_funcs``), each as ``reward_function``; a
             response's reward is their weighted sum, a function returning ``None`` for it left out; each is
-            logged as ``reward/<name>``.
+            logged as ``reward/<name>``. ``[]`` with ``environment.name``: none, the environment's reward alone.
         reward_weights: one weight per function of ``reward_functions`` (TRL's ``reward_weights``); unset: 1 each.
         reward_timeout_s: seconds the reward functions, run concurrently, may take over one step's responses;
             one still running then is an error naming it (or scores ``reward_failure_value``); ``null``: no

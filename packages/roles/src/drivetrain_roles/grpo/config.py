@@ -34,6 +34,7 @@ from ..rl.job_config import (
     PolicyJobConfig,
     RolloutJobConfig,
     check_mini_batch_share,
+    check_reward_source,
     check_sections,
 )
 
@@ -104,6 +105,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)
+        check_reward_source(self)
         self.run_optimizer()  # core's optimizer checks, with the run's length
 
     def run_optimizer(self) -> OptimizerConfig:

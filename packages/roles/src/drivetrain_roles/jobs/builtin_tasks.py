@@ -96,6 +96,11 @@ _CALCULATOR_ROLLOUT: Sections = {
     # A call is 22 tokens with its turn end; the answer 8.
     "rollout": {"max_new_tokens": 32},
     "environment": {"name": calculator_task.NAME, "max_turns": 3, "max_total_tokens": 256},
+    # NOTE: the environment's reward is the task's (1 for the row's answer), so no function is added to it:
+    # exact_match beside it paid a right answer twice on tool rows and never on guess rows, whose reference is
+    # the guess (``Guess <expression> = <value>``, which it paid 1 when copied), so val/reward read 2 at
+    # accuracy 1. Alone it is a fraction, val/accuracy's number.
+    "algorithm": {"reward_function": None, "reward_functions": []},
     "trainer": {
         # NOTE: 1,000 steps learn to copy the question into a call (400 miscopied 76 of 100 held-out calls).
         "warm_start_steps": 1000,

@@ -33,6 +33,7 @@ from ..rl.environment_config import EnvironmentConfig
 from ..rl.job_config import (
     POLICY_WARMUP_STEPS,
     USER_MODEL_LR,
+    check_reward_source,
     check_sections,
 )
 
@@ -135,7 +136,8 @@ class AlgorithmConfig(AlgorithmSection):
             ``drivetrain grpo``): the score of
             each response, placed on its last token. The same as ``reward_functions=[it]``; setting one clears
             the other.
-        reward_functions: several reward functions; the score is their weighted sum (as in ``drivetrain grpo``).
+        reward_functions: several reward functions; the score is their weighted sum (as in ``drivetrain grpo``);
+            ``[]`` with ``environment.name``: none, the environment's reward alone.
         reward_weights: one weight per function of ``reward_functions``; unset: 1 each.
         reward_timeout_s: seconds the reward functions may take over one step's responses (``null``: no limit).
         reward_failure_value: the score of a response whose function raised or ran out of time, counted in
@@ -301,6 +303,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)
+        check_reward_source(self)
         if self.trainer.critic_warmup >= self.trainer.total_steps:
             raise ConfigError(
                 f"trainer.critic_warmup={self.trainer.critic_warmup} leaves no step of trainer.total_steps="

@@ -105,6 +105,20 @@ def check_sections(config: RolloutJobConfig, overlong_buffer_len: int, ppo_mini_
         )
 
 
+def check_reward_source(config: PolicyJobConfig) -> None:
+    """A job without reward functions (``algorithm.reward_functions=[]``) is paid by its environment alone.
+
+    Raises:
+        ConfigError: no reward functions and no environment (``environment.name``): nothing would pay a response.
+    """
+    if not config.algorithm.rewards().functions and not config.environment.enabled:
+        raise ConfigError(
+            "algorithm.reward_functions=[] lists no reward function, and without an environment (environment.name) "
+            "nothing else pays a response; list at least one, e.g. algorithm.reward_functions=[exact_match], or "
+            "set environment.name (its episodes are then paid by the environment's reward alone)."
+        )
+
+
 def check_mini_batch_share(config: PolicyJobConfig, world_size: int) -> None:
     """Every data-parallel rank's share of a step must fill each of the update's mini-batches; checked on every
     rank before the warm start (the update refused it after the warm start and a rollout).

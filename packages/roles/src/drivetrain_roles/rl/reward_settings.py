@@ -5,7 +5,8 @@ config checks run it without importing torch).
 ``reward_weights``; ``algorithm.reward_function=a`` is the same as ``reward_functions=[a]``. The two are one
 setting written two ways: a config layer (a file, an override) that sets one clears the other (as the micro-batch
 limits do), so an override replaces a file's rewards whichever form each uses, and the embedded task's default
-reward yields to either; one layer that sets both is refused.
+reward yields to either; one layer that sets both is refused. ``reward_functions=[]`` lists none: a multi-turn
+job's episodes are then paid by their environment alone (the job's checks refuse it without an environment).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .builtin_rewards import BUILTIN_REWARDS
 
 REWARD_FIELDS = ("reward_function", "reward_functions")
 """The two forms of the ``algorithm`` section's reward setting (its ``exclusive_fields``)."""
+ENVIRONMENT_ONLY = "environment"
+"""The reward's label without functions (``reward_functions=[]``): the environment's reward alone."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,10 @@ class RewardSettings:
 
     @property
     def label(self) -> str:
-        """The reward in words for plots and reports: ``exact_match``, or ``1 x a + 0.5 x b``."""
+        """The reward in words for plots and reports: ``exact_match``, ``1 x a + 0.5 x b``, or ``environment``
+        without functions."""
+        if not self.functions:
+            return ENVIRONMENT_ONLY
         if len(self.functions) == 1 and self.weights == (1.0,):
             return self.names[0]
         return " + ".join(f"{w:g} x {n}" for w, n in zip(self.weights, self.names, strict=True))
@@ -76,7 +82,7 @@ def reward_settings(
     """The settings the ``algorithm`` section's fields give.
 
     Raises:
-        ConfigError: both forms set (or neither), an empty list, a function written without its name, weights
+        ConfigError: both forms set (or neither), a function written without its name, weights
             that do not match the functions, or a time limit or failure value out of range.
     """
     functions = _functions(reward_function, reward_functions)
@@ -113,12 +119,7 @@ def _functions(reward_function: str | None, reward_functions: tuple[str, ...] | 
             "reward_function=... for one (the same as a list of one)."
         )
     if reward_functions is not None:
-        if not reward_functions:
-            raise ConfigError(
-                "algorithm.reward_functions is empty; list at least one reward function, e.g. "
-                "algorithm.reward_functions=[exact_match]."
-            )
-        return tuple(reward_functions)
+        return tuple(reward_functions)  # empty: the environment's reward alone (refused without one)
     if reward_function is None:
         raise ConfigError(
             "no reward: set algorithm.reward_function (one function, e.g. exact_match) or "

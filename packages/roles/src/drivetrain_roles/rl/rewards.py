@@ -103,7 +103,8 @@ def score_completions(
     settings: RewardSettings, inputs: RewardInputs, models: Mapping[str, RewardModel] | None = None
 ) -> Scores:
     """Run ``settings``' functions over ``inputs`` and combine them (see the module docstring); its reward model
-    entries are scored by the job's built ``models`` (:func:`load_rewards`).
+    entries are scored by the job's built ``models`` (:func:`load_rewards`). Without functions every total is 0
+    (an environment's episodes, paid by its reward alone).
 
     Raises:
         RewardError: a function cannot load, asks for a keyword the data does not offer, returned something
@@ -123,7 +124,8 @@ def score_completions(
         ],
         dtype=torch.float64,
     ).reshape(len(inputs), len(rewards))
-    unscorable = torch.isnan(values).all(dim=1).nonzero().flatten().tolist()
+    # NOTE: without functions (``reward_functions=[]``) the environment pays every episode: none is unscorable.
+    unscorable = torch.isnan(values).all(dim=1).nonzero().flatten().tolist() if rewards else []
     if unscorable:
         more = f" (and {len(unscorable) - 1} more)" if len(unscorable) > 1 else ""
         raise RewardError(
