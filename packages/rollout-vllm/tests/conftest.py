@@ -94,3 +94,20 @@ def max_gap():
     """``max_gap(model, batch)``: :func:`_max_gap` (a fixture: test modules cannot import conftest); ``batch``
     holds episodes as sampled (``input_ids``, ``loss_mask``, ``rollout_log_probs``)."""
     return _max_gap
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The vLLM environment's Python that a trainer in this one starts servers in (``$DRIVETRAIN_VLLM_PYTHON``,
+    else the checkout's ``.venv-vllm``); the test is skipped where there is none."""
+    import os
+    from pathlib import Path
+
+    from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
+
+    python = os.environ.get(PYTHON_VARIABLE) or str(
+        Path(__file__).resolve().parents[3] / ".venv-vllm/bin/python"
+    )
+    if not Path(python).is_file():
+        pytest.skip(f"no vLLM environment ({python}); build it with scripts/make-env")
+    return python

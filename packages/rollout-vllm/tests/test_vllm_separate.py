@@ -1,7 +1,8 @@
 """The separate placement: a trainer in this Python (the workspace environment, with its own torch) drives a vLLM
 server in the vLLM environment's Python (``$DRIVETRAIN_VLLM_PYTHON``, else the checkout's ``.venv-vllm``, built by
 scripts/make-env); skipped where neither exists, and in the vLLM environment itself (its colocated tests cover
-it there). Two servers, started side by side, serve the module's tests in order: the function tests hand one
+it there). Two servers, started side by side, serve the module's tests in order (the second on TCP at 127.0.0.1,
+as a server on another node listens: :mod:`drivetrain_rollout_vllm.transport`): the function tests hand one
 increasing versions, core's rollout conformance kit then takes both in turn (each of its fresh rollouts a new
 trainer-side rollout on a server reset to the checkpoint: a reload, not a ten-second start), a three-step
 ``drivetrain grpo`` of the embedded chat task runs on its own server (as do vLLM's weight-transfer protocol and
@@ -9,6 +10,7 @@ multi-turn calculator episodes, each on a server of its own), and the last two t
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import os
@@ -36,7 +38,8 @@ from drivetrain_engine_core.testing.policies import (
 )
 from drivetrain_engine_core.testing.rollout_conformance import RolloutConformanceTests
 from drivetrain_rollout_vllm import RequestDeadline, VLLMServerOptions, VLLMServerRollout
-from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
+from drivetrain_rollout_vllm.launch import ServerCommand
+from drivetrain_rollout_vllm.process import PYTHON_VARIABLE, ServerProcess
 from drivetrain_rollout_vllm.wire import PROTOCOL, RolloutServerError
 
 CHECKOUT_VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
@@ -69,20 +72,26 @@ def states(servable_model_dir):
     return {1: first, 2: second, 3: moved(second, seed=3)}
 
 
+def on_tcp(model_dir):
+    """A rollout on a server of its own listening on TCP at 127.0.0.1 (closed by closing its server)."""
+    launch = functools.partial(ServerCommand.start, host="127.0.0.1")
+    server = ServerProcess.start(python=VLLM_PYTHON, model_path=str(model_dir), device="cpu", launch=launch)
+    return VLLMServerRollout(model_path=str(model_dir), server=server, options=OPTIONS)
+
+
 @pytest.fixture(scope="module")
 def servers(servable_model_dir):
-    """Two servers, started side by side (each start is mostly waiting): the module's, and one to kill."""
+    """Two servers, started side by side (each start is mostly waiting): the module's, and one to kill (on TCP)."""
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(2) as pool:
         patch.setenv(PYTHON_VARIABLE, VLLM_PYTHON)
-        started = list(
-            pool.map(
-                lambda _: create_rollout("vllm-server", model_path=str(servable_model_dir), options=OPTIONS),
-                "ab",
-            )
-        )
+        unix = pool.submit(create_rollout, "vllm-server", model_path=str(servable_model_dir), options=OPTIONS)
+        tcp = pool.submit(on_tcp, servable_model_dir)
+        started = [unix.result(), tcp.result()]
+    assert isinstance(started[1].server.process.address(), tuple)
     yield started
     for served in started:
         served.close()
+        served.server.close()
         shutil.rmtree(served.server.log.parent, ignore_errors=True)  # the killed ones' logs are kept
 
 

@@ -1,0 +1,153 @@
+"""The vLLM server on another node than its trainer: ``trainer.placement=ray trainer.ray.rollout_node=other`` on
+Ray's multi-node test cluster (two raylets on one machine, one CPU each), the trainer in this Python, the server
+in the vLLM environment's (drivetrain-roles' Ray launcher, this package's TCP transport).
+
+A two-step ``drivetrain grpo`` of the embedded chat task (prompts of a 368-token shared system prefix, graded
+rewards) runs its rank on one node and its vLLM server on the other (the node ids the rank's server actor reports
+and the driver's placement line name), and samples as the same job with the server beside the trainer: the same
+rewards, losses, KL and gradient norms within 1e-6, the server's log-probs the actor's within 1e-5 every step.
+A server whose node is lost mid-request is named, with its node, within a bound, instead of hanging the rank."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+from typing import Any
+
+import pytest
+from drivetrain_rollout_vllm.process import PYTHON_VARIABLE, ServerProcess
+from drivetrain_rollout_vllm.wire import AUTHKEY_VARIABLE, RolloutServerError
+
+ray = pytest.importorskip("ray")
+if importlib.util.find_spec("vllm") is not None:
+    pytest.skip("the trainer side runs in the workspace environment (with Ray)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
+"""The test cluster marks a dead node within about a second (Ray's default: about 15 s)."""
+LOST_NODE_BOUND_S = 30
+METRICS = ("train/reward", "train/pg_loss", "train/kl", "train/grad_norm")
+
+
+@pytest.fixture(scope="module")
+def cluster(request) -> Iterator[Any]:
+    """A head node and one worker node (one CPU each), with fast health checks; their workers (the ranks) name
+    the vLLM environment's Python where there is one."""
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("RAY_ADDRESS", raising=False)
+        with suppress(pytest.skip.Exception):  # the lost-node test needs no vLLM
+            patch.setenv(PYTHON_VARIABLE, request.getfixturevalue("vllm_python"))
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH},
+        )
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        try:
+            yield cluster
+        finally:
+            cluster.shutdown()
+
+
+def grpo(run, vllm_python, *overrides) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run), *overrides]
+    env = {**os.environ, PYTHON_VARIABLE: vllm_python}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def steps(run) -> list[dict[str, float]]:
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [row for row in rows if "train/reward" in row]
+
+
+def test_grpo_with_its_vllm_server_on_another_node_samples_as_with_it_beside(
+    cluster, vllm_python, chat_task_overrides, tmp_path
+):
+    job = [*chat_task_overrides, "trainer.total_steps=2", "rollout.name=vllm-server"]
+    job += ["rollout.options.max_model_len=448", "rollout.options.request_timeout_s=300"]
+    placement = ["trainer.placement=ray", f"trainer.ray.address={cluster.address}", "trainer.ray.workers=1"]
+    on_ray = grpo(tmp_path / "ray", vllm_python, *job, *placement, "trainer.ray.rollout_node=other")
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    said = on_ray.stdout + on_ray.stderr
+    [(rank_node, planned)] = re.findall(
+        r"rank 0 on node (\w+) \(.*; rank 0's rollout server to node (\w+) \(", said
+    )
+    [ran_on] = re.findall(r"rank 0's rollout server runs on Ray node (\w+) ", said)
+    nodes = {cluster.head_node.node_id[:12], next(iter(cluster.worker_nodes)).node_id[:12]}
+    assert ran_on.startswith(planned) and {rank_node, planned} == nodes, said[-3000:]
+    beside = grpo(tmp_path / "beside", vllm_python, *job)
+    assert beside.returncode == 0, beside.stderr[-3000:]
+    got, expected = steps(tmp_path / "ray"), steps(tmp_path / "beside")
+    assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2]
+    gaps = {key: max(abs(a[key] - b[key]) for a, b in zip(got, expected, strict=True)) for key in METRICS}
+    drift = max(row["rollout/log_prob_diff_max"] for row in got)
+    print(f"server on another node vs beside: largest gaps {gaps}; log-prob gap to the actor {drift:.1e}")
+    assert max(gaps.values()) <= 1e-6 and len({row["train/reward"] for row in got}) == 2, gaps
+    for row in got:
+        assert row["rollout/log_prob_diff_max"] <= 1e-5 and row["rollout/mismatch_kl"] <= 1e-10, row
+
+
+# argv: -m drivetrain_rollout_vllm.server tcp://HOST/PATH MODEL DEVICE; takes its trainer, then never answers.
+SILENT_SERVER = f"""
+import os, sys, time
+from drivetrain_rollout_vllm.transport import accept_trainer, listen
+with listen(sys.argv[3], bytes.fromhex(os.environ[{AUTHKEY_VARIABLE!r}])) as listener:
+    connection = accept_trainer(listener)
+time.sleep(600)
+"""
+
+
+def test_a_server_whose_node_is_lost_mid_request_is_named_in_time(cluster, tmp_path, monkeypatch):
+    """Runs last: it takes the worker node away. The server (a stand-in that takes its trainer and never
+    answers) runs on the worker node through the Ray launcher; the node is killed while a request waits."""
+    from drivetrain_roles.jobs.ray_config import RayConfig
+    from drivetrain_roles.jobs.ray_server import PLACE_ENV, server_environment, start_on_node
+
+    script, python = tmp_path / "silent_server.py", tmp_path / "python"
+    script.write_text(SILENT_SERVER)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    python.chmod(0o755)
+    worker = next(iter(cluster.worker_nodes))
+    place = server_environment((worker.node_id, worker.node_ip_address), RayConfig(), "cpu")
+    monkeypatch.setenv(PLACE_ENV, place[PLACE_ENV])
+    ray.init(address=cluster.address)
+    server = None
+    try:
+        server = ServerProcess.start(
+            python=str(python), model_path=str(tmp_path), device="cpu", launch=start_on_node
+        )
+        assert server.process.node == worker.node_id
+        killed: list[float] = []
+
+        def kill_the_node() -> None:
+            time.sleep(1.0)
+            cluster.remove_node(worker, allow_graceful=False)
+            killed.append(time.monotonic())
+
+        threading.Thread(target=kill_the_node, daemon=True).start()
+        with pytest.raises(RolloutServerError) as error:
+            server.call("generate", [[1, 2]], {}, what="generating", seconds=300)
+        named = time.monotonic() - killed[0]
+        message = str(error.value)
+        print(f"the lost node was named {named:.1f} s after it was killed: {message.splitlines()[0]}")
+        assert named < LOST_NODE_BOUND_S and f"on Ray node {worker.node_id[:12]}" in message
+        assert re.search(r"(exited|closed the connection) while generating", message), message
+    finally:
+        if server is not None:
+            with suppress(ProcessLookupError):
+                os.kill(
+                    server.process.pid, signal.SIGKILL
+                )  # a stand-in that outlived its node (one machine here)
+        ray.shutdown()
