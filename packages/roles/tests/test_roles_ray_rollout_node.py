@@ -72,3 +72,26 @@ def test_each_server_goes_to_another_node_than_its_rank_free_nodes_first() -> No
     assert server_nodes([a, b], [a, b]) == [b, a]
     assert server_nodes([a, b, a], [a, b, c]) == [c, c, c]
     assert server_nodes([a, a], [a, b, c]) == [b, c]
+
+
+def test_a_dead_server_node_is_named_with_the_ranks_whose_servers_it_ran() -> None:
+    from drivetrain_roles.jobs.ray_ranks import PlacedRanks
+
+    nodes = [{"NodeID": "A", "Alive": True}, {"NodeID": "B", "Alive": False}]
+    ranks = PlacedRanks(
+        ray=SimpleNamespace(nodes=lambda: nodes),
+        placement=RayConfig(rollout_node="other"),
+        command="grpo",
+        group=None,
+        actors=[],
+        nodes=[("A", "10.0.0.1"), ("A", "10.0.0.1")],
+        gpus=False,
+        device="cpu",
+        servers=[("B", "10.0.0.2"), ("B", "10.0.0.2")],
+    )
+    assert ranks.lost_node("/runs/a") == (
+        "drivetrain grpo: Ray node B (10.0.0.2) died while running the rollout servers of ranks [0, 1]; every rank "
+        "was stopped. Continue from the last checkpoint with --resume --output-dir /runs/a once the cluster has the "
+        "nodes again."
+    )
+    assert "rank 1 on node A (10.0.0.1); rank 0's rollout server to node B (10.0.0.2)" in ranks.describe()

@@ -110,6 +110,9 @@ class ServerHost:
     """The actor on the server's node: runs the rollout's server command there and answers for its handle.
     Plain Python; :func:`start_on_node` wraps it with ``ray.remote``."""
 
+    def __init__(self) -> None:
+        self.server: Any = None
+
     def start(self, command: Any) -> tuple[int, str, str, str]:
         """Start ``command`` listening on TCP at this node's IP; returns ``(pid, log, node id, IP)``."""
         import ray
@@ -164,7 +167,7 @@ def start_on_node(command: Any) -> RemoteServer:
     _started.append(server.node)
     print(
         f"drivetrain: rank {os.environ.get('RANK', '0')}'s rollout server runs on Ray node {server.node} "
-        f"({server.ip}), {server.where}",
+        f"({server.ip}), pid {server.pid}",
         file=sys.stderr,
         flush=True,
     )
