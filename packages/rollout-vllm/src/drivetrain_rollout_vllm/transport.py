@@ -29,9 +29,9 @@ Address = str | tuple[str, int]
 
 
 def tcp_argument(host: str, report: Path) -> str:
-    """The server's argument for TCP on ``host``, its port reported in ``report`` (an absolute path)."""
-    bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-    return f"{TCP}{bracketed}{report}"
+    """The server's argument for TCP on ``host`` (a name or an IPv4 address: ``multiprocessing.connection``
+    listens on ``AF_INET`` only), its port reported in ``report`` (an absolute path)."""
+    return f"{TCP}{host}{report}"
 
 
 def listen(argument: str, key: bytes) -> Listener:
@@ -40,6 +40,8 @@ def listen(argument: str, key: bytes) -> Listener:
     if not argument.startswith(TCP):
         return Listener(argument, family="AF_UNIX", authkey=key)
     parts = urlsplit(argument)
+    if not parts.hostname:
+        raise ValueError(f"{argument!r} names no host to listen on (tcp://HOST/PATH)")
     listener = Listener((parts.hostname, 0), family="AF_INET", authkey=key)
     report = Path(parts.path)
     partial = report.with_suffix(".partial")

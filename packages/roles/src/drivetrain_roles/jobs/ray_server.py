@@ -139,16 +139,13 @@ def start_on_node(command: Any) -> RemoteServer:
 
     place = json.loads(os.environ[PLACE_ENV])
     bundle, timeout_s = place["bundle"], place["timeout_s"]
-    actor = (
-        ray.remote(ServerHost)
-        .options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(place["node"], soft=False),
-            num_cpus=bundle["CPU"],
-            num_gpus=bundle.get("GPU", 0),
-            max_restarts=0,
-        )
-        .remote()
-    )
+    host: Any = ray.remote(ServerHost)  # an actor class (Ray's stubs type it as the plain class)
+    actor = host.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(place["node"], soft=False),
+        num_cpus=bundle["CPU"],
+        num_gpus=bundle.get("GPU", 0),
+        max_restarts=0,
+    ).remote()
     try:
         started = ray.get(actor.start.remote(command), timeout=timeout_s)
     except ray.exceptions.RayError as e:
@@ -201,7 +198,7 @@ class RemoteServer:
         except (self.ray.exceptions.GetTimeoutError, self.ray.exceptions.ActorUnavailableError):
             return None  # a node gone silent: Ray's health checks decide, and a later poll learns it
         except self.ray.exceptions.RayError as e:
-            self.lost, self.returncode = " ".join(str(e).split())[:200], LOST
+            self.lost, self.returncode = _first_sentence(e), LOST
         return self.returncode
 
     def kill(self) -> None:
@@ -233,7 +230,7 @@ class RemoteServer:
         try:
             return str(self._call("log_tail"))
         except self.ray.exceptions.RayError as e:
-            return f"(out of reach on Ray node {self.node} ({self.ip}): {' '.join(str(e).split())[:200]})\n"
+            return f"(out of reach on Ray node {self.node} ({self.ip}): {_first_sentence(e)})\n"
 
     def dispose(self, *, keep_log: bool) -> None:
         """Remove the server's folder there (unless ``keep_log``) and end its actor."""
@@ -243,6 +240,11 @@ class RemoteServer:
             self._call("dispose", keep_log=keep_log)
         with contextlib.suppress(Exception):  # Ray itself may be shutting down (the trainer's exit)
             self.ray.kill(self.actor, no_restart=True)
+
+
+def _first_sentence(error: Exception) -> str:
+    """Ray's error's first sentence, on one line (its message runs on with ids and advice)."""
+    return " ".join(str(error).split()).split(". ")[0].rstrip(".")[:300]
 
 
 __all__ = [
