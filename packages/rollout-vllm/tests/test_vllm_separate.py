@@ -16,8 +16,6 @@ import itertools
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
@@ -300,20 +298,6 @@ def test_an_adapter_version_is_served_on_the_server_as_peft_does(servers, servab
         torch.testing.assert_close(rolled, expected, atol=1e-5, rtol=0)
 
 
-def grpo(run, model, *extra):
-    command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run)]
-    overrides = [f"model.path={model}", "rollout.name=vllm-server", "rollout.max_new_tokens=8"]
-    overrides += ["rollout.options.max_model_len=64", "rollout.options.request_timeout_s=300"]
-    overrides += ["trainer.total_steps=2", "trainer.save_every=2", "trainer.progress_bar=false"]
-    return subprocess.run(
-        [*command, *overrides, *extra],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, PYTHON_VARIABLE: VLLM_PYTHON},
-    )
-
-
 def test_an_update_through_vllms_protocol_on_the_server_serves_the_weights_sent(
     servable_model_dir, states, tmp_path, monkeypatch
 ):
@@ -405,15 +389,13 @@ def test_episodes_on_a_server_keep_the_sampled_tokens_at_a_plain_forwards_log_pr
     assert gap <= 1e-5, gap
 
 
-def test_grpo_trains_on_a_vllm_server(tmp_path, chat_task_overrides, chat_task_steps):
+def test_grpo_trains_on_a_vllm_server(chat_task_beside, chat_task_steps):
     """Three steps of ``drivetrain grpo model.path=builtin:multistep rollout.name=vllm-server`` from this
     environment: the first hand-off is the whole model (verified against its digests, read back from the server's
     vLLM), the next a delta that changes it; the task's prompts share a 368-token system prefix (over two KV
     blocks) and come back every step, and the server's log-probs stay the actor's (its prefix cache keeps no KV of
     the old weights); the run checkpoints."""
-    run = tmp_path / "run"
-    done = grpo(run, "builtin:multistep", *chat_task_overrides, "rollout.options.max_model_len=448")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run = chat_task_beside
     steps = chat_task_steps(run)
     model_bytes = sum(
         t.numel() * t.element_size() for t in base_state(run / "warm_start" / "final_model").values()

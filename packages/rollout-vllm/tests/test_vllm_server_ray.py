@@ -2,20 +2,19 @@
 Ray's multi-node test cluster (two raylets on one machine, one CPU each), the trainer in this Python, the server
 in the vLLM environment's (drivetrain-roles' Ray launcher, this package's TCP transport).
 
-A two-step ``drivetrain grpo`` of the embedded chat task (prompts of a 368-token shared system prefix, graded
-rewards) runs its rank on one node and its vLLM server on the other (the node ids the rank's server actor reports
-and the driver's placement line name), and samples as the same job with the server beside the trainer: the same
-rewards, losses, KL and gradient norms within 1e-6, the server's log-probs the actor's within 1e-5 every step.
+Three steps of ``drivetrain grpo`` on the embedded chat task (prompts of a 368-token shared system prefix, graded
+rewards, a whole hand-off then deltas) run the rank on one node and its vLLM server on the other (the node ids the
+rank's server actor reports and the driver's placement line name), and sample as the same job with the server
+beside the trainer (the separate placement's GRPO run, shared through conftest): the same rewards, losses, KL and
+gradient norms within 1e-6, the server's log-probs the actor's within 1e-5 every step.
 A server whose node is lost mid-request is named, with its node, within a bound, instead of hanging the rank."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -61,24 +60,14 @@ def cluster(request) -> Iterator[Any]:
             cluster.shutdown()
 
 
-def grpo(run, vllm_python, *overrides) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run), *overrides]
-    env = {**os.environ, PYTHON_VARIABLE: vllm_python}
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-
-
-def steps(run) -> list[dict[str, float]]:
-    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-    return [row for row in rows if "train/reward" in row]
-
-
 def test_grpo_with_its_vllm_server_on_another_node_samples_as_with_it_beside(
-    cluster, vllm_python, chat_task_overrides, tmp_path
+    cluster, vllm_python, chat_task_on_a_server, chat_task_beside, chat_task_steps, grpo_on_server, tmp_path
 ):
-    job = [*chat_task_overrides, "trainer.total_steps=2", "rollout.name=vllm-server"]
-    job += ["rollout.options.max_model_len=448", "rollout.options.request_timeout_s=300"]
+    run = tmp_path / "ray"
     placement = ["trainer.placement=ray", f"trainer.ray.address={cluster.address}", "trainer.ray.workers=1"]
-    on_ray = grpo(tmp_path / "ray", vllm_python, *job, *placement, "trainer.ray.rollout_node=other")
+    on_ray = grpo_on_server(
+        run, vllm_python, *chat_task_on_a_server, *placement, "trainer.ray.rollout_node=other"
+    )
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     said = on_ray.stdout + on_ray.stderr
     [(rank_node, planned)] = re.findall(
@@ -87,14 +76,11 @@ def test_grpo_with_its_vllm_server_on_another_node_samples_as_with_it_beside(
     [ran_on] = re.findall(r"rank 0's rollout server runs on Ray node (\w+) ", said)
     nodes = {cluster.head_node.node_id[:12], next(iter(cluster.worker_nodes)).node_id[:12]}
     assert ran_on.startswith(planned) and {rank_node, planned} == nodes, said[-3000:]
-    beside = grpo(tmp_path / "beside", vllm_python, *job)
-    assert beside.returncode == 0, beside.stderr[-3000:]
-    got, expected = steps(tmp_path / "ray"), steps(tmp_path / "beside")
-    assert [row["step"] for row in got] == [row["step"] for row in expected] == [1, 2]
+    got, expected = chat_task_steps(run), chat_task_steps(chat_task_beside)
     gaps = {key: max(abs(a[key] - b[key]) for a, b in zip(got, expected, strict=True)) for key in METRICS}
     drift = max(row["rollout/log_prob_diff_max"] for row in got)
     print(f"server on another node vs beside: largest gaps {gaps}; log-prob gap to the actor {drift:.1e}")
-    assert max(gaps.values()) <= 1e-6 and len({row["train/reward"] for row in got}) == 2, gaps
+    assert max(gaps.values()) <= 1e-6 and len({row["train/reward"] for row in got}) == 3, gaps
     for row in got:
         assert row["rollout/log_prob_diff_max"] <= 1e-5 and row["rollout/mismatch_kl"] <= 1e-10, row
 
