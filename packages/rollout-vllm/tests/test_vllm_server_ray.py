@@ -35,6 +35,7 @@ pytestmark = pytest.mark.slow
 HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 2}
 """The test cluster marks a dead node within about a second (Ray's default: about 15 s)."""
 LOST_NODE_BOUND_S = 30
+"""Ray's health checks here, and the rollout's one-second watch, with room for a loaded machine."""
 METRICS = ("train/reward", "train/pg_loss", "train/kl", "train/grad_norm")
 
 
@@ -48,6 +49,9 @@ def cluster(request) -> Iterator[Any]:
         patch.delenv("RAY_ADDRESS", raising=False)
         with suppress(pytest.skip.Exception):  # the lost-node test needs no vLLM
             patch.setenv(PYTHON_VARIABLE, request.getfixturevalue("vllm_python"))
+        # A server outlives its dead worker, as a lost machine's server does to its trainer (no end of file on
+        # the socket); otherwise Ray's worker kills its children as it exits.
+        patch.setenv("RAY_kill_child_processes_on_worker_exit", "0")
         cluster = Cluster(
             initialize_head=True,
             head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH},
@@ -95,9 +99,12 @@ time.sleep(600)
 """
 
 
+@pytest.mark.timeout(120)  # without the handle's report of the lost actor, the rank waited for good
 def test_a_server_whose_node_is_lost_mid_request_is_named_in_time(cluster, tmp_path, monkeypatch):
     """Runs last: it takes the worker node away. The server (a stand-in that takes its trainer and never
-    answers) runs on the worker node through the Ray launcher; the node is killed while a request waits."""
+    answers) runs on the worker node through the Ray launcher; the node is killed while a request waits, and the
+    stand-in lives on with its socket open, as a vanished machine's does to its trainer: only the handle's
+    report that the server's actor is gone ends the wait, not the request's deadline (60 s here)."""
     from drivetrain_roles.jobs.ray_config import RayConfig
     from drivetrain_roles.jobs.ray_server import PLACE_ENV, server_environment, start_on_node
 
@@ -124,16 +131,14 @@ def test_a_server_whose_node_is_lost_mid_request_is_named_in_time(cluster, tmp_p
 
         threading.Thread(target=kill_the_node, daemon=True).start()
         with pytest.raises(RolloutServerError) as error:
-            server.call("generate", [[1, 2]], {}, what="generating", seconds=300)
+            server.call("generate", [[1, 2]], {}, what="generating", seconds=60)
         named = time.monotonic() - killed[0]
         message = str(error.value)
         print(f"the lost node was named {named:.1f} s after it was killed: {message.splitlines()[0]}")
-        assert named < LOST_NODE_BOUND_S and f"on Ray node {worker.node_id[:12]}" in message
-        assert re.search(r"(exited|closed the connection) while generating", message), message
+        assert named < LOST_NODE_BOUND_S and f"on Ray node {worker.node_id[:12]} (" in message
+        assert "whose Ray actor is gone" in message and "exited while generating with exit code -9" in message
     finally:
         if server is not None:
-            with suppress(ProcessLookupError):
-                os.kill(
-                    server.process.pid, signal.SIGKILL
-                )  # a stand-in that outlived its node (one machine here)
+            with suppress(ProcessLookupError):  # the stand-in that outlived its node (one machine here)
+                os.kill(server.process.pid, signal.SIGKILL)
         ray.shutdown()

@@ -202,13 +202,15 @@ class RemoteServer:
         return self.returncode
 
     def kill(self) -> None:
-        if self.poll() is None:
-            try:
-                self._call("kill")
-            except self.ray.exceptions.RayError:
-                self.ray.kill(
-                    self.actor, no_restart=True
-                )  # the server's process dies with its trainer's socket
+        """Kill the server there; where its actor does not answer, end the actor and count the server lost (so
+        that a wait after the kill ends)."""
+        if self.poll() is not None:
+            return
+        try:
+            self._call("kill")
+        except self.ray.exceptions.RayError as e:
+            self.ray.kill(self.actor, no_restart=True)  # the server's process ends with its trainer's socket
+            self.lost, self.returncode = f"stopped unanswered ({_first_sentence(e)})", LOST
 
     def wait(self, timeout: float | None = None) -> int:
         """The exit code once the server exits or its actor is gone (``subprocess.TimeoutExpired`` after
