@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from drivetrain_engine_core.testing import make_tiny_model_dir
+from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
 
 SERVABLE = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 
@@ -33,12 +38,12 @@ LENGTH_REWARD = (
 )
 
 
-@pytest.fixture
-def chat_task_overrides(tmp_path):
+@pytest.fixture(scope="session")
+def chat_task_overrides(tmp_path_factory):
     """``drivetrain grpo`` overrides for three steps of the embedded chat task (``model.path=builtin:multistep``),
     shrunk: two training prompts (sampled again every step, each opening with the 368-token system prefix), 16 new
     tokens, and a reward by length that changes the weights every step."""
-    reward = tmp_path / "reward.py"
+    reward = tmp_path_factory.mktemp("chat_task") / "reward.py"
     reward.write_text(LENGTH_REWARD)
     trainer = ["warm_start_steps=2", "warm_start_batch_size=2", "total_steps=3", "prompts_per_step=2"]
     trainer += ["eval_every=0", "eval_samples=2", "save_every=0", "progress_bar=false"]
@@ -94,3 +99,54 @@ def max_gap():
     """``max_gap(model, batch)``: :func:`_max_gap` (a fixture: test modules cannot import conftest); ``batch``
     holds episodes as sampled (``input_ids``, ``loss_mask``, ``rollout_log_probs``)."""
     return _max_gap
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The vLLM environment's Python that a trainer in this one starts servers in (``$DRIVETRAIN_VLLM_PYTHON``,
+    else the checkout's ``.venv-vllm``); the test is skipped where there is none."""
+    python = os.environ.get(PYTHON_VARIABLE) or str(
+        Path(__file__).resolve().parents[3] / ".venv-vllm/bin/python"
+    )
+    if not Path(python).is_file():
+        pytest.skip(f"no vLLM environment ({python}); build it with scripts/make-env")
+    return python
+
+
+SERVER_OPTIONS = (
+    "rollout.name=vllm-server",
+    "rollout.options.max_model_len=448",
+    "rollout.options.request_timeout_s=300",
+)
+"""The ``vllm-server`` rollout of the chat task's runs: vLLM's context cut to what the task needs, a fixed
+request timeout instead of the derived one."""
+
+
+def grpo_on_a_server(run, vllm_python, *overrides) -> subprocess.CompletedProcess[str]:
+    """``drivetrain grpo --output-dir run *overrides`` from this environment, its servers in ``vllm_python``."""
+    command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run), *overrides]
+    env = {**os.environ, PYTHON_VARIABLE: vllm_python}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="session")
+def grpo_on_server():
+    """``grpo(run, vllm_python, *overrides)``: :func:`grpo_on_a_server` (a fixture: test modules cannot import
+    conftest)."""
+    return grpo_on_a_server
+
+
+@pytest.fixture(scope="session")
+def chat_task_on_a_server(chat_task_overrides) -> list[str]:
+    """:func:`chat_task_overrides` with the ``vllm-server`` rollout (:data:`SERVER_OPTIONS`)."""
+    return [*chat_task_overrides, *SERVER_OPTIONS]
+
+
+@pytest.fixture(scope="session")
+def chat_task_beside(vllm_python, chat_task_on_a_server, tmp_path_factory) -> Path:
+    """The run folder of :func:`chat_task_on_a_server` with the server beside the trainer, run once: the
+    separate placement's GRPO test checks it, and the test of a server on another node compares with it."""
+    run = tmp_path_factory.mktemp("chat_task_beside") / "run"
+    done = grpo_on_a_server(run, vllm_python, *chat_task_on_a_server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run

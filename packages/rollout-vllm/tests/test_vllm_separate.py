@@ -1,7 +1,8 @@
 """The separate placement: a trainer in this Python (the workspace environment, with its own torch) drives a vLLM
 server in the vLLM environment's Python (``$DRIVETRAIN_VLLM_PYTHON``, else the checkout's ``.venv-vllm``, built by
 scripts/make-env); skipped where neither exists, and in the vLLM environment itself (its colocated tests cover
-it there). Two servers, started side by side, serve the module's tests in order: the function tests hand one
+it there). Two servers, started side by side, serve the module's tests in order (the second on TCP at 127.0.0.1,
+as a server on another node listens: :mod:`drivetrain_rollout_vllm.transport`): the function tests hand one
 increasing versions, core's rollout conformance kit then takes both in turn (each of its fresh rollouts a new
 trainer-side rollout on a server reset to the checkpoint: a reload, not a ten-second start), a three-step
 ``drivetrain grpo`` of the embedded chat task runs on its own server (as do vLLM's weight-transfer protocol and
@@ -9,13 +10,12 @@ multi-turn calculator episodes, each on a server of its own), and the last two t
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
@@ -36,7 +36,8 @@ from drivetrain_engine_core.testing.policies import (
 )
 from drivetrain_engine_core.testing.rollout_conformance import RolloutConformanceTests
 from drivetrain_rollout_vllm import RequestDeadline, VLLMServerOptions, VLLMServerRollout
-from drivetrain_rollout_vllm.process import PYTHON_VARIABLE
+from drivetrain_rollout_vllm.launch import ServerCommand
+from drivetrain_rollout_vllm.process import PYTHON_VARIABLE, ServerProcess
 from drivetrain_rollout_vllm.wire import PROTOCOL, RolloutServerError
 
 CHECKOUT_VLLM_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
@@ -69,20 +70,26 @@ def states(servable_model_dir):
     return {1: first, 2: second, 3: moved(second, seed=3)}
 
 
+def on_tcp(model_dir):
+    """A rollout on a server of its own listening on TCP at 127.0.0.1 (closed by closing its server)."""
+    launch = functools.partial(ServerCommand.start, host="127.0.0.1")
+    server = ServerProcess.start(python=VLLM_PYTHON, model_path=str(model_dir), device="cpu", launch=launch)
+    return VLLMServerRollout(model_path=str(model_dir), server=server, options=OPTIONS)
+
+
 @pytest.fixture(scope="module")
 def servers(servable_model_dir):
-    """Two servers, started side by side (each start is mostly waiting): the module's, and one to kill."""
+    """Two servers, started side by side (each start is mostly waiting): the module's, and one to kill (on TCP)."""
     with pytest.MonkeyPatch.context() as patch, ThreadPoolExecutor(2) as pool:
         patch.setenv(PYTHON_VARIABLE, VLLM_PYTHON)
-        started = list(
-            pool.map(
-                lambda _: create_rollout("vllm-server", model_path=str(servable_model_dir), options=OPTIONS),
-                "ab",
-            )
-        )
+        unix = pool.submit(create_rollout, "vllm-server", model_path=str(servable_model_dir), options=OPTIONS)
+        tcp = pool.submit(on_tcp, servable_model_dir)
+        started = [unix.result(), tcp.result()]
+    assert isinstance(started[1].server.process.address(), tuple)
     yield started
     for served in started:
         served.close()
+        served.server.close()
         shutil.rmtree(served.server.log.parent, ignore_errors=True)  # the killed ones' logs are kept
 
 
@@ -291,20 +298,6 @@ def test_an_adapter_version_is_served_on_the_server_as_peft_does(servers, servab
         torch.testing.assert_close(rolled, expected, atol=1e-5, rtol=0)
 
 
-def grpo(run, model, *extra):
-    command = [sys.executable, "-m", "drivetrain_engine_core", "grpo", "--output-dir", str(run)]
-    overrides = [f"model.path={model}", "rollout.name=vllm-server", "rollout.max_new_tokens=8"]
-    overrides += ["rollout.options.max_model_len=64", "rollout.options.request_timeout_s=300"]
-    overrides += ["trainer.total_steps=2", "trainer.save_every=2", "trainer.progress_bar=false"]
-    return subprocess.run(
-        [*command, *overrides, *extra],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, PYTHON_VARIABLE: VLLM_PYTHON},
-    )
-
-
 def test_an_update_through_vllms_protocol_on_the_server_serves_the_weights_sent(
     servable_model_dir, states, tmp_path, monkeypatch
 ):
@@ -396,15 +389,13 @@ def test_episodes_on_a_server_keep_the_sampled_tokens_at_a_plain_forwards_log_pr
     assert gap <= 1e-5, gap
 
 
-def test_grpo_trains_on_a_vllm_server(tmp_path, chat_task_overrides, chat_task_steps):
+def test_grpo_trains_on_a_vllm_server(chat_task_beside, chat_task_steps):
     """Three steps of ``drivetrain grpo model.path=builtin:multistep rollout.name=vllm-server`` from this
     environment: the first hand-off is the whole model (verified against its digests, read back from the server's
     vLLM), the next a delta that changes it; the task's prompts share a 368-token system prefix (over two KV
     blocks) and come back every step, and the server's log-probs stay the actor's (its prefix cache keeps no KV of
     the old weights); the run checkpoints."""
-    run = tmp_path / "run"
-    done = grpo(run, "builtin:multistep", *chat_task_overrides, "rollout.options.max_model_len=448")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run = chat_task_beside
     steps = chat_task_steps(run)
     model_bytes = sum(
         t.numel() * t.element_size() for t in base_state(run / "warm_start" / "final_model").values()

@@ -132,7 +132,7 @@ class LoopConfig:
         from .runtime.tracking import check_report_to
 
         check_report_to(self.report_to)
-        choose_placement(self.placement)
+        choose_placement(self.placement, self.ray)
         self._require_at_least(1, "total_steps")
         self._require_at_least(0, "eval_every", "save_every", "eval_samples")
         if self.cpu_threads is not None and self.cpu_threads < 1:

@@ -48,7 +48,9 @@ server applies nothing of a refused bucket, so sending it again is safe)."""
 
 class VLLMServerRollout(Rollout):
     """A vLLM server in the Python of ``$DRIVETRAIN_VLLM_PYTHON`` (see :func:`.process.server_python`),
-    serving the model at ``model_path`` (fp32, eager), fed the trainer's weight stream over a local socket.
+    serving the model at ``model_path`` (fp32, eager), fed the trainer's weight stream over a socket: a Unix
+    socket to a server beside the trainer, or TCP to one that ``$DRIVETRAIN_SERVER_LAUNCHER`` started on another
+    machine (:mod:`.launch`; drivetrain-roles' ``trainer.ray.rollout_node=other``).
 
     Args:
         model_path: the Hugging Face model directory vLLM serves.

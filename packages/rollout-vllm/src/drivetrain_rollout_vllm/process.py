@@ -1,8 +1,9 @@
-"""The vLLM server as seen from the trainer: a child process in vLLM's own Python, one authenticated socket, and
+"""The vLLM server as seen from the trainer: a process in vLLM's own Python, one authenticated socket, and
 waits that notice the process dying.
 
 NOTE: the transport is the standard library's ``multiprocessing.connection`` over a Unix socket in a private
-directory: it frames messages, authenticates the peer (HMAC challenge on a random key) and sends large byte
+directory, or over TCP for a server a launcher started on another machine (:mod:`.transport`, :mod:`.launch`):
+it frames messages, authenticates the peer (HMAC challenge on a random key) and sends large byte
 buffers without pickling them (``send_bytes``/``recv_bytes``). It is in both Pythons whatever their torch, so the
 vLLM environment needs no extra package and the workspace lock no new one (pyzmq, which vLLM uses itself, would
 add a dependency to the trainer side for the same framing). Every request, its sends and its receive, and the
@@ -18,12 +19,9 @@ import functools
 import importlib.util
 import os
 import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections import deque
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
@@ -32,8 +30,9 @@ from drivetrain_engine_core.backend import ConfigError, PluginError
 
 from .deadline import REQUEST_SECONDS_OPTION
 from .install import INSTALL
+from .launch import Launch, ServerCommand, ServerHandle, launcher, server_environment
 from .watch import RequestWatch
-from .wire import AUTHKEY_VARIABLE, RolloutServerError, raise_error
+from .wire import RolloutServerError, raise_error
 
 PYTHON_VARIABLE = "DRIVETRAIN_VLLM_PYTHON"
 """The environment variable naming the Python of the vLLM environment (``.venv-vllm/bin/python``)."""
@@ -43,14 +42,6 @@ START_SECONDS = 600.0
 
 VLLM_CHECK_SECONDS = 120.0
 """How long the named Python may take to import vLLM when it is checked (a few seconds on a loaded CPU)."""
-
-# Variables of the trainer's environment that would make vLLM's Python import the trainer's packages.
-_FOREIGN = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
-
-
-def server_environment() -> dict[str, str]:
-    """The server's environment: this one without the variables that point a Python at the trainer's packages."""
-    return {k: v for k, v in os.environ.items() if k not in _FOREIGN}
 
 
 def server_python() -> str:
@@ -135,58 +126,77 @@ def check_serves(server: ServerProcess, model_path: str, device: str) -> None:
 
 
 class ServerProcess:
-    """One vLLM server: started with :meth:`start`, asked with :meth:`call`, ended with :meth:`close`."""
+    """One vLLM server: started with :meth:`start`, asked with :meth:`call`, ended with :meth:`close`.
 
-    def __init__(
-        self, process: subprocess.Popen, log: Path, python: str, model_path: str, device: str
-    ) -> None:
-        self.process, self.log, self.python = process, log, python
+    ``process`` is the server's handle (:class:`.launch.LocalServer`, or a launcher's for a server elsewhere).
+    """
+
+    def __init__(self, process: ServerHandle, python: str, model_path: str, device: str) -> None:
+        self.process, self.python = process, python
         self.model_path, self.device = model_path, device
         self.connection: Connection | None = None
 
     @classmethod
     def start(
-        cls, *, python: str, model_path: str, device: str, seconds: float = START_SECONDS
+        cls,
+        *,
+        python: str,
+        model_path: str,
+        device: str,
+        seconds: float = START_SECONDS,
+        launch: Launch | None = None,
     ) -> ServerProcess:
-        """Start the server in ``python`` and connect to it within ``seconds``.
+        """Start the server in ``python`` by ``launch`` (default: :func:`.launch.launcher`'s) and connect to it
+        within ``seconds``.
 
         Raises:
             RolloutServerError: the server exited, or did not take the connection within ``seconds`` (then it
                 is stopped).
         """
-        folder = Path(tempfile.mkdtemp(prefix="drivetrain-vllm-"))  # 0700: only this user reaches the socket
-        address, log, key = str(folder / "server.sock"), folder / "server.log", secrets.token_bytes(32)
-        env = server_environment() | {AUTHKEY_VARIABLE: key.hex()}
-        command = [python, "-m", "drivetrain_rollout_vllm.server", address, model_path, device]
-        with log.open("wb") as out:
-            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-            server = cls(process, log, python, model_path, device)
-        server._connect(address, key, seconds)
+        key = secrets.token_bytes(32)
+        command = ServerCommand(python=python, model_path=model_path, device=device, key=key)
+        server = cls((launch or launcher())(command), python, model_path, device)
+        server._connect(key, seconds)
         return server
 
-    def _connect(self, address: str, key: bytes, seconds: float) -> None:
+    @property
+    def log(self) -> Path:
+        """The server's log file (a path on the server's machine)."""
+        return self.process.log
+
+    def _connect(self, key: bytes, seconds: float) -> None:
         """Connect once the server listens; the handshake, too, ends when ``seconds`` pass (the watch stops
         the server, which breaks it off).
 
         Raises:
-            RolloutServerError: the server exited first, or did not take the connection in time.
+            RolloutServerError: the server exited first, did not take the connection in time, or listens where
+                the trainer cannot connect (another machine's firewall).
         """
+        broken: Exception | None = None
         with RequestWatch(self.process, None, seconds) as watch:
-            while self.connection is None:
+            while self.connection is None and not watch.expired:
+                address = self.process.address()
                 try:
-                    self.connection = Client(address, family="AF_UNIX", authkey=key)
+                    if address is None:
+                        raise ConnectionRefusedError  # a TCP server that has not reported its port yet
+                    self.connection = Client(address, authkey=key)
                 except (FileNotFoundError, ConnectionRefusedError):
                     if self.process.poll() is not None:
                         break
                     time.sleep(0.2)  # not listening yet
-                except (EOFError, OSError):
-                    break  # broken off mid-handshake: the server exited, or the watch stopped it
+                except (EOFError, OSError) as e:
+                    broken = e  # broken off mid-handshake (the server exited, or the watch stopped it), or no route
+                    break
         if watch.expired:
             raise RolloutServerError(
                 self._stop(f"did not take the trainer's connection within {seconds:.0f} s")
             )
         if self.connection is None:
             self._wait_for_exit()
+            if broken is not None and self.process.poll() is None:
+                raise RolloutServerError(
+                    self._stop(f"listens at {address}, where the trainer could not connect ({broken})")
+                )
             raise RolloutServerError(self.describe("exited before it took the trainer's connection"))
 
     def call(self, op: str, *args: Any, payload: memoryview | None = None, what: str, seconds: float) -> Any:
@@ -250,16 +260,15 @@ class ServerProcess:
 
     @property
     def name(self) -> str:
-        return f"the vLLM server (pid {self.process.pid}, {self.python})"
+        return f"the vLLM server ({self.process.where}, {self.python})"
 
     def describe(self, happened: str) -> str:
         """One message: the server, what happened, its exit code, its last log lines and what to do."""
         code = self.process.poll()
         status = f" with exit code {code}" if code is not None and "exited" in happened else ""
-        tail = "".join(deque(self.log.read_text(errors="replace").splitlines(keepends=True), maxlen=8))
         return (
             f"{self.name} {happened}{status}; the rollout cannot go on: restart the run (its training "
-            f"checkpoints are not touched by the rollout). Last lines of {self.log}:\n{tail}"
+            f"checkpoints are not touched by the rollout). Last lines of {self.log}:\n{self.process.log_tail()}"
         )
 
     def close(self) -> None:
@@ -273,5 +282,4 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        if self.process.returncode == 0:
-            shutil.rmtree(self.log.parent, ignore_errors=True)
+        self.process.dispose(keep_log=self.process.returncode != 0)

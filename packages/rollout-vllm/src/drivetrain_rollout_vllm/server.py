@@ -1,7 +1,9 @@
-"""The vLLM server of the separate placement: ``python -m drivetrain_rollout_vllm.server SOCKET MODEL DEVICE``,
-run in the vLLM environment by the trainer's ``vllm-server`` rollout (:mod:`.client`), never by hand.
+"""The vLLM server of the separate placement: ``python -m drivetrain_rollout_vllm.server ADDRESS MODEL DEVICE``,
+run in the vLLM environment by the trainer's ``vllm-server`` rollout (:mod:`.client`, :mod:`.launch`), never by
+hand.
 
-It serves one trainer over one authenticated socket (:mod:`.process`) and ends when the trainer closes it.
+It serves one trainer over one authenticated socket (:mod:`.process`): a Unix socket at ``ADDRESS``, or TCP for
+``tcp://HOST/PATH`` (:mod:`.transport`), and ends when the trainer closes it.
 NOTE: the trainer's rollout owns the contract's sequence (version bookkeeping, stale/partial/reordered streams,
 verification schedule: core's ``Rollout.update_weights``); the server runs the colocated rollout's hooks on
 its own vLLM, one request at a time. Buckets are checked against their digests on arrival (core's
@@ -18,13 +20,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import version as installed_version
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from typing import Any
 
 from drivetrain_engine_core.backend import ConfigError, EngineStateError
 from drivetrain_engine_core.rollout import HandoffError, SamplingConfig, VerifyConfig
 
 from .options import VLLMOptions
+from .transport import accept_trainer, listen
 from .wire import (
     AUTHKEY_VARIABLE,
     DISTRIBUTION,
@@ -139,11 +142,11 @@ class Server:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Listen on the socket the trainer named, serve the one trainer that connects, then exit."""
+    """Listen where the trainer named, serve the one trainer that connects with its key, then exit."""
     address, model_path, device = argv if argv is not None else sys.argv[1:]
     key = bytes.fromhex(os.environ.pop(AUTHKEY_VARIABLE))
-    with Listener(address, family="AF_UNIX", authkey=key) as listener:
-        connection = listener.accept()
+    with listen(address, key) as listener:
+        connection = accept_trainer(listener)
     with connection:
         Server(connection, model_path, device).serve()
 

@@ -8,7 +8,8 @@ request bounds them all with the request's one deadline: at the deadline it kill
 socket down, which wakes a blocked send (broken pipe) or receive (end of file) at once; when the server exits
 it shuts the socket down too, since a process the server started (vLLM's workers) may hold the socket open
 after the server's death. The caller reads :attr:`RequestWatch.expired` and :attr:`RequestWatch.exited` to name
-what broke the request. Re-implementing the connection's framing over a socket with timeouts was the other
+what broke the request. The server is its handle (:mod:`.launch`): a process here, or one a launcher started on
+another machine, whose handle reports it exited once its machine is lost. Re-implementing the connection's framing over a socket with timeouts was the other
 way; this one keeps the standard library's framing and authentication untouched.
 """
 
@@ -17,11 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import threading
 import time
 from multiprocessing.connection import Connection
 from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .launch import ServerHandle
 
 TICK_SECONDS = 1.0
 """How often the watch checks the server process: a server that dies is named within about this long."""
@@ -33,7 +37,7 @@ class RequestWatch:
     Use it as a context manager around the request's sends and receives; leaving the block ends the watch.
     """
 
-    def __init__(self, process: subprocess.Popen, connection: Connection | None, seconds: float) -> None:
+    def __init__(self, process: ServerHandle, connection: Connection | None, seconds: float) -> None:
         self.process, self.connection, self.seconds = process, connection, seconds
         self.expired = False
         """The deadline passed: the watch killed the server and shut the socket down."""

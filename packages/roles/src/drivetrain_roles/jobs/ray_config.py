@@ -18,6 +18,8 @@ PLACEMENTS = ("local", "ray")
 """``trainer.placement``'s values: ranks started by this command (``--nproc``, ``--nnodes``) or by Ray."""
 STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 """Ray's placement-group strategies; ``trainer.ray.strategy`` takes them in any case (``spread``)."""
+ROLLOUT_NODES = ("same", "other")
+"""``trainer.ray.rollout_node``'s values: each rank's rollout server beside the rank, or on another node."""
 
 
 class RayPlacementError(DrivetrainError):
@@ -36,8 +38,13 @@ class RayConfig:
         gpus_per_worker: Ray GPUs each rank reserves; default 1 with ``engine.device=cuda``, else 0.
         strategy: the placement group's strategy, in any case: ``SPREAD`` (ranks on as many nodes as possible),
             ``PACK`` (as few: suits nodes of several GPUs), or the ``STRICT_`` forms, which wait rather than bend.
-        timeout_s: the bound on joining the cluster, placing the ranks and starting them; and, after a rank
-            failed, on learning whether a node was lost (Ray marks a node dead after its health checks fail).
+        timeout_s: the bound on joining the cluster, placing the ranks and starting them (and their rollout
+            servers); and, after a rank failed, on learning whether a node was lost (Ray marks a node dead after
+            its health checks fail).
+        rollout_node: where each rank's rollout server runs, for a rollout that runs one (``vllm-server``):
+            ``same`` (the rank's node: a child process on a Unix socket) or ``other`` (another node of the
+            cluster, nodes without ranks first: a Ray actor there reserving a rank's CPUs and GPUs starts it,
+            and the rank connects over TCP, authenticated by the run's key; ``grpo`` and ``ppo`` only).
     """
 
     address: str = "auto"
@@ -46,6 +53,7 @@ class RayConfig:
     gpus_per_worker: float | None = None
     strategy: str = "SPREAD"
     timeout_s: float = 60.0
+    rollout_node: str = "same"
 
     def __post_init__(self) -> None:
         if not self.address.strip():
@@ -59,10 +67,11 @@ class RayConfig:
         if not self.timeout_s > 0:
             raise ConfigError(f"trainer.ray.timeout_s must be > 0, got {self.timeout_s}.")
         object.__setattr__(self, "strategy", self.strategy.upper())  # Ray's own spelling, whatever was typed
-        try:
-            choose("strategy", self.strategy, STRATEGIES)
-        except ConfigError as e:
-            raise ConfigError(f"trainer.ray.{e}") from e
+        for option, known in (("strategy", STRATEGIES), ("rollout_node", ROLLOUT_NODES)):
+            try:
+                choose(option, getattr(self, option), known)
+            except ConfigError as e:
+                raise ConfigError(f"trainer.ray.{e}") from e
 
     def bundle(self, device: str) -> dict[str, float]:
         """What one rank reserves on its node: ``{"CPU": ..., "GPU": ...}`` (no GPU key for none)."""
@@ -70,12 +79,23 @@ class RayConfig:
         return {"CPU": self.cpus_per_worker, **({"GPU": gpus} if gpus else {})}
 
 
-def choose_placement(placement: str) -> None:
-    """Refuse an unknown ``trainer.placement``, naming the known ones and the closest."""
+def choose_placement(placement: str, ray: RayConfig) -> None:
+    """Refuse an unknown ``trainer.placement``, naming the known ones and the closest, and a rollout server on
+    another node without Ray's placement.
+
+    Raises:
+        ConfigError: naming the setting and the fix.
+    """
     try:
         choose("placement", placement, PLACEMENTS)
     except ConfigError as e:
         raise ConfigError(f"trainer.{e}") from e
+    if ray.rollout_node == "other" and placement != "ray":
+        raise ConfigError(
+            f"trainer.ray.rollout_node=other starts each rank's rollout server on another Ray node, which needs "
+            f"the ranks on a Ray cluster, and trainer.placement={placement}; set trainer.placement=ray (and "
+            "trainer.ray.address), or drop trainer.ray.rollout_node."
+        )
 
 
 def ray_placement(config: Any) -> RayConfig | None:
@@ -88,4 +108,12 @@ def ray_placement(config: Any) -> RayConfig | None:
     return ray
 
 
-__all__ = ["PLACEMENTS", "STRATEGIES", "RayConfig", "RayPlacementError", "choose_placement", "ray_placement"]
+__all__ = [
+    "PLACEMENTS",
+    "ROLLOUT_NODES",
+    "STRATEGIES",
+    "RayConfig",
+    "RayPlacementError",
+    "choose_placement",
+    "ray_placement",
+]

@@ -6,7 +6,9 @@ command: ``sft``, ``dpo``, ``rm``, ``grpo``, ``ppo``) joins the cluster
 in a placement group of ``trainer.ray.strategy`` (``SPREAD``: ranks on different nodes), starts one
 :class:`~.ray_rank.RayRank` actor in each bundle and runs the command's own rank there, with the environment
 torchrun would give it (rank 0's node hosts the rendezvous). The run folder, the checkpoints, ``--resume`` and the
-numbers are the torchrun path's; the run folder must be on storage every node shares, as with ``--nnodes``.
+numbers are the torchrun path's; the run folder must be on storage every node shares, as with ``--nnodes``. With
+``trainer.ray.rollout_node=other`` each rank's rollout server (``vllm-server``) runs on another node, which the
+rank reaches over TCP (:mod:`.ray_server`); a node of the servers that dies is named as a rank's is.
 
 Every wait is bounded: a cluster that does not answer, a placement the cluster cannot make and ranks that do not
 start end in one line within ``trainer.ray.timeout_s``, with nothing written. While the ranks run, the driver
@@ -30,6 +32,7 @@ import click
 from .launch import check_run_dir, resolve_output_dir, under_launcher
 from .ray_config import RayConfig, RayPlacementError
 from .ray_ranks import PlacedRanks
+from .ray_server import require_other_nodes
 from .run_options import RunOptions
 
 
@@ -44,6 +47,7 @@ def launch_on_ray(placement: RayConfig, config: Any, job: type, run: RunOptions)
     ray = _require_ray()
     owned = connect(ray, placement)
     try:
+        require_other_nodes(ray, placement, config, run.command)
         ranks = PlacedRanks.place(ray, placement, config.engine.device, run.command)
         try:
             run_dir = resolve_output_dir(run.output_dir, run.resume, run.command).resolve()

@@ -22,6 +22,7 @@ from .nodes import NODE_RANK_ENV, TIMEOUT_ENV
 from .ray_config import RayConfig, RayPlacementError
 from .ray_ctrl_c import DriverCtrlC
 from .ray_rank import RankCrashed, RankFailed, RankInterrupted, RayRank
+from .ray_server import server_environment, server_nodes
 from .run_options import RunOptions
 
 POLL_S = 1.0
@@ -30,8 +31,9 @@ POLL_S = 1.0
 
 @dataclasses.dataclass
 class PlacedRanks:
-    """The ranks' actors in their placement group, the Ray node (id, IP) each runs on and each one's inbox
-    folder there (:mod:`.ray_ctrl_c`), in rank order."""
+    """The ranks' actors in their placement group, the Ray node (id, IP) each runs on, each one's inbox folder
+    there (:mod:`.ray_ctrl_c`) and, with ``trainer.ray.rollout_node=other``, the node each one's rollout server
+    goes to (:mod:`.ray_server`), in rank order."""
 
     ray: Any
     placement: RayConfig
@@ -40,7 +42,9 @@ class PlacedRanks:
     actors: list[Any]
     nodes: list[tuple[str, str]]
     gpus: bool
+    device: str
     inboxes: list[str] = dataclasses.field(default_factory=list)
+    servers: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def place(cls, ray: Any, placement: RayConfig, device: str, command: str) -> PlacedRanks:
@@ -55,7 +59,7 @@ class PlacedRanks:
 
         bundle = placement.bundle(device)
         group = placement_group([dict(bundle)] * placement.workers, strategy=placement.strategy)
-        ranks = cls(ray, placement, command, group, [], [], "GPU" in bundle)
+        ranks = cls(ray, placement, command, group, [], [], "GPU" in bundle, device)
         try:
             if not ray.wait([group.ready()], timeout=placement.timeout_s)[0]:
                 raise RayPlacementError(ranks._unplaceable(bundle))
@@ -67,6 +71,9 @@ class PlacedRanks:
             places = ranks._wait([a.where.remote() for a in ranks.actors], "start")
             ranks.nodes = [(node, ip) for node, ip, _ in places]
             ranks.inboxes = [inbox for _, _, inbox in places]
+            if placement.rollout_node == "other":
+                alive = [(n["NodeID"], n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
+                ranks.servers = server_nodes(ranks.nodes, alive)
         except BaseException:
             ranks.stop()
             raise
@@ -100,9 +107,16 @@ class PlacedRanks:
             ) from e
 
     def describe(self) -> str:
-        """One line: the node (id, IP) of each rank."""
+        """One line: the node (id, IP) of each rank (and of its rollout server, placed on another)."""
         ranks = ", ".join(f"rank {r} on node {node[:12]} ({ip})" for r, (node, ip) in enumerate(self.nodes))
-        return f"drivetrain {self.command}: {len(self.nodes)} ranks placed by Ray ({self.placement.strategy}): {ranks}"
+        servers = "".join(
+            f"; rank {r}'s rollout server to node {node[:12]} ({ip})"
+            for r, (node, ip) in enumerate(self.servers)
+        )
+        return (
+            f"drivetrain {self.command}: {len(self.nodes)} ranks placed by Ray ({self.placement.strategy}): "
+            f"{ranks}{servers}"
+        )
 
     def environments(self, master: tuple[str, int]) -> list[dict[str, str]]:
         """Each rank's torchrun environment: its rank, its node's place and local rank, rank 0's rendezvous."""
@@ -126,6 +140,11 @@ class PlacedRanks:
                     "MASTER_PORT": str(master[1]),
                     TIMEOUT_ENV: str(int(self.placement.timeout_s)),
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                    **(
+                        server_environment(self.servers[rank], self.placement, self.device)
+                        if self.servers
+                        else {}
+                    ),
                 }
             )
         return environments
@@ -168,13 +187,17 @@ class PlacedRanks:
         return any(taken)
 
     def lost_node(self, run_dir: str) -> str | None:
-        """The line naming a node of the ranks that the cluster lists as dead, or ``None``."""
+        """The line naming a node of the ranks (or of their rollout servers) that the cluster lists as dead, or
+        ``None``."""
         alive = {n["NodeID"]: n.get("Alive", False) for n in self.ray.nodes()}
-        for node, ip in dict.fromkeys(self.nodes):
+        for node, ip in dict.fromkeys([*self.nodes, *self.servers]):
             if not alive.get(node, False):
-                on_it = [r for r, (n, _) in enumerate(self.nodes) if n == node]
+                ranks = [r for r, (n, _) in enumerate(self.nodes) if n == node]
+                servers = [r for r, (n, _) in enumerate(self.servers) if n == node]
+                ran = ((f"ranks {ranks}", ranks), (f"the rollout servers of ranks {servers}", servers))
+                running = " and ".join(what for what, on in ran if on)
                 return (
-                    f"drivetrain {self.command}: Ray node {node} ({ip}) died while running ranks {on_it}; every "
+                    f"drivetrain {self.command}: Ray node {node} ({ip}) died while running {running}; every "
                     f"rank was stopped. Continue from the last checkpoint with --resume --output-dir {run_dir} "
                     "once the cluster has the nodes again."
                 )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from drivetrain_engine_core.job import create_rollout, rollout_options
 from drivetrain_engine_core.rollout import Rollout, RolloutOptions
 
+from ..jobs.ray_server import require_placed
 from . import router_replay
 from .trainer_config import versions_in_flight
 
@@ -57,4 +58,6 @@ def build_rollout(section: RolloutSection, model_path: str, device: str, trainer
     """The rollout ``rollout.name`` with ``rollout.options`` (:func:`job_rollout_options`), serving
     ``model_path`` on ``device``."""
     options = job_rollout_options(section, trainer)
-    return create_rollout(section.name, model_path=model_path, device=device, options=options)
+    rollout = create_rollout(section.name, model_path=model_path, device=device, options=options)
+    require_placed(section.name)  # trainer.ray.rollout_node=other: the rollout started its server elsewhere
+    return rollout
