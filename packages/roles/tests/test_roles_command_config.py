@@ -348,9 +348,7 @@ class DerivingConfig:
         return {"loop": {"warmup": config.loop.steps // 10}}
 
 
-def test_derived_values_still_apply_unless_set_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match=r"DerivingConfig.derived_values is deprecated .* presets"):
-        assert build_config(DerivingConfig, [parse_override("loop.steps=50")]).loop.warmup == 5
-    with pytest.warns(DeprecationWarning):
-        given = [parse_override("loop.steps=50"), parse_override("loop.warmup=7")]
-        assert build_config(DerivingConfig, given).loop.warmup == 7
+def test_a_command_still_declaring_derived_values_is_refused_naming_presets():
+    """Removed in 0.7.0 as announced: read no more, it would leave its values silently unfollowed."""
+    with pytest.raises(ConfigError, match=r"DerivingConfig.derived_values is no longer read .* PresetChoice"):
+        build_config(DerivingConfig, [parse_override("loop.steps=50")])

@@ -77,16 +77,3 @@ def test_each_preset_is_named_beside_the_values_it_sets(command, overrides, expe
         for part in section.split("."):
             node = node[part]
         assert (node[name], sources[key]) == (value, preset), key
-
-
-def test_the_deprecated_derived_values_return_the_presets_values() -> None:
-    from drivetrain_roles.sft.config import SFTConfig, load_config
-
-    config = load_config(None, ["model.path=/models/instruct"])
-    with pytest.warns(DeprecationWarning, match=r"SFTConfig.derived_values is deprecated .* 0\.6\.0"):
-        derived = SFTConfig.derived_values(config)
-    assert derived == {
-        "data": {"max_length": 1024},
-        "optimizer": {"lr": 1e-5},
-        "trainer": {"max_new_tokens": 256},
-    }

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import CheckpointConfig, MicroBatchConfig
@@ -27,7 +27,7 @@ from ..preference.config import (
     WarmStartConfig,
     pairwise_model,
 )
-from ..runtime.command_config.presets import PresetChoice, deprecated_derived_values
+from ..runtime.command_config.presets import PresetChoice
 
 REFERENCE_MODES: tuple[str, ...] = ("precomputed", "engine", "lora_base")
 
@@ -133,11 +133,6 @@ class DPOConfig:
             },
         ),
     )
-
-    @staticmethod
-    def derived_values(config: Any) -> dict[str, Any]:
-        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
-        return deprecated_derived_values(DPOConfig, config)
 
 
 def load_config(config_file: str | Path | None = None, overrides: Sequence[str] = ()) -> DPOConfig:

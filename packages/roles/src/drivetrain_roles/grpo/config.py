@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from drivetrain_engine_core.backend import EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import CheckpointConfig
@@ -43,7 +43,7 @@ from ..rl.job_config import default_checkpoint as _default_checkpoint
 from ..rl.job_config import default_engine as _default_engine
 from ..rl.rollout_config import RolloutConfig
 from ..rl.trainer_config import TRAINER_MODES, TrainerConfig, choose_mode, generation_lag
-from ..runtime.command_config.presets import Preset, PresetChoice, deprecated_derived_values
+from ..runtime.command_config.presets import Preset, PresetChoice
 from .algorithm_config import DEFAULT_ROLLOUT_IS_CAP, AlgorithmConfig
 
 OFF_POLICY = Preset("off-policy", {"algorithm": {"rollout_is_cap": DEFAULT_ROLLOUT_IS_CAP}})
@@ -97,11 +97,6 @@ class GRPOConfig:
             key="trainer.mode", presets={mode: OFF_POLICY for mode in TRAINER_MODES if mode != "sync"}
         ),
     )
-
-    @staticmethod
-    def derived_values(config: Any) -> dict[str, Any]:
-        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
-        return deprecated_derived_values(GRPOConfig, config)
 
     def __post_init__(self) -> None:
         check_sections(self, self.algorithm.overlong_buffer_len, self.algorithm.ppo_mini_batches)

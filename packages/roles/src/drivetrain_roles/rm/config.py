@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import CheckpointConfig, MicroBatchConfig
@@ -27,7 +27,7 @@ from ..preference.config import (
     WarmStartConfig,
     pairwise_model,
 )
-from ..runtime.command_config.presets import PresetChoice, deprecated_derived_values
+from ..runtime.command_config.presets import PresetChoice
 
 WARMUP_STEPS = 200
 """Linear LR warm-up of the reward-model steps, at most a fifth of them, unless set (measured with lr 2e-3;
@@ -94,11 +94,6 @@ class RMConfig:
             },
         ),
     )
-
-    @staticmethod
-    def derived_values(config: Any) -> dict[str, Any]:
-        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
-        return deprecated_derived_values(RMConfig, config)
 
     def __post_init__(self) -> None:
         if self.trainer.eval_metrics:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from drivetrain_engine_core.backend import ConfigError, EngineConfig, ModelConfig, OptimizerConfig
 from drivetrain_engine_core.job import CheckpointConfig, MicroBatchConfig
@@ -26,7 +26,7 @@ from ..command_sections import (
     model_presets,
 )
 from ..losses.names import AGGREGATION_MODES
-from ..runtime.command_config.presets import PresetChoice, deprecated_derived_values
+from ..runtime.command_config.presets import PresetChoice
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -133,11 +133,6 @@ class SFTConfig:
             {"optimizer": {"lr": USER_MODEL_LR}, "trainer": {"max_new_tokens": USER_MODEL_MAX_NEW_TOKENS}},
         ),
     )
-
-    @staticmethod
-    def derived_values(config: Any) -> dict[str, Any]:
-        """Deprecated (removed in drivetrain-roles 0.6.0): the values of the presets ``config`` picks."""
-        return deprecated_derived_values(SFTConfig, config)
 
     def __post_init__(self) -> None:
         if self.data.response_key is None:

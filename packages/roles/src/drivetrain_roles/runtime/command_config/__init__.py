@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from drivetrain_engine_core.job import check_keys
 
-from .build import Derive, build_config, value_sources
+from .build import build_config, value_sources
 from .layers import parse_override, read_yaml
 from .load import load_config, load_sources
 from .options import config_options
@@ -27,7 +27,6 @@ from .presets import Preset, PresetChoice
 from .render import FieldInfo, describe_fields, format_reference, to_plain, to_yaml
 
 __all__ = [
-    "Derive",
     "FieldInfo",
     "Preset",
     "PresetChoice",

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from drivetrain_engine_core.backend import ConfigError, EngineConfig
@@ -34,7 +33,6 @@ from .presets import chosen_presets
 
 if TYPE_CHECKING:
     from drivetrain_engine_core.job import DrivetrainPlugins
-    from omegaconf import DictConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +40,6 @@ ConfigT = TypeVar("ConfigT")
 
 FILE, COMMAND_LINE, MACHINE = "--config", "command line", "preset machine"
 """Where the user's layers and the engine's device come from, as ``--print-config`` names them."""
-
-
-Derive = Callable[["DictConfig"], dict[str, Any]]
-"""Deprecated (removed in drivetrain-roles 0.6.0): ``derived_values(config) -> {section: {key: value}}``, values
-that follow others unless the user set them; declare :class:`~.presets.PresetChoice` ``presets`` instead."""
 
 
 class Layer(NamedTuple):
@@ -85,18 +78,13 @@ def build_config(
             that fails the dataclass's own checks; the message names the field and the fix.
         PluginError: an ``engine.backend`` that no installed plugin provides.
     """
+    _refuse_derived_values(cls)
     stack, sections = command_layers(cls, layers, where=where, plugins=plugins, file_layers=file_layers)
     machine = next((layer.values for layer in stack if layer.origin == MACHINE), {})
     _warn_cpu_beside_a_gpu([layer.values for layer in stack if layer.origin in (FILE, COMMAND_LINE)], machine)
     sources = ["the config file" if layer.origin == FILE else None for layer in stack]
     values = [layer.values for layer in stack]
-    config = build_layers(cls, values, where=where, sections=sections, sources=sources)
-    derive: Derive | None = None if hasattr(cls, "presets") else getattr(cls, "derived_values", None)
-    if derive is None:
-        return config
-    user = [layer.values for layer in stack if layer.origin in (FILE, COMMAND_LINE)]
-    follow = _deprecated_derived(cls, derive, config, user)
-    return build_layers(cls, [*values, follow], where=where, sections=sections, sources=sources)
+    return build_layers(cls, values, where=where, sections=sections, sources=sources)
 
 
 def value_sources(
@@ -261,33 +249,15 @@ def _default_backend(cls: type, section: str) -> str:
     return EngineConfig().backend
 
 
-def _deprecated_derived(
-    cls: type, derive: Derive, config: Any, user: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
-    """The values a class's deprecated ``derived_values`` computes from ``config``, without those ``user`` sets."""
-    from omegaconf import OmegaConf
-
-    warnings.warn(
-        f"{cls.__name__}.derived_values is deprecated and is not read from drivetrain-roles 0.6.0: declare the "
-        "values as presets (a `presets` class variable of PresetChoice, drivetrain_roles.runtime.command_config).",
-        DeprecationWarning,
-        stacklevel=4,
-    )
-    return _unset_only(derive(OmegaConf.structured(config)), user)
-
-
-def _unset_only(
-    derived: Mapping[str, Any], layers: Sequence[Mapping[str, Any]], prefix: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """``derived`` without the keys a user layer sets (what the user wrote always wins)."""
-    kept: dict[str, Any] = {}
-    for key, value in derived.items():
-        path = (*prefix, key)
-        if isinstance(value, Mapping):
-            kept[key] = _unset_only(value, layers, path)
-        elif not lookup(layers, path)[0]:
-            kept[key] = value
-    return kept
+def _refuse_derived_values(cls: type) -> None:
+    """Refuse a command class still declaring ``derived_values`` (deprecated in drivetrain-roles 0.5.0, read until
+    0.6.1): its values would silently no longer follow, so the build stops naming the replacement."""
+    if hasattr(cls, "derived_values"):
+        raise ConfigError(
+            f"{cls.__name__}.derived_values is no longer read (removed in drivetrain-roles 0.7.0): declare the "
+            "values it computed as presets, a `presets` class variable of PresetChoice "
+            "(drivetrain_roles.runtime.command_config), which --print-config names."
+        )
 
 
 def _warn_cpu_beside_a_gpu(layers: Sequence[Mapping[str, Any]], machine: Mapping[str, Any]) -> None:
@@ -309,7 +279,6 @@ __all__ = [
     "COMMAND_LINE",
     "FILE",
     "MACHINE",
-    "Derive",
     "Layer",
     "build_config",
     "command_layers",

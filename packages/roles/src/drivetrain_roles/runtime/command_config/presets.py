@@ -11,7 +11,6 @@ it gave (:func:`~.build.value_sources`).
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,26 +73,4 @@ def default_at(cls: type, path: Sequence[str]) -> Any:
     return value
 
 
-def deprecated_derived_values(cls: type, config: Any) -> dict[str, Any]:
-    """What a command's deprecated ``derived_values(config)`` returns now: the values of the presets ``cls``
-    picks for ``config`` (a built config or a mapping of one), merged section by section.
-
-    Kept one minor for code that called it; the builder reads ``presets`` and never calls it.
-    """
-    from .render import to_plain
-
-    warnings.warn(
-        f"{cls.__name__}.derived_values is deprecated and will be removed in drivetrain-roles 0.6.0: its values are "
-        f"the presets {cls.__name__}.presets picks (--print-config names them).",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    values = config if isinstance(config, Mapping) else to_plain(config)
-    merged: dict[str, Any] = {}
-    for preset in chosen_presets(cls, [values]):
-        for section, entries in preset.values.items():
-            merged.setdefault(section, {}).update(entries)
-    return merged
-
-
-__all__ = ["Preset", "PresetChoice", "chosen_presets", "default_at", "deprecated_derived_values"]
+__all__ = ["Preset", "PresetChoice", "chosen_presets", "default_at"]
