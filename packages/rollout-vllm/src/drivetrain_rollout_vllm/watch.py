@@ -9,8 +9,9 @@ socket down, which wakes a blocked send (broken pipe) or receive (end of file) a
 it shuts the socket down too, since a process the server started (vLLM's workers) may hold the socket open
 after the server's death. The caller reads :attr:`RequestWatch.expired` and :attr:`RequestWatch.exited` to name
 what broke the request. The server is its handle (:mod:`.launch`): a process here, or one a launcher started on
-another machine, whose handle reports it exited once its machine is lost. Re-implementing the connection's framing over a socket with timeouts was the other
-way; this one keeps the standard library's framing and authentication untouched.
+another machine, whose handle reports it exited once its machine is lost. Re-implementing the connection's framing
+over a socket with timeouts was the other way; this one keeps the standard library's framing and authentication
+untouched.
 """
 
 from __future__ import annotations

@@ -236,9 +236,8 @@ class RemoteServer:
 
     def dispose(self, *, keep_log: bool) -> None:
         """Remove the server's folder there (unless ``keep_log``) and end its actor."""
-        with contextlib.suppress(
-            self.ray.exceptions.RayError
-        ):  # the node or the actor gone: nothing to remove
+        # The node or the actor gone: nothing to remove.
+        with contextlib.suppress(self.ray.exceptions.RayError):
             self._call("dispose", keep_log=keep_log)
         with contextlib.suppress(Exception):  # Ray itself may be shutting down (the trainer's exit)
             self.ray.kill(self.actor, no_restart=True)
