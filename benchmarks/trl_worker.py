@@ -104,7 +104,11 @@ def train(spec: dict[str, Any]) -> None:
 
 def _grpo(spec: dict[str, Any], model: Any, tokenizer: Any, run: Path) -> Any:
     """TRL's GRPOTrainer on drivetrain's GRPO step: ``prompts`` x ``n`` samples per generation, updated in
-    ``mini_batches`` optimizer steps (TRL's ``steps_per_generation``), k3 KL to the start model at ``beta``."""
+    ``mini_batches`` optimizer steps (TRL's ``steps_per_generation``), k3 KL to the start model at ``beta``.
+
+    Optional keys: ``reward`` (``exact_match``, the default, or ``checksum``: ``grpo_generation_reward.py``'s),
+    ``vllm`` (generate with vLLM colocated, TRL's ``vllm_mode="colocate"``, instead of ``model.generate``) and
+    ``timings`` (a path: each generation's seconds and each optimizer step's end, see :class:`_StepClock`)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -114,7 +118,13 @@ def _grpo(spec: dict[str, Any], model: Any, tokenizer: Any, run: Path) -> Any:
     def exact_match(completions: list[str], answer: list[str], **_: Any) -> list[float]:
         return [float(c.strip() == a.strip()) for c, a in zip(completions, answer, strict=True)]
 
+    reward = exact_match
+    if spec.get("reward") == "checksum":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from grpo_generation_reward import checksum_reward as reward  # TRL passes completion_ids too
+
     samples = spec["prompts"] * spec["n"]
+    vllm = {"use_vllm": True, "vllm_mode": "colocate"} if spec.get("vllm") else {}
     args = GRPOConfig(
         **{**_common(spec), "max_steps": spec["steps"] * spec["mini_batches"]},
         per_device_train_batch_size=samples // spec["mini_batches"],
@@ -130,11 +140,56 @@ def _grpo(spec: dict[str, Any], model: Any, tokenizer: Any, run: Path) -> Any:
         scale_rewards="group",
         lr_scheduler_type="constant_with_warmup",
         disable_dropout=True,
+        **vllm,
     )
     tokenizer.padding_side = "left"
-    return GRPOTrainer(
-        model=model, reward_funcs=exact_match, args=args, train_dataset=data, processing_class=tokenizer
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer
     )
+    if spec.get("timings"):
+        _StepClock(Path(spec["timings"])).attach(trainer)
+    return trainer
+
+
+class _StepClock:
+    """Times a GRPOTrainer's steps for ``grpo_generation_bound.py``: the clock at the first step's start and
+    at each optimizer step's end, and each generation's seconds (``_generate_single_turn``: the prompts'
+    completions, and with vLLM the weight sync before them) and mean completion length, written to ``path``
+    as JSON at the end of training."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.record: dict[str, list[float]] = {"step_ends": [], "generation_s": [], "completion_length": []}
+
+    def attach(self, trainer: Any) -> None:
+        import time
+
+        from transformers import TrainerCallback
+
+        clock = self
+        generate = trainer._generate_single_turn
+
+        def timed_generate(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            completion_ids, logprobs = generate(*args, **kwargs)
+            clock.record["generation_s"].append(time.perf_counter() - started)
+            lengths = [len(ids) for ids in completion_ids]
+            clock.record["completion_length"].append(sum(lengths) / max(len(lengths), 1))
+            return completion_ids, logprobs
+
+        trainer._generate_single_turn = timed_generate
+
+        class Callback(TrainerCallback):  # type: ignore[misc]
+            def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                clock.record.setdefault("first_step_start", [time.perf_counter()])
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                clock.record["step_ends"].append(time.perf_counter())
+
+            def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                clock.path.write_text(json.dumps(clock.record))
+
+        trainer.add_callback(Callback())
 
 
 @torch.no_grad()

@@ -50,3 +50,34 @@ def test_pairs_compare_overlap_to_sync_and_vllm_to_hf(bench: ModuleType) -> None
         ("vllm/async:2", "vllm/sync"),
         ("vllm/async:2", "hf/async:2"),
     ]
+
+
+def test_trl_figures_make_a_step_of_a_generation_and_its_optimizer_steps(bench: ModuleType) -> None:
+    # 3 generations of 2 optimizer steps each, starting at t=100; generation 0 is left out (skip=1).
+    clock = {
+        "first_step_start": [100.0],
+        "step_ends": [130.0, 140.0, 145.0, 150.0, 154.0, 160.0],
+        "generation_s": [25.0, 3.0, 1.0],
+        "completion_length": [10.0, 128.0, 126.0],
+    }
+    got = bench.trl_figures(clock, samples_per_step=32, mini_batches=2, skip=1)
+    # Steps 1-2 span 140 -> 150 and 150 -> 160: 10 s each; 32 x (128 + 126) = 8128 tokens in 20 s, 4 s generating.
+    assert got["s_per_step"] == pytest.approx(10.0)
+    assert got["tokens_per_s"] == pytest.approx(406.4)
+    assert got["generation_tokens_per_s"] == pytest.approx(2032.0)
+    assert got["generation_s_per_step"] == pytest.approx(2.0)
+    assert got["response_length"] == pytest.approx(127.0)
+    assert got["measured_steps"] == 2.0
+    with pytest.raises(RuntimeError, match="raise --steps above --skip"):
+        bench.trl_figures(clock, samples_per_step=32, mini_batches=2, skip=3)
+
+
+def test_pairs_compare_each_drivetrain_variant_to_each_trl_one(bench: ModuleType) -> None:
+    names = ["hf/sync", "vllm/sync", "trl/sync", "trl-vllm/sync"]
+    assert bench._pairs(names) == [
+        ("hf/sync", "trl/sync"),
+        ("hf/sync", "trl-vllm/sync"),
+        ("vllm/sync", "trl/sync"),
+        ("vllm/sync", "trl-vllm/sync"),
+        ("vllm/sync", "hf/sync"),
+    ]
