@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import torch
 from drivetrain_engine_core.backend import ConfigError
-from drivetrain_engine_core.job import UID, MicroBatchConfig, make_batch
+from drivetrain_engine_core.job import UID, MicroBatchConfig
 from tensordict import TensorDict
 
-from ..jobs.batches import response_mask
+from ..jobs.batches import batch_from_lists, response_mask
 from ..jobs.data import DataError, Example
 from ..losses.preference import CHOSEN, MARGIN, REF_LOGP
 from .data import PairExample
@@ -55,11 +55,7 @@ def make_pair_batch(
         fields[REF_LOGP] = ref_logps.float()
     if readout_token is not None:
         fields[MARGIN] = torch.tensor([pair.margin for pair in pairs for _ in range(2)], dtype=torch.float32)
-    return make_batch(
-        [torch.tensor(i, dtype=torch.long) for i in ids],
-        loss_mask=[torch.tensor(m, dtype=torch.bool) for m in masks],
-        **fields,  # type: ignore[arg-type]  # dense per-sequence fields
-    )
+    return batch_from_lists(ids, masks, **fields)
 
 
 def check_pair_micro_batches(micro_batch: MicroBatchConfig) -> None:
