@@ -93,7 +93,11 @@ def batch_from_lists(
     lengths = [len(ids) for ids in token_ids]
     flat_ids = torch.tensor(list(chain.from_iterable(token_ids)), dtype=torch.long)
     flat_mask = torch.tensor(list(chain.from_iterable(loss_masks)), dtype=torch.bool)
-    return make_batch(flat_ids.split(lengths), loss_mask=flat_mask.split(lengths), **fields)
+    return make_batch(
+        flat_ids.split(lengths),
+        loss_mask=flat_mask.split(lengths),
+        **fields,  # type: ignore[arg-type]  # dense per-sequence fields
+    )
 
 
 def response_mask(example: Example) -> list[bool]:
