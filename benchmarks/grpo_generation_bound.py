@@ -125,8 +125,10 @@ def placement(args: argparse.Namespace, rollout: str, root: Path) -> tuple[list[
     """The trainer's command prefix, its environment and the placement in words."""
     env = dict(os.environ)
     if rollout != "vllm-server":
-        who = f"TRL's trainer{' and colocated vLLM' if TRL_ROLLOUTS.get(rollout) else ''}"
-        who = who if rollout in TRL_ROLLOUTS else f"trainer and {rollout} rollout"
+        if rollout in TRL_ROLLOUTS:
+            who = "TRL's trainer" + (" and colocated vLLM" if TRL_ROLLOUTS[rollout] else "")
+        else:
+            who = f"trainer and {rollout} rollout"
         return [], env, f"{who} in one process on cores {sorted(os.sched_getaffinity(0))}"
     trainer, server = cpu_split(args.trainer_cpus, args.rollout_cpus)
     env["DRIVETRAIN_VLLM_PYTHON"] = str(server_wrapper(root, args.server_python, server))
@@ -139,16 +141,26 @@ def figures(run: Path, samples_per_step: int, skip: int) -> dict[str, float]:
     steps = [r for r in rows if "perf/step_time_s" in r][skip:]
     if not steps:
         raise RuntimeError(f"{run}: no training step after the first {skip}; raise --steps above --skip")
-    tokens = [r["train/response_length"] * samples_per_step for r in steps]
-    seconds = [r["perf/step_time_s"] for r in steps]
-    generating = [r["perf/generating_s"] for r in steps]
+    return step_figures(
+        [r["perf/step_time_s"] for r in steps],
+        [r["perf/generating_s"] for r in steps],
+        [r["train/response_length"] for r in steps],
+        samples_per_step,
+    )
+
+
+def step_figures(
+    seconds: list[float], generating: list[float], lengths: list[float], samples_per_step: int
+) -> dict[str, float]:
+    """The figures of the measured steps from their seconds, seconds generating and mean response lengths."""
+    tokens = sum(lengths) * samples_per_step
     return {
         "s_per_step": statistics.fmean(seconds),
-        "tokens_per_s": sum(tokens) / sum(seconds),
-        "generation_tokens_per_s": sum(tokens) / sum(generating),
+        "tokens_per_s": tokens / sum(seconds),
+        "generation_tokens_per_s": tokens / sum(generating),
         "generation_s_per_step": statistics.fmean(generating),
-        "response_length": statistics.fmean(r["train/response_length"] for r in steps),
-        "measured_steps": float(len(steps)),
+        "response_length": statistics.fmean(lengths),
+        "measured_steps": float(len(seconds)),
     }
 
 
@@ -162,16 +174,10 @@ def trl_figures(
     seconds = [b - a for a, b in itertools.pairwise(ends)][skip:]
     if not seconds:
         raise RuntimeError(f"no TRL step after the first {skip}; raise --steps above --skip")
-    lengths, generating = clock["completion_length"][skip:], clock["generation_s"][skip:]
-    tokens = [length * samples_per_step for length in lengths[: len(seconds)]]
-    return {
-        "s_per_step": statistics.fmean(seconds),
-        "tokens_per_s": sum(tokens) / sum(seconds),
-        "generation_tokens_per_s": sum(tokens) / sum(generating[: len(seconds)]),
-        "generation_s_per_step": statistics.fmean(generating[: len(seconds)]),
-        "response_length": statistics.fmean(lengths[: len(seconds)]),
-        "measured_steps": float(len(seconds)),
-    }
+    measured = slice(skip, skip + len(seconds))
+    return step_figures(
+        seconds, clock["generation_s"][measured], clock["completion_length"][measured], samples_per_step
+    )
 
 
 def trl_variant(
