@@ -59,6 +59,26 @@ def test_a_chat_example_trains_on_each_turn_end_and_ends_with_the_eos(tmp_path) 
     assert ids.tolist().count(EOS) == 1  # earlier turns end with the turn end alone: the conversation goes on
 
 
+def test_a_batch_of_chat_examples_keeps_each_conversations_tokens_and_turns(tmp_path) -> None:
+    """A step's batch of conversations of different lengths (``batch_from_lists`` splits one flat tensor per
+    field): each sequence holds its own example's ids, and its loss tokens are its two assistant turns with their
+    turn ends and the final EOS, written out here per conversation."""
+    tokenizer = build_tiny_tokenizer()
+    path = write_conversations(tmp_path / "chat.jsonl", 7)
+    config = DataConfig(train_files=(str(path),), messages_key="messages", max_length=256)
+    examples = load_examples([path], tokenizer, config)
+    batch = make_sft_batch(examples)
+    lengths = [len(e.token_ids) for e in examples]
+    assert len(set(lengths)) > 1  # "is 0" ... "is 42": the split must follow each sequence's own length
+    for i, (example, ids, mask) in enumerate(
+        zip(examples, batch["input_ids"].unbind(), batch["loss_mask"].unbind(), strict=True)
+    ):
+        earlier = [*tokenizer.encode(f"world {i}", add_special_tokens=False), IM_END, NEWLINE]
+        last = [*tokenizer.encode(f"is {7 * i}", add_special_tokens=False), IM_END, NEWLINE, EOS]
+        assert ids.tolist() == example.token_ids
+        assert ids[mask].tolist() == earlier + last
+
+
 def test_the_stop_tokens_are_the_eos_and_the_templates_turn_end() -> None:
     """The turn end is read off the template: ChatML's ``<|im_end|>``; a Llama 3-style ``<|eot_id|>``, an added
     special token the tokenizer names nowhere else, without the non-special ``<think>`` the assistant turn
